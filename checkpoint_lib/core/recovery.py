@@ -1,0 +1,118 @@
+"""Recovery planning: from the completed checkpoints to what must be restored, replayed,
+re-committed and aborted. Pure: the adapters list what exists and carry the plan out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from .checkpoints import CompletedCheckpoint
+from .errors import NoCheckpointError, UnknownCheckpointError
+from .twophase import SinkRecovery, SinkSnapshot, Transaction, recover
+from .types import CheckpointId, SubtaskId
+
+SINK_STATE_KEY = "twophase"
+"""Key under which a 2PC sink subtask stores its :class:`SinkSnapshot` (as a dict) in its ack."""
+
+
+@dataclass(frozen=True)
+class RecoveryPlan:
+    checkpoint: CompletedCheckpoint | None
+    """The checkpoint to restore; None means start from scratch (nothing completed yet)."""
+    new_epoch: int
+    """The attempt that recovers; every writer of an older epoch is fenced."""
+    restore: Mapping[SubtaskId, Mapping[str, Any]]
+    """Each subtask's state handle."""
+    replay_channel_state: tuple[SubtaskId, ...]
+    """Subtasks with channel state to replay before reading their inputs."""
+    sinks: Mapping[SubtaskId, SinkRecovery] = field(default_factory=dict)
+    orphans: tuple[Transaction, ...] = ()
+    """Open transactions no restored sink subtask knows of: aborted too."""
+    rollback_after: CheckpointId | None = None
+    """Set when restoring an older checkpoint than the latest completed one: sinks must undo what
+    checkpoints after it committed (Delta: restore the sink table to its version at this
+    checkpoint), or the replay would commit those records a second time."""
+
+    @property
+    def checkpoint_id(self) -> CheckpointId | None:
+        return self.checkpoint.checkpoint_id if self.checkpoint else None
+
+    @property
+    def recommit(self) -> list[Transaction]:
+        return [t for s in self.sinks.values() for t in s.recommit]
+
+    @property
+    def abort(self) -> list[Transaction]:
+        return sorted({t.handle: t for s in self.sinks.values() for t in s.abort}.values()) + list(
+            self.orphans
+        )
+
+    def describe(self) -> str:
+        """A human-readable plan (what a dry run prints)."""
+        if self.checkpoint is None:
+            head = f"no completed checkpoint: start from scratch as epoch {self.new_epoch}"
+        else:
+            c = self.checkpoint
+            head = (
+                f"restore {c.kind.value} {c.checkpoint_id} (completed at {c.completion_time:.3f}) "
+                f"as epoch {self.new_epoch}"
+            )
+        lines = [head]
+        for subtask in sorted(self.restore):
+            lines.append(f"  restore {subtask}: {dict(self.restore[subtask])}")
+        for subtask in self.replay_channel_state:
+            lines.append(f"  replay channel state of {subtask}")
+        for txn in self.recommit:
+            lines.append(f"  re-commit {txn.handle} (checkpoint {txn.checkpoint_id})")
+        for txn in self.abort:
+            lines.append(f"  abort {txn.handle}")
+        if self.rollback_after is not None:
+            lines.append(f"  roll sinks back to what checkpoint {self.rollback_after} committed")
+        return "\n".join(lines)
+
+
+def choose_checkpoint(
+    completed: Sequence[CompletedCheckpoint], checkpoint_id: CheckpointId | None = None
+) -> CompletedCheckpoint | None:
+    """The named checkpoint, or the latest completed one (None when there is none)."""
+    if checkpoint_id is None:
+        return max(completed, key=lambda c: c.checkpoint_id, default=None)
+    for c in completed:
+        if c.checkpoint_id == checkpoint_id:
+            return c
+    known = sorted(c.checkpoint_id for c in completed)
+    raise UnknownCheckpointError(
+        f"checkpoint {checkpoint_id} is not a retained completed checkpoint; known: {known or 'none'}"
+    )
+
+
+def plan_recovery(
+    completed: Sequence[CompletedCheckpoint],
+    *,
+    current_epoch: int,
+    checkpoint_id: CheckpointId | None = None,
+    open_transactions: Iterable[Transaction] = (),
+    require_checkpoint: bool = False,
+) -> RecoveryPlan:
+    """Plan recovery to ``checkpoint_id`` (default: the latest completed checkpoint)."""
+    chosen = choose_checkpoint(completed, checkpoint_id)
+    if chosen is None and require_checkpoint:
+        raise NoCheckpointError("there is no completed checkpoint to recover from")
+    open_txns = list(open_transactions)
+    new_epoch = current_epoch + 1
+    if chosen is None:
+        return RecoveryPlan(None, new_epoch, {}, (), {}, tuple(sorted(open_txns)))
+    sinks: dict[SubtaskId, SinkRecovery] = {}
+    for subtask, ack in chosen.acks.items():
+        if SINK_STATE_KEY in ack.state:
+            snapshot = SinkSnapshot.from_dict(ack.state[SINK_STATE_KEY])
+            prefix = snapshot.current.txn_id.rsplit("-", 1)[0]
+            mine = [t for t in open_txns if t.txn_id.rsplit("-", 1)[0] == prefix]
+            sinks[subtask] = recover(snapshot, mine)
+    known = {t.handle for s in sinks.values() for t in (*s.recommit, *s.abort)}
+    orphans = tuple(sorted(t for t in open_txns if t.handle not in known))
+    replay = tuple(sorted(s for s, a in chosen.acks.items() if a.channel_state_rows > 0))
+    restore = {s: a.state for s, a in chosen.acks.items()}
+    latest = max(c.checkpoint_id for c in completed)
+    rollback = chosen.checkpoint_id if chosen.checkpoint_id < latest else None
+    return RecoveryPlan(chosen, new_epoch, restore, replay, sinks, orphans, rollback)

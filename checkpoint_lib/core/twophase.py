@@ -1,0 +1,254 @@
+"""Two-phase-commit sink bookkeeping (Flink's ``TwoPhaseCommitSinkFunction``, without the I/O).
+
+Lifecycle of one sink subtask:
+
+1. Records are written inside :attr:`TwoPhaseCommitSink.current`.
+2. At the barrier of checkpoint ``c`` the adapter calls :meth:`~TwoPhaseCommitSink.pre_commit`:
+   it gets back the transaction to flush (so that a later commit cannot fail for lack of data),
+   the pending transactions now include it under ``c``, a new current transaction begins, and the
+   :class:`SinkSnapshot` to store in the subtask's acknowledgement.
+3. When ``c`` completes: :meth:`~TwoPhaseCommitSink.commit_up_to` commits every pending
+   transaction with id <= c (late or skipped notifications are subsumed), tries them all and
+   raises the first error in a :class:`~.errors.CommitError`. Commit must be idempotent.
+4. An aborted checkpoint leaves its transaction pending: the next completed checkpoint owns it.
+5. On recovery, :func:`recover` lists what to re-commit (the restored snapshot's pending
+   transactions) and what to abort (its current transaction and every other open one).
+
+Transaction ids come from a :class:`TransactionIdPool`; an epoch (the attempt number, bumped by
+every recovery) is stored with every transaction and fences zombie writers (:class:`EpochFence`).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping
+
+from .errors import CommitError, FencedError, IllegalTransitionError
+from .types import CheckpointId
+
+
+class TxnState(enum.Enum):
+    OPEN = "open"
+    PRE_COMMITTED = "pre_committed"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+
+
+@dataclass(frozen=True, order=True)
+class Transaction:
+    """A sink transaction. ``handle`` is unique; ``txn_id`` is a pool slot reused over time."""
+
+    seq: int
+    txn_id: str
+    epoch: int
+    checkpoint_id: CheckpointId | None = None
+    """The checkpoint whose barrier pre-committed it (None while open)."""
+
+    @property
+    def handle(self) -> str:
+        return f"{self.txn_id}.e{self.epoch}.s{self.seq}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "txn_id": self.txn_id,
+            "epoch": self.epoch,
+            "checkpoint_id": self.checkpoint_id,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Transaction":
+        return cls(int(d["seq"]), str(d["txn_id"]), int(d["epoch"]), d.get("checkpoint_id"))
+
+
+class TransactionIdPool:
+    """Transaction ids ``{prefix}-{subtask}-{slot}`` for ``slot`` in ``0 .. size-1``.
+
+    A sink subtask never has more than ``size`` transactions open or pending at once (current +
+    pending <= max concurrent checkpoints + 1), so the pool is finite and recovery can fence every
+    id of it, as Flink's Kafka sink does.
+    """
+
+    def __init__(self, prefix: str, subtask_index: int, size: int = 8):
+        if not prefix or any(c in prefix for c in "/\\ \t\n"):
+            raise ValueError(f"transaction id prefix must be a non-empty word, got {prefix!r}")
+        if size < 2:
+            raise ValueError(f"the pool needs at least 2 ids (current + one pending), got {size}")
+        self.prefix = prefix
+        self.subtask_index = subtask_index
+        self.size = size
+
+    def ids(self) -> list[str]:
+        return [self._id(slot) for slot in range(self.size)]
+
+    def _id(self, slot: int) -> str:
+        return f"{self.prefix}-{self.subtask_index}-{slot}"
+
+    def acquire(self, seq: int, in_use: Iterable[str]) -> str:
+        """The id for transaction number ``seq``: its natural slot, or the next free one."""
+        busy = set(in_use)
+        for k in range(self.size):
+            candidate = self._id((seq + k) % self.size)
+            if candidate not in busy:
+                return candidate
+        raise IllegalTransitionError(
+            f"all {self.size} transaction ids of {self.prefix}-{self.subtask_index} are in use: "
+            "too many pending checkpoints for the pool size"
+        )
+
+
+class EpochFence:
+    """Rejects writers of an older attempt. ``current`` is the newest epoch anyone registered."""
+
+    def __init__(self, current: int = 0):
+        self.current = current
+
+    def advance(self) -> int:
+        self.current += 1
+        return self.current
+
+    def check(self, writer_epoch: int, what: str = "write") -> None:
+        if writer_epoch < self.current:
+            raise FencedError(
+                f"{what} by epoch {writer_epoch} rejected: epoch {self.current} has taken over "
+                "(this is a zombie of an older attempt)"
+            )
+
+
+@dataclass(frozen=True)
+class SinkSnapshot:
+    """What a 2PC sink subtask stores in its checkpoint: (current, pending)."""
+
+    current: Transaction
+    pending: tuple[Transaction, ...]
+    next_seq: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "current": self.current.to_dict(),
+            "pending": [t.to_dict() for t in self.pending],
+            "next_seq": self.next_seq,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SinkSnapshot":
+        return cls(
+            Transaction.from_dict(d["current"]),
+            tuple(Transaction.from_dict(t) for t in d["pending"]),
+            int(d["next_seq"]),
+        )
+
+
+@dataclass(frozen=True)
+class PreCommit:
+    """Flush ``transaction`` durably, then acknowledge with ``snapshot``."""
+
+    transaction: Transaction
+    snapshot: SinkSnapshot
+
+
+class TwoPhaseCommitSink:
+    """The bookkeeping of one sink subtask. The adapter does the writing, flushing and committing."""
+
+    def __init__(self, pool: TransactionIdPool, epoch: int, *, next_seq: int = 0):
+        self.pool = pool
+        self.epoch = epoch
+        self._next_seq = next_seq
+        self.pending: dict[CheckpointId, Transaction] = {}
+        self._last_pre_committed: CheckpointId | None = None
+        self.current = self._begin()
+
+    def _begin(self, also_in_use: Iterable[str] = ()) -> Transaction:
+        in_use = [*(t.txn_id for t in self.pending.values()), *also_in_use]
+        seq = self._next_seq
+        txn = Transaction(seq, self.pool.acquire(seq, in_use), self.epoch)
+        self._next_seq += 1  # only once acquired: a refused begin changes nothing
+        return txn
+
+    def pre_commit(self, checkpoint_id: CheckpointId) -> PreCommit:
+        # Compare with the last pre-committed id, not just the pending ones: those may have been
+        # committed already, and a stale or repeated barrier must still be refused.
+        last = self._last_pre_committed
+        if last is not None and checkpoint_id <= last:
+            raise IllegalTransitionError(
+                f"pre-commit for checkpoint {checkpoint_id} after checkpoint {last}"
+            )
+        txn = Transaction(self.current.seq, self.current.txn_id, self.current.epoch, checkpoint_id)
+        # Begin the next transaction before changing anything: if the pool is exhausted the sink
+        # stays as it was (its current transaction is not also left pending).
+        next_current = self._begin(also_in_use=[txn.txn_id])
+        self.pending[checkpoint_id] = txn
+        self.current = next_current
+        self._last_pre_committed = checkpoint_id
+        return PreCommit(txn, self.snapshot())
+
+    def snapshot(self) -> SinkSnapshot:
+        return SinkSnapshot(self.current, tuple(self.pending[c] for c in sorted(self.pending)), self._next_seq)
+
+    def committable(self, checkpoint_id: CheckpointId) -> list[Transaction]:
+        return [self.pending[c] for c in sorted(self.pending) if c <= checkpoint_id]
+
+    def commit_up_to(
+        self, checkpoint_id: CheckpointId, commit: Callable[[Transaction], None]
+    ) -> list[Transaction]:
+        """Commit every pending transaction with id <= ``checkpoint_id``, oldest first.
+
+        Tries them all; committed ones leave ``pending``; if any failed, raises a
+        :class:`CommitError` naming the first failure (the rest are in ``errors``).
+        """
+        return commit_all(self.committable(checkpoint_id), commit, self.pending)
+
+    @classmethod
+    def restored(cls, snapshot: SinkSnapshot, pool: TransactionIdPool, epoch: int) -> "TwoPhaseCommitSink":
+        """A sink resuming after recovery: nothing pending (recovery re-committed it), a fresh
+        transaction in the new epoch, sequence numbers continuing after the snapshot's."""
+        return cls(pool, epoch, next_seq=snapshot.next_seq)
+
+
+def commit_all(
+    transactions: Iterable[Transaction],
+    commit: Callable[[Transaction], None],
+    pending: dict[CheckpointId, Transaction] | None = None,
+) -> list[Transaction]:
+    """Commit ``transactions`` in order, trying all; raise the first error after the last try."""
+    done: list[Transaction] = []
+    errors: list[tuple[object, BaseException]] = []
+    for txn in transactions:
+        try:
+            commit(txn)
+        except Exception as exc:  # every failure is reported; none stops the others
+            errors.append((txn, exc))
+            continue
+        done.append(txn)
+        if pending is not None and txn.checkpoint_id is not None:
+            pending.pop(txn.checkpoint_id, None)
+    if errors:
+        first_txn, first = errors[0]
+        raise CommitError(
+            f"{len(errors)} of {len(errors) + len(done)} commits failed; first: "
+            f"{getattr(first_txn, 'handle', first_txn)}: {first!r}",
+            errors,
+        ) from first
+    return done
+
+
+@dataclass(frozen=True)
+class SinkRecovery:
+    """What recovering one sink subtask must do before it writes again."""
+
+    recommit: tuple[Transaction, ...]
+    abort: tuple[Transaction, ...]
+
+
+def recover(snapshot: SinkSnapshot | None, open_transactions: Iterable[Transaction]) -> SinkRecovery:
+    """Re-commit what the restored snapshot owns; abort everything else that is still open.
+
+    ``open_transactions`` are those the adapter found staged but not committed (from any epoch).
+    """
+    recommit = tuple(snapshot.pending) if snapshot else ()
+    owned = {t.handle for t in recommit}
+    abort = {t.handle: t for t in open_transactions if t.handle not in owned}
+    if snapshot is not None and snapshot.current.handle not in owned:
+        abort.setdefault(snapshot.current.handle, snapshot.current)
+    return SinkRecovery(recommit, tuple(sorted(abort.values())))

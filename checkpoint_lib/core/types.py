@@ -1,0 +1,93 @@
+"""Identifiers and small immutable values shared by the whole core."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+CheckpointId = int
+"""Checkpoint ids are positive integers that increase strictly, also across restarts."""
+
+
+@dataclass(frozen=True, order=True)
+class SubtaskId:
+    """One parallel instance of an operator: ``SubtaskId("keyed", 2)``."""
+
+    operator: str
+    index: int
+
+    def __post_init__(self) -> None:
+        if not self.operator:
+            raise ValueError("SubtaskId.operator must be a non-empty string")
+        if self.index < 0:
+            raise ValueError(f"SubtaskId.index must be >= 0, got {self.index}")
+
+    def __str__(self) -> str:
+        return f"{self.operator}[{self.index}]"
+
+
+@dataclass(frozen=True, order=True)
+class ChannelId:
+    """The channel from one sender subtask to one receiver subtask."""
+
+    sender: SubtaskId
+    receiver: SubtaskId
+
+    def __str__(self) -> str:
+        return f"{self.sender}->{self.receiver}"
+
+
+class CheckpointKind(enum.Enum):
+    """A checkpoint is the system's; a savepoint is the user's and is never deleted by retention."""
+
+    CHECKPOINT = "checkpoint"
+    SAVEPOINT = "savepoint"
+
+
+class BarrierMode(enum.Enum):
+    """How a subtask handles barriers (see BRIEF.md, "Three ways to handle barriers")."""
+
+    ALIGNED = "aligned"
+    """Exactly-once: block channels that delivered the barrier until all have."""
+    UNALIGNED = "unaligned"
+    """Exactly-once: snapshot on the first barrier, log in-flight records as channel state."""
+    ALIGNED_WITH_TIMEOUT = "aligned_with_timeout"
+    """Start aligned; switch the checkpoint to unaligned when alignment takes too long."""
+    AT_LEAST_ONCE = "at_least_once"
+    """Never block: count barriers (the tracker). Effects may repeat after recovery."""
+
+    @property
+    def exactly_once(self) -> bool:
+        return self is not BarrierMode.AT_LEAST_ONCE
+
+
+@dataclass(frozen=True)
+class Barrier:
+    """A checkpoint barrier, injected at the sources and forwarded by every operator."""
+
+    checkpoint_id: CheckpointId
+    timestamp: float
+    kind: CheckpointKind = CheckpointKind.CHECKPOINT
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_id <= 0:
+            raise ValueError(f"checkpoint ids start at 1, got {self.checkpoint_id}")
+
+
+@dataclass(frozen=True)
+class SubtaskAck:
+    """What one subtask reports when it acknowledges a checkpoint.
+
+    ``state`` is an opaque, small handle the adapter understands (a Delta table version and the
+    key groups it covers, a source offset, a sink's pending transactions); the core never looks
+    inside. The numbers feed the checkpoint history.
+    """
+
+    state: Mapping[str, Any] = field(default_factory=dict)
+    state_size_bytes: int = 0
+    channel_state_rows: int = 0
+    channel_state_bytes: int = 0
+    alignment_ms: float = 0.0
+    unaligned: bool = False
+    duration_ms: float = 0.0

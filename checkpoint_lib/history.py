@@ -1,0 +1,45 @@
+"""Rendering checkpoint histories for people (tables) and machines (JSON-able dicts)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Iterable, Sequence
+
+from .core.checkpoints import CompletedCheckpoint
+
+
+def checkpoint_row(c: CompletedCheckpoint) -> dict:
+    return {
+        "id": c.checkpoint_id,
+        "kind": c.kind.value,
+        "status": "completed",
+        "trigger_time": c.trigger_time,
+        "duration_ms": round(c.duration * 1000, 3),
+        "subtasks": len(c.acks),
+        "state_bytes": c.state_size_bytes,
+        "channel_state_rows": sum(a.channel_state_rows for a in c.acks.values()),
+        "channel_state_bytes": c.channel_state_bytes,
+        "alignment_ms": round(c.alignment_ms, 3),
+        "unaligned": c.unaligned,
+    }
+
+
+def format_table(rows: Sequence[dict], columns: Iterable[str] | None = None) -> str:
+    """A plain fixed-width table (no dependencies): what ``ckpt ... list`` prints."""
+    if not rows:
+        return "(none)"
+    cols = list(columns or rows[0].keys())
+    cells = [[_fmt(r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    line = lambda values: "  ".join(v.rjust(w) for v, w in zip(values, widths))  # noqa: E731
+    return "\n".join([line(cols), line(["-" * w for w in widths]), *map(line, cells)])
+
+
+def _fmt(value) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float) and value > 1e9:  # an epoch timestamp
+        return datetime.fromtimestamp(value, timezone.utc).strftime("%H:%M:%S")
+    if isinstance(value, float):
+        return f"{value:.1f}"
+    return "" if value is None else str(value)

@@ -1,0 +1,220 @@
+"""Unit tests for checkpoint_lib.core.recovery: choosing a checkpoint and planning recovery."""
+
+from __future__ import annotations
+
+import pytest
+
+from checkpoint_lib.core.checkpoints import CompletedCheckpoint
+from checkpoint_lib.core.errors import NoCheckpointError, UnknownCheckpointError
+from checkpoint_lib.core.recovery import SINK_STATE_KEY, RecoveryPlan, choose_checkpoint, plan_recovery
+from checkpoint_lib.core.twophase import SinkRecovery, SinkSnapshot, Transaction
+from checkpoint_lib.core.types import CheckpointKind, SubtaskAck, SubtaskId
+
+SRC = SubtaskId("src", 0)
+MAP = SubtaskId("map", 0)
+SINK0 = SubtaskId("sink", 0)
+SINK1 = SubtaskId("sink", 1)
+
+
+def t(subtask: int, seq: int, epoch: int = 1, checkpoint_id: int | None = None, prefix: str = "out") -> Transaction:
+    """Transaction number ``seq`` of sink subtask ``subtask`` (pool slot = seq)."""
+    return Transaction(seq, f"{prefix}-{subtask}-{seq}", epoch, checkpoint_id)
+
+
+def sink_ack(current: Transaction, *pending: Transaction, next_seq: int | None = None, **extra) -> SubtaskAck:
+    snapshot = SinkSnapshot(current, pending, current.seq + 1 if next_seq is None else next_seq)
+    return SubtaskAck(state={SINK_STATE_KEY: snapshot.to_dict(), **extra})
+
+
+def completed(checkpoint_id: int, acks: dict | None = None, *, savepoint: bool = False) -> CompletedCheckpoint:
+    return CompletedCheckpoint(
+        checkpoint_id=checkpoint_id,
+        kind=CheckpointKind.SAVEPOINT if savepoint else CheckpointKind.CHECKPOINT,
+        trigger_time=float(checkpoint_id),
+        completion_time=checkpoint_id + 0.25,
+        acks=acks if acks is not None else {SRC: SubtaskAck(state={"offset": checkpoint_id})},
+    )
+
+
+# --- choose_checkpoint -------------------------------------------------------------------------------
+
+
+def test_choose_latest_by_id_regardless_of_order():
+    cps = [completed(3), completed(1), completed(2)]
+    assert choose_checkpoint(cps).checkpoint_id == 3
+
+
+def test_choose_named_checkpoint():
+    cps = [completed(1), completed(2), completed(3)]
+    assert choose_checkpoint(cps, 2) is cps[1]
+
+
+def test_choose_named_savepoint():
+    cps = [completed(1, savepoint=True), completed(2)]
+    assert choose_checkpoint(cps, 1).is_savepoint
+
+
+def test_choose_unknown_raises_listing_known_ids():
+    with pytest.raises(
+        UnknownCheckpointError,
+        match=r"^checkpoint 7 is not a retained completed checkpoint; known: \[1, 2, 3\]$",
+    ):
+        choose_checkpoint([completed(3), completed(1), completed(2)], 7)
+
+
+def test_choose_unknown_with_nothing_completed():
+    with pytest.raises(UnknownCheckpointError, match=r"known: none$"):
+        choose_checkpoint([], 1)
+
+
+def test_choose_none_when_nothing_completed():
+    assert choose_checkpoint([]) is None
+
+
+# --- plan_recovery: basics ---------------------------------------------------------------------------
+
+
+def test_plan_bumps_epoch_and_restores_every_subtask():
+    acks = {
+        SRC: SubtaskAck(state={"offset": 42}),
+        MAP: SubtaskAck(state={"version": 7, "key_groups": [0, 1]}),
+    }
+    plan = plan_recovery([completed(1), completed(2, acks)], current_epoch=4)
+    assert plan.checkpoint_id == 2
+    assert plan.new_epoch == 5
+    assert {s: dict(v) for s, v in plan.restore.items()} == {
+        SRC: {"offset": 42},
+        MAP: {"version": 7, "key_groups": [0, 1]},
+    }
+    assert plan.sinks == {}
+    assert plan.recommit == [] and plan.abort == [] and plan.orphans == ()
+
+
+def test_plan_named_checkpoint():
+    plan = plan_recovery([completed(1), completed(2)], current_epoch=0, checkpoint_id=1)
+    assert plan.checkpoint_id == 1
+    assert dict(plan.restore[SRC]) == {"offset": 1}
+
+
+def test_plan_unknown_checkpoint_raises():
+    with pytest.raises(UnknownCheckpointError, match=r"known: \[1\]$"):
+        plan_recovery([completed(1)], current_epoch=0, checkpoint_id=5)
+
+
+def test_plan_replays_channel_state_of_subtasks_with_rows_only():
+    acks = {
+        SRC: SubtaskAck(channel_state_rows=0, channel_state_bytes=0),
+        SubtaskId("map", 1): SubtaskAck(channel_state_rows=3, unaligned=True),
+        MAP: SubtaskAck(channel_state_rows=1, unaligned=True),
+        SINK0: SubtaskAck(channel_state_rows=0, unaligned=True),
+    }
+    plan = plan_recovery([completed(1, acks)], current_epoch=0)
+    assert plan.replay_channel_state == (MAP, SubtaskId("map", 1))
+
+
+# --- plan_recovery: sinks ----------------------------------------------------------------------------
+
+
+def test_plan_recommits_pending_and_aborts_current_per_sink():
+    acks = {
+        SRC: SubtaskAck(state={"offset": 9}),
+        SINK0: sink_ack(t(0, 2), t(0, 0, checkpoint_id=1), t(0, 1, checkpoint_id=2)),
+        SINK1: sink_ack(t(1, 1), t(1, 0, checkpoint_id=2)),
+    }
+    plan = plan_recovery([completed(2, acks)], current_epoch=1)
+    assert plan.sinks == {
+        SINK0: SinkRecovery(recommit=(t(0, 0, checkpoint_id=1), t(0, 1, checkpoint_id=2)), abort=(t(0, 2),)),
+        SINK1: SinkRecovery(recommit=(t(1, 0, checkpoint_id=2),), abort=(t(1, 1),)),
+    }
+    assert set(plan.sinks) == {SINK0, SINK1}  # the source has no sink state
+    assert sorted(x.handle for x in plan.recommit) == ["out-0-0.e1.s0", "out-0-1.e1.s1", "out-1-0.e1.s0"]
+    assert [x.handle for x in plan.abort] == ["out-1-1.e1.s1", "out-0-2.e1.s2"]
+
+
+def test_plan_aborts_open_transactions_of_each_sink_not_owned():
+    acks = {SINK0: sink_ack(t(0, 2), t(0, 1, checkpoint_id=2)), SINK1: sink_ack(t(1, 1))}
+    open_txns = [
+        t(0, 1),  # staged, owned by checkpoint 2: re-committed, not aborted
+        t(0, 3, checkpoint_id=3),  # pre-committed for checkpoint 3, which never completed
+        t(1, 2),  # sink 1's transaction begun after the checkpoint
+        t(0, 0, epoch=0),  # a zombie of an older epoch
+    ]
+    plan = plan_recovery([completed(2, acks)], current_epoch=1, open_transactions=open_txns)
+    assert plan.sinks[SINK0] == SinkRecovery(
+        recommit=(t(0, 1, checkpoint_id=2),), abort=(t(0, 0, epoch=0), t(0, 2), t(0, 3, checkpoint_id=3))
+    )
+    assert plan.sinks[SINK1] == SinkRecovery(recommit=(), abort=(t(1, 1), t(1, 2)))
+    assert plan.orphans == ()
+    aborted = [x.handle for x in plan.abort]
+    assert len(aborted) == len(set(aborted)) == 5
+    assert "out-0-1.e1.s1" not in aborted
+
+
+def test_plan_aborts_orphan_open_transactions():
+    acks = {SINK0: sink_ack(t(0, 1), t(0, 0, checkpoint_id=1))}
+    orphan_a = t(5, 0, prefix="other")  # a sink subtask the checkpoint knows nothing of
+    orphan_b = t(3, 4)  # sink subtask 3 did not exist when checkpoint 1 was taken
+    plan = plan_recovery(
+        [completed(1, acks)], current_epoch=1, open_transactions=[orphan_b, t(0, 2), orphan_a]
+    )
+    assert plan.orphans == (orphan_a, orphan_b)  # sorted (seq first)
+    assert plan.sinks[SINK0].abort == (t(0, 1), t(0, 2))
+    assert plan.abort == [t(0, 1), t(0, 2), orphan_a, orphan_b]
+
+
+def test_plan_with_other_state_beside_sink_state():
+    acks = {SINK0: sink_ack(t(0, 1), t(0, 0, checkpoint_id=1), version=12)}
+    plan = plan_recovery([completed(1, acks)], current_epoch=0)
+    assert plan.restore[SINK0]["version"] == 12
+    assert plan.recommit == [t(0, 0, checkpoint_id=1)]
+
+
+# --- plan_recovery: nothing completed ------------------------------------------------------------------
+
+
+def test_fresh_start_plan_when_nothing_completed():
+    open_txns = [t(0, 3), t(0, 1)]
+    plan = plan_recovery([], current_epoch=2, open_transactions=open_txns)
+    assert plan == RecoveryPlan(None, 3, {}, (), {}, (t(0, 1), t(0, 3)))
+    assert plan.checkpoint_id is None
+    assert plan.recommit == []
+    assert plan.abort == [t(0, 1), t(0, 3)]
+
+
+def test_require_checkpoint_raises_when_nothing_completed():
+    with pytest.raises(NoCheckpointError, match="^there is no completed checkpoint to recover from$"):
+        plan_recovery([], current_epoch=0, require_checkpoint=True)
+
+
+def test_require_checkpoint_with_a_completed_one_plans():
+    assert plan_recovery([completed(1)], current_epoch=0, require_checkpoint=True).checkpoint_id == 1
+
+
+# --- describe --------------------------------------------------------------------------------------------
+
+
+def test_describe_mentions_checkpoint_recommits_and_aborts():
+    acks = {
+        SRC: SubtaskAck(state={"offset": 42}),
+        MAP: SubtaskAck(channel_state_rows=2),
+        SINK0: sink_ack(t(0, 1), t(0, 0, checkpoint_id=3)),
+    }
+    plan = plan_recovery([completed(3, acks)], current_epoch=1, open_transactions=[t(9, 0, prefix="x")])
+    lines = plan.describe().splitlines()
+    assert lines[0] == "restore checkpoint 3 (completed at 3.250) as epoch 2"
+    assert "  restore src[0]: {'offset': 42}" in lines
+    assert "  replay channel state of map[0]" in lines
+    assert "  re-commit out-0-0.e1.s0 (checkpoint 3)" in lines
+    assert "  abort out-0-1.e1.s1" in lines
+    assert "  abort x-9-0.e1.s0" in lines
+    assert len(lines) == 1 + 3 + 1 + 1 + 2
+
+
+def test_describe_savepoint_kind():
+    plan = plan_recovery([completed(4, savepoint=True)], current_epoch=0)
+    assert plan.describe().splitlines()[0] == "restore savepoint 4 (completed at 4.250) as epoch 1"
+
+
+def test_describe_fresh_start():
+    plan = plan_recovery([], current_epoch=0, open_transactions=[t(0, 0)])
+    assert plan.describe() == "no completed checkpoint: start from scratch as epoch 1\n  abort out-0-0.e1.s0"
