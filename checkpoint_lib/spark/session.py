@@ -1,0 +1,207 @@
+"""One shared SparkSession per process, with Delta Lake, started offline from local jars.
+
+Use :func:`get_spark` everywhere instead of ``SparkSession.builder``: the first call starts the
+session (a few seconds), later calls return the same one. The Delta jars come from
+:func:`checkpoint_lib.spark.jars.ensure_jars` through ``spark.jars``, so no network is needed;
+a missing jar raises :class:`~checkpoint_lib.spark.jars.MissingJarsError` telling you to run
+``make setup``, instead of Spark's ``DATA_SOURCE_NOT_FOUND ... delta``.
+
+Environment variables (arguments win over them):
+
+``CKPT_SPARK_MASTER``        master URL (``local[2]``, ``spark://host:7077``); default ``local[*]``
+``CKPT_SPARK_UI``            ``0`` (or ``false``/``no``/``off``) disables the Spark UI
+``CKPT_SHUFFLE_PARTITIONS``  ``spark.sql.shuffle.partitions``; default 8
+``CKPT_DRIVER_MEMORY``       ``spark.driver.memory``; default ``2g``
+
+pyspark is imported only when a session is started.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from checkpoint_lib.spark.jars import SPARK_MINOR_VERSION, ensure_jars, jar_dir
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["get_spark", "resolve_master", "session_conf", "stop_spark"]
+
+MASTER_ENV = "CKPT_SPARK_MASTER"
+UI_ENV = "CKPT_SPARK_UI"
+SHUFFLE_PARTITIONS_ENV = "CKPT_SHUFFLE_PARTITIONS"
+DRIVER_MEMORY_ENV = "CKPT_DRIVER_MEMORY"
+
+DEFAULT_MASTER = "local[*]"
+DEFAULT_SHUFFLE_PARTITIONS = 8
+DEFAULT_DRIVER_MEMORY = "2g"
+DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
+DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+
+_FALSE_WORDS = frozenset({"0", "false", "no", "off"})
+
+_lock = threading.RLock()
+_session: SparkSession | None = None
+
+
+def resolve_master(master: str | None = None) -> str:
+    """Return ``master``, else ``$CKPT_SPARK_MASTER``, else ``local[*]``."""
+    return master or os.environ.get(MASTER_ENV) or DEFAULT_MASTER
+
+
+def session_conf(
+    master: str,
+    app_name: str = "checkpoint_lib",
+    ui: bool | None = None,
+    extra_conf: Mapping[str, str] | None = None,
+    jars: Sequence[Path] = (),
+) -> dict[str, str]:
+    """Return the Spark configuration :func:`get_spark` starts a session with.
+
+    Pure: reads the environment but starts nothing and does not check the jars. Entries of
+    ``extra_conf`` override the defaults, except ``spark.jars``, which is appended to the
+    Delta jars rather than replacing them.
+    """
+    local = master.startswith("local")
+    conf = {
+        "spark.master": master,
+        "spark.app.name": app_name,
+        # Delta Lake from jars on local disk: offline, nothing resolved at start-up.
+        "spark.jars": ",".join(str(Path(jar).resolve()) for jar in jars),
+        "spark.sql.extensions": DELTA_EXTENSION,
+        "spark.sql.catalog.spark_catalog": DELTA_CATALOG,
+        # Should someone add spark.jars.packages, keep Ivy's cache out of the home directory.
+        "spark.jars.ivy": str(jar_dir() / ".ivy"),
+        "spark.ui.enabled": _bool_conf(_ui_enabled(ui)),
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.memory": os.environ.get(DRIVER_MEMORY_ENV) or DEFAULT_DRIVER_MEMORY,
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": str(_shuffle_partitions()),
+        # Delta rebuilds table state with 50 partitions by default: far too many for small
+        # tables on one machine. Use the shuffle partition count instead.
+        "spark.databricks.delta.snapshotPartitions": str(_shuffle_partitions()),
+    }
+    if local:
+        # A local driver never needs to be reached from elsewhere; binding to loopback avoids
+        # failures on hosts whose name does not resolve.
+        conf["spark.driver.host"] = "127.0.0.1"
+        conf["spark.driver.bindAddress"] = "127.0.0.1"
+    for key, value in (extra_conf or {}).items():
+        if key == "spark.jars" and conf["spark.jars"]:
+            conf[key] = f"{conf[key]},{value}"
+        else:
+            conf[key] = str(value)
+    return conf
+
+
+def get_spark(
+    master: str | None = None,
+    app_name: str = "checkpoint_lib",
+    ui: bool | None = None,
+    extra_conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """Return the process-wide SparkSession with Delta Lake, starting it on first use.
+
+    ``master`` defaults to ``$CKPT_SPARK_MASTER``, then ``local[*]``; ``spark://host:port``
+    works as well. ``ui`` ``None`` means "enabled unless ``CKPT_SPARK_UI=0``".
+
+    Once a session runs, later calls return it: asking explicitly for another master raises
+    :class:`RuntimeError` (call :func:`stop_spark` first), and ``extra_conf`` entries are set
+    on it when Spark allows changing them at run time (:class:`ValueError` otherwise).
+
+    Raises :class:`~checkpoint_lib.spark.jars.MissingJarsError` when the Delta jars have not
+    been fetched (``make setup``).
+    """
+    global _session
+    with _lock:
+        if _session is not None and _is_running(_session):
+            running = _session.sparkContext.master
+            if master is not None and master != running:
+                raise RuntimeError(
+                    f"a Spark session with master {running!r} is already running; "
+                    f"call stop_spark() before asking for {master!r}"
+                )
+            _apply_runtime_conf(_session, extra_conf or {})
+            return _session
+
+        jars = ensure_jars()
+        conf = session_conf(resolve_master(master), app_name, ui, extra_conf, jars)
+
+        import pyspark
+        from pyspark.sql import SparkSession
+
+        if not pyspark.__version__.startswith(f"{SPARK_MINOR_VERSION}."):
+            raise RuntimeError(
+                f"the Delta jars are built for Spark {SPARK_MINOR_VERSION}, but pyspark "
+                f"{pyspark.__version__} is installed; run `make setup` to restore the pins"
+            )
+        # Python workers default to `python3` on PATH, which may lack this environment's
+        # packages; use this interpreter unless the caller chose one.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        builder = SparkSession.Builder()  # a fresh builder: SparkSession.builder is shared
+        for key, value in conf.items():
+            builder = builder.config(key, value)
+        session = builder.getOrCreate()
+        extensions = session.sparkContext.getConf().get("spark.sql.extensions", "")
+        if DELTA_EXTENSION not in extensions:
+            raise RuntimeError(
+                "a SparkSession without Delta Lake was already running in this process "
+                "(started outside checkpoint_lib.spark.session); stop it before get_spark()"
+            )
+        _session = session
+        return session
+
+
+def stop_spark() -> None:
+    """Stop the shared session, if any; the next :func:`get_spark` starts a new one."""
+    global _session
+    with _lock:
+        if _session is not None:
+            _session.stop()
+            _session = None
+
+
+def _is_running(session: SparkSession) -> bool:
+    """False once the session's SparkContext was stopped (pyspark then drops its JVM handle)."""
+    return getattr(session.sparkContext, "_jsc", None) is not None
+
+
+def _apply_runtime_conf(session: SparkSession, conf: Mapping[str, str]) -> None:
+    for key, value in conf.items():
+        value = str(value)
+        if session.conf.get(key, None) == value:
+            continue
+        if not session.conf.isModifiable(key):
+            raise ValueError(
+                f"{key} cannot change on the running Spark session; "
+                "call stop_spark() first, then get_spark() with the new setting"
+            )
+        session.conf.set(key, value)
+
+
+def _ui_enabled(ui: bool | None) -> bool:
+    if ui is not None:
+        return ui
+    return os.environ.get(UI_ENV, "1").strip().lower() not in _FALSE_WORDS
+
+
+def _shuffle_partitions() -> int:
+    raw = os.environ.get(SHUFFLE_PARTITIONS_ENV)
+    if not raw:
+        return DEFAULT_SHUFFLE_PARTITIONS
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{SHUFFLE_PARTITIONS_ENV} must be a positive integer, got {raw!r}")
+    return value
+
+
+def _bool_conf(value: bool) -> str:
+    return "true" if value else "false"
