@@ -1,0 +1,497 @@
+"""DeltaCheckpointStore: the core store contract on Delta tables, plus what only a durable store has
+(restarts, crashes, races between processes, epochs, history, corrupt rows). No Spark here.
+
+``tests/delta`` deliberately has no ``__init__.py``: as a package it would be importable as the
+top-level name ``delta`` and shadow delta-spark's ``delta`` package for the whole test run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from checkpoint_lib.core.checkpoints import CompletedCheckpoint
+from checkpoint_lib.core.clock import ManualClock
+from checkpoint_lib.core.errors import FailureReason, FencedError, UnknownCheckpointError
+from checkpoint_lib.core.types import CheckpointKind, SubtaskAck, SubtaskId
+from checkpoint_lib.delta.store import (
+    CHECKPOINTS_SCHEMA,
+    CorruptCheckpointWarning,
+    DeltaCheckpointStore,
+)
+
+# The shared contract lives in tests/core, which (like every test directory here) is not a package.
+# pytest's default "prepend" import mode puts tests/core on sys.path to import it as
+# ``test_store_contract``; do the same, so both files share one module object.
+_CORE_TESTS = str(Path(__file__).resolve().parents[1] / "core")
+if _CORE_TESTS not in sys.path:
+    sys.path.insert(0, _CORE_TESTS)
+from test_store_contract import CompletedCheckpointStoreContract, checkpoint, ids  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class TestDeltaStoreContract(CompletedCheckpointStoreContract):
+    """The Delta store passes exactly the contract the in-memory store passes."""
+
+    @pytest.fixture(autouse=True)
+    def _tmp(self, tmp_path):
+        self.tmp_path = tmp_path
+        self.made = 0
+
+    def _fresh_root(self) -> Path:
+        self.made += 1
+        return self.tmp_path / f"store{self.made}"
+
+    def make_store(self, retained: int):
+        return DeltaCheckpointStore(self._fresh_root(), retained)
+
+    def make_counter(self):
+        return DeltaCheckpointStore(self._fresh_root())
+
+
+@pytest.fixture
+def root(tmp_path) -> Path:
+    return tmp_path / "_checkpoints" / "pipeline"
+
+
+def statuses(store: DeltaCheckpointStore) -> dict[int, str]:
+    return {h["checkpoint_id"]: h["status"] for h in store.history()}
+
+
+# --- construction ---------------------------------------------------------------------------------
+
+
+def test_constructor_does_no_io(root):
+    store = DeltaCheckpointStore(root)
+    assert not root.exists()
+    assert store.peek() == 1 and store.latest() is None and store.history() == []
+    assert not root.exists()
+
+
+def test_open_creates_both_tables(root):
+    DeltaCheckpointStore.open(root)
+    assert DeltaTable(str(root / "checkpoints")).schema().to_arrow() is not None
+    assert DeltaTable(str(root / "epochs")).version() == 0
+
+
+def test_rejects_retained_below_one(root):
+    with pytest.raises(ValueError, match="^retained must be >= 1$"):
+        DeltaCheckpointStore(root, retained=0)
+
+
+def test_object_store_root_needs_conditional_put_reservations():
+    with pytest.raises(ValueError, match="conditional-put"):
+        DeltaCheckpointStore("s3://bucket/_checkpoints/p")
+
+
+def test_imports_without_spark():
+    code = "import sys, checkpoint_lib.delta.store; assert 'pyspark' not in sys.modules, 'pyspark'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+# --- ids survive restarts and crashes -------------------------------------------------------------
+
+
+def test_ids_survive_a_new_store_instance(root):
+    first = DeltaCheckpointStore(root)
+    assert [first.get_and_increment() for _ in range(3)] == [1, 2, 3]
+    first.add(checkpoint(2))
+    again = DeltaCheckpointStore(root)
+    assert again.peek() == 4
+    assert again.get_and_increment() == 4
+    assert again.latest().checkpoint_id == 2
+
+
+def test_pending_and_aborted_ids_are_never_reused_after_a_crash(root):
+    dead = DeltaCheckpointStore(root)
+    one, two, three = (dead.get_and_increment() for _ in range(3))
+    dead.record_pending(one, CheckpointKind.CHECKPOINT, 10.0, epoch=1)
+    dead.record_pending(two, CheckpointKind.SAVEPOINT, 11.0, epoch=1)
+    dead.record_aborted(two, FailureReason.EXPIRED, "timed out", epoch=1)
+    # ``three`` was reserved and then the process died before writing any row.
+    del dead
+    restarted = DeltaCheckpointStore(root)
+    assert restarted.peek() == 4
+    assert restarted.get_and_increment() == 4
+    assert statuses(restarted) == {1: "pending", 2: "aborted"}
+
+
+def test_ids_in_the_table_are_not_reused_even_without_their_markers(root):
+    store = DeltaCheckpointStore(root)
+    store.add(checkpoint(7))  # an id the counter never handed out
+    for marker in (root / "_ids").iterdir():
+        marker.unlink()
+    assert DeltaCheckpointStore(root).get_and_increment() == 8  # 1 + max id in the table
+
+
+def test_an_added_id_is_reserved_so_a_stale_counter_skips_it(root):
+    counter = DeltaCheckpointStore(root)
+    assert counter.get_and_increment() == 1
+    DeltaCheckpointStore(root).add(checkpoint(2))
+    assert counter.get_and_increment() == 3
+
+
+_RACER = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from checkpoint_lib.core.types import CheckpointKind
+    from checkpoint_lib.delta.store import DeltaCheckpointStore
+    root, go, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    store = DeltaCheckpointStore(root)
+    while not os.path.exists(go):
+        time.sleep(0.001)
+    got = []
+    for _ in range(n):
+        i = store.get_and_increment()
+        got.append(i)
+        store.record_pending(i, CheckpointKind.CHECKPOINT, time.time(), 0)
+    print(json.dumps(got))
+    """
+)
+
+
+def test_concurrent_get_and_increment_from_two_processes_gives_distinct_ids(root, tmp_path):
+    go = tmp_path / "go"
+    n = 12
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RACER, str(root), str(go), str(n)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    time.sleep(0.5)  # let both import and wait at the start line
+    go.touch()
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        results.append(json.loads(out))
+    a, b = results
+    assert len(a) == len(b) == n
+    assert a == sorted(a) and b == sorted(b)  # strictly increasing within each process
+    assert not set(a) & set(b), (a, b)
+    assert sorted(statuses(DeltaCheckpointStore(root))) == sorted(a + b)
+    assert DeltaCheckpointStore(root).get_and_increment() > max(a + b)
+
+
+def test_concurrent_get_and_increment_from_threads_and_instances(root):
+    stores = [DeltaCheckpointStore(root) for _ in range(4)]
+    got: list[list[int]] = [[] for _ in stores]
+
+    def take(k: int) -> None:
+        for _ in range(8):
+            got[k].append(stores[k].get_and_increment())
+
+    threads = [threading.Thread(target=take, args=(k,)) for k in range(len(stores))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    flat = [i for g in got for i in g]
+    assert len(flat) == len(set(flat)) == 32
+
+
+@pytest.mark.crash
+def test_sigkill_at_any_point_leaves_a_readable_store_and_no_reused_id(root):
+    """A writer loops reserve -> pending -> complete; kill -9 it at random points, restart."""
+    code = textwrap.dedent(
+        """
+        import sys, time
+        from checkpoint_lib.core.checkpoints import CompletedCheckpoint
+        from checkpoint_lib.core.types import CheckpointKind, SubtaskAck, SubtaskId
+        from checkpoint_lib.delta.store import DeltaCheckpointStore
+        store = DeltaCheckpointStore(sys.argv[1], retained=2)
+        src = SubtaskId("src", 0)
+        while True:
+            i = store.get_and_increment()
+            store.record_pending(i, CheckpointKind.CHECKPOINT, float(i), 0)
+            store.add(CompletedCheckpoint(i, CheckpointKind.CHECKPOINT, float(i), i + 0.5,
+                                          {src: SubtaskAck(state={"offset": i})}, {src: i + 0.25}))
+        """
+    )
+    seen_max = 0
+    for delay in (0.9, 1.3, 1.7):
+        p = subprocess.Popen([sys.executable, "-c", code, str(root)], cwd=REPO)
+        time.sleep(delay)
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+        store = DeltaCheckpointStore(root, retained=2)
+        kept = store.all()
+        assert len([c for c in kept if not c.is_savepoint]) <= 2
+        for c in kept:
+            assert c.acks[SubtaskId("src", 0)].state == {"offset": c.checkpoint_id}
+        markers = [int(m.name) for m in (root / "_ids").iterdir()] if (root / "_ids").exists() else [0]
+        nxt = store.peek()
+        assert nxt > max(markers) and nxt > seen_max
+        seen_max = max(markers)
+    assert seen_max > 0
+
+
+# --- epochs ---------------------------------------------------------------------------------------
+
+
+def test_epochs_increase_and_fence_older_writers(root):
+    old = DeltaCheckpointStore(root)
+    assert old.current_epoch() == 0
+    assert old.begin_epoch("host-a:1", "start") == 1
+    old.check_epoch(1)
+    old.add(checkpoint(1))
+    new = DeltaCheckpointStore(root)
+    assert new.begin_epoch("host-b:2", "recovery") == 2
+    assert old.current_epoch() == new.current_epoch() == 2
+    with pytest.raises(FencedError, match="epoch 1 is fenced: epoch 2 has taken over"):
+        old.check_epoch(1)
+    with pytest.raises(FencedError):
+        old.add(checkpoint(2))  # the zombie cannot complete a checkpoint
+    assert ids(new.all()) == [1]
+    new.add(checkpoint(2))
+    assert [h["epoch"] for h in new.history()] == [2, 1]
+    assert [(e["epoch"], e["owner"], e["reason"]) for e in new.epochs()] == [
+        (2, "host-b:2", "recovery"),
+        (1, "host-a:1", "start"),
+    ]
+
+
+def test_concurrent_begin_epoch_is_unique_and_dead_reservations_are_skipped(root):
+    stores = [DeltaCheckpointStore(root) for _ in range(4)]
+    got: list[int] = []
+    threads = [threading.Thread(target=lambda s=s: got.append(s.begin_epoch())) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(got) == [1, 2, 3, 4]
+    assert stores[0].current_epoch() == 4
+    (root / "_epochs" / f"{5:020d}").touch()  # reserved by a process that died before its row
+    assert DeltaCheckpointStore(root).current_epoch() == 4
+    assert DeltaCheckpointStore(root).begin_epoch() == 6
+
+
+# --- history and acks -----------------------------------------------------------------------------
+
+
+def test_history_and_acks_round_trip_every_ack_field(root):
+    clock = ManualClock(1000.0)
+    store = DeltaCheckpointStore(root, clock=clock)
+    keyed = SubtaskId("keyed[x]", 3)  # brackets in an operator name survive the "op[i]" key
+    src = SubtaskId("src", 0)
+    state = {"table": "s3://w/t", "version": 12, "groups": [[0, 63], [64, 127]], "meta": {"a": None, "b": 1.25, "c": True}}
+    c = CompletedCheckpoint(
+        checkpoint_id=store.get_and_increment(),
+        kind=CheckpointKind.SAVEPOINT,
+        trigger_time=100.0,
+        completion_time=103.75,
+        acks={
+            keyed: SubtaskAck(state=state, state_size_bytes=4096, channel_state_rows=7,
+                              channel_state_bytes=512, alignment_ms=12.5, unaligned=True, duration_ms=88.25),
+            src: SubtaskAck(state={"offset": 42}, state_size_bytes=8, duration_ms=1.0),
+        },
+        ack_times={keyed: 103.75, src: 101.5},
+    )
+    store.record_pending(c.checkpoint_id, c.kind, c.trigger_time, epoch=0)
+    clock.advance(5)
+    assert store.add(c) == []
+    assert DeltaCheckpointStore(root).get(c.checkpoint_id) == c
+    [h] = DeltaCheckpointStore(root).history()
+    assert {k: v for k, v in h.items() if k != "acks_json"} == {
+        "checkpoint_id": 1,
+        "kind": "savepoint",
+        "status": "completed",
+        "trigger_time": 100.0,
+        "completion_time": 103.75,
+        "epoch": 0,
+        "failure_reason": None,
+        "message": None,
+        "state_bytes": 4104,
+        "channel_state_rows": 7,
+        "channel_state_bytes": 512,
+        "alignment_ms": 12.5,
+        "unaligned": True,
+        "recorded_at": 1005.0,
+        "retained": True,
+        "corrupt": False,
+    }
+    assert json.loads(h["acks_json"])["acks"]["keyed[x][3]"]["state"] == state
+    assert store.acks(1) == [
+        {"subtask": "keyed[x][3]", "operator": "keyed[x]", "index": 3, "state": state,
+         "state_size_bytes": 4096, "channel_state_rows": 7, "channel_state_bytes": 512,
+         "alignment_ms": 12.5, "unaligned": True, "duration_ms": 88.25, "ack_time": 103.75},
+        {"subtask": "src[0]", "operator": "src", "index": 0, "state": {"offset": 42},
+         "state_size_bytes": 8, "channel_state_rows": 0, "channel_state_bytes": 0,
+         "alignment_ms": 0.0, "unaligned": False, "duration_ms": 1.0, "ack_time": 101.5},
+    ]
+
+
+def test_history_is_latest_status_per_id_newest_first(root):
+    store = DeltaCheckpointStore(root, clock=ManualClock(50.0))
+    for i in (1, 2, 3):
+        store.record_pending(i, CheckpointKind.CHECKPOINT, float(i), epoch=4)
+    store.add(checkpoint(1))
+    store.record_aborted(2, FailureReason.DECLINED, "declined by sink[0]: disk full", epoch=4)
+    history = store.history()
+    assert [(h["checkpoint_id"], h["status"]) for h in history] == [(3, "pending"), (2, "aborted"), (1, "completed")]
+    aborted = history[1]
+    assert (aborted["failure_reason"], aborted["message"], aborted["trigger_time"], aborted["epoch"]) == (
+        "declined", "declined by sink[0]: disk full", 2.0, 4)
+    assert store.acks(2) == [] and store.acks(3) == []
+    with pytest.raises(UnknownCheckpointError, match=r"\b9\b"):
+        store.acks(9)
+
+
+def test_status_transitions_are_forward_only(root):
+    store = DeltaCheckpointStore(root)
+    store.add(checkpoint(1))
+    with pytest.raises(ValueError, match="checkpoint 1 is already completed"):
+        store.record_aborted(1, FailureReason.EXPIRED)
+    with pytest.raises(ValueError, match="checkpoint 1 is already completed"):
+        store.record_pending(1, CheckpointKind.CHECKPOINT, 1.0)
+    store.record_aborted(2, FailureReason.EXPIRED)
+    store.record_aborted(2, FailureReason.EXPIRED)  # again: a no-op
+    with pytest.raises(ValueError, match="checkpoint 2 was aborted"):
+        store.add(checkpoint(2))
+    assert statuses(store) == {2: "aborted", 1: "completed"}
+    assert len(DeltaTable(str(root / "checkpoints")).to_pyarrow_table()) == 2
+
+
+def test_state_that_does_not_survive_json_is_refused(root):
+    store = DeltaCheckpointStore(root)
+    src = SubtaskId("src", 0)
+    bad = CompletedCheckpoint(1, CheckpointKind.CHECKPOINT, 1.0, 2.0, {src: SubtaskAck(state={"k": (1, 2)})})
+    with pytest.raises(ValueError, match=r"ack of src\[0\] does not survive JSON"):
+        store.add(bad)
+    opaque = CompletedCheckpoint(1, CheckpointKind.CHECKPOINT, 1.0, 2.0, {src: SubtaskAck(state={"k": object()})})
+    with pytest.raises(ValueError, match="checkpoint 1: acks are not JSON-serialisable"):
+        store.add(opaque)
+    assert store.history() == []
+
+
+# --- corrupt rows ---------------------------------------------------------------------------------
+
+
+def _append_raw(root: Path, **overrides) -> None:
+    row = {
+        "checkpoint_id": 3, "kind": "checkpoint", "status": "completed", "trigger_time": 30.0,
+        "completion_time": 31.5, "epoch": 0, "failure_reason": None, "message": None,
+        "acks_json": '{"version": 1, "acks": {"src[0]": {"state": {', "state_bytes": 0,
+        "channel_state_rows": 0, "channel_state_bytes": 0, "alignment_ms": 0.0,
+        "unaligned": False, "recorded_at": 99.0,
+    }
+    row.update(overrides)
+    write_deltalake(str(root / "checkpoints"), pa.Table.from_pylist([row], schema=CHECKPOINTS_SCHEMA), mode="append")
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"acks_json": '{"version": 1, "acks": {"src": {}}, "ack_times": {}}'},
+        {"acks_json": '{"version": 1, "acks": {"src[0]": {"state": {}, "unaligned": "yes"}}, "ack_times": {}}'},
+        {"kind": "snapshot"},
+        {"acks_json": None},
+    ],
+    ids=["truncated-json", "bad-subtask", "bad-field", "bad-kind", "no-acks"],
+)
+def test_corrupt_completed_row_is_skipped_with_a_warning_and_latest_falls_back(root, overrides):
+    store = DeltaCheckpointStore(root, retained=2)
+    store.add(checkpoint(1))
+    store.add(checkpoint(2))
+    _append_raw(root, **overrides)
+    with pytest.warns(CorruptCheckpointWarning, match="checkpoint 3 has a corrupt row"):
+        assert store.latest() == checkpoint(2)
+    with pytest.warns(CorruptCheckpointWarning):
+        assert ids(store.all()) == [1, 2]  # the corrupt one does not count toward retention
+    with pytest.warns(CorruptCheckpointWarning), pytest.raises(UnknownCheckpointError, match=r"\b3\b"):
+        store.get(3)
+    with pytest.warns(CorruptCheckpointWarning):
+        assert {h["checkpoint_id"]: h["corrupt"] for h in store.history()} == {3: True, 2: False, 1: False}
+    assert store.get_and_increment() == 4  # a corrupt row's id is still used (ids are not decoded)
+    with pytest.warns(CorruptCheckpointWarning), pytest.raises(ValueError, match="already stored"):
+        store.add(checkpoint(3))
+
+
+def test_row_with_an_unknown_status_is_ignored_with_a_warning(root):
+    store = DeltaCheckpointStore(root)
+    store.add(checkpoint(1))
+    _append_raw(root, checkpoint_id=1, status="resurrected", acks_json=None)
+    with pytest.warns(CorruptCheckpointWarning, match="unknown status"):
+        assert store.latest() == checkpoint(1)
+
+
+# --- retention ------------------------------------------------------------------------------------
+
+
+def test_retention_marks_evicted_checkpoints_discarded(root):
+    store = DeltaCheckpointStore(root, retained=1)
+    store.add(checkpoint(1))
+    store.add(checkpoint(2, savepoint=True))
+    assert ids(store.add(checkpoint(3))) == [1]
+    assert statuses(store) == {3: "completed", 2: "completed", 1: "discarded"}
+    assert ids(DeltaCheckpointStore(root, retained=1).all()) == [2, 3]
+    # the discarded row keeps the checkpoint's acks for the history
+    assert store.acks(1)[0]["state"] == {"version": 1}
+    assert store.pending_discards() == []
+    with pytest.raises(ValueError, match="checkpoint 1 is already stored"):
+        store.add(checkpoint(1))
+
+
+def test_lost_discard_commit_is_recovered_on_read(root, monkeypatch):
+    store = DeltaCheckpointStore(root, retained=1)
+    store.add(checkpoint(1))
+
+    def crash(_checkpoints):
+        raise OSError("killed between the two commits")
+
+    monkeypatch.setattr(store, "mark_discarded", crash)
+    assert ids(store.add(checkpoint(2))) == [1]  # durable, so add succeeds and reports the eviction
+    restarted = DeltaCheckpointStore(root, retained=1)
+    assert ids(restarted.all()) == [2] and restarted.latest().checkpoint_id == 2
+    with pytest.raises(UnknownCheckpointError):
+        restarted.get(1)
+    assert [(h["checkpoint_id"], h["status"], h["retained"]) for h in restarted.history()] == [
+        (2, "completed", True),
+        (1, "completed", False),
+    ]
+    assert ids(restarted.pending_discards()) == [1]
+    restarted.mark_discarded(restarted.pending_discards())
+    assert restarted.pending_discards() == [] and statuses(restarted)[1] == "discarded"
+
+
+def test_crash_before_the_completed_commit_leaves_the_previous_checkpoint(root, monkeypatch):
+    store = DeltaCheckpointStore(root)
+    store.add(checkpoint(1))
+    i = store.get_and_increment()
+    monkeypatch.setattr(store, "_append", lambda *a, **k: (_ for _ in ()).throw(OSError("disk gone")))
+    with pytest.raises(OSError):
+        store.add(checkpoint(i))
+    restarted = DeltaCheckpointStore(root)
+    assert restarted.latest() == checkpoint(1)
+    assert restarted.get_and_increment() == i + 1
+
+
+# --- maintenance ----------------------------------------------------------------------------------
+
+
+def test_table_is_compacted_automatically(root):
+    store = DeltaCheckpointStore(root, retained=2, compact_after_files=5)
+    for i in range(1, 9):
+        store.add(checkpoint(i))
+    files = DeltaTable(str(root / "checkpoints")).file_uris()
+    assert len(files) < 5
+    assert ids(store.all()) == [7, 8]
+    assert statuses(store) == {i: ("completed" if i > 6 else "discarded") for i in range(1, 9)}
