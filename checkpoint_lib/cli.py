@@ -1,14 +1,60 @@
 """``ckpt``: the command line of checkpoint_lib.
 
 Every sub-command has ``--help``. Engine-backed commands import their engines lazily, so
-``ckpt --help`` works with the core alone.
+``ckpt --help`` works with the core alone. Exit codes: 0 success, 1 a failed check or run,
+2 bad arguments (argparse), 3 a clear user error (unknown checkpoint, schema mismatch...).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
-from typing import Sequence
+import time
+from typing import Any, Sequence
+
+DEFAULT_WAREHOUSE = os.environ.get("CKPT_WAREHOUSE", "warehouse")
+MODES = ("aligned", "unaligned", "aligned_with_timeout", "at_least_once")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{value} must be within 0..1")
+    return value
+
+
+def _progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def _spark():
+    from .spark.session import get_spark
+
+    return get_spark(app_name="ckpt")
+
+
+def _pipeline(name: str):
+    from .pipelines import get
+
+    return get(name)
+
+
+# --- commands --------------------------------------------------------------------------------
 
 
 def _cmd_setup(args: argparse.Namespace) -> int:
@@ -25,8 +71,142 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _cmd_generate(args: argparse.Namespace) -> int:
+    if args.pipeline != "payments":
+        raise ValueError(f"no generator for pipeline {args.pipeline!r}")
+    from .pipelines.payments import generate
+
+    version = generate(_spark(), args.warehouse, args.rows, bad_fraction=args.bad_fraction,
+                       accounts=args.accounts, seed=args.seed)
+    print(f"appended {args.rows} rows to {args.warehouse}/landing/payments as version {version}")
+    return 0
+
+
+def _runner(args: argparse.Namespace, **kw: Any):
+    from .core.decider import CheckpointConfig
+    from .spark.runner import PipelineRunner
+
+    config = CheckpointConfig(
+        interval=args.interval, min_pause=args.min_pause, max_concurrent=1, timeout=args.timeout,
+        retained=args.retained,
+    )
+    return PipelineRunner(
+        _pipeline(args.pipeline), args.warehouse, _spark(), mode=args.mode,
+        rows_per_checkpoint=args.rows_per_checkpoint, config=config, progress=_progress,
+        alignment_timeout=args.alignment_timeout, **kw,
+    )
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    runner = _runner(args, restore_checkpoint=args.checkpoint,
+                     allow_non_restored_state=args.allow_non_restored_state)
+    summary = runner.run(until_caught_up=args.until_caught_up, max_steps=args.max_steps)
+    rate = summary.rows_in / summary.seconds if summary.seconds else 0.0
+    print(
+        f"epoch {summary.epoch}: read {summary.rows_in} rows in {summary.seconds:.1f} s ({rate:,.0f} rows/s), "
+        f"{len(summary.completed)} checkpoints completed, {len(summary.aborted)} aborted"
+    )
+    return 0
+
+
+def _cmd_recover(args: argparse.Namespace) -> int:
+    from .core.recovery import plan_recovery
+    from .delta.store import DeltaCheckpointStore
+
+    if args.dry_run:
+        store = DeltaCheckpointStore.open(f"{os.path.abspath(args.warehouse)}/_checkpoints/{args.pipeline}")
+        plan = plan_recovery(list(store.all()), current_epoch=store.current_epoch(),
+                             checkpoint_id=args.checkpoint)
+        print(plan.describe())
+        return 0
+    return _cmd_run(args)
+
+
+def _cmd_savepoint(args: argparse.Namespace) -> int:
+    from .core.types import CheckpointKind
+
+    runner = _runner(args)
+    runner.open()
+    checkpoint_id = runner.final_checkpoint(CheckpointKind.SAVEPOINT)
+    print(f"savepoint {checkpoint_id} taken (retention never deletes it); "
+          f"start from it with: ckpt run {args.pipeline} --checkpoint {checkpoint_id}")
+    return 0
+
+
+def _cmd_checkpoints(args: argparse.Namespace) -> int:
+    from .delta.store import DeltaCheckpointStore
+    from .history import format_table, with_durations
+
+    store = DeltaCheckpointStore.open(f"{os.path.abspath(args.warehouse)}/_checkpoints/{args.pipeline}")
+    if args.action == "list":
+        rows = with_durations(store.history()[: args.limit])
+        if args.json:
+            print(json.dumps(rows, default=str, indent=2))
+        else:
+            print(format_table(rows, ["checkpoint_id", "kind", "status", "trigger_time", "duration_ms",
+                                      "state_bytes", "channel_state_rows", "alignment_ms", "unaligned",
+                                      "failure_reason"]))
+        return 0
+    if args.id is None:
+        raise ValueError("checkpoints show needs a checkpoint id")
+    acks = store.acks(args.id)
+    if args.json:
+        print(json.dumps(acks, default=str, indent=2))
+    else:
+        print(format_table([{k: v for k, v in a.items() if k != "state"} for a in acks]))
+        for a in acks:
+            print(f"{a['subtask']}: {json.dumps(a['state'], default=str)}")
+    return 0
+
+
+def _cmd_state(args: argparse.Namespace) -> int:
+    from .spark import inspect
+
+    pipeline = _pipeline(args.pipeline)
+    spark = _spark()
+    if args.what == "operator":
+        df = inspect.operator_state(spark, args.warehouse, pipeline, args.checkpoint)
+    elif args.what == "channel":
+        df = inspect.channel_state(spark, args.warehouse, pipeline, args.checkpoint)
+    else:
+        print(json.dumps({"sources": inspect.source_offsets(args.warehouse, pipeline, args.checkpoint),
+                          "sinks": inspect.sink_transactions(args.warehouse, pipeline, args.checkpoint)},
+                         indent=2, default=str))
+        return 0
+    if args.json:
+        for row in df.limit(args.limit).toJSON().collect():
+            print(row)
+    else:
+        df.show(args.limit, truncate=False)
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
-    return _cmd_simulate(args)
+    from .demo import run_demo
+
+    return run_demo(args.warehouse, rows=args.rows)
+
+
+# --- parser ----------------------------------------------------------------------------------
+
+
+def _add_warehouse(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--warehouse", default=DEFAULT_WAREHOUSE,
+                   help=f"warehouse root (default {DEFAULT_WAREHOUSE!r}, env CKPT_WAREHOUSE)")
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("pipeline", help="pipeline name (payments)")
+    _add_warehouse(p)
+    p.add_argument("--mode", choices=MODES, default="aligned", help="barrier handling (default aligned)")
+    p.add_argument("--rows-per-checkpoint", type=_positive_int, default=10_000,
+                   help="source rows between checkpoints, in whole table versions (default 10000)")
+    p.add_argument("--interval", type=float, default=0.0, help="minimum seconds between checkpoints (default 0)")
+    p.add_argument("--min-pause", type=float, default=0.0, help="seconds between a checkpoint's end and the next")
+    p.add_argument("--timeout", type=float, default=3600.0, help="abort a checkpoint pending this long (s)")
+    p.add_argument("--retained", type=_positive_int, default=5, help="completed checkpoints kept (default 5)")
+    p.add_argument("--alignment-timeout", type=float, default=None,
+                   help="aligned_with_timeout: seconds before a checkpoint switches to unaligned")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,20 +219,76 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("setup", help="fetch the Delta Lake jars into the project cache (idempotent)")
     p.set_defaults(func=_cmd_setup)
 
-    for name, func, text in (
-        ("simulate", _cmd_simulate, "run the in-memory simulator in every barrier mode, with a crash"),
-        ("demo", _cmd_demo, "the end-to-end demo"),
-    ):
-        p = sub.add_parser(name, help=text, description=text)
-        p.add_argument("--records", type=int, default=200, help="records per source (default 200)")
-        p.add_argument("--seed", type=int, default=7, help="random seed of the schedule (default 7)")
-        p.set_defaults(func=func)
+    p = sub.add_parser("simulate", help="run the in-memory simulator in every barrier mode, with a crash")
+    p.add_argument("--records", type=_positive_int, default=200, help="records per source (default 200)")
+    p.add_argument("--seed", type=int, default=7, help="random seed of the schedule (default 7)")
+    p.set_defaults(func=_cmd_simulate)
+
+    p = sub.add_parser("generate", help="append generated input to a pipeline's landing table")
+    p.add_argument("pipeline", help="pipeline name (payments)")
+    _add_warehouse(p)
+    p.add_argument("--rows", type=_positive_int, required=True, help="rows to append (one new table version)")
+    p.add_argument("--bad-fraction", type=_fraction, default=0.0, help="fraction of bad rows (0..1)")
+    p.add_argument("--accounts", type=_positive_int, default=1000, help="distinct accounts (default 1000)")
+    p.add_argument("--seed", type=int, default=None, help="random seed")
+    p.set_defaults(func=_cmd_generate)
+
+    p = sub.add_parser("run", help="run a pipeline (recovering first if its last run crashed)")
+    _add_run_options(p)
+    p.add_argument("--until-caught-up", action="store_true", default=True,
+                   help="stop when everything appended so far is processed and committed (the default)")
+    p.add_argument("--max-steps", type=_positive_int, default=None, help="stop after this many source steps")
+    p.add_argument("--checkpoint", type=_positive_int, default=None, help="start from this checkpoint or savepoint")
+    p.add_argument("--allow-non-restored-state", action="store_true",
+                   help="drop state of operators the pipeline no longer has")
+    p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("recover", help="restore the latest (or a chosen) checkpoint, re-commit, replay, go on")
+    _add_run_options(p)
+    p.add_argument("--checkpoint", type=_positive_int, default=None, help="checkpoint id (default: latest)")
+    p.add_argument("--dry-run", action="store_true", help="only print the recovery plan")
+    p.add_argument("--allow-non-restored-state", action="store_true",
+                   help="drop state of operators the pipeline no longer has")
+    p.set_defaults(func=_cmd_recover, until_caught_up=True, max_steps=None)
+
+    p = sub.add_parser("savepoint", help="take a savepoint: a checkpoint the user owns")
+    _add_run_options(p)
+    p.set_defaults(func=_cmd_savepoint)
+
+    p = sub.add_parser("checkpoints", help="list checkpoints or show one")
+    p.add_argument("action", choices=("list", "show"))
+    p.add_argument("pipeline")
+    p.add_argument("id", nargs="?", type=_positive_int, help="checkpoint id (show)")
+    _add_warehouse(p)
+    p.add_argument("--limit", type=_positive_int, default=50)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_checkpoints)
+
+    p = sub.add_parser("state", help="show operator state, channel state or offsets at a checkpoint")
+    p.add_argument("what", choices=("operator", "channel", "handles"))
+    p.add_argument("pipeline")
+    _add_warehouse(p)
+    p.add_argument("--checkpoint", type=_positive_int, default=None, help="checkpoint id (default: latest)")
+    p.add_argument("--limit", type=_positive_int, default=20)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_state)
+
+    p = sub.add_parser("demo", help="the end-to-end demo: generate, run, kill -9, recover, verify")
+    _add_warehouse(p)
+    p.add_argument("--rows", type=_positive_int, default=200_000, help="payments to generate (default 200000)")
+    p.set_defaults(func=_cmd_demo)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    from .core.errors import CheckpointError
+
+    try:
+        return int(args.func(args) or 0)
+    except (CheckpointError, ValueError, FileNotFoundError) as exc:
+        print(f"ckpt: error: {exc}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

@@ -24,6 +24,15 @@ def checkpoint_row(c: CompletedCheckpoint) -> dict:
     }
 
 
+def with_durations(rows: Sequence[dict]) -> list[dict]:
+    """History rows of the store with ``duration_ms`` (completion - trigger) added."""
+    out = []
+    for r in rows:
+        done, start = r.get("completion_time"), r.get("trigger_time")
+        out.append({**r, "duration_ms": round((done - start) * 1000, 1) if done and start else None})
+    return out
+
+
 def format_table(rows: Sequence[dict], columns: Iterable[str] | None = None) -> str:
     """A plain fixed-width table (no dependencies): what ``ckpt ... list`` prints."""
     if not rows:

@@ -21,7 +21,7 @@ from typing import Iterable, Sequence, Union
 from .checkpoints import CompletedCheckpoint, PendingCheckpoint
 from .clock import Clock
 from .decider import CheckpointConfig, Verdict, decide
-from .errors import AckResult, CheckpointError, FailureReason
+from .errors import AckResult, CheckpointError, FailureReason, FencedError
 from .stores import CheckpointIdCounter, CompletedCheckpointStore
 from .types import Barrier, CheckpointId, CheckpointKind, SubtaskAck, SubtaskId
 
@@ -175,6 +175,10 @@ class CheckpointCoordinator:
             effects.append(self._start(CheckpointKind.CHECKPOINT))
         return effects
 
+    def expire(self) -> list[Effect]:
+        """Abort pending checkpoints older than the timeout, without triggering a new one."""
+        return self._expire()
+
     def trigger(self, kind: CheckpointKind = CheckpointKind.SAVEPOINT) -> TriggerCheckpoint:
         """A forced trigger: a savepoint or a user's "checkpoint now". Raises when refused."""
         decision = decide(
@@ -275,6 +279,8 @@ class CheckpointCoordinator:
         del self.pending[pending.checkpoint_id]
         try:
             evicted = self.store.add(completed)
+        except FencedError:
+            raise  # a newer attempt took over: this coordinator is a zombie and must stop
         except Exception as exc:  # the store is the adapter's: any failure means "not durable"
             self._remember(pending.checkpoint_id, "aborted")
             self.last_end_time = now

@@ -77,6 +77,7 @@ child deadlocks): use the ``spawn`` start method for worker processes.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import logging
@@ -227,20 +228,14 @@ def _reserve_from(reservations: Reservations, namespace: str, start: int) -> int
 # --- acks (de)serialisation ----------------------------------------------------------------------
 
 
+def _ack_fields(ack: SubtaskAck) -> dict[str, Any]:
+    """Every field of ``ack`` (its state as a plain dict)."""
+    return {**dataclasses.asdict(ack), "state": dict(ack.state)}
+
+
 def encode_acks(checkpoint: CompletedCheckpoint) -> str:
     """The checkpoint's ``acks`` and ``ack_times`` as JSON, subtasks keyed ``"operator[index]"``."""
-    acks = {
-        str(subtask): {
-            "state": dict(ack.state),
-            "state_size_bytes": ack.state_size_bytes,
-            "channel_state_rows": ack.channel_state_rows,
-            "channel_state_bytes": ack.channel_state_bytes,
-            "alignment_ms": ack.alignment_ms,
-            "unaligned": ack.unaligned,
-            "duration_ms": ack.duration_ms,
-        }
-        for subtask, ack in checkpoint.acks.items()
-    }
+    acks = {str(subtask): _ack_fields(ack) for subtask, ack in checkpoint.acks.items()}
     ack_times = {str(subtask): t for subtask, t in checkpoint.ack_times.items()}
     try:
         return json.dumps(
@@ -360,7 +355,7 @@ class DeltaCheckpointStore:
     def __init__(
         self,
         root: Union[str, Path],
-        retained: int = 3,
+        retained: int | None = None,
         *,
         clock: Union[Clock, Callable[[], float], None] = None,
         epoch: int | None = None,
@@ -368,7 +363,7 @@ class DeltaCheckpointStore:
         storage_options: Mapping[str, str] | None = None,
         compact_after_files: int = 8,
     ):
-        if retained < 1:
+        if retained is not None and retained < 1:
             raise ValueError("retained must be >= 1")
         root_str = str(root)
         local = root_str[len("file://") :] if root_str.startswith("file://") else root_str
@@ -400,8 +395,13 @@ class DeltaCheckpointStore:
         self._epoch_high_water = 0
 
     @classmethod
-    def open(cls, root: Union[str, Path], retained: int = 3, **kwargs: Any) -> "DeltaCheckpointStore":
-        """A store on ``root``, with its directory and both tables created if missing."""
+    def open(cls, root: Union[str, Path], retained: int | None = None, **kwargs: Any) -> "DeltaCheckpointStore":
+        """A store on ``root``, with its directory and both tables created if missing.
+
+        ``retained``: how many completed checkpoints the *writer* keeps (it evicts on ``add`` and
+        re-applies it on reads, covering a crash between the completed and discarded commits).
+        None (a reader, e.g. ``ckpt checkpoints list``): only the recorded discards evict, so
+        every reader sees what the writer decided."""
         store = cls(root, retained, **kwargs)
         if store._is_local:
             Path(store.root).mkdir(parents=True, exist_ok=True)
@@ -508,7 +508,10 @@ class DeltaCheckpointStore:
             except _Corrupt as exc:
                 view.corrupt.add(checkpoint_id)
                 self._warn_corrupt(checkpoint_id, str(exc))
-        view.kept, view.evicted = apply_retention(completed, self.retained)
+        if self.retained is None:  # a reader: the writer's recorded discards are the truth
+            view.kept, view.evicted = completed, []
+        else:
+            view.kept, view.evicted = apply_retention(completed, self.retained)
         return view
 
     def _warn_corrupt(self, checkpoint_id: Any, why: str) -> None:
@@ -622,7 +625,7 @@ class DeltaCheckpointStore:
                 )
             # A savepoint may complete after a newer checkpoint: keep the list ordered by id.
             ordered = sorted([*view.kept, checkpoint], key=lambda c: c.checkpoint_id)
-            _, evicted = apply_retention(ordered, self.retained)
+            _, evicted = apply_retention(ordered, self.retained) if self.retained else ([], [])
             self._reservations.claim("ids", checkpoint_id)  # so the counter never hands it out
             self._append("checkpoints", [row])  # the durability point
             if evicted:
@@ -776,13 +779,7 @@ class DeltaCheckpointStore:
                 "subtask": str(subtask),
                 "operator": subtask.operator,
                 "index": subtask.index,
-                "state": dict(ack.state),
-                "state_size_bytes": ack.state_size_bytes,
-                "channel_state_rows": ack.channel_state_rows,
-                "channel_state_bytes": ack.channel_state_bytes,
-                "alignment_ms": ack.alignment_ms,
-                "unaligned": ack.unaligned,
-                "duration_ms": ack.duration_ms,
+                **_ack_fields(ack),
                 "ack_time": ack_times.get(subtask),
             }
             for subtask, ack in sorted(acks.items())

@@ -681,3 +681,28 @@ def test_effects_of_filters_in_order():
     effects = [notify(1), aborted(2, FailureReason.SUBSUMED), notify(3)]
     assert effects_of(NotifyCheckpointComplete, effects) == [notify(1), notify(3)]
     assert effects_of(FailJob, effects) == []
+
+
+def test_expire_aborts_old_checkpoints_without_triggering():
+    rig = make(CheckpointConfig(interval=0, timeout=5, tolerable_failed_checkpoints=1))
+    first = tick_trigger(rig)
+    rig.clock.advance(5)
+    assert rig.coordinator.expire() == [aborted(first, FailureReason.EXPIRED)]
+    assert rig.coordinator.pending == {}
+    assert rig.coordinator.expire() == []  # and nothing was triggered
+
+
+def test_a_fenced_store_stops_the_coordinator_instead_of_counting_a_failure():
+    from checkpoint_lib.core.errors import FencedError
+
+    class FencedStore(InMemoryCompletedCheckpointStore):
+        def add(self, checkpoint):
+            raise FencedError("epoch 2 has taken over")
+
+    rig = make(CheckpointConfig(interval=0, tolerable_failed_checkpoints=5))
+    rig.coordinator.store = FencedStore()
+    checkpoint_id = tick_trigger(rig)
+    with pytest.raises(FencedError, match="epoch 2 has taken over"):
+        for subtask in TASKS:
+            rig.coordinator.acknowledge(checkpoint_id, subtask)
+    assert rig.coordinator.consecutive_failures == 0

@@ -495,3 +495,17 @@ def test_table_is_compacted_automatically(root):
     assert len(files) < 5
     assert ids(store.all()) == [7, 8]
     assert statuses(store) == {i: ("completed" if i > 6 else "discarded") for i in range(1, 9)}
+
+
+def test_a_reader_sees_exactly_what_the_writer_retained(tmp_path):
+    """A reader does not impose a retention of its own: it sees the writer's decisions."""
+    from checkpoint_lib.core.checkpoints import CompletedCheckpoint
+    from checkpoint_lib.core.types import CheckpointKind, SubtaskAck, SubtaskId
+
+    writer = DeltaCheckpointStore.open(tmp_path / "root", retained=5)
+    for _ in range(7):
+        cid = writer.get_and_increment()
+        writer.add(CompletedCheckpoint(cid, CheckpointKind.CHECKPOINT, 1.0, 2.0, {SubtaskId("src", 0): SubtaskAck()}))
+    reader = DeltaCheckpointStore.open(tmp_path / "root")
+    assert [c.checkpoint_id for c in reader.all()] == [3, 4, 5, 6, 7]
+    assert [c.checkpoint_id for c in writer.all()] == [3, 4, 5, 6, 7]

@@ -1,0 +1,139 @@
+"""Reading a Delta table's transaction log: which files each version added, and its schema.
+
+Sources use it to plan replayable, incremental reads: an offset is a table version, and the data of
+versions ``(a, b]`` is exactly the files those commits added (the table must be append-only). Only
+the log's JSON commit files are read, on the driver: metadata, never data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+_COMMIT = re.compile(r"^(\d{20})\.json$")
+
+
+class NotAppendOnlyError(ValueError):
+    """The table was rewritten in place (a commit removed data): it cannot be read incrementally."""
+
+
+class MissingLogError(RuntimeError):
+    """A commit file the source needs is gone (log retention cleaned it up)."""
+
+
+@dataclass(frozen=True, order=True)
+class AddedFile:
+    version: int
+    path: str
+    """As in the log: relative to the table root (URL-encoded, as Delta writes it)."""
+    rows: int
+    size: int
+
+
+def is_delta_table(table: str | os.PathLike) -> bool:
+    return (Path(table) / "_delta_log").is_dir() and latest_version(table) is not None
+
+
+def latest_version(table: str | os.PathLike) -> int | None:
+    log = Path(table) / "_delta_log"
+    if not log.is_dir():
+        return None
+    versions = [int(m.group(1)) for name in os.listdir(log) if (m := _COMMIT.match(name))]
+    return max(versions, default=None)
+
+
+def _actions(table: str | os.PathLike, version: int) -> Iterator[dict[str, Any]]:
+    path = Path(table) / "_delta_log" / f"{version:020d}.json"
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise MissingLogError(
+            f"{path} is gone (Delta log retention): version {version} can no longer be read "
+            "incrementally; recover from a newer checkpoint or re-ingest"
+        ) from None
+    for line in text.splitlines():
+        if line.strip():
+            yield json.loads(line)
+
+
+def added_files(table: str | os.PathLike, after: int, upto: int) -> list[AddedFile]:
+    """Files added by versions ``after+1 .. upto``, in (version, path) order.
+
+    Raises :class:`NotAppendOnlyError` if any of those commits removed data (a DELETE, UPDATE,
+    MERGE or overwrite); compaction (``dataChange: false``) is allowed.
+    """
+    files: list[AddedFile] = []
+    for version in range(after + 1, upto + 1):
+        for action in _actions(table, version):
+            if "remove" in action and action["remove"].get("dataChange", True):
+                raise NotAppendOnlyError(
+                    f"{table} version {version} removed data ({action['remove']['path']}): the "
+                    "landing table must be append-only; write corrections as new rows instead"
+                )
+            add = action.get("add")
+            if add is None or not add.get("dataChange", True):
+                continue
+            stats = json.loads(add["stats"]) if add.get("stats") else {}
+            files.append(AddedFile(version, add["path"], int(stats.get("numRecords", -1)), int(add["size"])))
+    return sorted(files)
+
+
+def _metadata_and_protocol(table: str | os.PathLike, version: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The newest ``metaData`` action at or before ``version``, and the newest ``protocol`` action
+    seen on the way back to it (empty if none)."""
+    protocol: dict[str, Any] = {}
+    for v in range(version, -1, -1):
+        try:
+            actions = list(_actions(table, v))
+        except MissingLogError:
+            break
+        for action in actions:
+            if "protocol" in action and not protocol:
+                protocol = action["protocol"]
+        for action in actions:
+            if "metaData" in action:
+                return action["metaData"], protocol
+    raise MissingLogError(f"no metadata found in {table}/_delta_log at or before version {version}")
+
+
+def schema_at(table: str | os.PathLike, version: int) -> dict[str, str]:
+    """Column name -> Delta type name, from the newest metaData action at or before ``version``."""
+    metadata, _ = _metadata_and_protocol(table, version)
+    fields = json.loads(metadata["schemaString"])["fields"]
+    return {f["name"]: f["type"] if isinstance(f["type"], str) else "struct" for f in fields}
+
+
+def table_features(table: str | os.PathLike, version: int) -> set[str]:
+    """Reader/writer features and column mapping in force at ``version`` (from the log)."""
+    metadata, protocol = _metadata_and_protocol(table, version)
+    features = set(protocol.get("readerFeatures") or []) | set(protocol.get("writerFeatures") or [])
+    config = metadata.get("configuration") or {}
+    if config.get("delta.columnMapping.mode", "none") != "none":
+        features.add("columnMapping")
+    if config.get("delta.enableDeletionVectors") == "true":
+        features.add("deletionVectors")
+    return features
+
+
+def plan_steps(files: list[AddedFile], rows_per_step: int) -> list[list[AddedFile]]:
+    """Group files into steps of whole versions with at least ``rows_per_step`` rows each (the
+    last may be smaller). A step never splits a version: a version is the unit of an offset."""
+    if rows_per_step < 1:
+        raise ValueError(f"rows_per_step must be >= 1, got {rows_per_step}")
+    steps: list[list[AddedFile]] = []
+    current: list[AddedFile] = []
+    rows = 0
+    for i, f in enumerate(files):
+        current.append(f)
+        rows += max(f.rows, 0)
+        version_ends = i + 1 == len(files) or files[i + 1].version != f.version
+        if version_ends and rows >= rows_per_step:
+            steps.append(current)
+            current, rows = [], 0
+    if current:
+        steps.append(current)
+    return steps

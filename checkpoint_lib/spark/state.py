@@ -1,0 +1,109 @@
+"""Keyed state in a Delta table, by key group.
+
+The table holds one row per key with its ``key_group``; a subtask's state is the rows of the key
+groups it owns. Updates are MERGEs (one Delta commit each). A snapshot costs nothing: it is the
+table version after the subtask's last update before its barrier, plus its key-group range
+(``{"table_version": v, "key_groups": [start, end]}``). Restore rebuilds the table from those
+versions (time travel): one RESTORE when every subtask snapshotted the same version, otherwise a
+union of each subtask's key groups at its own version. The snapshot is never a copy; old versions
+stay readable until the table is vacuumed, which must therefore keep what retained checkpoints pin.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from ..core.keygroups import DEFAULT_MAX_PARALLELISM
+from . import tables
+
+KEY_GROUP = "key_group"
+
+
+def key_group_column(key: str, max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> F.Column:
+    """The key group of ``key``: a stable hash (xxhash64) modulo max parallelism."""
+    return F.pmod(F.xxhash64(F.col(key)), F.lit(max_parallelism)).cast("int")
+
+
+def subtask_column(key_group: F.Column, parallelism: int, max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> F.Column:
+    """The receiving subtask of a key group (same formula as core.keygroups.subtask_for_key_group)."""
+    return F.floor(key_group * F.lit(parallelism) / F.lit(max_parallelism)).cast("int")
+
+
+class KeyedStateTable:
+    def __init__(self, spark: SparkSession, path: str, key: str, values: T.StructType):
+        self.spark = spark
+        self.path = path
+        self.key = key
+        self.values = values
+        self.schema = T.StructType(
+            [T.StructField(KEY_GROUP, T.IntegerType(), False), T.StructField(key, T.StringType(), False)]
+            + list(values.fields)
+        )
+
+    def create(self) -> None:
+        tables.create_if_missing(self.spark, self.path, self.schema)
+
+    def version(self) -> int:
+        return tables.version(self.spark, self.path)
+
+    def read(self, version: int | None = None) -> DataFrame:
+        reader = self.spark.read.format("delta")
+        if version is not None:
+            reader = reader.option("versionAsOf", version)
+        return reader.load(self.path)
+
+    def add(self, deltas: DataFrame) -> int:
+        """Add ``deltas`` (key, key_group and one column per value) to the state; new keys are
+        inserted. Returns the table version after the MERGE."""
+        from delta.tables import DeltaTable
+
+        names = self.values.fieldNames()
+        (
+            DeltaTable.forPath(self.spark, self.path).alias("s")
+            .merge(deltas.alias("d"), f"s.{self.key} = d.{self.key}")
+            .whenMatchedUpdate(set={n: F.col(f"s.{n}") + F.col(f"d.{n}") for n in names})
+            .whenNotMatchedInsert(
+                values={KEY_GROUP: F.col(f"d.{KEY_GROUP}"), self.key: F.col(f"d.{self.key}"),
+                        **{n: F.col(f"d.{n}") for n in names}}
+            )
+            .execute()
+        )
+        return self.version()
+
+    def restore(self, snapshots: Sequence[Mapping]) -> None:
+        """Make the table hold, for every snapshot ``{"table_version", "key_groups"}``, exactly its
+        key groups as of its version. Idempotent: running it twice gives the same table."""
+        from delta.tables import DeltaTable
+
+        versions = {int(s["table_version"]) for s in snapshots}
+        covered = sorted(tuple(s["key_groups"]) for s in snapshots)
+        full = len(versions) == 1 and _covers_all(covered)
+        if full:
+            (version,) = versions
+            if self.version() != version:
+                DeltaTable.forPath(self.spark, self.path).restoreToVersion(version)
+            return
+        parts = [
+            self.read(int(s["table_version"])).where(
+                F.col(KEY_GROUP).between(int(s["key_groups"][0]), int(s["key_groups"][1]))
+            )
+            for s in snapshots
+        ]
+        df = parts[0]
+        for p in parts[1:]:
+            df = df.unionByName(p)
+        df.write.format("delta").mode("overwrite").save(self.path)
+
+
+def _covers_all(ranges: list[tuple[int, int]]) -> bool:
+    expected = 0
+    for start, end in ranges:
+        if start != expected:
+            return False
+        expected = end + 1
+    return expected == DEFAULT_MAX_PARALLELISM
+

@@ -1,0 +1,111 @@
+"""An independent check of the ``payments`` outputs: pandas and pyarrow, no Spark.
+
+The expected ledger is computed from the landing table's files in source-offset order (table
+version, file, row) straight from the Delta log; the gold tables are read with delta-rs. Sharing
+no code path with the pipeline, it cannot share its bugs. For test- and demo-sized data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote
+
+import pandas as pd
+import pyarrow.parquet as pq
+
+from .delta import log as delta_log
+
+
+@dataclass
+class PaymentsCheck:
+    valid_rows: int
+    bad_rows: int
+    ledger_rows: int
+    dlq_rows: int
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def summary(self) -> str:
+        head = (
+            f"{self.valid_rows} valid + {self.bad_rows} bad source rows; ledger {self.ledger_rows} rows, "
+            f"dead letters {self.dlq_rows}"
+        )
+        return head + (": exactly once, nothing lost" if self.ok else "\n  - " + "\n  - ".join(self.problems))
+
+
+def landing_in_offset_order(warehouse: str, upto: int | None = None) -> pd.DataFrame:
+    path = Path(warehouse) / "landing" / "payments"
+    latest = delta_log.latest_version(path) if upto is None else upto
+    frames = []
+    for f in delta_log.added_files(path, -1, latest if latest is not None else -1):
+        table = pq.read_table(path / unquote(f.path)).to_pandas()
+        table["src_version"], table["src_file"], table["src_row"] = f.version, f.path, range(len(table))
+        frames.append(table)
+    if not frames:
+        return pd.DataFrame(columns=["event_id", "account", "amount_cents", "ts", "src_version", "src_file", "src_row"])
+    return pd.concat(frames, ignore_index=True)
+
+
+def read_delta(path: str | Path) -> pd.DataFrame:
+    from deltalake import DeltaTable
+
+    return DeltaTable(str(path)).to_pandas()
+
+
+def expected_payments(landing: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(ledger, balances, bad rows) that exactly-once processing of ``landing`` must produce."""
+    bad_mask = landing["event_id"].isna() | landing["account"].isna() | (landing["account"].astype(str).str.strip() == "") | landing["amount_cents"].isna()
+    bad = landing[bad_mask]
+    good = landing[~bad_mask].sort_values(["src_version", "src_file", "src_row"], kind="stable").copy()
+    good["amount_cents"] = good["amount_cents"].astype("int64")
+    good["balance_after_cents"] = good.groupby("account")["amount_cents"].cumsum()
+    ledger = good[["event_id", "account", "amount_cents", "balance_after_cents"]].reset_index(drop=True)
+    balances = (
+        good.groupby("account")
+        .agg(balance_cents=("amount_cents", "sum"), event_count=("amount_cents", "size"))
+        .reset_index()
+    )
+    return ledger, balances, bad
+
+
+def check_payments(warehouse: str, *, exact_order: bool = True) -> PaymentsCheck:
+    """Compare the gold tables and the DLQ with the expected result. ``exact_order`` also checks
+    every ledger row's ``balance_after_cents`` (the source-offset order of aligned runs)."""
+    w = Path(warehouse)
+    landing = landing_in_offset_order(warehouse)
+    want_ledger, want_balances, bad = expected_payments(landing)
+    ledger = read_delta(w / "gold" / "ledger")
+    balances = read_delta(w / "gold" / "balances")
+    dlq = read_delta(w / "dlq" / "payments")
+    check = PaymentsCheck(len(want_ledger), len(bad), len(ledger), len(dlq))
+    dup = ledger["event_id"].duplicated().sum()
+    if dup:
+        check.problems.append(f"{dup} ledger rows are duplicates")
+    missing = set(want_ledger["event_id"]) - set(ledger["event_id"])
+    extra = set(ledger["event_id"]) - set(want_ledger["event_id"])
+    if missing:
+        check.problems.append(f"{len(missing)} valid events missing from the ledger, e.g. {sorted(missing)[:3]}")
+    if extra:
+        check.problems.append(f"{len(extra)} ledger rows are not valid source events, e.g. {sorted(extra)[:3]}")
+    if exact_order and not dup and not missing and not extra:
+        merged = want_ledger.merge(ledger, on="event_id", suffixes=("", "_got"))
+        wrong = merged[merged["balance_after_cents"] != merged["balance_after_cents_got"]]
+        if len(wrong):
+            check.problems.append(f"{len(wrong)} ledger rows have a wrong balance_after_cents")
+    got = balances.set_index("account").sort_index()
+    want = want_balances.set_index("account").sort_index()
+    if len(got) != len(want) or not got.index.equals(want.index):
+        check.problems.append(f"balances has {len(got)} accounts, expected {len(want)}")
+    else:
+        diff = (got[["balance_cents", "event_count"]].astype("int64") != want[["balance_cents", "event_count"]]).any(axis=1)
+        if diff.any():
+            check.problems.append(f"{int(diff.sum())} accounts have a wrong balance or count")
+    dlq_keys = set(zip(dlq["src_file"].map(lambda p: Path(unquote(str(p))).name), dlq["src_row"]))
+    bad_keys = set(zip(bad["src_file"].map(lambda p: Path(unquote(p)).name), bad["src_row"]))
+    if dlq_keys != bad_keys or len(dlq) != len(bad):
+        check.problems.append(f"dead letters hold {len(dlq)} rows, expected the {len(bad)} bad source rows")
+    return check

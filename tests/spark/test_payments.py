@@ -1,0 +1,158 @@
+"""The payments pipeline on local Spark and real Delta: exactly-once against an independent
+pandas computation, reruns, fencing, idempotent commits, bad input, state read-back."""
+
+from __future__ import annotations
+
+import pytest
+
+from checkpoint_lib.core.decider import CheckpointConfig
+from checkpoint_lib.core.errors import FencedError
+from checkpoint_lib.core.types import CheckpointKind
+from checkpoint_lib.delta.log import NotAppendOnlyError
+from checkpoint_lib.delta.store import DeltaCheckpointStore
+from checkpoint_lib.pipelines import get
+from checkpoint_lib.pipelines.payments import generate
+from checkpoint_lib.spark.runner import PipelineRunner, SchemaMismatchError
+from checkpoint_lib.verify import check_payments, read_delta
+
+pytestmark = pytest.mark.spark
+ROWS = 600
+
+
+def runner(spark, w, **kw) -> PipelineRunner:
+    kw.setdefault("rows_per_checkpoint", ROWS)
+    return PipelineRunner(get("payments"), str(w), spark, **kw)
+
+
+def test_exactly_once_across_runs_and_appends(spark, tmp_path):
+    for seed in (1, 2):
+        generate(spark, str(tmp_path), ROWS, bad_fraction=0.05, accounts=40, seed=seed)
+    first = runner(spark, tmp_path).run()
+    assert first.restored is None and len(first.completed) >= 2
+    check = check_payments(str(tmp_path))
+    assert check.ok, check.summary()
+    assert check.bad_rows > 0 and check.dlq_rows == check.bad_rows
+
+    again = runner(spark, tmp_path).run()  # nothing new: restores the final checkpoint, adds nothing
+    assert again.restored == first.completed[-1] and again.rows_in == 0
+    assert check_payments(str(tmp_path)).ok
+
+    generate(spark, str(tmp_path), ROWS, bad_fraction=0.05, accounts=40, seed=3)
+    third = runner(spark, tmp_path).run()
+    assert third.rows_in == ROWS
+    check = check_payments(str(tmp_path))
+    assert check.ok, check.summary()
+    assert check.ledger_rows == check.valid_rows
+
+
+@pytest.mark.parametrize("mode", ["unaligned", "at_least_once", "aligned_with_timeout"])
+def test_other_modes_give_the_same_result_without_failures(spark, tmp_path, mode):
+    generate(spark, str(tmp_path), ROWS, bad_fraction=0.02, accounts=30, seed=7)
+    generate(spark, str(tmp_path), ROWS, bad_fraction=0.02, accounts=30, seed=8)
+    runner(spark, tmp_path, mode=mode).run()
+    check = check_payments(str(tmp_path))
+    assert check.ok, check.summary()
+
+
+def test_checkpoint_history_records_acks_and_sizes(spark, tmp_path):
+    generate(spark, str(tmp_path), ROWS, accounts=20, seed=4)
+    summary = runner(spark, tmp_path).run()
+    store = DeltaCheckpointStore.open(f"{tmp_path}/_checkpoints/payments")
+    latest = store.latest()
+    assert latest.checkpoint_id == summary.completed[-1]
+    operators = sorted({s.operator for s in latest.acks})
+    assert operators == ["balance", "sink_balances", "sink_ledger", "source"]
+    assert len(latest.acks) == 2 + 3 + 3 + 3
+    assert latest.state_size_bytes > 0
+    assert all(a.state["table_version"] >= 0 for s, a in latest.acks.items() if s.operator == "balance")
+
+
+def test_zombie_of_an_older_epoch_is_fenced_and_its_writes_ignored(spark, tmp_path):
+    generate(spark, str(tmp_path), ROWS, accounts=10, seed=5)
+    zombie = runner(spark, tmp_path)
+    zombie.open()
+    winner = runner(spark, tmp_path)
+    winner.open()  # a newer epoch: fences the zombie
+    assert winner.epoch > zombie.epoch
+    with pytest.raises(FencedError, match="zombie"):
+        zombie.source_step()  # refused before it writes anything
+    with pytest.raises(FencedError, match="zombie"):  # and a commit of its own is refused too
+        zombie.sinks["ledger"].commit([], 1, zombie.epoch)
+    # even a write that slipped past the check is ignored: the channel only serves its epoch
+    zombie.channel.append(None, 0, [0], [0], (99, 0.0), epoch=zombie.epoch)
+    assert winner.channel.index(winner.epoch) == []
+    winner.run()
+    check = check_payments(str(tmp_path))
+    assert check.ok, check.summary()
+
+
+def test_commit_repeated_after_success_is_a_no_op(spark, tmp_path):
+    from checkpoint_lib.core.recovery import SINK_STATE_KEY
+    from checkpoint_lib.core.twophase import SinkSnapshot
+
+    generate(spark, str(tmp_path), ROWS, accounts=10, seed=6)
+    r = runner(spark, tmp_path)
+    r.run()
+    before = read_delta(f"{tmp_path}/gold/ledger")
+    latest = DeltaCheckpointStore.open(f"{tmp_path}/_checkpoints/payments").latest()
+    owned = [
+        txn
+        for sid, ack in latest.acks.items() if sid.operator == "sink_ledger"
+        for txn in SinkSnapshot.from_dict(ack.state[SINK_STATE_KEY]).pending
+    ]
+    assert len(owned) >= 3 and all(r.sinks["ledger"].is_committed(t) for t in owned)
+    assert r.sinks["ledger"].commit(owned, latest.checkpoint_id, r.epoch) == []  # Airflow's retry
+    after = read_delta(f"{tmp_path}/gold/ledger")
+    assert len(after) == len(before) == check_payments(str(tmp_path)).valid_rows
+
+
+def test_dead_letters_have_reason_and_offset(spark, tmp_path):
+    generate(spark, str(tmp_path), ROWS, bad_fraction=0.2, accounts=10, seed=9)
+    runner(spark, tmp_path).run()
+    dlq = read_delta(f"{tmp_path}/dlq/payments")
+    assert len(dlq) > 0
+    assert set(dlq["error"]) <= {"null or empty account", "null amount_cents", "null event_id"}
+    assert dlq["src_version"].min() >= 0 and dlq["src_row"].notna().all() and dlq["src_file"].notna().all()
+
+
+def test_schema_drift_stops_before_writing_anything(spark, tmp_path):
+    from pyspark.sql import functions as F
+
+    (spark.range(3).select(F.col("id").cast("string").alias("event_id"), F.lit("a").alias("account"),
+                           F.lit("12").alias("amount_cents"), F.current_timestamp().alias("ts"))
+     .write.format("delta").save(f"{tmp_path}/landing/payments"))
+    with pytest.raises(SchemaMismatchError, match="column 'amount_cents' is string, expected long"):
+        runner(spark, tmp_path).run()
+    assert len(read_delta(f"{tmp_path}/gold/ledger")) == 0
+
+
+def test_landing_rewritten_in_place_is_refused(spark, tmp_path):
+    generate(spark, str(tmp_path), ROWS, accounts=10, seed=10)
+    runner(spark, tmp_path).run()
+    spark.sql(f"DELETE FROM delta.`{tmp_path}/landing/payments` WHERE account = 'acct-000001'")
+    generate(spark, str(tmp_path), ROWS, accounts=10, seed=11)
+    with pytest.raises(NotAppendOnlyError, match="must be append-only"):
+        runner(spark, tmp_path).run()
+
+
+def test_state_read_back_equals_balances_and_savepoints_survive_retention(spark, tmp_path):
+    from checkpoint_lib.spark import inspect
+
+    generate(spark, str(tmp_path), ROWS, accounts=15, seed=12)
+    r = runner(spark, tmp_path)
+    r.run()
+    savepoint = r.final_checkpoint(CheckpointKind.SAVEPOINT)
+    state = inspect.operator_state(spark, str(tmp_path), get("payments"), savepoint).toPandas()
+    balances = read_delta(f"{tmp_path}/gold/balances")
+    got = dict(zip(state["account"], state["balance_cents"]))
+    assert got == dict(zip(balances["account"], balances["balance_cents"]))
+    assert sorted(state["subtask"].unique()) == [0, 1, 2]
+    for seed in range(13, 16):
+        generate(spark, str(tmp_path), ROWS // 3, accounts=15, seed=seed)
+    config = CheckpointConfig(interval=0, timeout=3600, retained=2)
+    later = runner(spark, tmp_path, rows_per_checkpoint=ROWS // 3, config=config).run()
+    assert len(later.completed) >= 4  # more checkpoints than retained
+    store = DeltaCheckpointStore.open(f"{tmp_path}/_checkpoints/payments")
+    ids = [c.checkpoint_id for c in store.all()]
+    assert savepoint in ids and store.get(savepoint).is_savepoint
+    assert [c.checkpoint_id for c in store.all() if not c.is_savepoint] == later.completed[-2:]
