@@ -30,7 +30,7 @@ import os
 import signal
 import socket
 import time
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -224,10 +224,8 @@ class PipelineRunner:
     def _check_compatible(self, plan: RecoveryPlan) -> None:
         """Operators and parallelism of the snapshot must match the pipeline (by stable uid)."""
         assert plan.checkpoint is not None
-        have: dict[str, int] = defaultdict(int)
-        for subtask in plan.checkpoint.acks:
-            have[subtask.operator] += 1
-        want = {s.operator: n for s, n in _count(self.tasks).items()}
+        have = Counter(s.operator for s in plan.checkpoint.acks)
+        want = Counter(s.operator for s in self.tasks)
         problems = []
         for op, n in sorted(want.items()):
             if op not in have:
@@ -254,9 +252,9 @@ class PipelineRunner:
         self.cursor = self.next_seq - 1
         # Everything the old attempt wrote after the cut is rewritten by this one.
         self.channel.truncate_after(self.cursor)
-        if plan.checkpoint:
+        if plan.checkpoint and all(s in acks for s in self.keyed):
             self.state.restore([acks[s].state for s in self.keyed])
-        else:
+        else:  # nothing to restore, or a new operator (uid not in the snapshot): it starts empty
             tables.delete_where(self.spark, self.state.path, F.lit(True))
         # Sinks: re-commit what the checkpoint owns (a no-op for what was committed), then
         # discard the staged rows of everything else and of what is now committed.
@@ -635,13 +633,6 @@ class PipelineRunner:
 
     def _barrier_seq(self, cid: int) -> int:
         return int(self.store.get(cid).acks[self.sources[0]].state["barrier_seq"])
-
-
-def _count(tasks: list[SubtaskId]) -> dict[SubtaskId, int]:
-    counts: dict[str, int] = defaultdict(int)
-    for t in tasks:
-        counts[t.operator] += 1
-    return {SubtaskId(op, 0): n for op, n in counts.items()}
 
 
 def _dlq_schema(p: Pipeline) -> T.StructType:

@@ -72,11 +72,6 @@ class DeltaTwoPhaseSink:
         self.app_prefix = app_prefix
         self.check_epoch = check_epoch
 
-    def app_id(self, subtask: int, epoch: int) -> str:
-        """Delta's idempotent-write application id of one sink subtask's transactions of one
-        epoch: a recommit in a later attempt stamps exactly what the first try would have."""
-        return f"{self.app_prefix}/{self.name}/{subtask}/e{epoch}"
-
     def create(self) -> None:
         tables.create_if_missing(self.spark, self.target, self.schema)
         tables.create_if_missing(

@@ -15,7 +15,7 @@ from checkpoint_lib.core.barriers import (
     create_handler,
 )
 from checkpoint_lib.core.clock import ManualClock
-from checkpoint_lib.core.errors import CorruptStreamError, FailureReason
+from checkpoint_lib.core.errors import CorruptStreamError
 from checkpoint_lib.core.types import Barrier, BarrierMode
 
 

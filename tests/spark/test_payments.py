@@ -156,3 +156,22 @@ def test_state_read_back_equals_balances_and_savepoints_survive_retention(spark,
     ids = [c.checkpoint_id for c in store.all()]
     assert savepoint in ids and store.get(savepoint).is_savepoint
     assert [c.checkpoint_id for c in store.all() if not c.is_savepoint] == later.completed[-2:]
+
+
+def test_restore_checks_the_snapshot_fits_the_pipeline(spark, tmp_path):
+    from checkpoint_lib.core.checkpoints import CompletedCheckpoint
+    from checkpoint_lib.core.recovery import plan_recovery
+    from checkpoint_lib.core.types import SubtaskAck, SubtaskId
+    from checkpoint_lib.spark.runner import SnapshotIncompatibleError
+
+    r = runner(spark, tmp_path)
+    acks = {SubtaskId("source", i): SubtaskAck() for i in range(2)}
+    acks.update({SubtaskId("balance", i): SubtaskAck() for i in range(5)})  # parallelism 5, now 3
+    acks[SubtaskId("dedup", 0)] = SubtaskAck()  # an operator the pipeline no longer has
+    plan = plan_recovery([CompletedCheckpoint(4, CheckpointKind.CHECKPOINT, 0.0, 1.0, acks)], current_epoch=0)
+    with pytest.raises(SnapshotIncompatibleError) as err:
+        r._check_compatible(plan)
+    message = str(err.value)
+    assert "operator 'balance' has parallelism 5 in the snapshot, 3 now" in message
+    assert "removed operators ['dedup']: pass --allow-non-restored-state" in message
+    assert "operator 'sink_ledger' is not in the snapshot (new operator: starts empty)" in message
