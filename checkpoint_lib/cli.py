@@ -93,12 +93,13 @@ def _runner(args: argparse.Namespace, **kw: Any):
     return PipelineRunner(
         _pipeline(args.pipeline), args.warehouse, _spark(), mode=args.mode,
         rows_per_checkpoint=args.rows_per_checkpoint, config=config, progress=_progress,
-        alignment_timeout=args.alignment_timeout, **kw,
+        alignment_timeout=args.alignment_timeout, stage=args.stage,
+        poll_interval=getattr(args, "poll", 1.0), **kw,
     )
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
-    runner = _runner(args, restore_checkpoint=args.checkpoint,
+def _cmd_run(args: argparse.Namespace, recover: bool = False) -> int:
+    runner = _runner(args, restore_checkpoint=args.checkpoint, recover=recover,
                      allow_non_restored_state=args.allow_non_restored_state)
     summary = runner.run(until_caught_up=args.until_caught_up, max_steps=args.max_steps)
     rate = summary.rows_in / summary.seconds if summary.seconds else 0.0
@@ -119,16 +120,17 @@ def _cmd_recover(args: argparse.Namespace) -> int:
                              checkpoint_id=args.checkpoint)
         print(plan.describe())
         return 0
-    return _cmd_run(args)
+    return _cmd_run(args, recover=True)
 
 
 def _cmd_savepoint(args: argparse.Namespace) -> int:
     from .core.types import CheckpointKind
 
-    runner = _runner(args)
-    runner.open()
-    checkpoint_id = runner.final_checkpoint(CheckpointKind.SAVEPOINT)
-    print(f"savepoint {checkpoint_id} taken (retention never deletes it); "
+    if args.stage == "keyed":
+        raise ValueError("a savepoint is injected by the source stage: use --stage source or all")
+    checkpoint_id = _runner(args).run(max_steps=0, final_kind=CheckpointKind.SAVEPOINT).final
+    done = "taken" if args.stage == "all" else "injected (it completes when the keyed stage runs)"
+    print(f"savepoint {checkpoint_id} {done}; retention never deletes it; "
           f"start from it with: ckpt run {args.pipeline} --checkpoint {checkpoint_id}")
     return 0
 
@@ -207,6 +209,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--retained", type=_positive_int, default=5, help="completed checkpoints kept (default 5)")
     p.add_argument("--alignment-timeout", type=float, default=None,
                    help="aligned_with_timeout: seconds before a checkpoint switches to unaligned")
+    p.add_argument("--stage", choices=("all", "source", "keyed"), default="all",
+                   help="run one stage as its own process (source: landing table -> channel log; keyed: "
+                        "channel log -> state and sinks), or both (all, the default)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -237,6 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(p)
     p.add_argument("--until-caught-up", action="store_true", default=True,
                    help="stop when everything appended so far is processed and committed (the default)")
+    p.add_argument("--follow", dest="until_caught_up", action="store_false",
+                   help="keep running: poll for new input every --poll seconds until interrupted")
+    p.add_argument("--poll", type=float, default=1.0, help="seconds between polls with --follow (default 1)")
     p.add_argument("--max-steps", type=_positive_int, default=None, help="stop after this many source steps")
     p.add_argument("--checkpoint", type=_positive_int, default=None, help="start from this checkpoint or savepoint")
     p.add_argument("--allow-non-restored-state", action="store_true",

@@ -63,6 +63,32 @@ class DeltaSource:
 
 
 @dataclass(frozen=True)
+class FolderSource:
+    """A landing folder of files (``json`` lines, ``csv`` or ``parquet``) that upstream systems drop
+    files into. Files are registered in a manifest (a Delta table under the checkpoint root) the
+    first time a source step lists the folder; the manifest version is the offset, so the folder
+    is replayed exactly like a Delta table (see :mod:`checkpoint_lib.spark.landing`). Writers must
+    make a file appear complete: write ``name.tmp`` (or ``_name``, ``.name``) and rename it.
+
+    Every line yields one row: a line that does not parse, or a value of the wrong type, goes to the
+    dead-letter table with the reason (then ``validate`` runs on the parsed rows, as for Delta).
+    """
+
+    path: str
+    schema: Mapping[str, str]
+    format: str = "json"
+    options: Mapping[str, str] = field(default_factory=dict)
+    validate: Callable[[Any], Any] | None = None
+
+    def __post_init__(self) -> None:
+        check_relative_path(self.path)
+        if not self.schema:
+            raise ValueError("a source needs a schema (column -> type)")
+        if self.format not in ("json", "csv", "parquet"):
+            raise ValueError(f"folder format must be json, csv or parquet, got {self.format!r}")
+
+
+@dataclass(frozen=True)
 class DeltaSink:
     """A two-phase-commit Delta sink. ``schema`` is a list of (column, Spark SQL type) pairs."""
 
@@ -95,7 +121,7 @@ class KeyedOperator(Protocol):
 @dataclass
 class Pipeline:
     name: str
-    source_spec: DeltaSource | None = None
+    source_spec: DeltaSource | FolderSource | None = None
     source_parallelism: int = 1
     key: str | None = None
     keyed_parallelism: int = 1
@@ -110,7 +136,7 @@ class Pipeline:
     def __post_init__(self) -> None:
         _check_name("pipeline name", self.name)
 
-    def source(self, source: DeltaSource, parallelism: int = 1) -> "Pipeline":
+    def source(self, source: DeltaSource | FolderSource, parallelism: int = 1) -> "Pipeline":
         check_parallelism(parallelism, self.max_parallelism)
         self.source_spec, self.source_parallelism = source, parallelism
         return self

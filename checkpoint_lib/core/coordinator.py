@@ -16,7 +16,7 @@ calls are the injected :class:`~.stores.CheckpointIdCounter` and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence, Union
+from typing import Iterable, Mapping, Sequence, Union
 
 from .checkpoints import CompletedCheckpoint, PendingCheckpoint
 from .clock import Clock
@@ -264,6 +264,41 @@ class CheckpointCoordinator:
         for checkpoint_id in sorted(self.pending):
             effects.extend(self.abort(checkpoint_id, reason, message))
         return effects
+
+    # checkpoints shared with other processes --------------------------------------------------
+
+    def adopt(
+        self,
+        checkpoint_id: CheckpointId,
+        trigger_time: float,
+        kind: CheckpointKind,
+        acks: Mapping[SubtaskId, tuple[SubtaskAck, float]] | None = None,
+    ) -> list[Effect]:
+        """Take over a pending checkpoint another process triggered (a stage running as its own
+        process), with the acks it already recorded. A no-op for an id this coordinator knows
+        (pending or finished). Returns the completion effects if those acks already complete it."""
+        if checkpoint_id in self.pending or checkpoint_id in self._finished_ids:
+            return []
+        pending = PendingCheckpoint(checkpoint_id, trigger_time, self.tasks, kind)
+        self.pending[checkpoint_id] = pending
+        if self.last_trigger_time is None or trigger_time > self.last_trigger_time:
+            self.last_trigger_time = trigger_time
+        for subtask, (ack, when) in sorted((acks or {}).items()):
+            pending.acknowledge(subtask, ack, when)
+        return self._complete(pending) if pending.fully_acknowledged else []
+
+    def finished_elsewhere(self, checkpoint_id: CheckpointId, status: str, when: float) -> None:
+        """Another process completed or aborted ``checkpoint_id``: forget it as pending (it no
+        longer counts against max concurrent checkpoints; min pause runs from ``when``)."""
+        if status not in ("completed", "aborted"):
+            raise ValueError(f"status must be 'completed' or 'aborted', got {status!r}")
+        pending = self.pending.pop(checkpoint_id, None)
+        if pending is None:
+            return
+        self._remember(checkpoint_id, status)
+        self.last_end_time = max(self.last_end_time or when, when)
+        if status == "completed":
+            self.consecutive_failures = 0
 
     def status_of(self, checkpoint_id: CheckpointId) -> str:
         """'pending', 'completed', 'aborted' or 'unknown' (for recently finished ids)."""

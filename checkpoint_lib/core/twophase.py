@@ -199,6 +199,25 @@ class TwoPhaseCommitSink:
         """
         return commit_all(self.committable(checkpoint_id), commit, self.pending)
 
+    def resume_state(self) -> dict[str, Any]:
+        """Everything needed to continue this sink in a later process of the same epoch (a stage
+        that stopped cleanly): the snapshot plus the last pre-committed checkpoint."""
+        return {**self.snapshot().to_dict(), "last_pre_committed": self._last_pre_committed}
+
+    @classmethod
+    def resumed(cls, state: Mapping[str, Any], pool: TransactionIdPool) -> "TwoPhaseCommitSink":
+        """The inverse of :meth:`resume_state`: same epoch, same open and pending transactions."""
+        snap = SinkSnapshot.from_dict(state)
+        sink = cls.__new__(cls)
+        sink.pool = pool
+        sink.epoch = snap.current.epoch
+        sink._next_seq = snap.next_seq
+        sink.pending = {t.checkpoint_id: t for t in snap.pending if t.checkpoint_id is not None}
+        last = state.get("last_pre_committed")
+        sink._last_pre_committed = None if last is None else int(last)
+        sink.current = snap.current
+        return sink
+
     @classmethod
     def restored(cls, snapshot: SinkSnapshot, pool: TransactionIdPool, epoch: int) -> "TwoPhaseCommitSink":
         """A sink resuming after recovery: nothing pending (recovery re-committed it), a fresh

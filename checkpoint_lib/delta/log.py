@@ -82,6 +82,30 @@ def added_files(table: str | os.PathLike, after: int, upto: int) -> list[AddedFi
     return sorted(files)
 
 
+def version_before_txn_above(table: str | os.PathLike, app_prefix: str, checkpoint_id: int) -> int | None:
+    """The table version just before the first commit stamped by an app id starting with
+    ``app_prefix`` with a transaction version above ``checkpoint_id`` (what the table held when
+    checkpoint ``checkpoint_id`` was the latest one committed to it). None: no such commit.
+
+    Stamps of one pipeline only grow along the log (checkpoint ids grow, and recovery re-commits
+    only the latest completed checkpoint), so the log is walked back from the end and the walk
+    stops at the first commit of ours stamped at or below ``checkpoint_id``."""
+    latest = latest_version(table)
+    if latest is None:
+        return None
+    first_above: int | None = None
+    for version in range(latest, -1, -1):
+        stamps = [a["txn"]["version"] for a in _actions(table, version)
+                  if "txn" in a and str(a["txn"].get("appId", "")).startswith(app_prefix)]
+        if not stamps:
+            continue
+        if max(stamps) > checkpoint_id:
+            first_above = version
+        else:
+            break
+    return None if first_above is None else first_above - 1
+
+
 def _metadata_and_protocol(table: str | os.PathLike, version: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """The newest ``metaData`` action at or before ``version``, and the newest ``protocol`` action
     seen on the way back to it (empty if none)."""

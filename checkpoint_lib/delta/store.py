@@ -4,6 +4,9 @@ Layout under ``root`` (e.g. ``<warehouse>/_checkpoints/<pipeline>``)::
 
     root/checkpoints/   Delta table, append-only event log: one row per status change
     root/epochs/        Delta table, one row per attempt (epoch)
+    root/acks/          Delta table, acks of pending checkpoints as they arrive (stages in separate processes)
+    root/sessions/      Delta table, runs of each stage within an epoch, restore and rollback records
+    root/_sessions/     one reservation marker per session started
     root/_ids/          one reservation marker per checkpoint id ever handed out or written
     root/_epochs/       one reservation marker per epoch ever begun
 
@@ -143,7 +146,44 @@ EPOCHS_SCHEMA = pa.schema(
 )
 """The ``epochs`` table: one row per attempt; the largest epoch is the current one."""
 
-_SCHEMAS = {"checkpoints": CHECKPOINTS_SCHEMA, "epochs": EPOCHS_SCHEMA}
+ACKS_SCHEMA = pa.schema(
+    [
+        pa.field("checkpoint_id", pa.int64(), nullable=False),
+        pa.field("epoch", pa.int64(), nullable=False),
+        pa.field("subtask", pa.string(), nullable=False),
+        pa.field("ack_json", pa.string(), nullable=False),
+        pa.field("ack_time", pa.float64(), nullable=False),
+        pa.field("recorded_at", pa.float64(), nullable=False),
+    ]
+)
+"""The ``acks`` table: acknowledgements of pending checkpoints, durable as they arrive, so that
+stages running as separate processes complete a checkpoint together (whoever writes the last ack
+completes it). A completed row repeats every ack (``acks_json``): this table is only read for
+pending checkpoints."""
+
+SESSIONS_SCHEMA = pa.schema(
+    [
+        pa.field("epoch", pa.int64(), nullable=False),
+        pa.field("stage", pa.string(), nullable=False),
+        pa.field("session", pa.int64(), nullable=False),
+        pa.field("event", pa.string(), nullable=False),
+        pa.field("checkpoint_id", pa.int64()),
+        pa.field("resume_json", pa.string()),
+        pa.field("owner", pa.string(), nullable=False),
+        pa.field("recorded_at", pa.float64(), nullable=False),
+    ]
+)
+"""The ``sessions`` table: within an epoch, each run of a stage (a process) is a session with a
+``start`` row and, when it stopped cleanly, an ``end`` row carrying where the next session of the
+stage resumes. The epoch's ``restored`` row (stage ``*``) says which checkpoint it restored (null:
+none) once the restore is done. A start without an end means the process died: the next start of
+that stage recovers (a new epoch)."""
+
+_SCHEMAS = {
+    "checkpoints": CHECKPOINTS_SCHEMA, "epochs": EPOCHS_SCHEMA, "acks": ACKS_SCHEMA, "sessions": SESSIONS_SCHEMA,
+}
+START, END, RESTORED, ROLLBACK = "start", "end", "restored", "rollback"
+ALL_STAGES = "*"
 _TABLE_CONFIGURATION = {"delta.checkpointInterval": "10"}
 """Opening a Delta table replays the JSON commits since its last log checkpoint; at the default
 interval (100) that replay dominates every read of these tiny tables (~35 ms vs ~17 ms)."""
@@ -245,6 +285,9 @@ def encode_acks(checkpoint: CompletedCheckpoint) -> str:
         raise ValueError(
             f"checkpoint {checkpoint.checkpoint_id}: acks are not JSON-serialisable: {exc}"
         ) from exc
+
+
+_ACK_FIELDS = {f.name for f in dataclasses.fields(SubtaskAck)}
 
 
 def _subtask(text: Any) -> SubtaskId:
@@ -470,6 +513,7 @@ class DeltaCheckpointStore:
         conflict with it), then vacuum: delete files tombstoned longer ago than Delta's retention
         (7 days), which no reader of a recent version needs. ``vacuum=None``: only when the table
         version crossed a multiple of 100 (vacuum lists every file, so not on every compaction)."""
+        self._prune_acks()
         for name in _SCHEMAS:
             dt = self._load(name)
             if dt is None:
@@ -478,6 +522,19 @@ class DeltaCheckpointStore:
             dt.optimize.compact()
             if vacuum or (vacuum is None and dt.version() // 100 != before // 100):
                 dt.vacuum(dry_run=False)
+
+    def _prune_acks(self) -> None:
+        """Drop the ack rows of checkpoints that are no longer pending (their completed or aborted
+        row says all there is). One delete commit; an ack appended concurrently is a new file the
+        delete never touches, and acks of a still-pending checkpoint are kept."""
+        dt = self._load("acks")
+        if dt is None:
+            return
+        pending = {r["checkpoint_id"] for r in self.pending()}
+        table, _ = self._read("acks", "distinct checkpoint_id")
+        done = sorted(set(table["checkpoint_id"].to_pylist()) - pending)
+        if done:
+            dt.delete(f"checkpoint_id IN ({', '.join(str(int(i)) for i in done)})")
 
     def _maybe_compact(self, file_count: int) -> None:
         if file_count < self.compact_after_files:
@@ -737,9 +794,9 @@ class DeltaCheckpointStore:
         hit ``add`` between its two commits): discard their data, then :meth:`mark_discarded`."""
         return list(self._view().evicted)
 
-    def mark_discarded(self, checkpoints: Iterable[CompletedCheckpoint]) -> None:
+    def mark_discarded(self, checkpoints: Iterable[CompletedCheckpoint], message: str | None = None) -> None:
         """One commit of ``discarded`` rows (idempotent in effect: discarded stays discarded)."""
-        rows = [self._completed_row(c, DISCARDED, self._epoch_of(None)) for c in checkpoints]
+        rows = [{**self._completed_row(c, DISCARDED, self._epoch_of(None)), "message": message} for c in checkpoints]
         if rows:
             self._append("checkpoints", rows)
 
@@ -825,3 +882,119 @@ class DeltaCheckpointStore:
         """Every epoch row, newest first."""
         table, _ = self._read("epochs")
         return sorted(table.to_pylist(), key=lambda r: r["epoch"], reverse=True)
+
+    # --- acks of pending checkpoints ------------------------------------------------------------
+
+    def record_acks(
+        self, checkpoint_id: CheckpointId, acks: Mapping[SubtaskId, SubtaskAck], epoch: int,
+        ack_time: float | None = None,
+    ) -> None:
+        """Durably record acknowledgements of a pending checkpoint (one Delta commit). Refused with
+        :class:`FencedError` for a writer of an older epoch."""
+        if not acks:
+            return
+        self.check_epoch(epoch)
+        now = float(self._now())
+        when = now if ack_time is None else float(ack_time)
+        rows = []
+        for subtask, ack in sorted(acks.items()):
+            try:
+                text = json.dumps(_ack_fields(ack), sort_keys=True)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"checkpoint {checkpoint_id}: the ack of {subtask} is not JSON: {exc}") from exc
+            rows.append({"checkpoint_id": int(checkpoint_id), "epoch": int(epoch), "subtask": str(subtask),
+                         "ack_json": text, "ack_time": when, "recorded_at": now})
+        self._append("acks", rows)
+        self._maybe_compact(self._file_count("acks"))
+
+    def pending_acks(self, checkpoint_id: CheckpointId, epoch: int) -> dict[SubtaskId, tuple[SubtaskAck, float]]:
+        """The acks ``epoch`` recorded for ``checkpoint_id`` (the first per subtask), with times."""
+        table, _ = self._read("acks")
+        rows = [r for r in table.to_pylist() if r["checkpoint_id"] == checkpoint_id and r["epoch"] == epoch]
+        out: dict[SubtaskId, tuple[SubtaskAck, float]] = {}
+        for r in sorted(rows, key=lambda r: r["recorded_at"]):
+            subtask = _subtask(r["subtask"])
+            if subtask in out:
+                continue
+            a = json.loads(r["ack_json"])
+            out[subtask] = (SubtaskAck(**{k: a[k] for k in a if k in _ACK_FIELDS}), r["ack_time"])
+        return out
+
+    def pending(self) -> list[dict[str, Any]]:
+        """The rows of checkpoints whose status is still ``pending``, oldest first."""
+        view = self._view()
+        return [view.effective[i] for i in sorted(view.effective) if view.effective[i]["status"] == PENDING]
+
+    def status(self, checkpoint_id: CheckpointId) -> dict[str, Any] | None:
+        """The effective row of ``checkpoint_id`` (None if no row was ever written)."""
+        return self._view().effective.get(checkpoint_id)
+
+    # --- sessions: each run of a stage within an epoch ------------------------------------------
+
+    def sessions(self, epoch: int) -> list[dict[str, Any]]:
+        """Every session row of ``epoch``, in the order they were recorded."""
+        table, _ = self._read("sessions")
+        rows = [r for r in table.to_pylist() if r["epoch"] == epoch]
+        return sorted(rows, key=lambda r: (r["recorded_at"], r["session"]))
+
+    def record_restored(
+        self, epoch: int, checkpoint_id: CheckpointId | None, resume: Mapping[str, Any]
+    ) -> None:
+        """``epoch`` finished restoring ``checkpoint_id`` (None: started from scratch); ``resume``
+        maps each stage to where its first session of the epoch starts. Stages may join it now."""
+        self.check_epoch(epoch)
+        text = json.dumps(dict(resume), sort_keys=True)
+        self._append("sessions", [self._session_row(epoch, ALL_STAGES, 0, RESTORED, checkpoint_id, text)])
+
+    def begin_session(self, epoch: int, stage: str) -> int | None:
+        """Start the next session of ``stage`` in ``epoch``; None when another process started
+        one concurrently (its marker exists): the caller must not run the stage then."""
+        if not re.match(r"^[a-z][a-z0-9_]*$", stage):
+            raise ValueError(f"bad stage name {stage!r}")
+        self.check_epoch(epoch)
+        started = [r for r in self.sessions(epoch) if r["stage"] == stage and r["event"] == START]
+        number = 1 + max((r["session"] for r in started), default=0)
+        if not self._reservations.claim(f"sessions/e{epoch}/{stage}", number):
+            return None
+        self._append("sessions", [self._session_row(epoch, stage, number, START, None, None)])
+        self._maybe_compact(self._file_count("sessions"))
+        return number
+
+    def end_session(self, epoch: int, stage: str, session: int, resume: Mapping[str, Any]) -> None:
+        """The session stopped cleanly; ``resume`` (JSON) is where the next one continues."""
+        self.check_epoch(epoch)
+        row = self._session_row(epoch, stage, session, END, None, json.dumps(dict(resume), sort_keys=True))
+        self._append("sessions", [row])
+
+    def record_rollback(self, epoch: int, checkpoint_id: CheckpointId) -> None:
+        """Intent, written before anything is rolled back: ``epoch`` restores ``checkpoint_id``, older
+        than the latest completed one, so the sinks must be rolled back to it and every later
+        checkpoint discarded. It stays owed (:meth:`owed_rollback`) until an epoch at or after it
+        finishes restoring."""
+        self.check_epoch(epoch)
+        self._append("sessions", [self._session_row(epoch, ALL_STAGES, 0, ROLLBACK, checkpoint_id, None)])
+
+    def owed_rollback(self) -> CheckpointId | None:
+        """The checkpoint of a rollback whose epoch crashed before it finished restoring (and no
+        later epoch finished one either): the next recovery must complete it. None otherwise."""
+        table, _ = self._read("sessions")
+        rows = table.to_pylist()
+        rollbacks = [r for r in rows if r["event"] == ROLLBACK]
+        if not rollbacks:
+            return None
+        last = max(rollbacks, key=lambda r: (r["epoch"], r["recorded_at"]))
+        if any(r["event"] == RESTORED and r["epoch"] >= last["epoch"] for r in rows):
+            return None
+        return int(last["checkpoint_id"])
+
+    def _session_row(self, epoch, stage, session, event, checkpoint_id, resume_json) -> dict[str, Any]:
+        return {
+            "epoch": int(epoch), "stage": stage, "session": int(session), "event": event,
+            "checkpoint_id": None if checkpoint_id is None else int(checkpoint_id),
+            "resume_json": resume_json, "owner": f"{socket.gethostname()}:{os.getpid()}",
+            "recorded_at": float(self._now()),
+        }
+
+    def _file_count(self, name: str) -> int:
+        dt = self._load(name)
+        return 0 if dt is None else len(dt.file_uris())

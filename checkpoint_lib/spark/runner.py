@@ -1,12 +1,14 @@
 """Running a pipeline on Spark + Delta under the checkpoint core.
 
-One :class:`PipelineRunner` drives one attempt (an epoch) of a pipeline:
+One :class:`PipelineRunner` drives one process of a pipeline: its ``source`` stage, its ``keyed``
+stage, or both (``stage="all"``). Within an epoch (an attempt) each run of a stage is a session.
 
-1. **open**: begin a new epoch (fencing every older attempt), plan recovery from the latest
-   completed checkpoint (or a chosen one) and carry it out: cut the channel log after the restored
-   barrier, restore keyed state to the pinned versions, re-commit the sink transactions the
-   checkpoint owns and abort every other open one, and resume the sources at their offsets. A run
-   after a crash therefore recovers by itself; after a clean stop the same steps are no-ops.
+1. **open**: join the current epoch where the stage's last session ended cleanly, or recover:
+   begin a new epoch (fencing every older process), plan recovery from the latest completed
+   checkpoint (or a chosen one, rolling the sinks back if it is older) and carry it out: cut the
+   channel log after the restored barrier, restore keyed state to the pinned versions, re-commit
+   the sink transactions the checkpoint owns and abort every other open one, and publish every
+   stage's starting point. A stage whose last process died therefore recovers by itself.
 2. **source steps**: the source subtasks read the next versions of the landing table (whole
    versions, about ``rows_per_checkpoint`` rows), send bad rows to the dead-letter table (a MERGE
    on the source offset: idempotent) and append good rows to the Delta channel log, hash-partitioned
@@ -17,8 +19,10 @@ One :class:`PipelineRunner` drives one attempt (an epoch) of a pipeline:
    out in Spark: deliveries are applied in flushes (ledger and balances staged into each subtask's
    open sink transaction, state MERGEd), a snapshot pins the state version and pre-commits the
    subtask's sink transactions, in-flight segments are copied to the channel-state table.
-4. **completion**: when every subtask acknowledged, the store makes the checkpoint durable and the
-   sinks commit every pending transaction up to it (idempotent Delta commits).
+4. **completion**: acks are durable as they arrive; when every subtask acknowledged, the store
+   makes the checkpoint durable and the sinks commit every pending transaction up to it
+   (idempotent Delta commits), in whichever process wrote the last ack.
+5. **close**: end the session(s) with their resume points.
 
 Kill points: with ``CKPT_KILL_AT=phase:n`` the process SIGKILLs itself the n-th time it reaches
 ``phase`` (see :data:`KILL_PHASES`); the crash tests use it to hit every phase precisely.
@@ -26,6 +30,7 @@ Kill points: with ``CKPT_KILL_AT=phase:n`` the process SIGKILLs itself the n-th 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -59,24 +64,29 @@ from ..core.coordinator import (
     TriggerCheckpoint,
 )
 from ..core.decider import CheckpointConfig
-from ..core.errors import CheckpointError, TooManyFailedCheckpointsError
+from ..core.errors import CheckpointError, FailureReason, TooManyFailedCheckpointsError
 from ..core.keygroups import range_for_subtask
 from ..core.recovery import SINK_STATE_KEY, RecoveryPlan, plan_recovery
 from ..core.twophase import SinkSnapshot, Transaction, TransactionIdPool, TwoPhaseCommitSink
 from ..core.types import Barrier, BarrierMode, CheckpointKind, SubtaskAck, SubtaskId
 from ..delta import log as delta_log
-from ..delta.store import DeltaCheckpointStore
-from ..pipeline import Pipeline
+from ..delta.store import END as SESSION_END
+from ..delta.store import RESTORED, START, DeltaCheckpointStore
+from ..pipeline import FolderSource, Pipeline
 from . import tables
+from .landing import LandingFolderSource
 from .channels import BARRIER, DATA, END, ChannelEvent, DeltaChannelLog
 from .sinks import DeltaTwoPhaseSink
 from .state import KEY_GROUP, KeyedStateTable, key_group_column, subtask_column
 
 KILL_PHASES = (
     "source_read", "dlq", "channel_write", "source_ack", "flush_stage", "flush_merge",
-    "snapshot", "ack", "complete", "commit", "recover",
+    "snapshot", "ack", "complete", "commit", "recover", "rollback",
 )
 TRUNCATE_EVERY = 5
+STAGES = ("source", "keyed")
+"""The stages of a pipeline: each may run as its own process (``stage="source"`` / ``"keyed"``),
+joined by the persisted channel log; ``"all"`` runs both in one process."""
 _ROW_BYTES = 64  # channel-state size estimate per row (the Delta files are compressed; rows are exact)
 OFFSET_COLUMNS = (("src_version", "long"), ("src_file", "string"), ("src_row", "long"))
 
@@ -96,6 +106,7 @@ class RunSummary:
     completed: list[int] = field(default_factory=list)
     aborted: list[tuple[int, str]] = field(default_factory=list)
     rows_in: int = 0
+    final: int | None = None
     steps: int = 0
     seconds: float = 0.0
 
@@ -119,8 +130,19 @@ class PipelineRunner:
         restore_checkpoint: int | None = None,
         allow_non_restored_state: bool = False,
         alignment_timeout: float | None = None,
+        stage: str = "all",
+        recover: bool = False,
+        poll_interval: float = 1.0,
     ):
         self.pipeline = pipeline.validate()
+        if stage not in ("all", *STAGES):
+            raise ValueError(f"stage must be one of all, {', '.join(STAGES)}; got {stage!r}")
+        self.stage = stage
+        self.force_recover = recover
+        self.poll_interval = poll_interval
+        self.sessions: dict[str, int] = {}
+        self._opened = False
+        self._closed = False
         self.mode = BarrierMode(mode)
         if pipeline.feedback and self.mode is BarrierMode.ALIGNED:
             raise ValueError(
@@ -154,6 +176,12 @@ class PipelineRunner:
 
         src = p.source_spec
         self.source_path = self._path(src.path)
+        self.folder: LandingFolderSource | None = None
+        if isinstance(src, FolderSource):
+            self.folder = LandingFolderSource(
+                spark, self.source_path, f"{self.root}/sources/manifest", src.schema,
+                format=src.format, options=src.options,
+            )
         self.payload = _struct(
             [(c, t) for c, t in src.schema.items()] + [(KEY_GROUP, "int"), *OFFSET_COLUMNS]
         )
@@ -189,37 +217,200 @@ class PipelineRunner:
         attempt's restore then wipes such a write (see docs/architecture.md)."""
         self.store.check_epoch(self.epoch)
 
-    # opening and recovery --------------------------------------------------------------------
+    # opening: join the current epoch, or recover -------------------------------------------
 
-    def open(self) -> RecoveryPlan:
-        """Begin a new epoch and restore the latest (or the chosen) completed checkpoint."""
+    @property
+    def runs_source(self) -> bool:
+        return self.stage in ("all", "source")
+
+    @property
+    def runs_keyed(self) -> bool:
+        return self.stage in ("all", "keyed")
+
+    def _stages(self) -> tuple[str, ...]:
+        return tuple(s for s in STAGES if self.stage in ("all", s))
+
+    def open(self) -> RecoveryPlan | None:
+        """Join the current epoch where this pipeline's stage(s) stopped cleanly, or recover.
+
+        Each stage (``source``, ``keyed``) runs in sessions: a process begins one, and ends it
+        cleanly with the point where the next session resumes. A stage resumes in the current
+        epoch unless a recovery is asked for (``restore_checkpoint`` or ``recover=True``), no epoch
+        finished restoring yet, or its last session in the epoch never ended (the process died,
+        or one is still running: it will be fenced). Recovery begins a new epoch (fencing every
+        process of older ones), restores the whole pipeline to the latest (or the chosen)
+        completed checkpoint and publishes every stage's resume point. Returns the recovery plan,
+        or None when the stage(s) joined the current epoch."""
+        if self._opened or self._closed:
+            raise RuntimeError("this runner was already opened: use a new one")
         self.channel.create()
         self.state.create()
         for sink in self.sinks.values():
             sink.create()
         tables.create_if_missing(self.spark, self.dlq_path, _dlq_schema(self.pipeline))
         tables.create_if_missing(self.spark, self.channel_state_path, _channel_state_schema(self.payload))
-
-        self.epoch = self.store.begin_epoch(f"{socket.gethostname()}:{os.getpid()}", "run")
-        open_txns = [t for sink in self.sinks.values() for t in sink.open_transactions()]
-        plan = plan_recovery(
-            self.store.all(), current_epoch=self.epoch - 1, checkpoint_id=self.restore_checkpoint,
-            open_transactions=open_txns,
-        )
-        if plan.rollback_after is not None:
-            raise CheckpointError(
-                f"checkpoint {plan.checkpoint_id} is older than the latest completed one: restoring it "
-                "would need the sinks rolled back to what it committed, which this runtime does not do yet"
-            )
-        if plan.checkpoint is not None:
-            self._check_compatible(plan)
-        self._checkpoint("recover")
-        self._restore(plan)
+        self._init_runtime()
+        epoch = self.store.current_epoch()
+        points = None if (self.force_recover or self.restore_checkpoint is not None) else self._resume_points(epoch)
+        plan = None
+        if points is None:
+            plan = self._recover()
+            points = self._resume_points(self.epoch)
+            assert points is not None, "the epoch just restored must be joinable"
+        else:
+            self.epoch = epoch
+            self.store.epoch = epoch
+        for stage in self._stages():
+            number = self.store.begin_session(self.epoch, stage)
+            if number is None:
+                raise CheckpointError(
+                    f"another {stage} process of pipeline {self.pipeline.name!r} started at the same "
+                    f"instant in epoch {self.epoch}: run one process per stage"
+                )
+            self.sessions[stage] = number
+        for stage in self._stages():
+            self._resume(stage, points[stage])
         self.coordinator = CheckpointCoordinator(
             self.config, self.tasks, self.sources, self.store, self.store, self.clock
         )
         self.coordinator.all_running()
+        self.summary.epoch = self.epoch
+        self._opened = True
+        if plan is None:
+            self.progress(
+                f"{'+'.join(self._stages())} joined epoch {self.epoch} "
+                f"(sessions {', '.join(f'{k} {v}' for k, v in self.sessions.items())})"
+            )
         return plan
+
+    def _resume_points(self, epoch: int) -> dict[str, dict[str, Any]] | None:
+        """Where each of this runner's stages resumes in ``epoch``, or None if it must recover."""
+        if epoch < 1:
+            return None
+        rows = self.store.sessions(epoch)
+        restored = [r for r in rows if r["event"] == RESTORED]
+        if not restored:
+            return None  # the epoch's recovery never finished
+        points: dict[str, dict[str, Any]] = {}
+        base = json.loads(restored[0]["resume_json"])
+        for stage in self._stages():
+            mine = [r for r in rows if r["stage"] == stage]
+            started = {r["session"] for r in mine if r["event"] == START}
+            ended = {r["session"]: r for r in mine if r["event"] == SESSION_END}
+            if started - set(ended):
+                self.progress(f"the last {stage} process of epoch {epoch} did not stop cleanly: recovering")
+                return None
+            points[stage] = json.loads(ended[max(ended)]["resume_json"]) if ended else base[stage]
+        keyed = points.get("keyed")
+        if keyed is not None and keyed["state_version"] != self.state.version():
+            self.progress(
+                f"the state table moved past where the keyed stage stopped (version "
+                f"{self.state.version()} != {keyed['state_version']}): recovering"
+            )
+            return None
+        return points
+
+    def _recover(self) -> RecoveryPlan:
+        """Begin a new epoch and restore the latest (or the chosen) completed checkpoint."""
+        self.epoch = self.store.begin_epoch(f"{socket.gethostname()}:{os.getpid()}", f"recover ({self.stage})")
+        self._abort_stale_pending()
+        open_txns = [t for sink in self.sinks.values() for t in sink.open_transactions()]
+        owed = self.store.owed_rollback()  # an earlier rollback that a crash interrupted
+        plan = plan_recovery(
+            self.store.all(), current_epoch=self.epoch - 1,
+            checkpoint_id=self.restore_checkpoint if self.restore_checkpoint is not None else owed,
+            open_transactions=open_txns,
+        )
+        if plan.checkpoint is not None:
+            self._check_compatible(plan)
+        self._checkpoint("recover")
+        rollback = plan.rollback_after if plan.rollback_after is not None else owed
+        if rollback is not None:
+            self._rollback(rollback)
+        self._restore(plan)
+        resume = {"source": self._source_point(), "keyed": self._keyed_point()}
+        self.store.record_restored(self.epoch, plan.checkpoint_id, resume)
+        self.summary.restored = plan.checkpoint_id
+        if plan.checkpoint:
+            self.progress(f"restored checkpoint {plan.checkpoint_id} as epoch {self.epoch}")
+        else:
+            self.progress(f"no completed checkpoint: starting from scratch as epoch {self.epoch}")
+        return plan
+
+    def _rollback(self, cid: int) -> None:
+        """Restoring ``cid``, older than the latest completed checkpoint: what later checkpoints
+        committed would be committed again by the replay, so (1) record the intent, (2) discard
+        every later checkpoint (savepoints included: their commits are undone), (3) roll every
+        sink back to what ``cid`` committed. A crash anywhere in between leaves the rollback owed
+        (no restored row yet): the next recovery completes it, and (3) is idempotent until then."""
+        self.store.record_rollback(self.epoch, cid)
+        later = [c for c in self.store.all() if c.checkpoint_id > cid]
+        if later:
+            self.store.mark_discarded(later, f"rolled back to checkpoint {cid} by epoch {self.epoch}")
+        self._checkpoint("rollback")
+        for name, sink in self.sinks.items():
+            version = sink.rollback_to(cid)
+            if version is not None:
+                self.progress(f"sink {name}: rolled back to version {version} (what checkpoint {cid} committed)")
+        self.progress(f"discarded checkpoints {[c.checkpoint_id for c in later]} (after {cid})")
+
+    def _abort_stale_pending(self) -> None:
+        """Pending checkpoints of older epochs can never complete (their writers are fenced)."""
+        for row in self.store.pending():
+            if row["epoch"] < self.epoch:
+                try:
+                    self.store.record_aborted(
+                        row["checkpoint_id"], FailureReason.TASK_FAILURE,
+                        f"epoch {row['epoch']} ended before it completed", row["epoch"],
+                    )
+                except ValueError:
+                    pass  # completed meanwhile by its (now fenced) epoch: the completed row wins
+
+    # resume points -------------------------------------------------------------------------
+
+    def _source_point(self) -> dict[str, Any]:
+        return {"offset": self.offset, "next_seq": self.next_seq}
+
+    def _keyed_point(self) -> dict[str, Any]:
+        return {
+            "cursor": self.cursor, "state_version": self.state_version, "flushes": self.flushes,
+            "sinks": {name: [b.resume_state() for b in books] for name, books in self.sink_books.items()},
+        }
+
+    def _resume(self, stage: str, point: dict[str, Any]) -> None:
+        if stage == "source":
+            self.offset, self.next_seq = int(point["offset"]), int(point["next_seq"])
+        else:
+            self.cursor, self.state_version = int(point["cursor"]), int(point["state_version"])
+            self.flushes = int(point["flushes"])
+            self.sink_books = {
+                name: [TwoPhaseCommitSink.resumed(state, self._pool(name, i)) for i, state in enumerate(states)]
+                for name, states in point["sinks"].items()
+            }
+
+    def _pool(self, sink: str, index: int) -> TransactionIdPool:
+        return TransactionIdPool(f"{self.pipeline.name}.{sink}", index, size=max(4, self.config.max_concurrent + 3))
+
+    def close(self) -> None:
+        """Stop cleanly: finish pending clean-ups and end this process's session(s) with their
+        resume points. The runner cannot be used afterwards; a new one resumes where it ended."""
+        if not self._opened:
+            return
+        if self.runs_keyed:
+            busy = [r for r, h in enumerate(self.handlers)
+                    if h.aligning is not None or h.logging_channel_state or h.held or h.tracked]
+            if busy or self.snapshots or self.channel_state:
+                # Cannot describe a half-aligned subtask in a resume point: leave the session
+                # open, so the next start recovers from the latest completed checkpoint.
+                self.progress(f"keyed subtasks {busy} are inside a checkpoint: not ending the session cleanly")
+                self.sessions.pop("keyed", None)
+            else:
+                self._cleanup()
+        for stage, number in self.sessions.items():
+            point = self._source_point() if stage == "source" else self._keyed_point()
+            self.store.end_session(self.epoch, stage, number, point)
+        self._opened = False
+        self._closed = True
 
     def _check_compatible(self, plan: RecoveryPlan) -> None:
         """Operators and parallelism of the snapshot must match the pipeline (by stable uid)."""
@@ -244,7 +435,25 @@ class PipelineRunner:
                 + "\n  - ".join(problems)
             )
 
+    def _init_runtime(self) -> None:
+        """Fresh in-memory state of one process (handlers, buffers, counters)."""
+        self.handlers = [
+            create_handler(self.S, self.mode, self.clock, alignment_timeout=self.alignment_timeout)
+            for _ in range(self.P)
+        ]
+        self.pending: dict[int, list[ChannelEvent]] = defaultdict(list)
+        self.channel_state: dict[tuple[int, int], list[ChannelEvent]] = defaultdict(list)
+        self.flushes = 0
+        self.completions = 0
+        self.last_completed: int | None = None
+        self.committed: dict[str, list[Transaction]] = defaultdict(list)
+        self._table_bytes: tuple[int, int] | None = None
+        self.snapshots: dict[tuple[int, int], dict[str, Any]] = {}
+        self.schema_checked_at = -1
+        self.summary = RunSummary(0, None)
+
     def _restore(self, plan: RecoveryPlan) -> None:
+        """Carry out the recovery plan on the data (every stage), and set every stage's position."""
         acks = plan.checkpoint.acks if plan.checkpoint else {}
         source_state = acks[self.sources[0]].state if plan.checkpoint else {}
         self.offset = int(source_state.get("version", -1))
@@ -268,77 +477,105 @@ class PipelineRunner:
         for name in self.sinks:
             books = []
             for i, sid in enumerate(self.sink_ids[name]):
-                pool = TransactionIdPool(f"{self.pipeline.name}.{name}", i, size=max(4, self.config.max_concurrent + 3))
+                pool = self._pool(name, i)
                 if plan.checkpoint and sid in acks:
                     snap = SinkSnapshot.from_dict(acks[sid].state[SINK_STATE_KEY])
                     books.append(TwoPhaseCommitSink.restored(snap, pool, self.epoch))
                 else:
                     books.append(TwoPhaseCommitSink(pool, self.epoch))
             self.sink_books[name] = books
-        self.handlers = [
-            create_handler(self.S, self.mode, self.clock, alignment_timeout=self.alignment_timeout)
-            for _ in range(self.P)
-        ]
-        self.pending: dict[int, list[ChannelEvent]] = defaultdict(list)
-        self.channel_state: dict[tuple[int, int], list[ChannelEvent]] = defaultdict(list)
-        self.flushes = 0
-        self.completions = 0
-        self.committed: dict[str, list[Transaction]] = defaultdict(list)
-        self._table_bytes: tuple[int, int] | None = None
         self.state_version = self.state.version()
-        self.snapshots: dict[tuple[int, int], dict[str, Any]] = {}
-        self.schema_checked_at = -1
-        self.summary = RunSummary(self.epoch, plan.checkpoint_id)
         if plan.checkpoint:
             self._replay_channel_state(plan)
-            self.progress(f"restored checkpoint {plan.checkpoint_id} as epoch {self.epoch}")
-        else:
-            self.progress(f"no completed checkpoint: starting from scratch as epoch {self.epoch}")
 
     # the run loop ----------------------------------------------------------------------------
 
-    def run(self, until_caught_up: bool = True, max_steps: int | None = None, final_checkpoint: bool = True) -> RunSummary:
+    def run(
+        self,
+        until_caught_up: bool = True,
+        max_steps: int | None = None,
+        final_checkpoint: bool = True,
+        final_kind: CheckpointKind = CheckpointKind.CHECKPOINT,
+    ) -> RunSummary:
+        """Open, process (until caught up, or ``max_steps`` steps), take a final checkpoint (of
+        ``final_kind``) and close. A source-only run injects the final barrier and does not wait
+        for it; a keyed-only run stops when the channel log holds nothing new."""
         started = time.monotonic()
-        self.open()
+        if not self._opened:
+            self.open()
         steps = 0
         while max_steps is None or steps < max_steps:
             steps += 1
-            moved = self.source_step()
-            self.keyed_step()
-            if not moved and until_caught_up:
-                break
-        if final_checkpoint:
-            self.final_checkpoint()
+            moved = self.source_step() if self.runs_source else False
+            consumed = self.keyed_step() if self.runs_keyed else False
+            if not (moved or consumed):
+                if until_caught_up:
+                    break
+                time.sleep(self.poll_interval)
+        if final_checkpoint and self.runs_source:
+            self.summary.final = self.final_checkpoint(final_kind)
+        self.close()
         self.summary.steps = steps
         self.summary.seconds = time.monotonic() - started
         return self.summary
 
     def final_checkpoint(self, kind: CheckpointKind = CheckpointKind.CHECKPOINT) -> int:
-        """Take a checkpoint now (every record read so far is in it) and wait for it to commit."""
+        """Take a checkpoint now (every record read so far is in it). With the keyed stage in this
+        process, wait for it to complete; a source-only process injects the barrier and returns."""
+        self._check_open()
+        if not self.runs_source:
+            raise CheckpointError("only a process running the source stage can inject a checkpoint barrier")
+        self._sync_pending()
         trigger = self.coordinator.trigger(kind)
         self._write_source_step(None, [], trigger)
+        if not self.runs_keyed:
+            self.progress(f"{kind.value} {trigger.checkpoint_id} injected: it completes when the keyed stage runs")
+            return trigger.checkpoint_id
         self.keyed_step()
         status = self.coordinator.status_of(trigger.checkpoint_id)
         if status != "completed":
             raise CheckpointError(f"final {kind.value} {trigger.checkpoint_id} did not complete: {status}")
         return trigger.checkpoint_id
 
+    def _check_open(self) -> None:
+        if not self._opened:
+            raise RuntimeError("the runner is closed" if self._closed else "call open() first")
+
+    def _sync_pending(self) -> None:
+        """Forget pending checkpoints another process (the keyed stage) completed or aborted."""
+        if self.runs_keyed or not self.coordinator.pending:
+            return
+        for row in self.store.history():
+            cid = row["checkpoint_id"]
+            if cid in self.coordinator.pending and row["status"] != "pending":
+                status = "aborted" if row["status"] == "aborted" else "completed"
+                self.coordinator.finished_elsewhere(cid, status, row["completion_time"] or row["recorded_at"])
+
     # sources ---------------------------------------------------------------------------------
 
     def source_step(self) -> bool:
         """Read the next versions of the landing table into the channel log. False: nothing new."""
-        latest = delta_log.latest_version(self.source_path)
-        if latest is None:
-            raise FileNotFoundError(
-                f"no landing table at {self.source_path}: generate data first (ckpt generate {self.pipeline.name})"
-            )
-        if latest <= self.offset:
+        self._check_open()
+        self._sync_pending()
+        if self.folder is not None:
+            self._fence()
+            latest = self.folder.discover()  # registers new files: the manifest version is the offset
+        else:
+            latest = delta_log.latest_version(self.source_path)
+            if latest is None:
+                raise FileNotFoundError(
+                    f"no landing table at {self.source_path}: generate data first (ckpt generate {self.pipeline.name})"
+                )
+        if latest is None or latest <= self.offset:
             self._on_coordinator(self.coordinator.expire())  # no barrier without a source step
             return False
-        if self.schema_checked_at != latest:
-            self._check_schema(latest)
-            self.schema_checked_at = latest
-        files = delta_log.added_files(self.source_path, self.offset, latest)
+        if self.folder is not None:
+            files = self.folder.added_files(self.offset, latest)
+        else:
+            if self.schema_checked_at != latest:
+                self._check_schema(latest)
+                self.schema_checked_at = latest
+            files = delta_log.added_files(self.source_path, self.offset, latest)
         steps = delta_log.plan_steps(files, self.rows_per_checkpoint)
         step = steps[0] if steps else []
         end_version = max((f.version for f in step), default=latest) if step else latest
@@ -379,6 +616,15 @@ class PipelineRunner:
             rows = sum(max(f.rows, 0) for f in step)
             self.summary.rows_in += rows
         barrier = (trigger.checkpoint_id, trigger.barrier.timestamp) if trigger else None
+        acks = {}
+        if trigger is not None:
+            # Durable before the barrier is in the channel: a keyed stage in another process that
+            # sees the barrier finds the sources' acks, and completes the checkpoint.
+            state = {"version": self.offset if end_version is None else end_version,
+                     "next_seq": seq + 2, "barrier_seq": seq + 1}
+            acks = {sid: SubtaskAck(state=state) for sid in self.sources}
+            self._checkpoint("source_ack")
+            self.store.record_acks(trigger.checkpoint_id, acks, self.epoch)
         if data is not None or barrier is not None:
             self._checkpoint("channel_write")
             self._fence()
@@ -386,18 +632,40 @@ class PipelineRunner:
         if end_version is not None:
             self.offset = end_version
         self.next_seq = seq + 2
-        if trigger is not None:
-            self._checkpoint("source_ack")
-            for sid in self.sources:
-                ack = SubtaskAck(state={"version": self.offset, "next_seq": self.next_seq, "barrier_seq": seq + 1})
-                self._on_coordinator(self.coordinator.acknowledge(trigger.checkpoint_id, sid, ack).effects)
+        for sid, ack in acks.items():
+            self._on_coordinator(self.coordinator.acknowledge(trigger.checkpoint_id, sid, ack).effects)
 
     def _read_step(self, step: list, end_version: int) -> DataFrame:
-        """The step's good rows with sender, receiver and offsets; bad rows go to the DLQ.
+        """The step's good rows with sender, receiver and offsets; bad rows (unparsable, of the
+        wrong type, or refused by the source's ``validate``) go to the dead-letter table."""
+        p = self.pipeline
+        if self.folder is not None:
+            df = self.folder.read(step)  # parse errors are in _error already
+            names = [(f.path, f.version, i % self.S) for i, f in enumerate(step)]
+            files = self.spark.createDataFrame(names, "src_file string, src_version long, sender int")
+            df = df.join(F.broadcast(files), ["src_file", "src_version"])
+        else:
+            df = self._read_delta_step(step).withColumn("_error", F.lit(None).cast("string"))
+        validate = p.source_spec.validate
+        if validate is not None:
+            df = df.withColumn("_error", F.coalesce(F.col("_error"), validate(df)))
+        if validate is not None or self.folder is not None:
+            bad = df.where(F.col("_error").isNotNull())
+            self._checkpoint("dlq")
+            self._write_dlq(bad, end_version)
+            df = df.where(F.col("_error").isNull())
+        df = df.drop("_error")
+        return (
+            df.withColumn(KEY_GROUP, key_group_column(p.key, p.max_parallelism))
+            .withColumn("receiver", subtask_column(F.col(KEY_GROUP), self.P, p.max_parallelism))
+            .select("sender", "receiver", *self.payload.fieldNames())
+        )
 
-        The step's files are known exactly from the Delta log, and the landing table is
-        append-only without deletion vectors or column mapping (checked with the schema), so its
-        Parquet files are read directly: that gives each row its offset (file, row index)."""
+    def _read_delta_step(self, step: list) -> DataFrame:
+        """The step's rows of the landing Delta table with sender and offsets. The step's files are
+        known exactly from the Delta log, and the table is append-only without deletion vectors
+        or column mapping (checked with the schema), so its Parquet files are read directly: that
+        gives each row its offset (file, row index)."""
         from urllib.parse import unquote
 
         p = self.pipeline
@@ -405,7 +673,7 @@ class PipelineRunner:
         names = [(os.path.basename(unquote(f.path)), f.version, i % self.S) for i, f in enumerate(step)]
         files = self.spark.createDataFrame(names, "src_base string, src_version long, sender int")
         schema = _struct(list(p.source_spec.schema.items()))
-        df = (
+        return (
             self.spark.read.schema(schema).parquet(*paths)
             .select(
                 *p.source_spec.schema.keys(),
@@ -416,18 +684,6 @@ class PipelineRunner:
             .join(F.broadcast(files), "src_base")
             .drop("src_base")
             .withColumn("src_file", F.element_at(F.split("src_file", "/"), -1))
-        )
-        validate = p.source_spec.validate
-        if validate is not None:
-            df = df.withColumn("_error", validate(df))
-            bad = df.where(F.col("_error").isNotNull())
-            self._checkpoint("dlq")
-            self._write_dlq(bad, end_version)
-            df = df.where(F.col("_error").isNull()).drop("_error")
-        return (
-            df.withColumn(KEY_GROUP, key_group_column(p.key, p.max_parallelism))
-            .withColumn("receiver", subtask_column(F.col(KEY_GROUP), self.P, p.max_parallelism))
-            .select("sender", "receiver", *self.payload.fieldNames())
         )
 
     def _write_dlq(self, bad: DataFrame, end_version: int) -> None:
@@ -455,23 +711,38 @@ class PipelineRunner:
 
     # the keyed stage -------------------------------------------------------------------------
 
-    def keyed_step(self) -> None:
-        """Consume everything the channel log holds beyond the cursor."""
+    def keyed_step(self) -> bool:
+        """Consume everything the channel log holds beyond the cursor. False: nothing new."""
+        self._check_open()
         events = self.channel.index(self.epoch, after=self.cursor)
         if not events:
-            return
+            return False
         effects: dict[int, list] = {r: [] for r in range(self.P)}
         for e in events:  # position order; at one position, every channel in sender order
             h = self.handlers[e.receiver]
             if e.kind == DATA:
                 effects[e.receiver] += h.on_record(e.sender, e)
             elif e.kind == BARRIER:
+                self._adopt(int(e.checkpoint_id))
                 barrier = Barrier(int(e.checkpoint_id), float(e.barrier_ts or 0.0))
                 effects[e.receiver] += h.on_barrier(e.sender, barrier)
             elif e.kind == END:
                 effects[e.receiver] += h.on_end_of_channel(e.sender)
         self.cursor = max(e.seq for e in events)
         self._execute(effects)
+        return True
+
+    def _adopt(self, cid: int) -> None:
+        """Make the coordinator know checkpoint ``cid`` (triggered by a source stage in another
+        process) with the acks already recorded; one that is no longer pending is left alone (its
+        barrier is still processed, and the keyed acks are then discarded)."""
+        if self.coordinator.status_of(cid) != "unknown":
+            return
+        row = self.store.status(cid)
+        if row is None or row["status"] != "pending" or row["epoch"] != self.epoch:
+            return
+        acks = self.store.pending_acks(cid, self.epoch)
+        self._on_coordinator(self.coordinator.adopt(cid, row["trigger_time"], CheckpointKind(row["kind"]), acks))
 
     def _execute(self, effects: dict[int, list]) -> None:
         """Carry out the handlers' effects in order per subtask, batching Spark work: deliveries
@@ -579,10 +850,13 @@ class PipelineRunner:
         ack = SubtaskAck(state=snap["state"], alignment_ms=snap["alignment_ms"], unaligned=snap["unaligned"],
                          duration_ms=duration, channel_state_rows=cs_rows, channel_state_bytes=cs_bytes,
                          state_size_bytes=snap["state_bytes"])
-        self._on_coordinator(self.coordinator.acknowledge(cid, self.keyed[r], ack).effects)
+        acks = {self.keyed[r]: ack}
         for name, snapshot in snap["sinks"].items():
-            sink_ack = SubtaskAck(state={SINK_STATE_KEY: snapshot})
-            self._on_coordinator(self.coordinator.acknowledge(cid, self.sink_ids[name][r], sink_ack).effects)
+            acks[self.sink_ids[name][r]] = SubtaskAck(state={SINK_STATE_KEY: snapshot})
+        if self.coordinator.status_of(cid) == "pending":
+            self.store.record_acks(cid, acks, self.epoch)  # durable first: see _write_source_step
+        for sid, a in acks.items():
+            self._on_coordinator(self.coordinator.acknowledge(cid, sid, a).effects)
 
     # coordinator effects ---------------------------------------------------------------------
 
@@ -599,10 +873,14 @@ class PipelineRunner:
             elif isinstance(e, NotifyCheckpointComplete):
                 self._commit_up_to(e.checkpoint_id)
             elif isinstance(e, CheckpointAborted):
-                self.store.record_aborted(e.checkpoint_id, e.reason, e.message, self.epoch)
+                try:
+                    self.store.record_aborted(e.checkpoint_id, e.reason, e.message, self.epoch)
+                except ValueError:  # the keyed stage (another process) completed it first: that wins
+                    self.progress(f"checkpoint {e.checkpoint_id} completed elsewhere before it expired here")
+                    continue
                 self.summary.aborted.append((e.checkpoint_id, e.reason.value))
-                for r, h in enumerate(self.handlers):
-                    self._execute({**{i: [] for i in range(self.P)}, r: h.on_checkpoint_aborted(e.checkpoint_id)})
+                if self.runs_keyed:
+                    self._execute({r: h.on_checkpoint_aborted(e.checkpoint_id) for r, h in enumerate(self.handlers)})
                 self.progress(f"checkpoint {e.checkpoint_id} aborted: {e.reason.value} {e.message}".rstrip())
             elif isinstance(e, DiscardCheckpoint):
                 pass  # state versions stay until VACUUM; the store marks it discarded
@@ -625,11 +903,18 @@ class PipelineRunner:
                     book.pending.pop(t.checkpoint_id, None)
             self.committed[name] += txns
         self.completions += 1
+        self.last_completed = cid
         if self.completions % TRUNCATE_EVERY == 0:  # every DELETE is a Delta commit: batch them
-            for name, sink in self.sinks.items():
-                sink.discard(self.committed.pop(name, []))
-            # Channel data at or before the latest completed barrier is never needed again.
-            self.channel.truncate_upto(min(self.cursor, self._barrier_seq(cid)))
+            self._cleanup()
+
+    def _cleanup(self) -> None:
+        """Delete the staged rows of committed transactions and the channel data no retained
+        checkpoint needs (at or before the latest completed barrier). Idempotent."""
+        for name, sink in self.sinks.items():
+            sink.discard(self.committed.pop(name, []))
+        if self.last_completed is not None:
+            self.channel.truncate_upto(min(self.cursor, self._barrier_seq(self.last_completed)))
+            self.last_completed = None
 
     def _barrier_seq(self, cid: int) -> int:
         return int(self.store.get(cid).acks[self.sources[0]].state["barrier_seq"])

@@ -170,6 +170,23 @@ class DeltaTwoPhaseSink:
                 conf.unset("spark.databricks.delta.write.txnAppId")
                 conf.unset("spark.databricks.delta.write.txnVersion")
 
+    def rollback_to(self, checkpoint_id: int) -> int | None:
+        """Make the target hold exactly what it held when checkpoint ``checkpoint_id`` was the
+        latest committed to it (Delta RESTORE to the version before the first commit stamped above
+        it); returns that version, or None when nothing after it was committed. Idempotent until
+        the sink commits again. Writes of others to the target after that version are undone too:
+        the target belongs to the pipeline."""
+        from delta.tables import DeltaTable
+
+        from ..delta.log import version_before_txn_above
+
+        if not is_delta_table(self.target):
+            return None
+        version = version_before_txn_above(self.target, f"{self.app_prefix}/{self.name}/e", checkpoint_id)
+        if version is not None:
+            DeltaTable.forPath(self.spark, self.target).restoreToVersion(version)
+        return version
+
     # aborting, cleaning up and recovery ----------------------------------------------------
 
     def discard(self, txns: Iterable[Transaction]) -> None:

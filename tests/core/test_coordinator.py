@@ -706,3 +706,42 @@ def test_a_fenced_store_stops_the_coordinator_instead_of_counting_a_failure():
         for subtask in TASKS:
             rig.coordinator.acknowledge(checkpoint_id, subtask)
     assert rig.coordinator.consecutive_failures == 0
+
+
+# --- checkpoints shared between processes (a stage per process) -------------------------------
+
+
+def test_adopted_checkpoint_completes_with_the_acks_recorded_elsewhere():
+    source_side, keyed_side = make(), make()
+    (trigger,) = effects_of(TriggerCheckpoint, source_side.coordinator.tick())
+    cid = trigger.checkpoint_id
+    recorded = {SRC0: (SubtaskAck(state={"offset": 1}), 0.5), SRC1: (SubtaskAck(state={"offset": 2}), 0.5)}
+    assert keyed_side.coordinator.adopt(cid, trigger.barrier.timestamp, CHECKPOINT, recorded) == []
+    assert keyed_side.coordinator.status_of(cid) == "pending"
+    assert keyed_side.coordinator.adopt(cid, 0.0, CHECKPOINT, {}) == []  # a second adopt is a no-op
+    keyed_side.coordinator.acknowledge(cid, MAP)
+    effects = keyed_side.coordinator.acknowledge(cid, SINK).effects
+    (done,) = effects_of(CheckpointCompleted, effects)
+    assert done.checkpoint.acks[SRC1].state == {"offset": 2}
+    assert effects_of(NotifyCheckpointComplete, effects)
+
+
+def test_adopt_completes_at_once_when_every_ack_was_recorded():
+    rig = make()
+    acks = {t: (SubtaskAck(), 1.0) for t in TASKS}
+    (done,) = effects_of(CheckpointCompleted, rig.coordinator.adopt(7, 0.0, CHECKPOINT, acks))
+    assert done.checkpoint.checkpoint_id == 7 and rig.store.latest().checkpoint_id == 7
+    assert rig.coordinator.adopt(7, 0.0, CHECKPOINT, acks) == []  # known (finished): ignored
+
+
+def test_finished_elsewhere_frees_the_concurrency_slot_and_starts_the_pause():
+    rig = make(CheckpointConfig(interval=0, min_pause=5, max_concurrent=1))
+    (trigger,) = effects_of(TriggerCheckpoint, rig.coordinator.tick())
+    assert effects_of(TriggerCheckpoint, rig.coordinator.tick()) == []  # one pending: no second
+    rig.coordinator.finished_elsewhere(trigger.checkpoint_id, "completed", rig.clock.now())
+    assert rig.coordinator.status_of(trigger.checkpoint_id) == "completed"
+    assert effects_of(TriggerCheckpoint, rig.coordinator.tick()) == []  # min pause from completion
+    rig.clock.advance(5)
+    assert effects_of(TriggerCheckpoint, rig.coordinator.tick())
+    with pytest.raises(ValueError, match="status must be"):
+        rig.coordinator.finished_elsewhere(1, "pending", 0.0)

@@ -364,3 +364,17 @@ def test_restored_sink_continues_sequence_numbers_in_the_new_epoch():
     assert restored.current.handle not in {t.handle for t in (snapshot.current, *snapshot.pending)}
     assert restored.pre_commit(3).transaction.seq == 3
     assert restored.current.seq == 4
+
+
+def test_a_sink_resumed_in_a_later_process_continues_exactly_where_it_stopped():
+    pool = TransactionIdPool("p.ledger", 0, size=4)
+    sink = TwoPhaseCommitSink(pool, epoch=3)
+    sink.pre_commit(1)
+    sink.pre_commit(2)
+    state = json.loads(json.dumps(sink.resume_state()))  # it travels as JSON
+    again = TwoPhaseCommitSink.resumed(state, pool)
+    assert again.current == sink.current and again.pending == sink.pending and again.epoch == 3
+    assert again.snapshot() == sink.snapshot()
+    with pytest.raises(IllegalTransitionError):
+        again.pre_commit(2)  # the last pre-committed checkpoint is remembered
+    assert again.pre_commit(3).transaction.handle == sink.pre_commit(3).transaction.handle

@@ -26,13 +26,13 @@ ROWS = 400
 VERSIONS = 3
 
 
-def ckpt_run(warehouse, kill_at: str | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+def ckpt_run(warehouse, kill_at: str | None = None, timeout: float = 600, stage: str = "all") -> subprocess.CompletedProcess:
     env = {**os.environ, "CKPT_SPARK_MASTER": "local[2]", "CKPT_SPARK_UI": "0"}
     env.pop("CKPT_KILL_AT", None)
     if kill_at:
         env["CKPT_KILL_AT"] = kill_at
     cmd = [sys.executable, "-m", "checkpoint_lib.cli", "run", "payments", "--warehouse", str(warehouse),
-           "--rows-per-checkpoint", str(ROWS)]
+           "--rows-per-checkpoint", str(ROWS), "--stage", stage]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -58,6 +58,25 @@ def crash_and_recover(spark, warehouse, kill_at: str, *, recovery_kill: str | No
 def test_kill_between_completion_and_commit_then_recover(spark, tmp_path):
     """The 2PC window: checkpoint 2 is durable, its transactions are not committed yet."""
     crash_and_recover(spark, tmp_path, "commit:2")
+
+
+def staged_crash_and_recover(spark, warehouse, stage: str, kill_at: str) -> None:
+    """The stages as separate processes (as Airflow runs them); one is killed, then every stage
+    is simply run again, in order, until caught up."""
+    landing(spark, warehouse)
+    if stage == "keyed":
+        assert ckpt_run(warehouse, stage="source").returncode == 0
+    crashed = ckpt_run(warehouse, kill_at, stage=stage)
+    assert crashed.returncode == -signal.SIGKILL, f"{kill_at} was not reached:\n{crashed.stdout}\n{crashed.stderr[-3000:]}"
+    for next_stage in ("keyed", "source", "keyed") if stage == "keyed" else ("source", "keyed"):
+        done = ckpt_run(warehouse, stage=next_stage)
+        assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    check = check_payments(str(warehouse))
+    assert check.ok, f"after a kill of the {stage} process at {kill_at}: {check.summary()}"
+
+
+def test_separate_stage_processes_keyed_killed_between_completion_and_commit(spark, tmp_path):
+    staged_crash_and_recover(spark, tmp_path, "keyed", "commit:1")
 
 
 # --- the slow suite: every phase, second crashes during recovery, random external kills -------
@@ -107,3 +126,13 @@ def test_random_external_kill(spark, tmp_path, seed):
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     check = check_payments(str(tmp_path))
     assert check.ok, check.summary()
+
+
+STAGED_KILLS = [("source", "source_read:2"), ("source", "channel_write:2"), ("source", "source_ack:1"),
+                ("keyed", "flush_merge:2"), ("keyed", "snapshot:2"), ("keyed", "ack:1"), ("keyed", "complete:2")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage,kill_at", STAGED_KILLS)
+def test_separate_stage_processes_killed_at_every_phase(spark, tmp_path, stage, kill_at):
+    staged_crash_and_recover(spark, tmp_path, stage, kill_at)

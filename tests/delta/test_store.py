@@ -29,6 +29,7 @@ from checkpoint_lib.delta.store import (
     CHECKPOINTS_SCHEMA,
     CorruptCheckpointWarning,
     DeltaCheckpointStore,
+    LocalReservations,
 )
 
 # The shared contract lives in tests/core, which (like every test directory here) is not a package.
@@ -509,3 +510,65 @@ def test_a_reader_sees_exactly_what_the_writer_retained(tmp_path):
     reader = DeltaCheckpointStore.open(tmp_path / "root")
     assert [c.checkpoint_id for c in reader.all()] == [3, 4, 5, 6, 7]
     assert [c.checkpoint_id for c in writer.all()] == [3, 4, 5, 6, 7]
+
+
+# --- acks of pending checkpoints, sessions, rollback intents -----------------------------------
+
+
+def test_acks_of_a_pending_checkpoint_are_durable_per_epoch_and_fenced(root):
+    store = DeltaCheckpointStore.open(root)
+    epoch = store.begin_epoch("a")
+    store.record_pending(1, epoch=epoch)
+    ack = SubtaskAck(state={"version": 3, "next_seq": 4}, alignment_ms=1.5)
+    store.record_acks(1, {SubtaskId("source", 0): ack, SubtaskId("source", 1): ack}, epoch, ack_time=9.0)
+    other = DeltaCheckpointStore.open(root)  # another process
+    got = other.pending_acks(1, epoch)
+    assert got == {SubtaskId("source", 0): (ack, 9.0), SubtaskId("source", 1): (ack, 9.0)}
+    assert other.pending_acks(1, epoch + 1) == {}
+    assert [r["checkpoint_id"] for r in other.pending()] == [1]
+    other.begin_epoch("b")
+    with pytest.raises(FencedError):
+        store.record_acks(1, {SubtaskId("source", 0): ack}, epoch)
+
+
+def test_compaction_prunes_acks_of_finished_checkpoints_only(root):
+    store = DeltaCheckpointStore.open(root)
+    epoch = store.begin_epoch("a")
+    for cid in (1, 2):
+        store.record_pending(cid, epoch=epoch)
+        store.record_acks(cid, {SubtaskId("s", 0): SubtaskAck()}, epoch)
+    store.record_aborted(1, FailureReason.EXPIRED, epoch=epoch)
+    store.compact()
+    assert store.pending_acks(1, epoch) == {} and len(store.pending_acks(2, epoch)) == 1
+
+
+def test_sessions_start_once_end_with_a_resume_point_and_are_fenced(root):
+    store = DeltaCheckpointStore.open(root)
+    epoch = store.begin_epoch("a")
+    store.record_restored(epoch, None, {"source": {"offset": -1}})
+    assert store.begin_session(epoch, "source") == 1
+    store.end_session(epoch, "source", 1, {"offset": 4})
+    assert store.begin_session(epoch, "source") == 2
+    events = [(r["stage"], r["session"], r["event"]) for r in store.sessions(epoch)]
+    assert events == [("*", 0, "restored"), ("source", 1, "start"), ("source", 1, "end"), ("source", 2, "start")]
+    assert json.loads(store.sessions(epoch)[2]["resume_json"]) == {"offset": 4}
+    # a concurrent starter that computed the same number loses the marker race
+    assert LocalReservations(root).claim(f"sessions/e{epoch}/keyed", 1)
+    assert store.begin_session(epoch, "keyed") is None
+    with pytest.raises(ValueError, match="bad stage"):
+        store.begin_session(epoch, "../x")
+    store.begin_epoch("b")
+    with pytest.raises(FencedError):
+        store.end_session(epoch, "source", 2, {})
+
+
+def test_a_rollback_is_owed_until_an_epoch_at_or_after_it_finishes_restoring(root):
+    store = DeltaCheckpointStore.open(root)
+    first = store.begin_epoch("a")
+    assert store.owed_rollback() is None
+    store.record_rollback(first, 3)
+    assert store.owed_rollback() == 3  # the process died before it restored
+    second = store.begin_epoch("b")
+    store.record_rollback(second, 3)
+    store.record_restored(second, 3, {})
+    assert store.owed_rollback() is None

@@ -33,8 +33,8 @@ def test_exactly_once_across_runs_and_appends(spark, tmp_path):
     assert check.ok, check.summary()
     assert check.bad_rows > 0 and check.dlq_rows == check.bad_rows
 
-    again = runner(spark, tmp_path).run()  # nothing new: restores the final checkpoint, adds nothing
-    assert again.restored == first.completed[-1] and again.rows_in == 0
+    again = runner(spark, tmp_path).run()  # a clean stop: resumes in the same epoch, adds nothing
+    assert again.restored is None and again.epoch == first.epoch and again.rows_in == 0
     assert check_payments(str(tmp_path)).ok
 
     generate(spark, str(tmp_path), ROWS, bad_fraction=0.05, accounts=40, seed=3)
@@ -139,9 +139,8 @@ def test_state_read_back_equals_balances_and_savepoints_survive_retention(spark,
     from checkpoint_lib.spark import inspect
 
     generate(spark, str(tmp_path), ROWS, accounts=15, seed=12)
-    r = runner(spark, tmp_path)
-    r.run()
-    savepoint = r.final_checkpoint(CheckpointKind.SAVEPOINT)
+    runner(spark, tmp_path).run()
+    savepoint = runner(spark, tmp_path).run(max_steps=0, final_kind=CheckpointKind.SAVEPOINT).final
     state = inspect.operator_state(spark, str(tmp_path), get("payments"), savepoint).toPandas()
     balances = read_delta(f"{tmp_path}/gold/balances")
     got = dict(zip(state["account"], state["balance_cents"]))
@@ -175,3 +174,81 @@ def test_restore_checks_the_snapshot_fits_the_pipeline(spark, tmp_path):
     assert "operator 'balance' has parallelism 5 in the snapshot, 3 now" in message
     assert "removed operators ['dedup']: pass --allow-non-restored-state" in message
     assert "operator 'sink_ledger' is not in the snapshot (new operator: starts empty)" in message
+
+
+def test_stages_run_as_separate_processes_resume_where_they_stopped(spark, tmp_path):
+    """The source and keyed stages in separate runs (sessions of one epoch), joined by the
+    channel log: the source's final barrier completes when the keyed stage processes it."""
+    for seed in (21, 22):
+        generate(spark, str(tmp_path), ROWS, bad_fraction=0.05, accounts=25, seed=seed)
+    src = runner(spark, tmp_path, stage="source").run()
+    assert src.rows_in == 2 * ROWS and src.completed == [] and src.final is not None
+    assert len(read_delta(f"{tmp_path}/gold/ledger")) == 0  # nothing is visible before completion
+    assert runner(spark, tmp_path, stage="keyed").run().completed[-1] == src.final
+    check = check_payments(str(tmp_path))
+    assert check.ok, check.summary()
+
+    generate(spark, str(tmp_path), ROWS, bad_fraction=0.05, accounts=25, seed=23)
+    again = runner(spark, tmp_path, stage="source").run()
+    assert again.rows_in == ROWS and again.epoch == src.epoch and again.restored is None
+    keyed = runner(spark, tmp_path, stage="keyed").run()
+    assert keyed.completed[-1] == again.final
+    check = check_payments(str(tmp_path))
+    assert check.ok, check.summary()
+    assert check.ledger_rows == check.valid_rows
+
+    store = DeltaCheckpointStore.open(f"{tmp_path}/_checkpoints/payments")
+    assert store.current_epoch() == src.epoch  # no recovery was needed
+    rows = store.sessions(src.epoch)
+    ended = sorted((r["stage"], r["session"]) for r in rows if r["event"] == "end")
+    assert ended == [("keyed", 1), ("keyed", 2), ("source", 1), ("source", 2)]
+    # nothing new: a keyed run stops at once, and an 'all' run joins both stages
+    assert runner(spark, tmp_path, stage="keyed").run().steps == 1
+    both = runner(spark, tmp_path).run()
+    assert both.epoch == src.epoch and both.rows_in == 0 and check_payments(str(tmp_path)).ok
+
+
+def test_a_stage_whose_last_process_died_recovers_the_pipeline(spark, tmp_path):
+    generate(spark, str(tmp_path), ROWS, accounts=25, seed=31)
+    first = runner(spark, tmp_path).run()
+    generate(spark, str(tmp_path), ROWS, accounts=25, seed=32)
+    dead = runner(spark, tmp_path, stage="keyed")
+    dead.open()  # ... and the process dies here: its session never ends
+    src = runner(spark, tmp_path, stage="source").run()  # the source's own sessions are clean: joins
+    assert src.epoch == first.epoch and src.rows_in == ROWS
+    keyed = runner(spark, tmp_path, stage="keyed").run()
+    assert keyed.epoch > first.epoch and keyed.restored == first.completed[-1]
+    # the recovery cut the channel back to the restored checkpoint: the source re-reads
+    redo = runner(spark, tmp_path, stage="source").run()
+    assert redo.epoch == keyed.epoch and redo.rows_in == ROWS
+    runner(spark, tmp_path, stage="keyed").run()
+    check = check_payments(str(tmp_path))
+    assert check.ok, check.summary()
+    with pytest.raises(FencedError):  # the dead process's zombie cannot even end its session
+        dead.close()
+
+
+def test_restoring_an_older_checkpoint_rolls_sinks_back_even_across_a_crash(spark, tmp_path):
+    for seed in (41, 42, 43):
+        generate(spark, str(tmp_path), ROWS, bad_fraction=0.02, accounts=20, seed=seed)
+    first = runner(spark, tmp_path).run()
+    assert len(first.completed) >= 3
+    oldest, later = first.completed[0], first.completed[1:]
+
+    def die_mid_rollback(phase):  # the process dies after discarding, before the sinks roll back
+        if phase == "rollback":
+            raise RuntimeError("killed")
+
+    doomed = runner(spark, tmp_path, restore_checkpoint=oldest)
+    doomed._checkpoint = die_mid_rollback
+    with pytest.raises(RuntimeError, match="killed"):
+        doomed.run()
+    store = DeltaCheckpointStore.open(f"{tmp_path}/_checkpoints/payments")
+    assert store.latest().checkpoint_id == oldest and store.owed_rollback() == oldest
+    assert {r["checkpoint_id"]: r["status"] for r in store.history()}[later[-1]] == "discarded"
+
+    again = runner(spark, tmp_path).run()  # a plain run finishes the owed rollback, then replays
+    assert again.restored == oldest and again.rows_in == 2 * ROWS and store.owed_rollback() is None
+    check = check_payments(str(tmp_path))
+    assert check.ok, check.summary()
+    assert check.ledger_rows == check.valid_rows
