@@ -7,7 +7,7 @@ PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test demo clean distclean
+.PHONY: setup test demo airflow clean distclean
 
 # Reinstall only when the venv is missing or the pins changed.
 $(STAMP): pyproject.toml constraints.txt
@@ -17,6 +17,10 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)
 	$(PY) -c "from checkpoint_lib.spark.jars import setup_main; raise SystemExit(setup_main())"
+	@# Headless Chromium renders the HTML report in a test (Debian's package; root only).
+	@if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  apt-get install -y --no-install-recommends chromium >/dev/null 2>&1 || \
+	  (apt-get update >/dev/null && apt-get install -y --no-install-recommends chromium >/dev/null); fi
 	$(PY) -m pip check
 
 test: setup
@@ -24,6 +28,17 @@ test: setup
 
 demo: setup
 	$(VENV)/bin/ckpt demo
+
+# Airflow natively (scheduler, dag-processor, triggerer, api-server on :8080, SQLite), with this
+# repo's dags/ and plugins/. Log in with the password Airflow prints (and keeps in
+# $(AIRFLOW_HOME)/simple_auth_manager_passwords.json.generated); nothing is baked in.
+AIRFLOW_HOME ?= $(CURDIR)/.airflow
+CKPT_WAREHOUSE ?= $(CURDIR)/warehouse
+airflow: setup
+	AIRFLOW_HOME=$(AIRFLOW_HOME) AIRFLOW__CORE__DAGS_FOLDER=$(CURDIR)/dags \
+	AIRFLOW__CORE__PLUGINS_FOLDER=$(CURDIR)/plugins AIRFLOW__CORE__LOAD_EXAMPLES=False \
+	AIRFLOW__CORE__PARALLELISM=4 CKPT_WAREHOUSE=$(CKPT_WAREHOUSE) PATH=$(CURDIR)/$(VENV)/bin:$$PATH \
+	$(VENV)/bin/airflow standalone
 
 # Build and run leftovers; keeps .venv and the downloaded jars.
 clean:

@@ -90,8 +90,11 @@ def _runner(args: argparse.Namespace, **kw: Any):
         interval=args.interval, min_pause=args.min_pause, max_concurrent=1, timeout=args.timeout,
         retained=args.retained,
     )
+    pipeline = _pipeline(args.pipeline).with_parallelism(
+        source=getattr(args, "source_parallelism", None), operator=getattr(args, "parallelism", None)
+    )
     return PipelineRunner(
-        _pipeline(args.pipeline), args.warehouse, _spark(), mode=args.mode,
+        pipeline, args.warehouse, _spark(), mode=args.mode,
         rows_per_checkpoint=args.rows_per_checkpoint, config=config, progress=_progress,
         alignment_timeout=args.alignment_timeout, stage=args.stage,
         poll_interval=getattr(args, "poll", 1.0), **kw,
@@ -120,7 +123,10 @@ def _cmd_recover(args: argparse.Namespace) -> int:
                              checkpoint_id=args.checkpoint)
         print(plan.describe())
         return 0
-    return _cmd_run(args, recover=True)
+    code = _cmd_run(args, recover=True)
+    if code == 0 and not args.no_validate:
+        code = _validate(args, kinds=("restore",))
+    return code
 
 
 def _cmd_savepoint(args: argparse.Namespace) -> int:
@@ -183,6 +189,40 @@ def _cmd_state(args: argparse.Namespace) -> int:
     return 0
 
 
+def _validate(args: argparse.Namespace, kinds: Sequence[str]) -> int:
+    """Run the quality suites (GX) and print their summaries; 1 when one failed (it is recorded in
+    the pipeline's ``validations`` table either way)."""
+    from .quality import QualityCheckFailed, validate_checkpoint, validate_restore
+    from .quality.paths import check_pipeline_name, warehouse_root
+
+    check_pipeline_name(args.pipeline)  # bad input fails before Spark starts
+    warehouse_root(args.warehouse)
+    run = {"restore": validate_restore, "checkpoint": validate_checkpoint}
+    code = 0
+    for kind in kinds:
+        try:
+            result = run[kind](_spark(), args.pipeline, args.warehouse, getattr(args, "checkpoint", None))
+        except QualityCheckFailed as exc:
+            print(f"ckpt: validation failed: {exc}", file=sys.stderr)
+            code = 1
+            continue
+        print(result.summary(verbose=getattr(args, "verbose", False)))
+    return code
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    kinds = ("restore", "checkpoint") if args.suite == "all" else (args.suite,)
+    return _validate(args, kinds)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .quality import write_report
+
+    path = write_report(args.pipeline, args.warehouse, args.out)
+    print(f"report: {path}")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -209,6 +249,11 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--retained", type=_positive_int, default=5, help="completed checkpoints kept (default 5)")
     p.add_argument("--alignment-timeout", type=float, default=None,
                    help="aligned_with_timeout: seconds before a checkpoint switches to unaligned")
+    p.add_argument("--parallelism", type=_positive_int, default=None,
+                   help="subtasks of the operator after the channel (default: as declared); a change "
+                        "rescales: the next start restores the latest checkpoint with state split by key group")
+    p.add_argument("--source-parallelism", type=_positive_int, default=None,
+                   help="source subtasks (default: as declared)")
     p.add_argument("--stage", choices=("all", "source", "keyed"), default="all",
                    help="run one stage as its own process (source: landing table -> channel log; keyed: "
                         "channel log -> state and sinks), or both (all, the default)")
@@ -255,6 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(p)
     p.add_argument("--checkpoint", type=_positive_int, default=None, help="checkpoint id (default: latest)")
     p.add_argument("--dry-run", action="store_true", help="only print the recovery plan")
+    p.add_argument("--no-validate", action="store_true",
+                   help="skip the after-restore data-quality validation (Great Expectations)")
     p.add_argument("--allow-non-restored-state", action="store_true",
                    help="drop state of operators the pipeline no longer has")
     p.set_defaults(func=_cmd_recover, until_caught_up=True, max_steps=None)
@@ -280,6 +327,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=_positive_int, default=20)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_state)
+
+    p = sub.add_parser("validate", help="run the data-quality suites (Great Expectations) on a checkpoint")
+    p.add_argument("pipeline")
+    _add_warehouse(p)
+    p.add_argument("--checkpoint", type=_positive_int, default=None, help="checkpoint id (default: latest completed)")
+    p.add_argument("--suite", choices=("all", "restore", "checkpoint"), default="all",
+                   help="after-restore suite, per-checkpoint suite, or both (default)")
+    p.add_argument("--verbose", action="store_true", help="list every expectation, not only failures")
+    p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser("report", help="write the self-contained HTML report (charts, validations, restores)")
+    p.add_argument("pipeline")
+    _add_warehouse(p)
+    p.add_argument("--out", default=None, help="output file (default W/_quality/<pipeline>/report.html)")
+    p.set_defaults(func=_cmd_report)
 
     p = sub.add_parser("demo", help="the end-to-end demo: generate, run, kill -9, recover, verify")
     _add_warehouse(p)

@@ -84,5 +84,19 @@ def run_demo(warehouse: str, rows: int = 200_000) -> int:
     _say("independent check (pandas over the landing files vs gold tables and dead letters)")
     check = check_payments(str(w))
     print(check.summary())
-    print(f"\nwarehouse: {w}")
-    return 0 if check.ok else 1
+
+    _say("data quality after the restore: Great Expectations suites (ckpt validate payments)")
+    from .quality import QualityCheckFailed, data_docs_index, validate_checkpoint, validate_restore, write_report
+
+    quality_ok = True
+    for validate in (validate_restore, validate_checkpoint):
+        try:
+            print(validate(spark, "payments", str(w)).summary())
+        except QualityCheckFailed as exc:
+            print(exc)
+            quality_ok = False
+    report = write_report("payments", str(w))
+    print(f"\nwarehouse:    {w}")
+    print(f"Data Docs:    {data_docs_index(w, 'payments')}")
+    print(f"HTML report:  {report}   (ckpt report payments --warehouse {w})")
+    return 0 if check.ok and quality_ok else 1

@@ -10,10 +10,17 @@
 ...     .dead_letters("dlq/payments")
 ... )
 
-Paths are relative to the warehouse root given at run time. The source stage and the keyed stage
-are joined by a persisted Delta channel log (hash-partitioned by key, all-to-all), so they can run
-as separate processes on separate cadences; the keyed operator and its sinks are fused into one
-stage. Operators have stable ``uid``s: a snapshot is matched to operators by uid, not by position.
+Paths are relative to the warehouse root given at run time. The graph has two stages joined by a
+persisted Delta channel log, so they can run as separate processes on separate cadences:
+
+- the **source stage**: the source subtasks, then any ``map()`` transformations (fused: forward,
+  no channel), then a partitioner that routes each record to a subtask of the next operator:
+  ``key_by(key)`` (hash by key group: keyed state), ``rebalance()`` (spread evenly, by a hash of
+  the record's source offset, so a replay routes it the same way), ``broadcast()`` (every subtask
+  gets every record) or ``forward()`` (subtask i to subtask i; same parallelism);
+- the **operator stage**: the operator after the channel (keyed and stateful after ``key_by``,
+  stateless after the others) and its sinks, fused.
+ Operators have stable ``uid``s: a snapshot is matched to operators by uid, not by position.
 This module imports no engine: operators receive Spark DataFrames only when they run.
 """
 
@@ -107,6 +114,17 @@ class DeltaSink:
         object.__setattr__(self, "keys", tuple(self.keys))
 
 
+class Operator(Protocol):
+    """A stateless operator (after ``rebalance()``, ``broadcast()`` or ``forward()``): ``apply``
+    gets the records of one flush and returns one DataFrame per sink (keep the ``sink_subtask``
+    column, the subtask whose sink transaction stages the row)."""
+
+    def apply(self, records: Any) -> Mapping[str, Any]: ...
+
+
+PARTITIONINGS = ("hash", "rebalance", "broadcast", "forward")
+
+
 class KeyedOperator(Protocol):
     """A keyed, stateful operator. ``state_schema`` lists its state columns (besides the key);
     ``apply`` gets the records of one flush (ordered by ``order_by``) and the state before them, and
@@ -132,6 +150,10 @@ class Pipeline:
     dlq_path: str | None = None
     feedback: bool = False
     """The keyed operator sends records to itself (a cycle): aligned mode must refuse it."""
+    partitioning: str | None = None
+    """How records go from the source stage to the operator: one of :data:`PARTITIONINGS`."""
+    transforms: list[tuple[Callable[[Any], Any], dict[str, str]]] = field(default_factory=list)
+    """``map()`` steps fused into the source stage, each with the schema of its output."""
 
     def __post_init__(self) -> None:
         _check_name("pipeline name", self.name)
@@ -141,20 +163,106 @@ class Pipeline:
         self.source_spec, self.source_parallelism = source, parallelism
         return self
 
-    def key_by(self, key: str, parallelism: int = 1) -> "Pipeline":
-        check_parallelism(parallelism, self.max_parallelism)
+    @property
+    def record_schema(self) -> dict[str, str]:
+        """The columns records carry into the channel: the source's, or the last ``map()``'s."""
+        if self.transforms:
+            return dict(self.transforms[-1][1])
+        return dict(self.source_spec.schema) if self.source_spec is not None else {}
+
+    def map(self, fn: Callable[[Any], Any], schema: Mapping[str, str] | None = None) -> "Pipeline":
+        """A row-wise DataFrame transformation (select, withColumn, filter, explode...) fused into
+        the source stage, after validation. ``schema`` lists the columns (name -> type) it
+        outputs when they differ from its input's. It must keep the offset columns (``src_*``)
+        and ``sender`` it is given and must not aggregate or reorder rows across offsets: a
+        record's offset is how recovery knows it was processed.
+
+        >>> Pipeline("p").source(DeltaSource("in", {"a": "long"})).map(
+        ...     lambda df: df.withColumn("b", df.a * 2), schema={"a": "long", "b": "long"})  # doctest: +ELLIPSIS
+        Pipeline(...)
+        """
         if self.source_spec is None:
-            raise ValueError("key_by() needs a source() first")
-        if key not in self.source_spec.schema:
-            raise ValueError(f"key {key!r} is not a column of the source ({sorted(self.source_spec.schema)})")
-        self.key, self.keyed_parallelism = key, parallelism
+            raise ValueError("map() needs a source() first")
+        if self.partitioning is not None:
+            raise ValueError("map() must come before the partitioner (key_by/rebalance/broadcast/forward)")
+        if not callable(fn):
+            raise TypeError(f"map() needs a function DataFrame -> DataFrame, got {fn!r}")
+        out = dict(schema) if schema is not None else self.record_schema
+        if not out:
+            raise ValueError("map() schema must list at least one column")
+        self.transforms.append((fn, out))
         return self
 
-    def process(self, operator: KeyedOperator, uid: str) -> "Pipeline":
-        if self.key is None:
-            raise ValueError("process() needs key_by() first: keyed state is partitioned by key")
+    def _partition(self, how: str, parallelism: int) -> None:
+        check_parallelism(parallelism, self.max_parallelism)
+        if self.source_spec is None:
+            raise ValueError(f"{how}() needs a source() first")
+        if self.partitioning is not None:
+            raise ValueError(f"the records are already partitioned ({self.partitioning}): one partitioner per pipeline")
+        self.partitioning, self.keyed_parallelism = how, parallelism
+
+    def key_by(self, key: str, parallelism: int = 1) -> "Pipeline":
+        """Hash-partition by ``key`` (its key group) to a keyed, stateful operator."""
+        if self.source_spec is not None and key not in self.record_schema:
+            raise ValueError(f"key {key!r} is not a column of the records ({sorted(self.record_schema)})")
+        self._partition("hash", parallelism)
+        self.key = key
+        return self
+
+    def rebalance(self, parallelism: int = 1) -> "Pipeline":
+        """Spread records evenly over ``parallelism`` subtasks of a stateless operator (by a hash
+        of each record's source offset: deterministic, so a replay sends it to the same subtask)."""
+        self._partition("rebalance", parallelism)
+        return self
+
+    def broadcast(self, parallelism: int = 1) -> "Pipeline":
+        """Send every record to each of ``parallelism`` subtasks of a stateless operator."""
+        self._partition("broadcast", parallelism)
+        return self
+
+    def forward(self) -> "Pipeline":
+        """Source subtask i sends to operator subtask i (same parallelism, no shuffle of records
+        between subtasks)."""
+        self._partition("forward", self.source_parallelism)
+        return self
+
+    def process(self, operator: KeyedOperator | Operator, uid: str) -> "Pipeline":
+        """The operator after the channel: a :class:`KeyedOperator` after ``key_by()``, a
+        stateless :class:`Operator` after ``rebalance()``, ``broadcast()`` or ``forward()``."""
+        if self.partitioning is None:
+            raise ValueError("process() needs a partitioner first: key_by(), rebalance(), broadcast() or forward()")
+        if self.key is None and getattr(operator, "state_schema", ()):
+            raise ValueError(
+                f"operator {uid!r} has keyed state ({operator.state_schema}): keyed state is partitioned "
+                f"by key, so use key_by() instead of {self.partitioning}()"
+            )
         self.operator, self.operator_uid = operator, _check_name("operator uid", uid)
         return self
+
+    def with_parallelism(self, source: int | None = None, operator: int | None = None) -> "Pipeline":
+        """A copy with other parallelism (None keeps the declared one). Restoring a checkpoint
+        taken at another parallelism rescales: keyed state is split by key group (up to
+        ``max_parallelism`` subtasks). ``forward()`` keeps both sides equal. The CLI's
+        ``--parallelism`` / ``--source-parallelism`` use it."""
+        import dataclasses
+
+        source = self.source_parallelism if source is None else source
+        operator = self.keyed_parallelism if operator is None else operator
+        if self.partitioning == "forward":
+            if source != self.source_parallelism and operator == self.keyed_parallelism:
+                operator = source
+            elif operator != self.keyed_parallelism and source == self.source_parallelism:
+                source = operator
+        for n in (source, operator):
+            check_parallelism(n, self.max_parallelism)
+        copy = dataclasses.replace(self, sinks=dict(self.sinks), transforms=list(self.transforms))
+        copy.source_parallelism, copy.keyed_parallelism = source, operator
+        return copy
+
+    @property
+    def keyed(self) -> bool:
+        """True when the operator is keyed (hash partitioning) and has state."""
+        return self.key is not None
 
     def sink(self, name: str, sink: DeltaSink) -> "Pipeline":
         _check_name("sink name", name)
@@ -172,7 +280,8 @@ class Pipeline:
         missing = [
             what
             for what, value in (
-                ("source()", self.source_spec), ("key_by()", self.key), ("process()", self.operator),
+                ("source()", self.source_spec), ("key_by() or another partitioner", self.partitioning),
+                ("process()", self.operator),
                 ("dead_letters()", self.dlq_path),
             )
             if value is None
@@ -181,6 +290,13 @@ class Pipeline:
             missing.append("sink()")
         if missing:
             raise ValueError(f"pipeline {self.name!r} is incomplete: missing {', '.join(missing)}")
+        if self.partitioning == "forward" and self.keyed_parallelism != self.source_parallelism:
+            raise ValueError(
+                f"forward() needs the same parallelism on both sides: the source has "
+                f"{self.source_parallelism}, the operator {self.keyed_parallelism}"
+            )
+        if self.key is not None and self.key not in self.record_schema:
+            raise ValueError(f"key {self.key!r} is not a column of the records ({sorted(self.record_schema)})")
         return self
 
     def operator_ids(self) -> dict[str, int]:

@@ -37,6 +37,11 @@ def checkpoint(warehouse: str, pipeline: Pipeline, checkpoint_id: int | None = N
 
 def operator_state(spark: SparkSession, warehouse: str, pipeline: Pipeline, checkpoint_id: int | None = None) -> DataFrame:
     """Keyed state of ``pipeline``'s operator at the checkpoint, with a ``subtask`` column."""
+    if not pipeline.keyed:
+        raise ValueError(
+            f"operator {pipeline.operator_uid!r} of pipeline {pipeline.name!r} is stateless "
+            f"({pipeline.partitioning} partitioning): it has no keyed state to show"
+        )
     c = checkpoint(warehouse, pipeline, checkpoint_id)
     path = f"{_root(warehouse, pipeline)}/state/{pipeline.operator_uid}"
     parts = []

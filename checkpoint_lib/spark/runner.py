@@ -11,8 +11,9 @@ stage, or both (``stage="all"``). Within an epoch (an attempt) each run of a sta
    stage's starting point. A stage whose last process died therefore recovers by itself.
 2. **source steps**: the source subtasks read the next versions of the landing table (whole
    versions, about ``rows_per_checkpoint`` rows), send bad rows to the dead-letter table (a MERGE
-   on the source offset: idempotent) and append good rows to the Delta channel log, hash-partitioned
-   by key group to the keyed subtasks. When the coordinator triggers a checkpoint, the barrier goes
+   on the source offset: idempotent), apply the pipeline's ``map()`` steps and append the records
+   to the Delta channel log, routed to the operator's subtasks by the pipeline's partitioner
+   (hash by key group, rebalance, broadcast or forward: :mod:`.partitioning`). When the coordinator triggers a checkpoint, the barrier goes
    into the same Delta commit, after the data, and the sources acknowledge with their offsets.
 3. **keyed steps**: the keyed stage reads the channel index (metadata), feeds every channel's
    segments, barriers and ends to one barrier handler per keyed subtask, then carries the effects
@@ -34,8 +35,10 @@ import json
 import os
 import signal
 import socket
+import threading
 import time
 from collections import Counter, defaultdict, deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -77,7 +80,8 @@ from . import tables
 from .landing import LandingFolderSource
 from .channels import BARRIER, DATA, END, ChannelEvent, DeltaChannelLog
 from .sinks import DeltaTwoPhaseSink
-from .state import KEY_GROUP, KeyedStateTable, key_group_column, subtask_column
+from .partitioning import route
+from .state import KEY_GROUP, KeyedStateTable
 
 KILL_PHASES = (
     "source_read", "dlq", "channel_write", "source_ack", "flush_stage", "flush_merge",
@@ -164,6 +168,7 @@ class PipelineRunner:
         self.allow_non_restored_state = allow_non_restored_state
         self._kill_at = _parse_kill(os.environ.get("CKPT_KILL_AT"))
         self._kill_counts: dict[str, int] = defaultdict(int)
+        self._stop_requested = False
 
         p = pipeline
         self.root = self._path(f"_checkpoints/{p.name}")
@@ -183,11 +188,15 @@ class PipelineRunner:
                 format=src.format, options=src.options,
             )
         self.payload = _struct(
-            [(c, t) for c, t in src.schema.items()] + [(KEY_GROUP, "int"), *OFFSET_COLUMNS]
+            [(c, t) for c, t in p.record_schema.items()] + [(KEY_GROUP, "int"), *OFFSET_COLUMNS]
         )
         self.channel = DeltaChannelLog(spark, f"{self.root}/channels/source_{p.operator_uid}", self.payload)
         self.channel_state_path = f"{self.root}/channel_state"
-        self.state = KeyedStateTable(spark, f"{self.root}/state/{p.operator_uid}", p.key, _struct(p.operator.state_schema))
+        self.state: KeyedStateTable | None = None  # a stateless operator (not key_by) has none
+        if p.keyed:
+            self.state = KeyedStateTable(
+                spark, f"{self.root}/state/{p.operator_uid}", p.key, _struct(p.operator.state_schema)
+            )
         self.dlq_path = self._path(p.dlq_path)
         self.sinks = {
             name: DeltaTwoPhaseSink(
@@ -244,7 +253,8 @@ class PipelineRunner:
         if self._opened or self._closed:
             raise RuntimeError("this runner was already opened: use a new one")
         self.channel.create()
-        self.state.create()
+        if self.state is not None:
+            self.state.create()
         for sink in self.sinks.values():
             sink.create()
         tables.create_if_missing(self.spark, self.dlq_path, _dlq_schema(self.pipeline))
@@ -301,8 +311,14 @@ class PipelineRunner:
                 self.progress(f"the last {stage} process of epoch {epoch} did not stop cleanly: recovering")
                 return None
             points[stage] = json.loads(ended[max(ended)]["resume_json"]) if ended else base[stage]
+        now = self._parallelism()
+        for stage, point in points.items():
+            was = point.get("parallelism", now)
+            if was != now:
+                self.progress(f"parallelism changed ({stage} stopped at {was}, now {now}): recovering to rescale")
+                return None
         keyed = points.get("keyed")
-        if keyed is not None and keyed["state_version"] != self.state.version():
+        if keyed is not None and self.state is not None and keyed["state_version"] != self.state.version():
             self.progress(
                 f"the state table moved past where the keyed stage stopped (version "
                 f"{self.state.version()} != {keyed['state_version']}): recovering"
@@ -368,11 +384,15 @@ class PipelineRunner:
 
     # resume points -------------------------------------------------------------------------
 
+    def _parallelism(self) -> dict[str, int]:
+        return {"source": self.S, "operator": self.P}
+
     def _source_point(self) -> dict[str, Any]:
-        return {"offset": self.offset, "next_seq": self.next_seq}
+        return {"offset": self.offset, "next_seq": self.next_seq, "parallelism": self._parallelism()}
 
     def _keyed_point(self) -> dict[str, Any]:
         return {
+            "parallelism": self._parallelism(),
             "cursor": self.cursor, "state_version": self.state_version, "flushes": self.flushes,
             "sinks": {name: [b.resume_state() for b in books] for name, books in self.sink_books.items()},
         }
@@ -413,27 +433,47 @@ class PipelineRunner:
         self._closed = True
 
     def _check_compatible(self, plan: RecoveryPlan) -> None:
-        """Operators and parallelism of the snapshot must match the pipeline (by stable uid)."""
+        """Operators of the snapshot must match the pipeline by stable uid. Parallelism may differ:
+        restoring then *rescales* (keyed state is redistributed by key group, as Flink does; the
+        sources' offsets are shared by all their subtasks; sink transactions of every old subtask
+        are re-committed), unless the key-group count changed or in-flight channel state cannot be
+        re-routed (broadcast and forward edges)."""
         assert plan.checkpoint is not None
         have = Counter(s.operator for s in plan.checkpoint.acks)
         want = Counter(s.operator for s in self.tasks)
-        problems = []
+        problems, rescaled = [], []
         for op, n in sorted(want.items()):
             if op not in have:
                 problems.append(f"operator {op!r} is not in the snapshot (new operator: starts empty)")
             elif have[op] != n:
-                problems.append(f"operator {op!r} has parallelism {have[op]} in the snapshot, {n} now")
+                rescaled.append(f"{op} {have[op]} -> {n}")
         removed = sorted(set(have) - set(want))
         if removed and not self.allow_non_restored_state:
             problems.append(
                 f"the snapshot holds state of removed operators {removed}: pass --allow-non-restored-state to drop it"
             )
-        fatal = [p for p in problems if "new operator" not in p]
+        p = self.pipeline
+        for sid, ack in plan.checkpoint.acks.items():
+            kg = ack.state.get("key_groups") if sid.operator == p.operator_uid else None
+            if kg is not None and int(kg[1]) >= p.max_parallelism:
+                problems.append(
+                    f"operator {sid.operator!r} was snapshotted with more key groups than max parallelism "
+                    f"{p.max_parallelism}: its state cannot be split that way"
+                )
+                break
+        if rescaled and plan.replay_channel_state and p.partitioning in ("broadcast", "forward"):
+            problems.append(
+                f"checkpoint {plan.checkpoint_id} holds in-flight channel state on a {p.partitioning} edge, "
+                "which cannot be re-routed to a new parallelism: restore it at its own parallelism first"
+            )
+        fatal = [m for m in problems if "new operator" not in m]
         if fatal:
             raise SnapshotIncompatibleError(
                 f"checkpoint {plan.checkpoint_id} does not fit pipeline {self.pipeline.name!r}:\n  - "
                 + "\n  - ".join(problems)
             )
+        if rescaled:
+            self.progress(f"rescaling from checkpoint {plan.checkpoint_id}: {', '.join(rescaled)}")
 
     def _init_runtime(self) -> None:
         """Fresh in-memory state of one process (handlers, buffers, counters)."""
@@ -461,14 +501,17 @@ class PipelineRunner:
         self.cursor = self.next_seq - 1
         # Everything the old attempt wrote after the cut is rewritten by this one.
         self.channel.truncate_after(self.cursor)
-        if plan.checkpoint and all(s in acks for s in self.keyed):
-            self.state.restore([acks[s].state for s in self.keyed])
+        if self.state is None:
+            pass  # a stateless operator: its position is the channel cursor, nothing else
+        elif plan.checkpoint and any(s.operator == self.pipeline.operator_uid for s in acks):
+            # the snapshot's own subtasks (any parallelism): together they cover every key group
+            self.state.restore([a.state for s, a in acks.items() if s.operator == self.pipeline.operator_uid])
         else:  # nothing to restore, or a new operator (uid not in the snapshot): it starts empty
             tables.delete_where(self.spark, self.state.path, F.lit(True))
         # Sinks: re-commit what the checkpoint owns (a no-op for what was committed), then
         # discard the staged rows of everything else and of what is now committed.
         for name, sink in self.sinks.items():
-            owned = [t for sid in self.sink_ids[name] if sid in plan.sinks for t in plan.sinks[sid].recommit]
+            owned = [t for sid, rec in sorted(plan.sinks.items()) if sid.operator == f"sink_{name}" for t in rec.recommit]
             if owned:
                 sink.commit(owned, int(plan.checkpoint_id), self.epoch)
             sink.discard([*owned, *plan.abort])
@@ -484,7 +527,7 @@ class PipelineRunner:
                 else:
                     books.append(TwoPhaseCommitSink(pool, self.epoch))
             self.sink_books[name] = books
-        self.state_version = self.state.version()
+        self.state_version = self.state.version() if self.state is not None else -1
         if plan.checkpoint:
             self._replay_channel_state(plan)
 
@@ -504,20 +547,34 @@ class PipelineRunner:
         if not self._opened:
             self.open()
         steps = 0
-        while max_steps is None or steps < max_steps:
-            steps += 1
-            moved = self.source_step() if self.runs_source else False
-            consumed = self.keyed_step() if self.runs_keyed else False
-            if not (moved or consumed):
-                if until_caught_up:
-                    break
-                time.sleep(self.poll_interval)
+        with _stop_on_signals(self.request_stop):
+            while (max_steps is None or steps < max_steps) and not self._stop_requested:
+                steps += 1
+                moved = self.source_step() if self.runs_source else False
+                consumed = self.keyed_step() if self.runs_keyed else False
+                if not (moved or consumed):
+                    if until_caught_up:
+                        break
+                    self._idle()
         if final_checkpoint and self.runs_source:
             self.summary.final = self.final_checkpoint(final_kind)
         self.close()
         self.summary.steps = steps
         self.summary.seconds = time.monotonic() - started
         return self.summary
+
+    def request_stop(self) -> None:
+        """Stop the run loop after its current step, then finish as a normal end (final
+        checkpoint, clean session end). SIGTERM and Ctrl-C do this during :meth:`run` (a second
+        one interrupts at once; the next start then recovers). Safe to call from another thread."""
+        if not self._stop_requested:
+            self.progress("stop requested: finishing the current step, then stopping cleanly")
+        self._stop_requested = True
+
+    def _idle(self) -> None:
+        deadline = time.monotonic() + self.poll_interval
+        while not self._stop_requested and time.monotonic() < deadline:
+            time.sleep(min(0.2, self.poll_interval))
 
     def final_checkpoint(self, kind: CheckpointKind = CheckpointKind.CHECKPOINT) -> int:
         """Take a checkpoint now (every record read so far is in it). With the keyed stage in this
@@ -567,8 +624,12 @@ class PipelineRunner:
                     f"no landing table at {self.source_path}: generate data first (ckpt generate {self.pipeline.name})"
                 )
         if latest is None or latest <= self.offset:
-            self._on_coordinator(self.coordinator.expire())  # no barrier without a source step
-            return False
+            self._on_coordinator(self.coordinator.expire())  # no barrier without a source step...
+            requested = self._requested_trigger(None)  # ...unless someone asked for a checkpoint
+            if requested is None:
+                return False
+            self._write_source_step(None, [], requested)
+            return True
         if self.folder is not None:
             files = self.folder.added_files(self.offset, latest)
         else:
@@ -582,8 +643,27 @@ class PipelineRunner:
         effects = self.coordinator.tick()
         triggers = [e for e in effects if isinstance(e, TriggerCheckpoint)]  # at most one
         self._on_coordinator([e for e in effects if not isinstance(e, TriggerCheckpoint)])
-        self._write_source_step(end_version, step, triggers[0] if triggers else None)
+        self._write_source_step(end_version, step, self._requested_trigger(triggers[0] if triggers else None))
         return True
+
+    def _requested_trigger(self, trigger: TriggerCheckpoint | None) -> TriggerCheckpoint | None:
+        """Honour "checkpoint now" requests (:mod:`checkpoint_lib.control`, e.g. from Airflow): the
+        checkpoint this step triggers anyway answers them, else a forced one is triggered. The
+        request records the checkpoint id before the barrier is written; a crash in between leaves
+        an id that never completes, which the requester sees time out and aborts."""
+        from ..control import CheckpointRequests
+
+        requests = CheckpointRequests(self.root)
+        waiting = requests.open()
+        if not waiting:
+            return trigger
+        self._fence()
+        if trigger is None:
+            trigger = self.coordinator.trigger(CheckpointKind.CHECKPOINT)
+        honoured = requests.honour(waiting, trigger.checkpoint_id, self.epoch)
+        if honoured:
+            self.progress(f"checkpoint {trigger.checkpoint_id} answers requests {[r.request_id for r in honoured]}")
+        return trigger
 
     def _check_schema(self, version: int) -> None:
         features = delta_log.table_features(self.source_path, version)
@@ -655,11 +735,10 @@ class PipelineRunner:
             self._write_dlq(bad, end_version)
             df = df.where(F.col("_error").isNull())
         df = df.drop("_error")
-        return (
-            df.withColumn(KEY_GROUP, key_group_column(p.key, p.max_parallelism))
-            .withColumn("receiver", subtask_column(F.col(KEY_GROUP), self.P, p.max_parallelism))
-            .select("sender", "receiver", *self.payload.fieldNames())
-        )
+        for fn, _schema in p.transforms:  # fused row-wise maps (forward: no channel between them)
+            df = fn(df)
+        df = route(df, p.partitioning, self.P, key=p.key, max_parallelism=p.max_parallelism)
+        return df.select("sender", "receiver", *self.payload.fieldNames())
 
     def _read_delta_step(self, step: list) -> DataFrame:
         """The step's rows of the landing Delta table with sender and offsets. The step's files are
@@ -784,13 +863,21 @@ class PipelineRunner:
         self.flushes += 1
         p = self.pipeline
         records = records.withColumn("sink_subtask", F.col("receiver"))
-        state_before = self.state.read(self.state_version)
-        deltas, outputs = p.operator.apply(records, state_before, p.key)
+        if self.state is None:
+            deltas, outputs = None, p.operator.apply(records)
+        else:
+            state_before = self.state.read(self.state_version)
+            deltas, outputs = p.operator.apply(records, state_before, p.key)
+        missing = sorted(set(self.sinks) - set(outputs))
+        if missing:
+            raise ValueError(f"operator {p.operator_uid!r} returned no DataFrame for sinks {missing}")
         self._checkpoint("flush_stage")
         self._fence()
         for name, sink in self.sinks.items():
             handles = {r: self.sink_books[name][r].current for r in receivers}
             sink.stage(outputs[name], handles, self.flushes)
+        if self.state is None:
+            return
         self._checkpoint("flush_merge")
         self._fence()
         self.state_version = self.state.add(deltas)
@@ -808,26 +895,37 @@ class PipelineRunner:
         return rows, rows * _ROW_BYTES
 
     def _replay_channel_state(self, plan: RecoveryPlan) -> None:
-        """Restore = state, then the logged channel state, then the channels (BRIEF.md)."""
-        receivers = [r for r, sid in enumerate(self.keyed) if sid in plan.replay_channel_state]
-        if not receivers:
+        """Restore = state, then the logged channel state, then the channels (BRIEF.md). The
+        records are routed again (by key group or offset), so a rescaled pipeline sends each to
+        the subtask that owns it now."""
+        p = self.pipeline
+        old = sorted(s.index for s in plan.replay_channel_state if s.operator == p.operator_uid)
+        if not old:
             return
         df = (
             self.spark.read.format("delta").load(self.channel_state_path)
-            .where((F.col("checkpoint_id") == plan.checkpoint_id) & F.col("receiver").isin(receivers))
+            .where((F.col("checkpoint_id") == plan.checkpoint_id) & F.col("receiver").isin(old))
+            .drop("checkpoint_id")
         )
-        self._apply(df.drop("checkpoint_id"), receivers)
-        self.progress(f"replayed the channel state of checkpoint {plan.checkpoint_id} for subtasks {receivers}")
+        if p.partitioning in ("hash", "rebalance"):
+            df = route(df.drop("receiver", KEY_GROUP), p.partitioning, self.P, key=p.key,
+                       max_parallelism=p.max_parallelism)
+        self._apply(df.select(*_channel_state_schema(self.payload).fieldNames()[1:]), list(range(self.P)))
+        self.progress(f"replayed the channel state of checkpoint {plan.checkpoint_id} logged by subtasks {old}")
 
     def _snapshot(self, r: int, e: TakeSnapshot) -> None:
         self._checkpoint("snapshot")
         cid = e.checkpoint_id
-        kg = range_for_subtask(r, self.P, self.pipeline.max_parallelism)
-        state = {"table_version": self.state_version, "key_groups": kg.to_list(), "cursor": self.cursor}
+        if self.state is not None:
+            kg = range_for_subtask(r, self.P, self.pipeline.max_parallelism)
+            state = {"table_version": self.state_version, "key_groups": kg.to_list(), "cursor": self.cursor}
+            state_bytes = self._state_bytes(kg)
+        else:
+            state, state_bytes = {"cursor": self.cursor}, 0
         sinks = {name: self.sink_books[name][r].pre_commit(cid).snapshot.to_dict() for name in self.sinks}
         self.snapshots[(cid, r)] = {
             "state": state, "sinks": sinks, "unaligned": e.unaligned, "alignment_ms": e.alignment_s * 1000,
-            "started": time.monotonic(), "state_bytes": self._state_bytes(kg),
+            "started": time.monotonic(), "state_bytes": state_bytes,
         }
 
     def _state_bytes(self, kg) -> int:
@@ -918,6 +1016,29 @@ class PipelineRunner:
 
     def _barrier_seq(self, cid: int) -> int:
         return int(self.store.get(cid).acks[self.sources[0]].state["barrier_seq"])
+
+
+@contextmanager
+def _stop_on_signals(stop: Callable[[], None]):
+    """While running, SIGTERM/SIGINT ask for a clean stop (a second one raises KeyboardInterrupt).
+    Only the main thread can install handlers; elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    asked = []
+
+    def handler(signum, _frame):
+        if asked:
+            raise KeyboardInterrupt(f"signal {signum} again: stopping at once")
+        asked.append(signum)
+        stop()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def _dlq_schema(p: Pipeline) -> T.StructType:

@@ -14,6 +14,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -26,7 +27,11 @@ ROWS = 400
 VERSIONS = 3
 
 
-def ckpt_run(warehouse, kill_at: str | None = None, timeout: float = 600, stage: str = "all") -> subprocess.CompletedProcess:
+# A busy machine (several test runs at once) can make one run take many minutes.
+TIMEOUT = float(os.environ.get("CKPT_TEST_RUN_TIMEOUT", "900"))
+
+
+def ckpt_run(warehouse, kill_at: str | None = None, timeout: float = TIMEOUT, stage: str = "all") -> subprocess.CompletedProcess:
     env = {**os.environ, "CKPT_SPARK_MASTER": "local[2]", "CKPT_SPARK_UI": "0"}
     env.pop("CKPT_KILL_AT", None)
     if kill_at:
@@ -75,8 +80,40 @@ def staged_crash_and_recover(spark, warehouse, stage: str, kill_at: str) -> None
     assert check.ok, f"after a kill of the {stage} process at {kill_at}: {check.summary()}"
 
 
+@pytest.mark.slow  # CI runs the stages as Airflow tasks in tests/airflow; the slow suite kills them everywhere
 def test_separate_stage_processes_keyed_killed_between_completion_and_commit(spark, tmp_path):
     staged_crash_and_recover(spark, tmp_path, "keyed", "commit:1")
+
+
+def test_sigterm_stops_a_following_run_cleanly_and_the_next_run_resumes(spark, tmp_path):
+    """What Airflow's on_kill and Ctrl-C do: finish the step, take the final checkpoint, end the
+    session. The next run then joins the epoch instead of recovering, and nothing is duplicated."""
+    landing(spark, tmp_path)
+    env = {**os.environ, "CKPT_SPARK_MASTER": "local[2]", "CKPT_SPARK_UI": "0"}
+    env.pop("CKPT_KILL_AT", None)
+    cmd = [sys.executable, "-m", "checkpoint_lib.cli", "run", "payments", "--warehouse", str(tmp_path),
+           "--rows-per-checkpoint", str(ROWS), "--follow", "--poll", "0.5"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    watchdog = threading.Timer(400, proc.kill)
+    watchdog.start()
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if f"(source version {VERSIONS - 1}," in line:  # caught up: now idle, polling
+                break
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=300)
+    finally:
+        watchdog.cancel()
+    out = "".join(seen) + rest
+    assert proc.returncode == 0, out
+    assert "stop requested" in out
+    again = ckpt_run(tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr[-3000:]
+    assert "joined epoch 1" in again.stdout and "recovering" not in again.stdout, again.stdout
+    check = check_payments(str(tmp_path))
+    assert check.ok, check.summary()
 
 
 # --- the slow suite: every phase, second crashes during recovery, random external kills -------

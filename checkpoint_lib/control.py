@@ -1,0 +1,657 @@
+"""Runtime control of a pipeline from outside its processes: what an orchestrator (Airflow) calls.
+
+A running pipeline is a set of stage processes that coordinate through the checkpoint store
+(``<warehouse>/_checkpoints/<pipeline>``). This module lets a scheduler steer it without being one
+of those processes, and without a JVM unless a sink commit actually has work to do:
+
+- **request a checkpoint** (:meth:`PipelineControl.request_checkpoint`): a durable request file the
+  next source-stage step honours as a forced trigger (it writes the checkpoint id it became). The
+  request is admitted or postponed by the core's pure policy (:func:`checkpoint_lib.core.decider.decide`)
+  with the caller's min pause and max concurrent checkpoints.
+- **watch it** (:meth:`PipelineControl.progress`): request -> checkpoint id -> status and acks.
+- **commit it** (:meth:`PipelineControl.commit`): re-commit the pre-committed sink transactions a
+  completed checkpoint owns. Normally the stage process that wrote the last ack has committed
+  already; then this is a no-op read through delta-rs. Refused (:class:`FencedError`) when the
+  checkpoint belongs to a fenced (zombie) epoch: the recovery that fenced it owns its sinks.
+- **abort it** (:meth:`PipelineControl.abort`): cancel a request nobody honoured yet, or write the
+  ``aborted`` row of a pending checkpoint with a reason (a completed checkpoint is never aborted).
+- **pause / unpause** (:meth:`PipelineControl.pause`): a pipeline-level flag that orchestrator
+  tasks honour (a recovery owns the pipeline while it holds the flag).
+
+>>> control = PipelineControl("/data/warehouse", "payments")
+>>> outcome = control.request_checkpoint("scheduled__2026-01-01T00:00:00", min_pause=60)
+>>> control.progress(request_id=outcome.request.request_id).status    # 'requested' until honoured
+>>> control.commit(7)                                                   # no-op if already committed
+
+Requests on disk (``<root>/requests/``), crash-safe without locks:
+``<id>.request`` and ``<id>.outcome`` are each created complete-or-not-at-all with
+``link(tmp, final)``, which fails if the name exists. So a request is written once, and exactly one
+of "honoured as checkpoint c" (the source stage) and "cancelled" (an abort) wins a race. Request ids
+are orchestrator run ids, so a retried task finds its own request instead of making a second one.
+Local filesystems only (like :class:`~checkpoint_lib.delta.store.LocalReservations`).
+
+Every name and id that reaches a path is validated first (:func:`validate_pipeline_name`,
+:func:`parse_checkpoint_id`, :func:`validate_request_id`): nothing here reads or writes outside
+``<warehouse>/_checkpoints/<pipeline>`` and the pipeline's own tables.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+from .core.decider import CheckpointConfig, Verdict, decide
+from .core.errors import CheckpointError, FailureReason, FencedError, UnknownCheckpointError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from .delta.store import DeltaCheckpointStore
+    from .pipeline import Pipeline
+
+__all__ = [
+    "AbortOutcome", "CheckpointProgress", "CheckpointRequests", "CommitOutcome", "PipelineControl",
+    "Request", "RequestOutcome", "parse_checkpoint_id", "validate_pipeline_name", "validate_request_id",
+]
+
+PIPELINE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+"""The same rule as :class:`checkpoint_lib.pipeline.Pipeline` names."""
+REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,199}$")
+MAX_ID_DIGITS = 18
+"""A checkpoint id fits in a Delta ``long``; longer input is refused before any int() of it."""
+LATEST_WORDS = frozenset({"", "latest"})
+DONE_STATUSES = frozenset({"completed", "aborted", "discarded", "cancelled"})
+
+
+# --- validation ---------------------------------------------------------------------------------
+
+
+def validate_pipeline_name(name: Any) -> str:
+    """``name`` if it is a well-formed pipeline name (``^[a-z][a-z0-9_]{0,62}$``), else ValueError.
+
+    Well-formed only; :func:`checkpoint_lib.pipelines.get` says whether it is registered.
+    """
+    if not isinstance(name, str) or not PIPELINE_NAME.match(name):
+        shown = repr(name) if len(repr(name)) <= 80 else repr(name)[:77] + "..."
+        raise ValueError(f"pipeline name {shown} must be lower-case letters, digits and _ (at most 63)")
+    return name
+
+
+def parse_checkpoint_id(value: Any) -> int | None:
+    """A checkpoint id from user input: None for the latest (None, "", "latest"), else an int >= 1.
+
+    >>> parse_checkpoint_id("7"), parse_checkpoint_id(7), parse_checkpoint_id("latest")
+    (7, 7, None)
+
+    Raises ``ValueError`` with a message fit for a form: not a number, path-like, too long,
+    zero or negative, a bool. Whether the id exists is the store's question.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"checkpoint id must be 'latest' or a positive whole number, got {value!r}")
+    if isinstance(value, int):
+        if value < 1:
+            raise ValueError(f"checkpoint id must be >= 1, got {value}")
+        if len(str(value)) > MAX_ID_DIGITS:
+            raise ValueError(f"checkpoint id is too long (at most {MAX_ID_DIGITS} digits)")
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"checkpoint id must be 'latest' or a positive whole number, got {type(value).__name__}")
+    text = value.strip()
+    if text.lower() in LATEST_WORDS:
+        return None
+    if len(text) > MAX_ID_DIGITS:
+        raise ValueError(f"checkpoint id is too long ({len(text)} characters; at most {MAX_ID_DIGITS} digits)")
+    if any(c in text for c in "/\\") or ".." in text or text.startswith("~"):
+        raise ValueError(f"checkpoint id {text!r} looks like a path: give 'latest' or a checkpoint number")
+    if not text.isascii() or not text.isdigit():
+        raise ValueError(f"checkpoint id {text!r} is not a number: give 'latest' or a checkpoint number")
+    number = int(text)
+    if number < 1:
+        raise ValueError(f"checkpoint id must be >= 1, got {number}")
+    return number
+
+
+def validate_request_id(request_id: Any) -> str:
+    """A request id safe as a file name: 1-200 of ``A-Z a-z 0-9 _ . : + -``, no ``..``."""
+    if not isinstance(request_id, str) or not REQUEST_ID.match(request_id) or ".." in request_id:
+        raise ValueError(f"request id {str(request_id)[:80]!r} must be 1-200 of A-Z a-z 0-9 _ . : + - (no '..')")
+    return request_id
+
+
+def checkpoint_root(warehouse: str | os.PathLike[str], pipeline: str) -> Path:
+    """``<warehouse>/_checkpoints/<pipeline>`` (absolute), for a validated pipeline name."""
+    return Path(os.path.abspath(warehouse)) / "_checkpoints" / validate_pipeline_name(pipeline)
+
+
+def expected_acks(pipeline: "Pipeline") -> int:
+    """How many subtasks acknowledge each checkpoint: sources, operator subtasks, sink subtasks."""
+    return pipeline.source_parallelism + pipeline.keyed_parallelism * (1 + len(pipeline.sinks))
+
+
+# --- requests -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Request:
+    """A durable "checkpoint now" request and, once decided, what became of it."""
+
+    request_id: str
+    requested_at: float
+    requested_by: str = ""
+    checkpoint_id: int | None = None
+    """The checkpoint that honoured it (set by the source stage)."""
+    epoch: int | None = None
+    honoured_at: float | None = None
+    cancelled: str | None = None
+    """Why it was cancelled before any source step honoured it."""
+
+    @property
+    def state(self) -> str:
+        """'requested', 'honoured' or 'cancelled'."""
+        if self.cancelled is not None:
+            return "cancelled"
+        return "requested" if self.checkpoint_id is None else "honoured"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "state": self.state}
+
+
+def _write_once(path: Path, doc: Mapping[str, Any]) -> bool:
+    """Create ``path`` with ``doc`` as JSON, complete or not at all; False if it already exists.
+
+    Written to a unique temporary file, fsynced, then ``link``ed to ``path`` (atomic, and refused
+    if ``path`` exists), then the directory is fsynced: a crash leaves either no file or all of it.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    with open(tmp, "x", encoding="utf-8") as fh:
+        json.dump(dict(doc), fh, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(path.parent)
+    return True
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover - filesystems that refuse fsync on directories
+        pass
+    finally:
+        os.close(fd)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+
+
+class CheckpointRequests:
+    """The request files of one pipeline (``<root>/requests``). No I/O in the constructor."""
+
+    def __init__(self, root: str | os.PathLike[str]):
+        self.directory = Path(root) / "requests"
+
+    def _paths(self, request_id: str) -> tuple[Path, Path]:
+        rid = validate_request_id(request_id)
+        return self.directory / f"{rid}.request", self.directory / f"{rid}.outcome"
+
+    def create(self, request_id: str, requested_by: str = "", now: float | None = None) -> tuple[Request, bool]:
+        """Write the request (idempotent: an existing one is returned). True if this call made it."""
+        req, _ = self._paths(request_id)
+        when = time.time() if now is None else now
+        made = _write_once(req, {"request_id": request_id, "requested_at": when, "requested_by": requested_by})
+        request = self.get(request_id)
+        assert request is not None
+        return request, made
+
+    def get(self, request_id: str) -> Request | None:
+        """The request with its outcome, or None if it was never made."""
+        req, out = self._paths(request_id)
+        doc = _read_json(req)
+        if doc is None:
+            return None
+        outcome = _read_json(out) or {}
+        return Request(
+            request_id=doc["request_id"], requested_at=float(doc["requested_at"]),
+            requested_by=doc.get("requested_by", ""), checkpoint_id=outcome.get("checkpoint_id"),
+            epoch=outcome.get("epoch"), honoured_at=outcome.get("honoured_at"),
+            cancelled=outcome.get("cancelled"),
+        )
+
+    def all(self) -> list[Request]:
+        """Every request, oldest first."""
+        if not self.directory.is_dir():
+            return []
+        ids = [p.name[: -len(".request")] for p in self.directory.glob("*.request")]
+        requests = [r for r in (self.get(i) for i in ids if REQUEST_ID.match(i)) if r is not None]
+        return sorted(requests, key=lambda r: (r.requested_at, r.request_id))
+
+    def open(self) -> list[Request]:
+        """Requests no source step honoured and nobody cancelled yet, oldest first. One directory
+        listing; only the open requests' files are read (the source stage calls this every step)."""
+        try:
+            names = set(os.listdir(self.directory))
+        except FileNotFoundError:
+            return []
+        ids = [n[: -len(".request")] for n in names if n.endswith(".request")]
+        waiting = [i for i in ids if f"{i}.outcome" not in names and REQUEST_ID.match(i)]
+        requests = [r for r in (self.get(i) for i in waiting) if r is not None and r.state == "requested"]
+        return sorted(requests, key=lambda r: (r.requested_at, r.request_id))
+
+    def honour(self, requests: list[Request], checkpoint_id: int, epoch: int) -> list[Request]:
+        """Record that ``checkpoint_id`` (triggered by a source step of ``epoch``) answers these
+        requests; returns those this call decided (a request cancelled meanwhile is not)."""
+        won = []
+        for r in requests:
+            _, out = self._paths(r.request_id)
+            doc = {"checkpoint_id": int(checkpoint_id), "epoch": int(epoch), "honoured_at": time.time()}
+            if _write_once(out, doc):
+                won.append(r)
+        return won
+
+    def cancel(self, request_id: str, reason: str) -> Request:
+        """Cancel a request nobody honoured; returns it as it now stands (it may have been
+        honoured first, then ``checkpoint_id`` is set and the caller must abort that instead)."""
+        _, out = self._paths(request_id)
+        if self.get(request_id) is None:
+            raise UnknownCheckpointError(f"no checkpoint request {request_id!r}")
+        _write_once(out, {"cancelled": reason or "cancelled"})
+        request = self.get(request_id)
+        assert request is not None
+        return request
+
+
+# --- outcomes -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RequestOutcome:
+    """``request`` when admitted; otherwise ``postponed`` says why (a :class:`FailureReason` value)."""
+
+    request: Request | None
+    created: bool = False
+    postponed: str | None = None
+    not_before: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"request": self.request.to_dict() if self.request else None, "created": self.created,
+                "postponed": self.postponed, "not_before": self.not_before}
+
+
+@dataclass(frozen=True)
+class CheckpointProgress:
+    """Where a requested checkpoint stands, for a sensor: JSON-able through :meth:`to_dict`."""
+
+    status: str
+    """'requested' (no source step honoured it yet), 'pending', 'completed', 'aborted',
+    'discarded', 'cancelled', or 'unknown' (honoured, but its pending row is not written yet)."""
+    checkpoint_id: int | None = None
+    request_id: str | None = None
+    epoch: int | None = None
+    acks_received: int = 0
+    acks_expected: int | None = None
+    failure_reason: str | None = None
+    message: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.status in DONE_STATUSES
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class CommitOutcome:
+    checkpoint_id: int
+    epoch: int
+    committed: dict[str, list[str]] = field(default_factory=dict)
+    """Per sink, the handles of the transactions this call committed (empty: nothing to do)."""
+    already_committed: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def noop(self) -> bool:
+        return not any(self.committed.values())
+
+    def describe(self) -> str:
+        if self.noop:
+            owned = sum(len(v) for v in self.already_committed.values())
+            return (f"checkpoint {self.checkpoint_id}: every one of its {owned} sink transactions was "
+                    "already committed (nothing to do)")
+        parts = [f"{name}: {len(h)}" for name, h in sorted(self.committed.items()) if h]
+        return f"checkpoint {self.checkpoint_id}: committed transactions ({', '.join(parts)}) as epoch {self.epoch}"
+
+
+@dataclass(frozen=True)
+class AbortOutcome:
+    aborted: bool
+    status: str
+    """The checkpoint's (or the request's) status after the call."""
+    checkpoint_id: int | None = None
+    request_id: str | None = None
+    message: str = ""
+
+
+# --- the control API ---------------------------------------------------------------------------
+
+
+class PipelineControl:
+    """Control of one pipeline's checkpoints from outside its stage processes.
+
+    ``warehouse``: the warehouse root; ``pipeline``: a registered pipeline name. The constructor
+    validates names and does no I/O; the store is opened on first use (a reader: retention is the
+    writers' business).
+    """
+
+    def __init__(self, warehouse: str | os.PathLike[str], pipeline: str, *, store: "DeltaCheckpointStore | None" = None):
+        self.warehouse = os.path.abspath(warehouse)
+        self.pipeline_name = validate_pipeline_name(pipeline)
+        self.root = checkpoint_root(self.warehouse, pipeline)
+        self.requests = CheckpointRequests(self.root)
+        self._store = store
+
+    def __repr__(self) -> str:
+        return f"PipelineControl({self.warehouse!r}, {self.pipeline_name!r})"
+
+    @property
+    def store(self) -> "DeltaCheckpointStore":
+        if self._store is None:
+            from .delta.store import DeltaCheckpointStore
+
+            self._store = DeltaCheckpointStore.open(self.root)
+        return self._store
+
+    def pipeline(self) -> "Pipeline":
+        from .pipelines import get
+
+        return get(self.pipeline_name)
+
+    # --- requesting a checkpoint -----------------------------------------------------------------
+
+    def request_checkpoint(
+        self,
+        request_id: str,
+        *,
+        min_pause: float = 0.0,
+        max_concurrent: int = 1,
+        requested_by: str = "",
+        now: float | None = None,
+    ) -> RequestOutcome:
+        """Ask the next source step for a checkpoint, if the policy admits one now.
+
+        Idempotent per ``request_id``: a retry returns the existing request whatever the policy
+        says now. Otherwise the core's decider is asked with ``min_pause`` (seconds since the last
+        checkpoint of the pipeline ended, whoever triggered it) and ``max_concurrent`` (pending
+        checkpoints of the current epoch plus open requests). Postponed: nothing is written.
+        """
+        validate_request_id(request_id)
+        existing = self.requests.get(request_id)
+        if existing is not None:
+            return RequestOutcome(existing, created=False)
+        when = time.time() if now is None else now
+        config = CheckpointConfig(interval=0.0, min_pause=min_pause, max_concurrent=max_concurrent)
+        in_flight, last_end = self._in_flight_and_last_end()
+        decision = decide(
+            config, when, forced=False, all_tasks_running=True, pending_periodic=in_flight,
+            last_trigger_time=None, last_completion_time=last_end,
+        )
+        if decision.verdict is not Verdict.EXECUTE:
+            reason = decision.reason.value if decision.reason else "postponed"
+            return RequestOutcome(None, postponed=reason, not_before=decision.not_before)
+        request, created = self.requests.create(request_id, requested_by, now=when)
+        return RequestOutcome(request, created=created)
+
+    def _in_flight_and_last_end(self) -> tuple[int, float | None]:
+        """(pending checkpoints of the current epoch + open requests, when the last one ended)."""
+        epoch = self.store.current_epoch()
+        history = self.store.history()
+        pending = [r for r in history if r["status"] == "pending" and r["epoch"] >= epoch]
+        ends = [r["completion_time"] or r["recorded_at"] for r in history if r["status"] in ("completed", "aborted")]
+        return len(pending) + len(self.requests.open()), max(ends, default=None)
+
+    # --- watching one ---------------------------------------------------------------------------
+
+    def progress(self, *, request_id: str | None = None, checkpoint_id: int | None = None) -> CheckpointProgress:
+        """Status and acks of a checkpoint, by the request that asked for it or by its id."""
+        if (request_id is None) == (checkpoint_id is None):
+            raise ValueError("give exactly one of request_id and checkpoint_id")
+        if request_id is not None:
+            request = self.requests.get(request_id)
+            if request is None:
+                raise UnknownCheckpointError(f"no checkpoint request {request_id!r} for {self.pipeline_name}")
+            if request.cancelled is not None:
+                return CheckpointProgress("cancelled", request_id=request_id, message=request.cancelled)
+            if request.checkpoint_id is None:
+                return CheckpointProgress("requested", request_id=request_id)
+            checkpoint_id = request.checkpoint_id
+        cid = parse_checkpoint_id(checkpoint_id)
+        assert cid is not None
+        row = self.store.status(cid)
+        expected = self._expected_acks()
+        if row is None:
+            return CheckpointProgress("unknown", cid, request_id, acks_expected=expected)
+        received = expected if row["status"] in ("completed", "discarded") else 0
+        if row["status"] == "pending":
+            received = len(self.store.pending_acks(cid, row["epoch"]))
+        return CheckpointProgress(
+            row["status"], cid, request_id, row["epoch"], received, expected,
+            row["failure_reason"], row["message"],
+        )
+
+    def _expected_acks(self) -> int | None:
+        try:
+            return expected_acks(self.pipeline())
+        except Exception:  # informative only: the store's status decides completion
+            return None
+
+    def history(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """The store's history (newest first) with ``duration_ms``; JSON-able."""
+        from .history import with_durations
+
+        rows = self.store.history()
+        return with_durations(rows[:limit] if limit else rows)
+
+    def acks(self, checkpoint_id: Any) -> list[dict[str, Any]]:
+        """Per-subtask acks of a completed checkpoint, or the acks recorded so far of a pending one."""
+        cid = parse_checkpoint_id(checkpoint_id)
+        if cid is None:
+            latest = self.store.latest()
+            if latest is None:
+                raise UnknownCheckpointError(f"{self.pipeline_name} has no completed checkpoint")
+            cid = latest.checkpoint_id
+        row = self.store.status(cid)
+        if row is None:
+            raise UnknownCheckpointError(f"checkpoint {cid} of {self.pipeline_name} does not exist")
+        if row["status"] != "pending":
+            return self.store.acks(cid)
+        out = []
+        for subtask, (ack, when) in sorted(self.store.pending_acks(cid, row["epoch"]).items()):
+            out.append({"subtask": str(subtask), "operator": subtask.operator, "index": subtask.index,
+                        **asdict(ack), "state": dict(ack.state), "ack_time": when})
+        return out
+
+    def resolve_checkpoint(self, checkpoint_id: Any) -> int | None:
+        """A user-given id checked against the retained completed checkpoints: the id, or None for
+        'latest' (None when there is none either). ``UnknownCheckpointError`` for an id that is not
+        retained; ``ValueError`` for malformed input (:func:`parse_checkpoint_id`)."""
+        cid = parse_checkpoint_id(checkpoint_id)
+        if cid is None:
+            return None
+        self.store.get(cid)  # raises UnknownCheckpointError listing the retained ids
+        return cid
+
+    # --- committing -------------------------------------------------------------------------------
+
+    def commit(self, checkpoint_id: Any, spark: "SparkSession | None" = None) -> CommitOutcome:
+        """Commit phase of a completed checkpoint: re-commit the sink transactions it owns.
+
+        Idempotent: a transaction is committed exactly when its epoch's Delta stamp reached its
+        checkpoint; what is committed is skipped, and when everything is (the usual case: the stage
+        process that completed the checkpoint committed it) no Spark session is started.
+        Raises :class:`UnknownCheckpointError` (no such id), :class:`CheckpointError` (not
+        completed: pending, aborted or discarded) and :class:`FencedError` (a newer epoch took over:
+        this checkpoint's attempt is a zombie, recovery owns its sinks).
+        """
+        cid = parse_checkpoint_id(checkpoint_id)
+        if cid is None:
+            raise ValueError("commit needs a checkpoint id")
+        row = self.store.status(cid)
+        if row is None:
+            raise UnknownCheckpointError(f"checkpoint {cid} of {self.pipeline_name} does not exist")
+        if row["status"] != "completed":
+            why = f" ({row['failure_reason']}: {row['message'] or ''})" if row["status"] == "aborted" else ""
+            raise CheckpointError(f"checkpoint {cid} is {row['status']}{why}: only a completed checkpoint commits")
+        epoch = int(row["epoch"])
+        self.store.check_epoch(epoch)  # FencedError for a zombie epoch
+        owned = self._owned_transactions(cid)
+        sinks = self._sinks(None)
+        todo: dict[str, list] = {}
+        done: dict[str, list[str]] = {}
+        for name, txns in owned.items():
+            todo[name] = [t for t in txns if not sinks[name].is_committed(t)]
+            done[name] = [t.handle for t in txns if sinks[name].is_committed(t)]
+        if not any(todo.values()):
+            return CommitOutcome(cid, epoch, {}, done)
+        if spark is None:
+            from .spark.session import get_spark
+
+            spark = get_spark(app_name=f"ckpt-commit-{self.pipeline_name}")
+        sinks = self._sinks(spark)
+        committed: dict[str, list[str]] = {}
+        for name, txns in todo.items():
+            if txns:
+                committed[name] = [t.handle for t in sinks[name].commit(txns, cid, epoch)]
+        return CommitOutcome(cid, epoch, committed, done)
+
+    def _owned_transactions(self, cid: int) -> dict[str, list]:
+        """Per sink, the pre-committed transactions completed checkpoint ``cid`` owns (<= cid)."""
+        from .core.recovery import SINK_STATE_KEY
+        from .core.twophase import SinkSnapshot
+
+        checkpoint = self.store.get(cid)
+        owned: dict[str, dict[str, Any]] = {name: {} for name in self.pipeline().sinks}
+        for subtask, ack in checkpoint.acks.items():
+            if not subtask.operator.startswith("sink_") or SINK_STATE_KEY not in ack.state:
+                continue
+            name = subtask.operator[len("sink_"):]
+            snapshot = SinkSnapshot.from_dict(ack.state[SINK_STATE_KEY])
+            for t in snapshot.pending:
+                if t.checkpoint_id is not None and t.checkpoint_id <= cid:
+                    owned.setdefault(name, {})[t.handle] = t
+        return {name: sorted(txns.values()) for name, txns in owned.items()}
+
+    def _sinks(self, spark: "SparkSession | None") -> dict[str, Any]:
+        """The pipeline's sinks as :class:`~checkpoint_lib.spark.sinks.DeltaTwoPhaseSink` (the same
+        construction as the runner's). With ``spark=None`` only the delta-rs reads work (the commit
+        stamps): parsing the schema needs a running Spark context."""
+        from .pipeline import check_relative_path
+        from .spark.runner import _struct
+        from .spark.sinks import DeltaTwoPhaseSink
+
+        p = self.pipeline()
+        return {
+            name: DeltaTwoPhaseSink(
+                spark, name, f"{self.warehouse}/{check_relative_path(s.path)}", f"{self.root}/staging/{name}",
+                _struct(s.schema) if spark is not None else None, app_prefix=f"checkpoint_lib/{p.name}", mode=s.mode, keys=s.keys,
+                check_epoch=self.store.check_epoch,
+            )
+            for name, s in p.sinks.items()
+        }
+
+    # --- aborting ---------------------------------------------------------------------------------
+
+    def abort(
+        self,
+        *,
+        checkpoint_id: Any = None,
+        request_id: str | None = None,
+        reason: FailureReason | str = FailureReason.USER_ABORT,
+        message: str = "",
+    ) -> AbortOutcome:
+        """Abort phase: cancel the request if no source step honoured it yet, else write the
+        ``aborted`` row of its (pending) checkpoint with ``reason`` and ``message``.
+
+        Never aborts a completed checkpoint (completion is durable and recovery may use it): then
+        ``aborted`` is False and ``status`` says 'completed'. Already aborted: a no-op.
+        """
+        reason = FailureReason(reason)
+        if (request_id is None) == (checkpoint_id is None):
+            raise ValueError("give exactly one of request_id and checkpoint_id")
+        if request_id is not None:
+            request = self.requests.cancel(request_id, f"{reason.value}: {message}".rstrip(": "))
+            if request.state == "cancelled":
+                return AbortOutcome(True, "cancelled", None, request_id, request.cancelled or "")
+            checkpoint_id = request.checkpoint_id
+        cid = parse_checkpoint_id(checkpoint_id)
+        if cid is None:
+            raise ValueError("abort needs a checkpoint id")
+        row = self.store.status(cid)
+        epoch = int(row["epoch"]) if row is not None else self.store.current_epoch()
+        try:
+            self.store.record_aborted(cid, reason, message, epoch)
+        except ValueError:  # completed (or discarded) first: that wins
+            status = (self.store.status(cid) or {}).get("status", "unknown")
+            return AbortOutcome(False, status, cid, request_id, f"checkpoint {cid} is {status}: not aborted")
+        return AbortOutcome(True, "aborted", cid, request_id, message)
+
+    # --- pausing ----------------------------------------------------------------------------------
+
+    @property
+    def _pause_path(self) -> Path:
+        return self.root / "control" / "paused.json"
+
+    def paused(self) -> dict[str, Any] | None:
+        """The pause flag (``by``, ``reason``, ``since``), or None when the pipeline runs freely."""
+        return _read_json(self._pause_path)
+
+    def pause(self, by: str, reason: str) -> bool:
+        """Take the pipeline's pause flag for ``by`` (e.g. a recovery run id). True if taken (or
+        already held by ``by``); False if someone else holds it."""
+        if _write_once(self._pause_path, {"by": by, "reason": reason, "since": time.time()}):
+            return True
+        return (self.paused() or {}).get("by") == by
+
+    def unpause(self, by: str, *, force: bool = False) -> bool:
+        """Release the flag if ``by`` holds it (or ``force``). Idempotent; True if it is now free."""
+        current = self.paused()
+        if current is None:
+            return True
+        if current.get("by") != by and not force:
+            return False
+        self._pause_path.unlink(missing_ok=True)
+        _fsync_dir(self._pause_path.parent)
+        return True
+
+
+def honour_requests(root: str | os.PathLike[str], trigger_checkpoint: Any, epoch: int) -> list[Request]:
+    """For the source stage: record that the checkpoint now being triggered answers every open
+    request of the pipeline at ``root``. ``trigger_checkpoint`` is its id. Returns what it honoured."""
+    requests = CheckpointRequests(root)
+    open_requests = requests.open()
+    return requests.honour(open_requests, int(trigger_checkpoint), epoch) if open_requests else []
+
+
+def has_open_requests(root: str | os.PathLike[str]) -> bool:
+    """Whether a "checkpoint now" request waits for the next source step (one directory listing)."""
+    return bool(CheckpointRequests(root).open())

@@ -1,0 +1,195 @@
+"""The GX side: a file context per pipeline, suites loaded from ``expectations/*.json``, one GX
+Checkpoint per view (each view is its own DataFrame, and a GX Checkpoint passes the same batch
+parameters to all its validation definitions), Data Docs updated by ``UpdateDataDocsAction``.
+
+Layout: the context root is ``W/_quality/<pipeline>/gx``; the Data Docs site ``local_site`` is
+pointed at ``../data_docs/`` (relative, so a copied or moved warehouse keeps working), i.e.
+``W/_quality/<pipeline>/data_docs/index.html``. Suites, validation definitions and checkpoints are
+``add_or_update``-ed on every run from the JSON files: the JSON in the repository is the source of
+truth, what the context stores is a cache of it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from .result import ExpectationOutcome
+
+DOCS_SITE = "local_site"
+DOCS_DIR = "../data_docs/"  # relative to the context root W/_quality/<p>/gx
+DATASOURCE = "warehouse"
+
+
+def expectations_dir() -> Path:
+    """``$CKPT_EXPECTATIONS_DIR`` or the repository's ``expectations/`` folder."""
+    env = os.environ.get("CKPT_EXPECTATIONS_DIR")
+    path = Path(env) if env else Path(__file__).resolve().parents[2] / "expectations"
+    if not path.is_dir():
+        raise FileNotFoundError(f"no expectations folder at {path} (set CKPT_EXPECTATIONS_DIR)")
+    return path
+
+
+@dataclass(frozen=True)
+class SuiteSpec:
+    """One JSON suite file: per view, the expectation configurations."""
+
+    name: str
+    description: str
+    views: Mapping[str, Mapping[str, Any]]
+
+    @classmethod
+    def load(cls, name: str) -> "SuiteSpec":
+        path = expectations_dir() / f"{name}.json"
+        try:
+            doc = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise FileNotFoundError(f"suite file {path} is missing") from None
+        except ValueError as exc:
+            raise ValueError(f"suite file {path} is not valid JSON: {exc}") from None
+        if doc.get("suite") != name or not isinstance(doc.get("views"), dict):
+            raise ValueError(f"suite file {path} must have \"suite\": {name!r} and a \"views\" object")
+        return cls(name, doc.get("description", ""), doc["views"])
+
+
+def _quiet_gx() -> None:
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")  # never phone home
+
+
+class GxProject:
+    """The GX file context of one pipeline under ``W/_quality/<pipeline>``."""
+
+    def __init__(self, quality_root: Path, pipeline: str):
+        _quiet_gx()
+        import great_expectations as gx
+
+        from . import gx_expectations  # noqa: F401  (registers the custom expectations)
+
+        self.gx = gx
+        self.pipeline = pipeline
+        self.root = quality_root
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.ctx = gx.get_context(mode="file", project_root_dir=str(self.root))
+        self._configure()
+
+    @property
+    def data_docs_index(self) -> Path:
+        return self.root / "data_docs" / "index.html"
+
+    def _configure(self) -> None:
+        from great_expectations.data_context.types.base import ProgressBarsConfig
+
+        v = self.ctx.variables
+        changed = False
+        if v.analytics_enabled is not False:
+            v.analytics_enabled = False
+            changed = True
+        bars = v.progress_bars
+        globally = bars.get("globally") if isinstance(bars, dict) else getattr(bars, "globally", None)
+        if globally is not False:
+            v.progress_bars = ProgressBarsConfig(globally=False)
+            changed = True
+        if changed:
+            v.save()
+        site = (self.ctx.get_config().data_docs_sites or {}).get(DOCS_SITE, {})
+        if site.get("store_backend", {}).get("base_directory") != DOCS_DIR:
+            config = {
+                "class_name": "SiteBuilder",
+                "show_how_to_buttons": False,
+                "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": DOCS_DIR},
+                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+            }
+            if site:
+                self.ctx.update_data_docs_site(DOCS_SITE, config)
+            else:
+                self.ctx.add_data_docs_site(DOCS_SITE, config)
+
+    def _expectations(self, view: str, spec: Mapping[str, Any]) -> list[Any]:
+        from great_expectations.expectations.registry import get_expectation_impl
+
+        out = []
+        for i, e in enumerate(spec.get("expectations", [])):
+            try:
+                cls = get_expectation_impl(e["type"])
+            except Exception as exc:
+                raise ValueError(f"view {view!r}, expectation {i}: unknown type {e.get('type')!r} ({exc})") from None
+            kwargs = dict(e.get("kwargs", {}))
+            if e.get("notes"):
+                kwargs["notes"] = e["notes"]
+            out.append(cls(**kwargs))
+        return out
+
+    def run(self, suite: SuiteSpec, views: Mapping[str, Any], run_name: str) -> list[ExpectationOutcome]:
+        """Validate each DataFrame of ``views`` against its part of ``suite`` (a view the suite
+        does not name is an error; a named view that is absent is skipped by the caller's choice).
+        One GX Checkpoint run per view, all under one run name; Data Docs are updated each time."""
+        from great_expectations.core.run_identifier import RunIdentifier
+
+        gx = self.gx
+        unknown = sorted(set(views) - set(suite.views))
+        if unknown:
+            raise ValueError(f"suite {suite.name!r} has no expectations for views {unknown}")
+        source = self.ctx.data_sources.add_or_update_spark(DATASOURCE)
+        run_id = RunIdentifier(run_name=run_name, run_time=dt.datetime.now(dt.timezone.utc))
+        outcomes: list[ExpectationOutcome] = []
+        for view, df in views.items():
+            name = f"{self.pipeline}.{suite.name}.{view}"
+            asset_name = f"{suite.name}.{view}"
+            try:
+                asset = source.get_asset(asset_name)
+            except LookupError:
+                asset = source.add_dataframe_asset(asset_name)
+            try:
+                batch = asset.get_batch_definition("whole_dataframe")
+            except (KeyError, LookupError):
+                batch = asset.add_batch_definition_whole_dataframe("whole_dataframe")
+            gx_suite = self.ctx.suites.add_or_update(
+                gx.ExpectationSuite(name=name, expectations=self._expectations(view, suite.views[view]),
+                                    meta={"notes": suite.views[view].get("description", "")})
+            )
+            vd = self.ctx.validation_definitions.add_or_update(gx.ValidationDefinition(name=name, data=batch, suite=gx_suite))
+            cp = self.ctx.checkpoints.add_or_update(
+                gx.Checkpoint(
+                    name=name, validation_definitions=[vd],
+                    actions=[gx.checkpoint.UpdateDataDocsAction(name="update_data_docs", site_names=[DOCS_SITE])],
+                    result_format={"result_format": "SUMMARY"},
+                )
+            )
+            result = cp.run(batch_parameters={"dataframe": df}, run_id=run_id)
+            for suite_result in result.run_results.values():
+                for r in suite_result.results:
+                    outcomes.append(_outcome(view, r))
+        return outcomes
+
+
+def _outcome(view: str, r: Any) -> ExpectationOutcome:
+    cfg = r.expectation_config
+    kw = cfg.kwargs
+    target = kw.get("column") or ", ".join(str(kw[k]) for k in ("column_A", "column_B") if k in kw) or "table"
+    res = r.result or {}
+    info = r.exception_info or {}
+    raised = info.get("raised_exception") if isinstance(info, dict) else None
+    error = (info.get("exception_message") or "exception") if raised else None
+    return ExpectationOutcome(
+        view=view,
+        expectation=cfg.type,
+        target=target,
+        success=bool(r.success) and not raised,
+        observed=_plain(res.get("observed_value")),
+        unexpected_count=res.get("unexpected_count"),
+        element_count=res.get("element_count"),
+        error=error,
+        notes=(cfg.notes if isinstance(getattr(cfg, "notes", None), str) else None),
+    )
+
+
+def _plain(value: Any) -> Any:
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return str(value)

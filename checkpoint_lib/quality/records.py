@@ -1,0 +1,114 @@
+"""The ``validations`` Delta table: every validation run of a pipeline, durable (delta-rs, no JVM).
+
+``W/_checkpoints/<pipeline>/validations`` holds one row per run of a suite (``kind``: ``restore``
+or ``checkpoint``) with the checkpoint it judged, the epoch, success, a readable summary, the Data
+Docs path and the per-expectation details (JSON). It is an append-only log: a later run of the same
+suite on the same checkpoint adds a row, and readers take the newest (``latest()``).
+
+Crash safety: a row is one Delta commit (atomic); a run killed before it never appears, a retry
+appends a new row with a new ``validation_id``. A failed validation is recorded *before* the error
+is raised, so "the restore of epoch 3 failed its checks" is durable even if the caller dies.
+The table lives beside the checkpoint store's tables but is written by this module only (the store's
+own tables are not touched).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from .result import QualityResult
+
+SCHEMA = pa.schema(
+    [
+        pa.field("validation_id", pa.string(), nullable=False),
+        pa.field("pipeline", pa.string(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("checkpoint_id", pa.int64()),
+        pa.field("epoch", pa.int64()),
+        pa.field("restored_checkpoint_id", pa.int64()),
+        pa.field("success", pa.bool_(), nullable=False),
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("summary", pa.string(), nullable=False),
+        pa.field("failed", pa.int64(), nullable=False),
+        pa.field("evaluated", pa.int64(), nullable=False),
+        pa.field("data_docs", pa.string()),
+        pa.field("run_name", pa.string(), nullable=False),
+        pa.field("started_at", pa.float64(), nullable=False),
+        pa.field("finished_at", pa.float64(), nullable=False),
+        pa.field("details_json", pa.string()),
+    ]
+)
+PASSED, FAILED, ERROR = "passed", "failed", "error"
+_RETRIES = 8
+
+
+class ValidationLog:
+    """Append and read the ``validations`` table under a pipeline's checkpoint root."""
+
+    def __init__(self, checkpoint_root: str | Path):
+        self.path = str(Path(checkpoint_root) / "validations")
+
+    def _create(self) -> None:
+        from deltalake import DeltaTable
+
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        DeltaTable.create(self.path, SCHEMA, mode="ignore", name="validations",
+                          configuration={"delta.checkpointInterval": "10"})
+
+    def record(self, result: QualityResult) -> dict[str, Any]:
+        """Append ``result`` as one row (one commit); returns the row."""
+        from deltalake import write_deltalake
+        from deltalake.exceptions import CommitFailedError
+
+        status = ERROR if result.error else (PASSED if result.success else FAILED)
+        row = {
+            "validation_id": result.validation_id,
+            "pipeline": result.pipeline,
+            "kind": result.kind,
+            "checkpoint_id": result.checkpoint_id,
+            "epoch": result.epoch,
+            "restored_checkpoint_id": result.restored_checkpoint_id,
+            "success": result.success,
+            "status": status,
+            "summary": result.summary(),
+            "failed": len(result.failed),
+            "evaluated": len(result.outcomes),
+            "data_docs": result.data_docs or None,
+            "run_name": result.run_name,
+            "started_at": float(result.started_at),
+            "finished_at": float(result.finished_at or time.time()),
+            "details_json": result.details_json(),
+        }
+        data = pa.Table.from_pylist([row], schema=SCHEMA)
+        for attempt in range(_RETRIES):
+            try:
+                self._create()
+                write_deltalake(self.path, data, mode="append")
+                return row
+            except CommitFailedError:  # a racing create/append: nothing of ours is visible, retry
+                if attempt == _RETRIES - 1:
+                    raise
+                time.sleep(0.01 * (attempt + 1))
+        return row
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Every row, newest first (empty when nothing was ever validated)."""
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            table = DeltaTable(self.path).to_pyarrow_table()
+        except TableNotFoundError:
+            return []
+        return sorted(table.to_pylist(), key=lambda r: r["finished_at"], reverse=True)
+
+    def latest(self, kind: str | None = None, checkpoint_id: int | None = None) -> dict[str, Any] | None:
+        """The newest row (of ``kind``, on ``checkpoint_id``), or None."""
+        for r in self.rows():
+            if (kind is None or r["kind"] == kind) and (checkpoint_id is None or r["checkpoint_id"] == checkpoint_id):
+                return r
+        return None

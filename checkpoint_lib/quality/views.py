@@ -1,0 +1,441 @@
+"""The computed views the suites validate: Spark DataFrames joining a checkpoint's promises with
+what the tables hold. Nothing here collects data to the driver; the driver reads only metadata
+(the checkpoint store's acks, Delta logs) and builds plans.
+
+Every view has *standard* column names, so the JSON suites in ``expectations/`` apply to any
+pipeline with a :class:`~checkpoint_lib.quality.spec.QualitySpec`.
+
+After a restore (suite ``after_restore``), at checkpoint *c* with source offset *v* (the landing
+table version its sources acknowledged):
+
+=================  ==============================================================================
+``ledger``         the event sink as *c* committed it (Delta time travel to the version before the
+                   first commit stamped above *c*)
+``events``         one row per event id in the valid source rows up to *v* or in the event sink:
+                   ``source_copies``, ``sink_copies``, ``values_match`` (exactly once: both 1)
+``keys``           one row per key: ``in_source/in_sink/in_state`` and ``sink_matches_source`` /
+                   ``state_matches_source`` (the key sink and the snapshot's state plus its channel
+                   state agree with the aggregates recomputed from the source)
+``totals``         one row: ``source_rows``, ``valid_rows``, ``bad_rows``, ``dead_letters``,
+                   ``distinct_dead_letters``, ``sink_rows`` (nothing lost: valid + dead = source)
+``restored_state`` one row per key of the state table right after the latest restore, or of the
+                   snapshot it restored (plus the channel state it replayed): ``in_restored``,
+                   ``in_snapshot``, ``values_equal``
+=================  ==============================================================================
+
+Per completed checkpoint (suite ``per_checkpoint``):
+
+=================  ==============================================================================
+``subtasks``       one row per subtask the checkpoint's parallelism implies: ``acked``,
+                   ``sizes_recorded``, ``key_groups_ok`` (keyed subtask i owns exactly its key-group
+                   range), ``channel_state_rows_recorded`` vs ``channel_state_rows_found``
+``channel_state``  one row per logged in-flight segment: ``seq`` and the checkpoint's ``barrier_seq``
+                   (consistent cut: every logged record precedes the barrier on its channel, n >= m)
+``conservation``   one row per additive aggregate: ``state_total + channel_state_total = source_total``
+=================  ==============================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from ..delta import log as delta_log
+from ..delta.store import RESTORED, DeltaCheckpointStore
+from ..pipeline import DeltaSource, Pipeline
+from .paths import inside
+from .result import QualityCheckError
+from .spec import QualitySpec
+
+KEY_GROUP = "key_group"
+
+
+@dataclass
+class CheckpointFacts:
+    """Driver-side metadata of one completed checkpoint (small: read from the store)."""
+
+    checkpoint_id: int
+    epoch: int
+    acks: list[dict[str, Any]]
+    source_version: int
+    barrier_seq: int | None
+
+    def keyed_acks(self, operator_uid: str) -> list[dict[str, Any]]:
+        return [a for a in self.acks if a["operator"] == operator_uid]
+
+
+@dataclass
+class RestoreFacts:
+    """The latest restore: the epoch that finished it, what it restored, when."""
+
+    epoch: int
+    checkpoint_id: int | None
+    recorded_at: float
+
+
+@dataclass
+class Context:
+    """Everything the view builders share for one validation run."""
+
+    spark: SparkSession
+    pipeline: Pipeline
+    spec: QualitySpec
+    warehouse: Path
+    store: DeltaCheckpointStore
+    cached: list[DataFrame] = field(default_factory=list)
+
+    @property
+    def root(self) -> Path:
+        return self.warehouse / "_checkpoints" / self.pipeline.name
+
+    def path(self, relative: str) -> str:
+        return str(inside(self.warehouse, relative))
+
+    def materialize(self, df: DataFrame) -> DataFrame:
+        """Compute a view once, in Spark, and keep the (small) result on the executors: GX runs a
+        dozen metrics on each view, and each would otherwise re-read the Delta tables. An eager
+        local checkpoint (one Spark job) is used rather than ``cache()``, whose plan matching
+        against the cache costs seconds per call on Delta time-travel plans."""
+        df = df.localCheckpoint(eager=True)
+        self.cached.append(df)
+        return df
+
+    def release(self) -> None:
+        """Forget the materialized views (their blocks go with the DataFrames)."""
+        self.cached.clear()
+
+
+# --- metadata ---------------------------------------------------------------------------------
+
+
+def open_store(warehouse: Path, pipeline_name: str) -> DeltaCheckpointStore:
+    root = warehouse / "_checkpoints" / pipeline_name
+    if not (root / "checkpoints").is_dir():
+        raise QualityCheckError(f"pipeline {pipeline_name!r} has no checkpoint store in {warehouse} (run it first)")
+    return DeltaCheckpointStore(root)  # a reader: no retention of its own, creates nothing
+
+
+def checkpoint_facts(ctx: Context, checkpoint_id: int | None) -> CheckpointFacts:
+    """The chosen completed checkpoint (default: the latest retained one)."""
+    if checkpoint_id is None:
+        latest = ctx.store.latest()
+        if latest is None:
+            raise QualityCheckError(f"pipeline {ctx.pipeline.name!r} has no completed checkpoint to validate")
+        checkpoint_id = latest.checkpoint_id
+    row = ctx.store.status(checkpoint_id)
+    if row is None or row["status"] != "completed":
+        state = "unknown" if row is None else row["status"]
+        raise QualityCheckError(f"checkpoint {checkpoint_id} of {ctx.pipeline.name!r} is {state}, not completed")
+    acks = ctx.store.acks(checkpoint_id)
+    sources = [a for a in acks if a["operator"] == "source"]
+    if not sources:
+        raise QualityCheckError(f"checkpoint {checkpoint_id} has no source acknowledgement (no offsets)")
+    state = sources[0]["state"]
+    barrier = state.get("barrier_seq")
+    return CheckpointFacts(checkpoint_id, int(row["epoch"]), acks, int(state.get("version", -1)),
+                           None if barrier is None else int(barrier))
+
+
+def latest_restore(ctx: Context) -> RestoreFacts | None:
+    """The newest epoch that finished restoring (its ``restored`` session row), or None."""
+    for e in ctx.store.epochs():
+        rows = [r for r in ctx.store.sessions(e["epoch"]) if r["event"] == RESTORED]
+        if rows:
+            r = rows[0]
+            cid = r["checkpoint_id"]
+            return RestoreFacts(int(e["epoch"]), None if cid is None else int(cid), float(r["recorded_at"]))
+    return None
+
+
+# --- tables at a checkpoint -------------------------------------------------------------------
+
+
+def _empty(spark: SparkSession, schema: T.StructType) -> DataFrame:
+    return spark.createDataFrame([], schema)
+
+
+def _struct(columns: dict[str, str]) -> T.StructType:
+    return T.StructType([T.StructField(c, T._parse_datatype_string(t), True) for c, t in columns.items()])
+
+
+def source_rows(ctx: Context, version: int) -> DataFrame:
+    """The landing table as of ``version`` (the checkpoint's offset) with ``_error`` (null: valid)."""
+    src = ctx.pipeline.source_spec
+    if not isinstance(src, DeltaSource):
+        raise QualityCheckError(f"the quality suites read Delta sources only; {ctx.pipeline.name!r} has {type(src).__name__}")
+    cols = list(src.schema)
+    if version < 0:
+        df = _empty(ctx.spark, _struct(dict(src.schema)))
+    else:
+        df = ctx.spark.read.format("delta").option("versionAsOf", version).load(ctx.path(src.path)).select(*cols)
+    error = src.validate(df) if src.validate is not None else F.lit(None).cast("string")
+    return df.withColumn("_error", error)
+
+
+def sink_at(ctx: Context, sink: str, checkpoint_id: int) -> DataFrame:
+    """The sink as checkpoint ``checkpoint_id`` left it: the version before the first commit
+    stamped with a later checkpoint (every commit of ours carries its checkpoint id)."""
+    spec = ctx.pipeline.sinks[sink]
+    path = ctx.path(spec.path)
+    if not delta_log.is_delta_table(path):
+        raise QualityCheckError(f"sink {sink!r} has no table at {path}")
+    version = delta_log.version_before_txn_above(path, f"checkpoint_lib/{ctx.pipeline.name}/{sink}/e", checkpoint_id)
+    reader = ctx.spark.read.format("delta")
+    if version is not None and version < 0:
+        return reader.load(path).limit(0)
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    return reader.load(path)
+
+
+def dead_letters(ctx: Context, version: int) -> DataFrame | None:
+    path = ctx.path(ctx.pipeline.dlq_path) if ctx.pipeline.dlq_path else None
+    if path is None or not delta_log.is_delta_table(path):
+        return None
+    return ctx.spark.read.format("delta").load(path).where(F.col("src_version") <= version)
+
+
+def snapshot_state(ctx: Context, acks: list[dict[str, Any]]) -> DataFrame:
+    """The keyed state a checkpoint pinned: each subtask's key groups at its table version."""
+    p = ctx.pipeline
+    path = str(ctx.root / "state" / p.operator_uid)
+    values = [c for c, _ in p.operator.state_schema]
+    parts = []
+    for a in sorted(acks, key=lambda a: a["index"]):
+        if a["operator"] != p.operator_uid:
+            continue
+        lo, hi = a["state"]["key_groups"]
+        parts.append(
+            ctx.spark.read.format("delta").option("versionAsOf", int(a["state"]["table_version"])).load(path)
+            .where(F.col(KEY_GROUP).between(int(lo), int(hi)))
+            .select(p.key, *values)
+        )
+    if not parts:
+        schema = T.StructType([T.StructField(p.key, T.StringType())] + [T.StructField(c, T.LongType()) for c in values])
+        return _empty(ctx.spark, schema)
+    df = parts[0]
+    for part in parts[1:]:
+        df = df.unionByName(part)
+    return df
+
+
+def channel_state_rows(ctx: Context, checkpoint_id: int) -> DataFrame | None:
+    path = str(ctx.root / "channel_state")
+    if not delta_log.is_delta_table(path):
+        return None
+    return ctx.spark.read.format("delta").load(path).where(F.col("checkpoint_id") == checkpoint_id)
+
+
+def effective_state(ctx: Context, acks: list[dict[str, Any]], checkpoint_id: int) -> DataFrame:
+    """Snapshot state plus what its channel state adds (what a restore holds after the replay),
+    per key, over the spec's additive aggregates."""
+    key, aggs = ctx.pipeline.key, ctx.spec.aggregates
+    state = snapshot_state(ctx, acks).select(key, *[F.col(c).cast("long").alias(c) for c in aggs])
+    channel = channel_state_rows(ctx, checkpoint_id)
+    if channel is not None:
+        state = state.unionByName(channel.groupBy(key).agg(*[agg().alias(c) for c, agg in aggs.items()]))
+    return state.groupBy(key).agg(*[F.sum(c).cast("long").alias(c) for c in aggs])
+
+
+# --- after-restore views ----------------------------------------------------------------------
+
+
+def _all_true(columns: list[Any]) -> Any:
+    out = F.lit(True)
+    for c in columns:
+        out = out & c
+    return out
+
+
+def restore_views(ctx: Context, facts: CheckpointFacts, restore: RestoreFacts | None) -> dict[str, DataFrame]:
+    spec, key = ctx.spec, ctx.pipeline.key
+    src = source_rows(ctx, facts.source_version)
+    valid = src.where(F.col("_error").isNull())
+    views: dict[str, DataFrame] = {}
+
+    if spec.event_sink is not None and spec.event_id is not None:
+        ledger = sink_at(ctx, spec.event_sink, facts.checkpoint_id)
+        if spec.event_id != "event_id":
+            ledger = ledger.withColumnRenamed(spec.event_id, "event_id")
+        ledger = ctx.materialize(ledger)
+        views["ledger"] = ledger
+        cols = list(spec.event_columns)
+        s = valid.groupBy(F.col(spec.event_id).alias("event_id")).agg(
+            F.count(F.lit(1)).alias("source_copies"), *[F.first(c).alias(f"source_{c}") for c in cols])
+        k = ledger.groupBy("event_id").agg(
+            F.count(F.lit(1)).alias("sink_copies"), *[F.first(c).alias(f"sink_{c}") for c in cols])
+        views["events"] = ctx.materialize(
+            s.join(k, "event_id", "full_outer").select(
+                "event_id",
+                F.coalesce("source_copies", F.lit(0)).alias("source_copies"),
+                F.coalesce("sink_copies", F.lit(0)).alias("sink_copies"),
+                _all_true([F.col(f"source_{c}").eqNullSafe(F.col(f"sink_{c}")) for c in cols]).alias("values_match"),
+            )
+        )
+    else:
+        ledger = None
+
+    aggs = spec.aggregates
+    if aggs:
+        parts = {
+            "source": valid.groupBy(key).agg(*[agg().alias(c) for c, agg in aggs.items()]),
+            "state": effective_state(ctx, facts.acks, facts.checkpoint_id),
+        }
+        if spec.key_sink is not None:
+            parts["sink"] = sink_at(ctx, spec.key_sink, facts.checkpoint_id).select(key, *aggs)
+        joined = None
+        for side, df in parts.items():
+            df = df.select(F.col(key).alias("key"), F.lit(True).alias(f"in_{side}"),
+                           *[F.col(c).alias(f"{side}_{c}") for c in aggs])
+            joined = df if joined is None else joined.join(df, "key", "full_outer")
+        assert joined is not None
+        flags = [F.coalesce(F.col(f"in_{side}"), F.lit(False)).alias(f"in_{side}") for side in parts]
+        if "sink" not in parts:
+            flags.append(F.lit(True).alias("in_sink"))
+        matches = [
+            _all_true([F.col(f"source_{c}").eqNullSafe(F.col(f"{side}_{c}")) for c in aggs]).alias(f"{side}_matches_source")
+            for side in ("sink", "state") if side in parts
+        ]
+        if "sink" not in parts:
+            matches.append(F.lit(True).alias("sink_matches_source"))
+        views["keys"] = ctx.materialize(joined.select("key", *flags, *matches, *[c for c in joined.columns if "_" in c and not c.startswith("in_")]))
+
+    totals = src.agg(
+        F.count(F.lit(1)).alias("source_rows"),
+        F.count(F.when(F.col("_error").isNull(), 1)).alias("valid_rows"),
+        F.count(F.when(F.col("_error").isNotNull(), 1)).alias("bad_rows"),
+    )
+    dlq = dead_letters(ctx, facts.source_version)
+    if dlq is None:
+        totals = totals.withColumn("dead_letters", F.lit(0).cast("long")).withColumn("distinct_dead_letters", F.lit(0).cast("long"))
+    else:
+        offset = list(spec.dead_letter_offset)
+        totals = totals.crossJoin(dlq.agg(F.count(F.lit(1)).alias("dead_letters"),
+                                          F.countDistinct(*offset).alias("distinct_dead_letters")))
+    if ledger is not None:
+        totals = totals.crossJoin(ledger.agg(F.count(F.lit(1)).alias("sink_rows")))
+    else:
+        totals = totals.withColumn("sink_rows", F.col("valid_rows"))
+    views["totals"] = ctx.materialize(totals.select(*[F.col(c).cast("long").alias(c) for c in totals.columns]))
+
+    if restore is not None:
+        views["restored_state"] = ctx.materialize(restored_state_view(ctx, restore))
+    return views
+
+
+def state_version_at(path: str, when: float) -> int | None:
+    """The newest version of the Delta table at ``path`` committed at or before ``when`` (seconds)."""
+    from deltalake import DeltaTable
+
+    versions = [h["version"] for h in DeltaTable(path).history() if h["timestamp"] <= when * 1000.0]
+    return max(versions) if versions else None
+
+
+def restored_state_view(ctx: Context, restore: RestoreFacts) -> DataFrame:
+    """The state table as the restore left it vs the snapshot it restored (+ the replayed channel
+    state). A restore from scratch must leave the state empty."""
+    key, aggs = ctx.pipeline.key, list(ctx.spec.aggregates)
+    path = str(ctx.root / "state" / ctx.pipeline.operator_uid)
+    version = state_version_at(path, restore.recorded_at)
+    if version is None:
+        raise QualityCheckError(f"the state table has no version from before the restore of epoch {restore.epoch}")
+    restored = ctx.spark.read.format("delta").option("versionAsOf", version).load(path)
+    if restore.checkpoint_id is None:
+        expected = restored.select(key, *[F.col(c).cast("long").alias(c) for c in aggs]).limit(0)
+    else:
+        expected = effective_state(ctx, ctx.store.acks(restore.checkpoint_id), restore.checkpoint_id)
+    r = restored.select(F.col(key).alias("key"), F.lit(True).alias("in_restored"),
+                        *[F.col(c).cast("long").alias(f"restored_{c}") for c in aggs])
+    s = expected.select(F.col(key).alias("key"), F.lit(True).alias("in_snapshot"),
+                        *[F.col(c).alias(f"snapshot_{c}") for c in aggs])
+    return r.join(s, "key", "full_outer").select(
+        "key",
+        F.coalesce("in_restored", F.lit(False)).alias("in_restored"),
+        F.coalesce("in_snapshot", F.lit(False)).alias("in_snapshot"),
+        _all_true([F.col(f"restored_{c}").eqNullSafe(F.col(f"snapshot_{c}")) for c in aggs]).alias("values_equal"),
+        *[f"restored_{c}" for c in aggs], *[f"snapshot_{c}" for c in aggs],
+    )
+
+
+# --- per-checkpoint views ---------------------------------------------------------------------
+
+
+def checkpoint_views(ctx: Context, facts: CheckpointFacts) -> dict[str, DataFrame]:
+    from ..core.keygroups import range_for_subtask
+
+    p = ctx.pipeline
+    acked = {a["subtask"]: a for a in facts.acks}
+    # Parallelism as the checkpoint was taken (a rescaled run differs from the declaration): the
+    # keyed operator and its fused sinks share one parallelism, so one subtask missing from all of
+    # them still shows (and the key-group check below catches the last one missing everywhere).
+    keyed_side = [p.operator_uid, *(f"sink_{name}" for name in p.sinks)]
+    P = 1 + max((a["index"] for a in facts.acks if a["operator"] in keyed_side), default=p.keyed_parallelism - 1)
+    S = 1 + max((a["index"] for a in facts.acks if a["operator"] == "source"), default=p.source_parallelism - 1)
+    expected = {"source": S, **{op: P for op in keyed_side}}
+    rows = []
+    for operator, n in expected.items():
+        for i in range(n):
+            a = acked.get(f"{operator}[{i}]")
+            sizes = a is not None and a.get("ack_time") is not None and all(
+                isinstance(a.get(k), (int, float)) and not isinstance(a.get(k), bool) and a[k] >= 0
+                for k in ("state_size_bytes", "channel_state_rows", "channel_state_bytes", "alignment_ms", "duration_ms")
+            )
+            groups_ok = True
+            if a is not None and operator == p.operator_uid:  # keyed state: a pinned version and its key groups
+                sizes = sizes and "table_version" in a["state"]
+                want = range_for_subtask(i, P, p.max_parallelism).to_list()
+                groups_ok = list(a["state"].get("key_groups", [])) == list(want)
+            rows.append((f"{operator}[{i}]", operator, i, a is not None, bool(sizes), groups_ok,
+                         int(a["channel_state_rows"]) if a is not None and operator == p.operator_uid else 0))
+    meta = ctx.spark.createDataFrame(
+        rows, "subtask string, operator string, subtask_index int, acked boolean, sizes_recorded boolean, key_groups_ok boolean, "
+              "channel_state_rows_recorded long")
+    channel = channel_state_rows(ctx, facts.checkpoint_id)
+    views: dict[str, DataFrame] = {}
+    if channel is None:
+        found = ctx.spark.createDataFrame([], "receiver int, channel_state_rows_found long")
+        segments = ctx.spark.createDataFrame([], "receiver int, sender int, seq long, records long")
+    else:
+        found = channel.groupBy("receiver").agg(F.count(F.lit(1)).cast("long").alias("channel_state_rows_found"))
+        segments = channel.groupBy("receiver", "sender", "seq").agg(F.count(F.lit(1)).cast("long").alias("records"))
+    found = found.withColumn("operator", F.lit(p.operator_uid)).withColumnRenamed("receiver", "subtask_index")
+    views["subtasks"] = ctx.materialize(
+        meta.join(found, ["operator", "subtask_index"], "left")
+        .withColumn("channel_state_rows_found", F.coalesce("channel_state_rows_found", F.lit(0)).cast("long"))
+        .orderBy("operator", "subtask_index")
+    )
+    barrier = facts.barrier_seq if facts.barrier_seq is not None else -1
+    views["channel_state"] = ctx.materialize(
+        segments.withColumn("checkpoint_id", F.lit(facts.checkpoint_id).cast("long"))
+        .withColumn("barrier_seq", F.lit(barrier).cast("long"))
+    )
+
+    aggs = ctx.spec.aggregates
+    if aggs:
+        src = source_rows(ctx, facts.source_version).where(F.col("_error").isNull())
+        source = src.agg(*[agg().alias(f"source_{c}") for c, agg in aggs.items()])
+        state = snapshot_state(ctx, facts.acks).agg(*[F.sum(c).cast("long").alias(f"state_{c}") for c in aggs])
+        if channel is None:
+            chan = ctx.spark.range(1).select(*[F.lit(0).cast("long").alias(f"channel_{c}") for c in aggs])
+        else:
+            chan = channel.agg(*[agg().alias(f"channel_{c}") for c, agg in aggs.items()])
+        one = source.crossJoin(state).crossJoin(chan)
+        per_quantity = [
+            one.select(
+                F.lit(c).alias("quantity"),
+                F.coalesce(F.col(f"source_{c}"), F.lit(0)).cast("long").alias("source_total"),
+                F.coalesce(F.col(f"state_{c}"), F.lit(0)).cast("long").alias("state_total"),
+                F.coalesce(F.col(f"channel_{c}"), F.lit(0)).cast("long").alias("channel_state_total"),
+            )
+            for c in aggs
+        ]
+        df = per_quantity[0]
+        for part in per_quantity[1:]:
+            df = df.unionByName(part)
+        views["conservation"] = ctx.materialize(df)
+    return views

@@ -1,0 +1,178 @@
+"""The DAG factory: three DAGs for every pipeline registered in ``checkpoint_lib.pipelines``.
+
+- ``<pipeline>_run``: the stages as separate tasks (``source`` then ``keyed``), on a schedule;
+  each run reads what landed since the previous one (incremental) and ends with a checkpoint.
+- ``<pipeline>_snapshot``: a periodic global snapshot: ``trigger`` (a durable request, subject to
+  min pause / max concurrent) -> ``wait_for_acks`` (deferrable, with a timeout) -> ``commit``
+  (idempotent), or ``abort`` when the wait failed (timeout, decline). ``max_active_runs=1`` and
+  the idempotent commit mean a checkpoint is never committed twice, also across retries.
+- ``<pipeline>_recover``: manual, with a form: ``checkpoint_id`` ('latest' or a number), ``mode``,
+  ``dry_run``. validate (fails fast, touching nothing) -> plan is printed; unless a dry run:
+  pause the pipeline and its DAGs -> recover (new epoch, restore, re-commit/abort, replay) ->
+  consistency checks -> unpause (always).
+
+Settings per pipeline from the JSON environment variable ``CKPT_DAG_SETTINGS``, e.g.
+``{"payments": {"snapshot_every_s": 300, "min_pause_s": 30}}`` (keys: :data:`DEFAULTS`).
+The warehouse comes from ``CKPT_WAREHOUSE`` or the Airflow Variable ``ckpt_warehouse`` (at run
+time, never at parse time).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from airflow.sdk import DAG, Param, TriggerRule
+
+from checkpoint_lib.pipelines import REGISTRY
+from ckpt_airflow.operators import (
+    AbortCheckpointOperator,
+    CommitCheckpointOperator,
+    PausePipelineOperator,
+    RecoverPipelineOperator,
+    RunStageOperator,
+    TriggerCheckpointOperator,
+    UnpausePipelineOperator,
+    ValidateRecoveryParamsOperator,
+    ValidateRestoreOperator,
+)
+from ckpt_airflow.sensors import CheckpointAcksSensor
+
+DEFAULTS: dict[str, Any] = {
+    "run_every_s": 600,          # <pipeline>_run schedule
+    "snapshot_every_s": 900,     # <pipeline>_snapshot schedule
+    "min_pause_s": 60,           # after the end of the last checkpoint, before a requested one
+    "max_concurrent": 1,         # checkpoints in flight (pending + requested)
+    "ack_timeout_s": 900,        # a requested checkpoint not completed by then is aborted
+    "poll_s": 10,                # how often the trigger reads the store
+    "mode": "aligned",
+    "rows_per_checkpoint": 10_000,
+    "launcher": None,            # None: the hook's default ("session"), or "spark-submit"
+    "retries": 2,
+}
+START = datetime(2026, 1, 1, tzinfo=timezone.utc)
+MODES = ["aligned", "unaligned", "aligned_with_timeout", "at_least_once"]
+
+
+def settings_for(pipeline: str) -> dict[str, Any]:
+    """:data:`DEFAULTS` updated with ``CKPT_DAG_SETTINGS[pipeline]``; unknown keys are an error."""
+    raw = os.environ.get("CKPT_DAG_SETTINGS", "").strip()
+    overrides = json.loads(raw).get(pipeline, {}) if raw else {}
+    unknown = set(overrides) - set(DEFAULTS)
+    if unknown:
+        raise ValueError(f"CKPT_DAG_SETTINGS[{pipeline!r}]: unknown keys {sorted(unknown)}; known: {sorted(DEFAULTS)}")
+    return {**DEFAULTS, **overrides}
+
+
+def _default_args(s: dict[str, Any]) -> dict[str, Any]:
+    return {"owner": "checkpoint_lib", "retries": s["retries"], "retry_delay": timedelta(seconds=30)}
+
+
+def build_run_dag(pipeline: str, s: dict[str, Any]) -> DAG:
+    with DAG(
+        dag_id=f"{pipeline}_run",
+        description=f"{pipeline}: source and keyed stages, incremental, each run ends with a checkpoint",
+        schedule=timedelta(seconds=s["run_every_s"]),
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,
+        default_args=_default_args(s),
+        tags=["checkpoint_lib", pipeline],
+    ) as dag:
+        common = dict(pipeline=pipeline, mode=s["mode"], rows_per_checkpoint=s["rows_per_checkpoint"],
+                      launcher=s["launcher"])
+        RunStageOperator(task_id="source", stage="source", **common) >> RunStageOperator(
+            task_id="keyed", stage="keyed", **common)
+    return dag
+
+
+def build_snapshot_dag(pipeline: str, s: dict[str, Any]) -> DAG:
+    with DAG(
+        dag_id=f"{pipeline}_snapshot",
+        description=f"{pipeline}: periodic global snapshot (trigger, wait for acks, commit or abort)",
+        schedule=timedelta(seconds=s["snapshot_every_s"]),
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,  # with the idempotent commit: never two commit phases of one checkpoint
+        default_args=_default_args(s),
+        tags=["checkpoint_lib", pipeline],
+    ) as dag:
+        trigger = TriggerCheckpointOperator(task_id="trigger", pipeline=pipeline, min_pause=s["min_pause_s"],
+                                            max_concurrent=s["max_concurrent"])
+        wait = CheckpointAcksSensor(
+            task_id="wait_for_acks", pipeline=pipeline, request_id="{{ ti.xcom_pull(task_ids='trigger') }}",
+            ack_timeout=s["ack_timeout_s"], poke_interval=s["poll_s"], retries=0,
+        )
+        commit = CommitCheckpointOperator(task_id="commit", pipeline=pipeline, launcher=s["launcher"],
+                                          checkpoint_id="{{ ti.xcom_pull(task_ids='wait_for_acks') }}")
+        abort = AbortCheckpointOperator(
+            task_id="abort", pipeline=pipeline, request_id="{{ ti.xcom_pull(task_ids='trigger') }}",
+            reason="expired", message="the snapshot run {{ run_id }} gave up waiting for acks",
+            trigger_rule=TriggerRule.ONE_FAILED,
+        )
+        trigger >> wait >> [commit, abort]
+    return dag
+
+
+def build_recover_dag(pipeline: str, s: dict[str, Any]) -> DAG:
+    with DAG(
+        dag_id=f"{pipeline}_recover",
+        description=f"{pipeline}: restore a checkpoint and replay (manual, with a form)",
+        schedule=None,
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,
+        default_args={**_default_args(s), "retries": 0},
+        tags=["checkpoint_lib", pipeline],
+        render_template_as_native_obj=True,  # XCom dicts and lists reach operators as such
+        params={
+            "checkpoint_id": Param(
+                "latest", type="string", pattern=r"^(latest|[1-9][0-9]{0,17})$", maxLength=18,
+                title="Checkpoint id", description="'latest' or the id of a retained completed checkpoint",
+            ),
+            "mode": Param(s["mode"], type="string", enum=MODES, title="Barrier mode after recovery"),
+            "dry_run": Param(False, type="boolean", title="Dry run", description="only print the recovery plan"),
+        },
+    ) as dag:
+        validate = ValidateRecoveryParamsOperator(
+            task_id="validate_params", pipeline=pipeline, checkpoint_id="{{ params.checkpoint_id }}",
+            mode="{{ params.mode }}", dry_run="{{ params.dry_run }}",
+        )
+        pause = PausePipelineOperator(task_id="pause", pipeline=pipeline,
+                                      dag_ids=[f"{pipeline}_run", f"{pipeline}_snapshot"])
+        recover = RecoverPipelineOperator(
+            task_id="recover", pipeline=pipeline, launcher=s["launcher"], rows_per_checkpoint=s["rows_per_checkpoint"],
+            params_in="{{ ti.xcom_pull(task_ids='validate_params') }}",
+        )
+        check = ValidateRestoreOperator(task_id="validate_restore", pipeline=pipeline)  # the latest checkpoint
+        unpause = UnpausePipelineOperator(task_id="unpause", pipeline=pipeline,
+                                          paused_dag_ids="{{ ti.xcom_pull(task_ids='pause') }}")
+        skip_if_dry = _dry_run_gate(validate.output)
+        validate >> skip_if_dry >> pause >> recover >> check >> unpause
+        # A teardown: runs whenever pause succeeded (also after a failed recovery), and does not
+        # decide the run's state, so a failed recovery or check fails the run.
+        unpause.as_teardown(setups=pause)
+    return dag
+
+
+def _dry_run_gate(validated: Any):
+    from airflow.sdk import task
+
+    @task.short_circuit(task_id="unless_dry_run", ignore_downstream_trigger_rules=False)
+    def unless_dry_run(validated: dict[str, Any]) -> bool:
+        """A dry run stops here: the plan was printed by validate_params, nothing is changed."""
+        return not validated["dry_run"]
+
+    return unless_dry_run(validated)
+
+
+def build_dags(pipeline: str) -> dict[str, DAG]:
+    s = settings_for(pipeline)
+    dags = (build_run_dag(pipeline, s), build_snapshot_dag(pipeline, s), build_recover_dag(pipeline, s))
+    return {d.dag_id: d for d in dags}
+
+
+for _name in sorted(REGISTRY):
+    globals().update(build_dags(_name))

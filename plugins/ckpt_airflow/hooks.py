@@ -1,0 +1,363 @@
+"""``CheckpointHook``: every bit of I/O the Airflow side of checkpoint_lib does.
+
+One hook per pipeline. It owns the checkpoint store (through :class:`checkpoint_lib.control.
+PipelineControl`, delta-rs, no JVM), the Spark work (a stage run, a recovery, a commit that has
+work to do) and the optional calls to Airflow's own REST API (pausing DAGs). Operators, the sensor
+and the trigger only call it.
+
+Where things come from (first match wins; nothing is resolved in the constructor):
+
+- warehouse: the ``warehouse`` argument, the connection's extra ``warehouse``, the environment
+  variable ``CKPT_WAREHOUSE``, the Airflow Variable ``ckpt_warehouse``.
+- Spark master: the ``spark_master`` argument, the connection's host (``spark://host:7077``, or
+  ``local[2]``), ``CKPT_SPARK_MASTER``, else ``local[2]``.
+- launcher: ``"session"`` runs Spark inside the task process (one JVM per task process; under
+  ``airflow dags test`` one for the whole run), ``"spark-submit"`` runs the ``jobs/`` entry points
+  with ``spark-submit --master <master>`` as a child process (killed by ``on_kill``).
+
+Connection ``checkpoint_lib_default`` (type ``generic``) is optional: ``host`` = Spark master,
+extra ``{"warehouse": "/data/warehouse", "launcher": "spark-submit"}``.
+Connection ``ckpt_airflow_api`` (type ``http``) is optional: host = the api-server URL, login and
+password of a user allowed to pause DAGs; without it, DAGs are not paused in Airflow (the
+pipeline's own pause flag in the warehouse still stops this provider's tasks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from airflow.sdk.bases.hook import BaseHook
+
+if TYPE_CHECKING:
+    from checkpoint_lib.control import CheckpointProgress, CommitOutcome, PipelineControl
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+JOBS_DIR = REPO_ROOT / "jobs"
+DEFAULT_MASTER = "local[2]"
+LAUNCHERS = ("session", "spark-submit")
+STAGES = ("source", "keyed", "all")
+MODES = ("aligned", "unaligned", "aligned_with_timeout", "at_least_once")
+WAREHOUSE_ENV = "CKPT_WAREHOUSE"
+WAREHOUSE_VARIABLE = "ckpt_warehouse"
+API_CONN_ID = "ckpt_airflow_api"
+
+
+class WarehouseNotConfigured(RuntimeError):
+    """No warehouse root: set CKPT_WAREHOUSE, the Variable ckpt_warehouse or the connection extra."""
+
+
+def resolve_warehouse(explicit: str | None = None, conn_extra: dict[str, Any] | None = None) -> str:
+    """The warehouse root, absolute (see the module docstring for the order)."""
+    candidates: list[Callable[[], str | None]] = [
+        lambda: explicit,
+        lambda: (conn_extra or {}).get("warehouse"),
+        lambda: os.environ.get(WAREHOUSE_ENV),
+        _warehouse_variable,
+    ]
+    for candidate in candidates:
+        value = candidate()
+        if value:
+            return os.path.abspath(value)
+    raise WarehouseNotConfigured(
+        f"no warehouse configured: set the environment variable {WAREHOUSE_ENV}, the Airflow Variable "
+        f"{WAREHOUSE_VARIABLE!r}, or the extra 'warehouse' of the connection"
+    )
+
+
+def _warehouse_variable() -> str | None:
+    try:
+        from airflow.sdk import Variable
+
+        return Variable.get(WAREHOUSE_VARIABLE, default=None)
+    except Exception:  # outside a task (api-server, triggerer) the SDK has no supervisor to ask
+        return None
+
+
+def build_submit_argv(
+    job: str,
+    args: Sequence[str],
+    *,
+    master: str,
+    spark_submit: str = "spark-submit",
+    conf: dict[str, str] | None = None,
+    jars: Sequence[str] = (),
+) -> list[str]:
+    """The exact ``spark-submit`` argv of a ``jobs/`` entry point (pure: tests pin it).
+
+    >>> build_submit_argv("run_stage.py", ["payments", "--stage", "source"], master="spark://m:7077")[:4]
+    ['spark-submit', '--master', 'spark://m:7077', '--name']
+    """
+    script = JOBS_DIR / job
+    argv = [spark_submit, "--master", master, "--name", f"ckpt-{Path(job).stem}"]
+    if jars:
+        argv += ["--jars", ",".join(jars)]
+    for key, value in sorted((conf or {}).items()):
+        argv += ["--conf", f"{key}={value}"]
+    return [*argv, str(script), *args]
+
+
+def stage_args(
+    pipeline: str, warehouse: str, *, stage: str, mode: str = "aligned", rows_per_checkpoint: int = 10_000,
+    max_steps: int | None = None,
+) -> list[str]:
+    """The CLI arguments of ``ckpt run`` for one stage (shared by both launchers). Pure."""
+    if stage not in STAGES:
+        raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    args = [pipeline, "--warehouse", warehouse, "--stage", stage, "--mode", mode,
+            "--rows-per-checkpoint", str(int(rows_per_checkpoint)), "--until-caught-up"]
+    if max_steps is not None:
+        args += ["--max-steps", str(int(max_steps))]
+    return args
+
+
+class CheckpointHook(BaseHook):
+    """Checkpoint store, Spark and Airflow-API access for one pipeline (see the module docstring)."""
+
+    conn_name_attr = "ckpt_conn_id"
+    default_conn_name = "checkpoint_lib_default"
+    conn_type = "generic"
+    hook_name = "checkpoint_lib"
+
+    def __init__(
+        self,
+        pipeline: str,
+        *,
+        warehouse: str | None = None,
+        ckpt_conn_id: str | None = None,
+        spark_master: str | None = None,
+        launcher: str | None = None,
+    ):
+        super().__init__()
+        from checkpoint_lib.control import validate_pipeline_name
+
+        self.pipeline = validate_pipeline_name(pipeline)
+        self.ckpt_conn_id = ckpt_conn_id
+        self._warehouse = warehouse
+        self._spark_master = spark_master
+        if launcher is not None and launcher not in LAUNCHERS:
+            raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
+        self._launcher = launcher
+        self._conn_extra: dict[str, Any] | None = None
+        self._conn_host: str | None = None
+        self._control: PipelineControl | None = None
+        self._child: subprocess.Popen[bytes] | None = None
+
+    # --- configuration (resolved lazily) -------------------------------------------------------
+
+    def _connection(self) -> None:
+        if self._conn_extra is not None:
+            return
+        self._conn_extra = {}
+        if self.ckpt_conn_id is None:
+            return
+        conn = self.get_connection(self.ckpt_conn_id)  # asked for explicitly: a missing one is an error
+        self._conn_extra = dict(conn.extra_dejson or {})
+        self._conn_host = conn.host or None
+
+    @property
+    def warehouse(self) -> str:
+        self._connection()
+        return resolve_warehouse(self._warehouse, self._conn_extra)
+
+    @property
+    def spark_master(self) -> str:
+        self._connection()
+        return self._spark_master or self._conn_host or os.environ.get("CKPT_SPARK_MASTER") or DEFAULT_MASTER
+
+    @property
+    def launcher(self) -> str:
+        self._connection()
+        launcher = self._launcher or (self._conn_extra or {}).get("launcher") or "session"
+        if launcher not in LAUNCHERS:
+            raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
+        return launcher
+
+    def control(self) -> "PipelineControl":
+        """The pipeline's :class:`~checkpoint_lib.control.PipelineControl` (store opened lazily)."""
+        if self._control is None:
+            from checkpoint_lib.control import PipelineControl
+
+            self._control = PipelineControl(self.warehouse, self.pipeline)
+        return self._control
+
+    # --- checkpoints (delta-rs, no JVM) ------------------------------------------------------
+
+    def request_checkpoint(self, request_id: str, *, min_pause: float, max_concurrent: int, requested_by: str = ""):
+        return self.control().request_checkpoint(
+            request_id, min_pause=min_pause, max_concurrent=max_concurrent, requested_by=requested_by
+        )
+
+    def progress(self, *, request_id: str | None = None, checkpoint_id: int | None = None) -> "CheckpointProgress":
+        return self.control().progress(request_id=request_id, checkpoint_id=checkpoint_id)
+
+    async def aprogress(self, *, request_id: str | None = None, checkpoint_id: int | None = None) -> "CheckpointProgress":
+        """:meth:`progress` off the event loop (for triggers): delta-rs reads block."""
+        return await asyncio.to_thread(self.progress, request_id=request_id, checkpoint_id=checkpoint_id)
+
+    def abort(self, **kwargs: Any):
+        return self.control().abort(**kwargs)
+
+    def commit(self, checkpoint_id: int) -> "CommitOutcome":
+        """Commit phase (idempotent; Spark only if a transaction is actually uncommitted)."""
+        control = self.control()
+        if self.launcher == "session":
+            return control.commit(checkpoint_id, spark=None if self._nothing_to_commit(checkpoint_id) else self.spark())
+        return control.commit(checkpoint_id)
+
+    def _nothing_to_commit(self, checkpoint_id: int) -> bool:
+        try:
+            control = self.control()
+            owned = control._owned_transactions(int(checkpoint_id))
+            sinks = control._sinks(None)
+            return all(sinks[n].is_committed(t) for n, txns in owned.items() for t in txns)
+        except Exception:  # let commit() raise the precise error
+            return True
+
+    def history(self, limit: int | None = None) -> list[dict[str, Any]]:
+        return self.control().history(limit)
+
+    # --- Spark work ------------------------------------------------------------------------------
+
+    def spark(self):
+        """The shared SparkSession of this process (started on first use, with Delta)."""
+        from checkpoint_lib.spark.session import get_spark
+
+        return get_spark(master=self.spark_master, app_name=f"ckpt-{self.pipeline}", ui=False)
+
+    def run_stage(self, stage: str, *, mode: str = "aligned", rows_per_checkpoint: int = 10_000,
+                  max_steps: int | None = None) -> dict[str, Any]:
+        """Run one stage of the pipeline until caught up (it recovers first if its last run died)."""
+        args = stage_args(self.pipeline, self.warehouse, stage=stage, mode=mode,
+                          rows_per_checkpoint=rows_per_checkpoint, max_steps=max_steps)
+        if self.launcher == "spark-submit":
+            self._submit("run_stage.py", args)
+            return {"stage": stage, "launcher": "spark-submit"}
+        from checkpoint_lib.core.decider import CheckpointConfig
+        from checkpoint_lib.pipelines import get
+        from checkpoint_lib.spark.runner import PipelineRunner
+
+        runner = PipelineRunner(
+            get(self.pipeline), self.warehouse, self.spark(), mode=mode, rows_per_checkpoint=rows_per_checkpoint,
+            config=CheckpointConfig(interval=0, max_concurrent=1, timeout=3600, retained=5),
+            progress=self.log.info, stage=stage,
+        )
+        return _summary(runner.run(until_caught_up=True, max_steps=max_steps))
+
+    def recovery_plan(self, checkpoint_id: int | None) -> str:
+        """What a recovery would do (read-only; what a dry run prints)."""
+        from checkpoint_lib.core.recovery import plan_recovery
+
+        store = self.control().store
+        plan = plan_recovery(list(store.all()), current_epoch=store.current_epoch(), checkpoint_id=checkpoint_id)
+        return plan.describe()
+
+    def recover(self, checkpoint_id: int | None, *, mode: str = "aligned", rows_per_checkpoint: int = 10_000) -> dict[str, Any]:
+        """Fence the old attempt (new epoch), restore ``checkpoint_id`` (None: the latest completed;
+        an older one rolls the sinks back), re-commit what it owns, abort the rest, and replay every
+        stage until caught up, ending with a completed checkpoint."""
+        if self.launcher == "spark-submit":
+            args = stage_args(self.pipeline, self.warehouse, stage="all", mode=mode,
+                              rows_per_checkpoint=rows_per_checkpoint)[:-1]
+            if checkpoint_id is not None:
+                args += ["--checkpoint", str(int(checkpoint_id))]
+            self._submit("recover.py", args)
+            return {"restored": checkpoint_id, "launcher": "spark-submit"}
+        from checkpoint_lib.core.decider import CheckpointConfig
+        from checkpoint_lib.pipelines import get
+        from checkpoint_lib.spark.runner import PipelineRunner
+
+        runner = PipelineRunner(
+            get(self.pipeline), self.warehouse, self.spark(), mode=mode, rows_per_checkpoint=rows_per_checkpoint,
+            config=CheckpointConfig(interval=0, max_concurrent=1, timeout=3600, retained=5),
+            progress=self.log.info, stage="all", recover=True, restore_checkpoint=checkpoint_id,
+        )
+        return _summary(runner.run(until_caught_up=True))
+
+    def _submit(self, job: str, args: Sequence[str]) -> None:
+        """spark-submit a ``jobs/`` entry point, streaming its output into the task log."""
+        from checkpoint_lib.spark.jars import ensure_jars
+
+        spark_submit = shutil.which("spark-submit") or str(Path(sys.executable).with_name("spark-submit"))
+        argv = build_submit_argv(job, list(args), master=self.spark_master, spark_submit=spark_submit,
+                                 jars=[str(j) for j in ensure_jars()])
+        env = {**os.environ, "CKPT_SPARK_MASTER": self.spark_master, "PYTHONPATH": str(REPO_ROOT)}
+        self.log.info("running %s", " ".join(argv))
+        self._child = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+        assert self._child.stdout is not None
+        for line in self._child.stdout:
+            self.log.info("%s", line.decode(errors="replace").rstrip())
+        code = self._child.wait()
+        self._child = None
+        if code != 0:
+            raise RuntimeError(f"{job} exited with {code} (see the lines above)")
+
+    def kill(self) -> None:
+        """Stop a running spark-submit child (its whole process group). For ``on_kill``."""
+        child = self._child
+        if child is not None and child.poll() is None:
+            os.killpg(child.pid, signal.SIGTERM)
+
+    # --- pausing -------------------------------------------------------------------------------
+
+    def paused(self) -> dict[str, Any] | None:
+        return self.control().paused()
+
+    def pause(self, by: str, reason: str) -> bool:
+        return self.control().pause(by, reason)
+
+    def unpause(self, by: str) -> bool:
+        return self.control().unpause(by)
+
+    def set_dags_paused(self, dag_ids: Sequence[str], paused: bool) -> list[str]:
+        """Pause (or unpause) DAGs through Airflow's REST API; returns the DAGs whose state this
+        call changed. Without the ``ckpt_airflow_api`` connection: logs why and returns []."""
+        import httpx
+
+        try:
+            conn = self.get_connection(API_CONN_ID)
+        except Exception:
+            self.log.warning("connection %r is not configured: DAGs %s stay %s in Airflow (the pipeline's "
+                             "pause flag still stops checkpoint_lib tasks)", API_CONN_ID, list(dag_ids),
+                             "unpaused" if paused else "as they are")
+            return []
+        base = (conn.host or "").rstrip("/")
+        if not base.startswith("http"):
+            base = f"http://{base}:{conn.port or 8080}"
+        with httpx.Client(base_url=base, timeout=30) as client:
+            token = client.post("/auth/token", json={"username": conn.login, "password": conn.password})
+            token.raise_for_status()
+            headers = {"Authorization": f"Bearer {token.json()['access_token']}"}
+            changed = []
+            for dag_id in dag_ids:
+                got = client.get(f"/api/v2/dags/{dag_id}", headers=headers)
+                if got.status_code == 404:
+                    continue
+                got.raise_for_status()
+                if bool(got.json().get("is_paused")) == paused:
+                    continue
+                client.patch(f"/api/v2/dags/{dag_id}", json={"is_paused": paused}, headers=headers).raise_for_status()
+                changed.append(dag_id)
+        return changed
+
+
+def _summary(summary: Any) -> dict[str, Any]:
+    """A RunSummary as a JSON-able dict (what operators push to XCom)."""
+    return json.loads(json.dumps({
+        "epoch": summary.epoch, "restored": summary.restored, "completed": list(summary.completed),
+        "aborted": [list(a) for a in summary.aborted], "rows_in": summary.rows_in, "final": summary.final,
+        "steps": summary.steps, "seconds": round(summary.seconds, 3),
+    }))

@@ -1,0 +1,191 @@
+"""The Checkpoints page: a FastAPI app the api-server mounts at ``/checkpoints`` (see
+``plugins/ckpt_plugin.py``), shown in Airflow's navigation as an external view.
+
+- ``GET /checkpoints/`` : the page (server-rendered HTML, no JavaScript): pipelines, the history of
+  the chosen one (id, kind, status, trigger time, duration, state size, channel-state size,
+  alignment time, aligned/unaligned, failure reason), the per-subtask acks of one checkpoint
+  (``?pipeline=payments&checkpoint=7``), and a link to the latest data-quality report.
+- ``GET /checkpoints/api/pipelines``, ``.../api/{pipeline}/checkpoints``,
+  ``.../api/{pipeline}/checkpoints/{id}/acks``: the same as JSON.
+- ``GET /checkpoints/quality/{pipeline}/{path}``: files of the pipeline's GX Data Docs
+  (``<warehouse>/_quality/<pipeline>/data_docs/``), nothing outside it.
+
+Every route requires an authenticated Airflow user (the UI's session cookie or a bearer token,
+checked by Airflow's own ``get_user``). Pipeline names must be registered and ids are parsed as
+numbers before any path is built, and resolved paths are checked to stay inside the warehouse.
+"""
+
+from __future__ import annotations
+
+import html
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from fastapi import Depends, FastAPI, HTTPException, Query
+from fastapi.responses import FileResponse, HTMLResponse
+
+from airflow.api_fastapi.core_api.security import get_user
+
+from checkpoint_lib.control import PipelineControl, parse_checkpoint_id, validate_pipeline_name
+from checkpoint_lib.core.errors import UnknownCheckpointError
+
+COLUMNS = [
+    ("checkpoint_id", "id"), ("kind", "kind"), ("status", "status"), ("trigger_time", "triggered (UTC)"),
+    ("duration_ms", "duration ms"), ("state_bytes", "state bytes"), ("channel_state_bytes", "channel-state bytes"),
+    ("channel_state_rows", "channel-state rows"), ("alignment_ms", "alignment ms"), ("unaligned", "aligned?"),
+    ("failure_reason", "failure reason"), ("message", "message"),
+]
+ACK_COLUMNS = ["subtask", "state_size_bytes", "channel_state_rows", "channel_state_bytes", "alignment_ms",
+               "unaligned", "duration_ms", "ack_time"]
+
+app = FastAPI(title="checkpoint_lib: Checkpoints", dependencies=[Depends(get_user)])
+
+
+def _warehouse() -> str:
+    from ckpt_airflow.hooks import resolve_warehouse
+
+    try:
+        return resolve_warehouse()
+    except RuntimeError as exc:
+        raise HTTPException(status_code=503, detail=str(exc)) from None
+
+
+def _pipelines() -> list[str]:
+    from checkpoint_lib.pipelines import REGISTRY
+
+    return sorted(REGISTRY)
+
+
+def _control(pipeline: str) -> PipelineControl:
+    try:
+        validate_pipeline_name(pipeline)
+    except ValueError as exc:
+        raise HTTPException(status_code=400, detail=str(exc)) from None
+    if pipeline not in _pipelines():
+        raise HTTPException(status_code=404, detail=f"unknown pipeline {pipeline!r}")
+    return PipelineControl(_warehouse(), pipeline)
+
+
+def _checkpoint_id(value: str) -> int:
+    try:
+        cid = parse_checkpoint_id(value)
+    except ValueError as exc:
+        raise HTTPException(status_code=400, detail=str(exc)) from None
+    if cid is None:
+        raise HTTPException(status_code=400, detail="give a checkpoint number")
+    return cid
+
+
+def _history(control: PipelineControl, limit: int) -> list[dict[str, Any]]:
+    if not (control.root / "checkpoints").exists():
+        return []  # never run: do not create the store from a page view
+    return [{k: r.get(k) for k, _ in COLUMNS} for r in control.history(limit)]
+
+
+def _acks(control: PipelineControl, cid: int) -> list[dict[str, Any]]:
+    try:
+        return [{k: a.get(k) for k in ACK_COLUMNS} for a in control.acks(cid)]
+    except UnknownCheckpointError as exc:
+        raise HTTPException(status_code=404, detail=str(exc)) from None
+
+
+def _quality_dir(pipeline: str) -> Path:
+    return Path(_warehouse()).resolve() / "_quality" / pipeline / "data_docs"
+
+
+# --- JSON --------------------------------------------------------------------------------------
+
+
+@app.get("/api/pipelines")
+def api_pipelines() -> list[str]:
+    return _pipelines()
+
+
+@app.get("/api/{pipeline}/checkpoints")
+def api_history(pipeline: str, limit: int = Query(100, ge=1, le=1000)) -> list[dict[str, Any]]:
+    return _history(_control(pipeline), limit)
+
+
+@app.get("/api/{pipeline}/checkpoints/{checkpoint_id}/acks")
+def api_acks(pipeline: str, checkpoint_id: str) -> list[dict[str, Any]]:
+    return _acks(_control(pipeline), _checkpoint_id(checkpoint_id))
+
+
+# --- files of the data-quality report -------------------------------------------------------
+
+
+@app.get("/quality/{pipeline}/{path:path}")
+def quality_file(pipeline: str, path: str) -> FileResponse:
+    _control(pipeline)
+    root = _quality_dir(pipeline)
+    target = (root / (path or "index.html")).resolve()
+    if not target.is_relative_to(root.resolve()) or not target.is_file():
+        raise HTTPException(status_code=404, detail="no such file in the data-quality report")
+    return FileResponse(target)
+
+
+# --- the page --------------------------------------------------------------------------------
+
+
+def _fmt(key: str, value: Any) -> str:
+    if value is None:
+        return ""
+    if key in ("trigger_time", "ack_time") and isinstance(value, (int, float)):
+        return datetime.fromtimestamp(value, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    if key == "unaligned":
+        return "unaligned" if value else "aligned"
+    if isinstance(value, float):
+        return f"{value:,.1f}"
+    return html.escape(str(value))
+
+
+def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str]], link=None) -> str:
+    if not rows:
+        return "<p><em>none yet</em></p>"
+    head = "".join(f"<th>{html.escape(title)}</th>" for _, title in columns)
+    body = []
+    for r in rows:
+        cells = []
+        for key, _ in columns:
+            text = _fmt(key, r.get(key))
+            if link and key == "checkpoint_id":
+                text = f'<a href="{link(r[key])}">{text}</a>'
+            cells.append(f'<td class="{html.escape(key)}">{text}</td>')
+        body.append(f'<tr class="status-{html.escape(str(r.get("status", "")))}">{"".join(cells)}</tr>')
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+STYLE = """
+body{font-family:system-ui,sans-serif;margin:1.5rem;color:#1a202c}
+table{border-collapse:collapse;font-size:.9rem}th,td{border:1px solid #cbd5e0;padding:.25rem .5rem;text-align:right}
+th{background:#edf2f7}tr.status-aborted td{background:#fff5f5}tr.status-pending td{background:#fffff0}
+nav a{margin-right:1rem}
+"""
+
+
+@app.get("/", response_class=HTMLResponse)
+def page(pipeline: str | None = None, checkpoint: str | None = None) -> str:
+    pipelines = _pipelines()
+    pipeline = pipeline or (pipelines[0] if pipelines else None)
+    nav = "".join(f'<a href="?pipeline={p}">{p}</a>' for p in pipelines)
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Checkpoints</title><style>{STYLE}</style>"
+             f"</head><body><h1>Checkpoints</h1><nav>{nav}</nav>"]
+    if pipeline is not None:
+        control = _control(pipeline)
+        parts.append(f"<h2>{html.escape(pipeline)}</h2>")
+        docs = _quality_dir(pipeline) / "index.html"
+        if docs.is_file():
+            parts.append(f'<p><a href="quality/{pipeline}/index.html">Latest data-quality report</a></p>')
+        else:
+            parts.append("<p><em>No data-quality report yet.</em></p>")
+        if checkpoint is not None:
+            cid = _checkpoint_id(checkpoint)
+            acks = _acks(control, cid)
+            parts.append(f"<h3>Checkpoint {cid}: acknowledgements per subtask</h3>")
+            parts.append(_table(acks, [(k, k.replace("_", " ")) for k in ACK_COLUMNS]))
+        parts.append("<h3>History</h3>")
+        parts.append(_table(_history(control, 200), COLUMNS,
+                            link=lambda cid: f"?pipeline={pipeline}&amp;checkpoint={int(cid)}"))
+    parts.append("</body></html>")
+    return "".join(parts)

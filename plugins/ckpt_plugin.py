@@ -1,0 +1,21 @@
+"""Registers checkpoint_lib with Airflow 3: the Checkpoints page (a FastAPI app mounted at
+``/checkpoints`` by the api-server) and its entry in the UI's navigation (an external view that
+frames it). The operators, sensor and trigger need no registration: they import as
+``ckpt_airflow.*`` because Airflow puts this folder on ``sys.path``.
+"""
+
+from __future__ import annotations
+
+from airflow.plugins_manager import AirflowPlugin
+
+
+from ckpt_airflow.ui import app
+
+
+class CheckpointLibPlugin(AirflowPlugin):
+    name = "checkpoint_lib"
+    fastapi_apps = [{"app": app, "url_prefix": "/checkpoints", "name": "Checkpoints"}]
+    external_views = [
+        {"name": "Checkpoints", "href": "/checkpoints/", "url_route": "checkpoints", "destination": "nav",
+         "category": "browse"},
+    ]

@@ -1,0 +1,92 @@
+"""``airflow dags test`` of every payments DAG, end to end, on tiny data (real Airflow on SQLite,
+real Spark local[2], real Delta), asserting exactly-once outputs with the independent checker.
+
+Order (one module, one warehouse): the snapshot DAG's request is honoured by a run of the run
+DAG (two `dags test` processes with separate SQLite homes sharing the warehouse, as two
+deployments would), then the recover DAG: a dry run, a refused parameter, and a real recovery to
+an older checkpoint (sinks rolled back, replayed) - outputs still exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from checkpoint_lib.control import PipelineControl
+from checkpoint_lib.verify import check_payments
+from helpers import AIRFLOW, airflow_env, append_payments, clone_home, migrate
+
+SETTINGS = json.dumps({"payments": {"min_pause_s": 0, "ack_timeout_s": 900, "poll_s": 2, "retries": 0}})
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e")
+    warehouse = root / "warehouse"
+    env_a = airflow_env(root / "home_a", warehouse, CKPT_DAG_SETTINGS=SETTINGS)
+    env_b = airflow_env(root / "home_b", warehouse, CKPT_DAG_SETTINGS=SETTINGS)
+    migrate(root / "home_a", env_a)
+    clone_home(root / "home_a", root / "home_b")
+    append_payments(warehouse, 300, batch=0)
+    return {"root": root, "warehouse": warehouse, "a": env_a, "b": env_b}
+
+
+def _dags_test(env, dag_id, *extra, check=True, timeout=900):
+    started = time.monotonic()
+    r = subprocess.run([AIRFLOW, "dags", "test", dag_id, *extra], env=env, capture_output=True, text=True,
+                       timeout=timeout)
+    out = r.stdout + r.stderr
+    (Path(env["AIRFLOW_HOME"]) / f"{dag_id}.{time.time():.0f}.log").write_text(out)
+    print(f"{dag_id}: rc {r.returncode} in {time.monotonic() - started:.1f} s")
+    if check and (r.returncode != 0 or "state=success" not in out):
+        pytest.fail(f"airflow dags test {dag_id} failed (rc {r.returncode}):\n{out[-6000:]}")
+    return out
+
+
+def test_snapshot_dag_is_honoured_by_the_run_dag_and_commits(world):
+    control = PipelineControl(world["warehouse"], "payments")
+    log = open(world["root"] / "snapshot.log", "w")
+    snapshot = subprocess.Popen([AIRFLOW, "dags", "test", "payments_snapshot"], env=world["b"], stdout=log,
+                                stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not control.requests.all():
+            assert snapshot.poll() is None, (world["root"] / "snapshot.log").read_text()[-4000:]
+            assert time.monotonic() < deadline, "the snapshot DAG made no request"
+            time.sleep(1)
+        _dags_test(world["a"], "payments_run")
+        assert snapshot.wait(timeout=600) == 0
+    finally:
+        if snapshot.poll() is None:
+            snapshot.kill()
+        log.close()
+    out = (world["root"] / "snapshot.log").read_text()
+    assert "state=success" in out and "Marking run" in out
+    (request,) = control.requests.all()
+    assert request.state == "honoured"
+    assert control.progress(request_id=request.request_id).status == "completed"
+    assert "already committed" in out or "committed transactions" in out
+    check = check_payments(str(world["warehouse"]))
+    assert check.ok, check.summary()
+    assert check.ledger_rows == check.valid_rows > 0
+
+
+def test_recover_dag_dry_run_bad_params_and_real_recovery(world):
+    control = PipelineControl(world["warehouse"], "payments")
+    epoch = control.store.current_epoch()
+    out = _dags_test(world["a"], "payments_recover", "-c", json.dumps({"checkpoint_id": "latest", "dry_run": True}))
+    assert "restore checkpoint" in out and control.store.current_epoch() == epoch  # only printed the plan
+    bad = _dags_test(world["a"], "payments_recover", "-c", json.dumps({"checkpoint_id": "../../etc"}), check=False)
+    assert "checkpoint_id" in bad and "state=success" not in bad
+    assert control.store.current_epoch() == epoch and control.paused() is None
+    append_payments(world["warehouse"], 150, batch=1)
+    oldest = min(c.checkpoint_id for c in control.store.all())
+    out = _dags_test(world["a"], "payments_recover", "-c", json.dumps({"checkpoint_id": str(oldest), "mode": "aligned"}))
+    assert control.store.current_epoch() > epoch and control.paused() is None, out[-6000:]
+    check = check_payments(str(world["warehouse"]))
+    assert check.ok, check.summary()
+    assert check.valid_rows > 290

@@ -1,0 +1,203 @@
+"""Fast tests of the provider pieces against real Airflow (no Spark): DagBag, the trigger's
+serialize() round trip and its events, the recovery form's validation, the spark-submit argv."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "plugins"))
+
+from checkpoint_lib.control import PipelineControl, honour_requests  # noqa: E402
+from checkpoint_lib.core.errors import FailureReason  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def dagbag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(REPO / "dags"))
+
+
+def test_dagbag_imports_every_pipeline_dag(dagbag):
+    from checkpoint_lib.pipelines import REGISTRY
+
+    assert dagbag.import_errors == {}
+    want = {f"{p}_{kind}" for p in REGISTRY for kind in ("run", "snapshot", "recover")}
+    assert want <= set(dagbag.dags)
+    run = dagbag.dags["payments_run"]
+    assert [t.task_id for t in run.topological_sort()] == ["source", "keyed"]
+    snap = dagbag.dags["payments_snapshot"]
+    assert snap.max_active_runs == 1
+    assert snap.get_task("abort").trigger_rule == "one_failed"
+    assert set(snap.get_task("wait_for_acks").downstream_task_ids) == {"commit", "abort"}
+    rec = dagbag.dags["payments_recover"]
+    assert rec.schedule is None and rec.get_task("unpause").is_teardown
+
+
+def test_trigger_serialize_round_trip():
+    from ckpt_airflow.triggers import CheckpointAcksTrigger
+
+    trigger = CheckpointAcksTrigger(warehouse="/w", pipeline="payments", deadline=123.5, request_id="r-1",
+                                    poll_interval=2.0)
+    classpath, kwargs = trigger.serialize()
+    module, _, name = classpath.rpartition(".")
+    cls = getattr(__import__(module, fromlist=[name]), name)
+    again = cls(**kwargs)
+    assert again.serialize() == (classpath, kwargs) and cls is CheckpointAcksTrigger
+    with pytest.raises(ValueError):
+        CheckpointAcksTrigger(warehouse="/w", pipeline="payments", deadline=1.0)
+
+
+def _first_event(trigger):
+    async def first():
+        async for event in trigger.run():
+            return event.payload
+    return asyncio.run(first())
+
+
+def test_trigger_fires_done_when_the_checkpoint_is_decided_and_timeout_otherwise(tmp_path):
+    from ckpt_airflow.triggers import CheckpointAcksTrigger
+
+    control = PipelineControl(tmp_path, "payments")
+    control.request_checkpoint("r1")
+    started = time.monotonic()
+    timeout = _first_event(CheckpointAcksTrigger(str(tmp_path), "payments", deadline=time.time() + 0.5,
+                                                 request_id="r1", poll_interval=0.1))
+    assert timeout["event"] == "timeout" and timeout["status"] == "requested"
+    assert time.monotonic() - started < 5
+    store = control.store
+    store.begin_epoch()
+    cid = store.get_and_increment()
+    honour_requests(control.root, cid, 1)
+    store.record_pending(cid, trigger_time=1.0, epoch=1)
+    control.abort(checkpoint_id=cid, reason=FailureReason.DECLINED, message="snapshot failed")
+    done = _first_event(CheckpointAcksTrigger(str(tmp_path), "payments", deadline=time.time() + 30,
+                                              request_id="r1", poll_interval=0.1))
+    assert (done["event"], done["status"], done["checkpoint_id"], done["failure_reason"]) == (
+        "done", "aborted", cid, "declined")
+
+
+def test_sensor_turns_events_into_clear_outcomes():
+    from airflow.sdk.exceptions import AirflowFailException
+    from ckpt_airflow.sensors import CheckpointAcksSensor
+
+    sensor = CheckpointAcksSensor(task_id="w", pipeline="payments", request_id="r", ack_timeout=60)
+    assert sensor.execute_complete({}, {"event": "done", "status": "completed", "checkpoint_id": 4}) == 4
+    with pytest.raises(AirflowFailException, match="did not complete within 60 s"):
+        sensor.execute_complete({}, {"event": "timeout", "status": "requested", "checkpoint_id": None})
+    with pytest.raises(AirflowFailException, match="was aborted"):
+        sensor.execute_complete({}, {"event": "done", "status": "aborted", "checkpoint_id": 4,
+                                     "failure_reason": "expired"})
+
+
+@pytest.mark.parametrize("value", ["latest", "7", "123456789012345678"])
+def test_recover_form_accepts(dagbag, value):
+    from airflow.sdk.definitions.param import ParamsDict
+
+    params = ParamsDict(dagbag.dags["payments_recover"].params)
+    params["checkpoint_id"] = value
+    params.validate()
+
+
+@pytest.mark.parametrize("value", ["../../etc/passwd", "abc", "-1", "0", "1" * 19, "x" * 5000, "7; rm -rf /", ""])
+def test_recover_form_refuses_bad_checkpoint_ids(dagbag, value):
+    from airflow.sdk.definitions.param import ParamsDict
+    from airflow.sdk.exceptions import ParamValidationError
+
+    params = ParamsDict(dagbag.dags["payments_recover"].params)
+    with pytest.raises(ParamValidationError):
+        params["checkpoint_id"] = value
+        params.validate()
+
+
+def test_validate_params_task_fails_fast_and_touches_nothing(tmp_path):
+    from airflow.sdk.exceptions import AirflowFailException
+    from ckpt_airflow.operators import ValidateRecoveryParamsOperator
+
+    for bad, message in [("../x", "looks like a path"), ("abc", "not a number"), ("42", "not a retained"),
+                         ("9" * 40, "too long")]:
+        op = ValidateRecoveryParamsOperator(task_id=f"v{len(bad)}", pipeline="payments", warehouse=str(tmp_path),
+                                            checkpoint_id=bad)
+        with pytest.raises(AirflowFailException, match=message):
+            op.execute({})
+    op = ValidateRecoveryParamsOperator(task_id="m", pipeline="payments", warehouse=str(tmp_path), mode="fast")
+    with pytest.raises(AirflowFailException, match="invalid mode"):
+        op.execute({})
+    assert not (tmp_path / "_checkpoints" / "payments" / "control").exists()
+    assert not (tmp_path / "_checkpoints" / "payments" / "epochs" / "_delta_log" / "00000000000000000001.json").exists()
+
+
+def test_spark_submit_argv_is_exact():
+    from ckpt_airflow.hooks import JOBS_DIR, build_submit_argv, stage_args
+
+    args = stage_args("payments", "/w", stage="source", rows_per_checkpoint=500)
+    argv = build_submit_argv("run_stage.py", args, master="spark://127.0.0.1:7077", jars=["/j/a.jar", "/j/b.jar"],
+                             conf={"spark.executor.memory": "1g"})
+    assert argv == [
+        "spark-submit", "--master", "spark://127.0.0.1:7077", "--name", "ckpt-run_stage",
+        "--jars", "/j/a.jar,/j/b.jar", "--conf", "spark.executor.memory=1g", str(JOBS_DIR / "run_stage.py"),
+        "payments", "--warehouse", "/w", "--stage", "source", "--mode", "aligned", "--rows-per-checkpoint", "500",
+        "--until-caught-up",
+    ]
+    for job in ("run_stage.py", "recover.py", "generate.py"):
+        assert (JOBS_DIR / job).is_file()
+    with pytest.raises(ValueError, match="stage"):
+        stage_args("payments", "/w", stage="sink")
+    # the argv the jobs hand to the CLI parses
+    from checkpoint_lib.cli import build_parser
+
+    build_parser().parse_args(["run", *args])
+
+
+def test_warehouse_resolution_order(monkeypatch, tmp_path):
+    from ckpt_airflow.hooks import WarehouseNotConfigured, resolve_warehouse
+
+    monkeypatch.delenv("CKPT_WAREHOUSE", raising=False)
+    with pytest.raises(WarehouseNotConfigured, match="CKPT_WAREHOUSE"):
+        resolve_warehouse()
+    monkeypatch.setenv("CKPT_WAREHOUSE", str(tmp_path / "env"))
+    assert resolve_warehouse() == str(tmp_path / "env")
+    assert resolve_warehouse(conn_extra={"warehouse": "/c"}) == "/c"
+    assert resolve_warehouse("/x", {"warehouse": "/c"}) == "/x"
+
+
+def test_checkpoints_page_requires_a_user_and_stays_in_the_warehouse(tmp_path, monkeypatch):
+    from fastapi.testclient import TestClient
+
+    from ckpt_airflow.ui import app
+
+    monkeypatch.setenv("CKPT_WAREHOUSE", str(tmp_path))
+    control = PipelineControl(tmp_path, "payments")
+    store = control.store
+    store.begin_epoch()
+    cid = store.get_and_increment()
+    store.record_pending(cid, trigger_time=1.0, epoch=1)
+    (tmp_path / "_quality" / "payments" / "data_docs").mkdir(parents=True)
+    (tmp_path / "_quality" / "payments" / "data_docs" / "index.html").write_text("<h1>GX</h1>")
+    (tmp_path / "secret.txt").write_text("no")
+    client = TestClient(app)
+    for url in ["/", "/api/pipelines", "/api/payments/checkpoints", "/quality/payments/index.html"]:
+        assert client.get(url).status_code == 401, url
+    from airflow.api_fastapi.core_api.security import get_user
+
+    app.dependency_overrides[get_user] = lambda: object()  # an authenticated user; auth itself is Airflow's
+    try:
+        page = client.get("/?pipeline=payments")
+        assert page.status_code == 200 and f">{cid}<" in page.text and "data-quality report" in page.text
+        assert client.get("/api/payments/checkpoints").json()[0]["checkpoint_id"] == cid
+        assert client.get("/quality/payments/index.html").text == "<h1>GX</h1>"
+        assert client.get("/quality/payments/..%2F..%2F..%2Fsecret.txt").status_code == 404
+        assert client.get("/api/..%2Fetc/checkpoints").status_code in (400, 404)
+        assert client.get("/api/Payments/checkpoints").status_code == 400
+        assert client.get("/api/nope/checkpoints").status_code == 404
+        assert client.get("/api/payments/checkpoints/..%2F1/acks").status_code in (400, 404)
+        assert client.get("/api/payments/checkpoints/9999999999999999999999/acks").status_code == 400
+        assert client.get("/?pipeline=payments&checkpoint=abc").status_code == 400
+    finally:
+        app.dependency_overrides.clear()

@@ -1,0 +1,213 @@
+"""The Great Expectations suites on a real payments warehouse: they pass on a healthy run that was
+crashed-free but recovered through ``ckpt recover`` (which runs and records the after-restore
+validation), and each fails on a deliberately broken copy: a duplicated ledger row, a dropped
+row, a tampered balance, a snapshot with a missing channel-state segment, an unacknowledged subtask.
+
+One healthy warehouse per module (a PipelineRunner run costs about a minute); every breaking test
+works on its own ``shutil.copytree`` of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import pytest
+
+from checkpoint_lib import cli
+from checkpoint_lib.core.checkpoints import CompletedCheckpoint
+from checkpoint_lib.core.types import SubtaskId
+from checkpoint_lib.delta.store import DeltaCheckpointStore
+from checkpoint_lib.pipelines import get
+from checkpoint_lib.pipelines.payments import generate
+from checkpoint_lib.quality import (
+    QualityCheckError,
+    QualityCheckFailed,
+    data_docs_index,
+    validate_checkpoint,
+    validate_restore,
+)
+from checkpoint_lib.quality.records import ValidationLog
+from checkpoint_lib.spark.runner import PipelineRunner
+
+pytestmark = pytest.mark.spark
+ROWS = 200
+
+
+@pytest.fixture(scope="module")
+def healthy(spark, tmp_path_factory) -> Path:
+    """Generate, run to completion, then ``ckpt recover`` (restore the latest checkpoint, run on,
+    validate). The recover command must succeed: its validation passed."""
+    w = tmp_path_factory.mktemp("quality") / "w"
+    w.mkdir()
+    generate(spark, str(w), ROWS, bad_fraction=0.05, accounts=12, seed=11)
+    PipelineRunner(get("payments"), str(w), spark, rows_per_checkpoint=ROWS).run()
+    assert cli.main(["recover", "payments", "--warehouse", str(w), "--rows-per-checkpoint", str(ROWS)]) == 0
+    return w
+
+
+def _copy(healthy: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "w"
+    shutil.copytree(healthy, target)
+    return target
+
+
+def _failed(exc: QualityCheckFailed) -> set[tuple[str, str]]:
+    return {(o.view, o.target) for o in exc.result.failed}
+
+
+def test_recover_runs_the_validation_and_records_it(healthy):
+    row = ValidationLog(healthy / "_checkpoints" / "payments").latest(kind="restore")
+    assert row is not None and row["success"] and row["status"] == "passed"
+    store = DeltaCheckpointStore(healthy / "_checkpoints" / "payments")
+    assert row["epoch"] == store.current_epoch() == 2
+    assert row["restored_checkpoint_id"] is not None
+    assert row["checkpoint_id"] == store.latest().checkpoint_id
+    assert row["evaluated"] >= 10 and row["failed"] == 0
+    assert "PASSED" in row["summary"]
+
+
+def test_data_docs_index_exists_and_names_the_latest_run(healthy):
+    index = data_docs_index(healthy, "payments")
+    assert index == healthy.resolve() / "_quality" / "payments" / "data_docs" / "index.html"
+    assert index.is_file()
+    row = ValidationLog(healthy / "_checkpoints" / "payments").latest()
+    assert row["run_name"] in index.read_text()
+
+
+def test_per_checkpoint_suite_passes_on_the_healthy_run(spark, healthy, tmp_path):
+    w = _copy(healthy, tmp_path)
+    result = validate_checkpoint(spark, "payments", str(w))
+    assert result.success, result.summary(verbose=True)
+    assert {o.view for o in result.outcomes} == {"subtasks", "channel_state", "conservation"}
+
+
+def test_a_duplicated_ledger_row_fails(spark, healthy, tmp_path):
+    w = _copy(healthy, tmp_path)
+    ledger = f"{w}/gold/ledger"
+    spark.read.format("delta").load(ledger).limit(1).write.format("delta").mode("append").save(ledger)
+    with pytest.raises(QualityCheckFailed, match="FAILED") as err:
+        validate_restore(spark, "payments", str(w))
+    assert {("ledger", "event_id"), ("events", "sink_copies")} <= _failed(err.value)
+    row = ValidationLog(w / "_checkpoints" / "payments").latest(kind="restore")
+    assert row["status"] == "failed" and not row["success"] and "expect_column_values_to_be_unique" in row["summary"]
+
+
+def test_a_dropped_ledger_row_fails(spark, healthy, tmp_path):
+    from delta.tables import DeltaTable
+
+    w = _copy(healthy, tmp_path)
+    ledger = f"{w}/gold/ledger"
+    victim = spark.read.format("delta").load(ledger).select("event_id").first()["event_id"]
+    DeltaTable.forPath(spark, ledger).delete(f"event_id = '{victim}'")
+    with pytest.raises(QualityCheckFailed) as err:
+        validate_restore(spark, "payments", str(w))
+    assert {("events", "sink_copies"), ("totals", "table")} <= _failed(err.value)
+
+
+def test_a_tampered_balance_fails(spark, healthy, tmp_path):
+    from delta.tables import DeltaTable
+
+    w = _copy(healthy, tmp_path)
+    balances = f"{w}/gold/balances"
+    account = spark.read.format("delta").load(balances).select("account").first()["account"]
+    DeltaTable.forPath(spark, balances).update(f"account = '{account}'", {"balance_cents": "balance_cents + 1"})
+    with pytest.raises(QualityCheckFailed) as err:
+        validate_restore(spark, "payments", str(w))
+    assert _failed(err.value) == {("keys", "sink_matches_source")}
+
+
+def _add_checkpoint(store: DeltaCheckpointStore, base: CompletedCheckpoint, acks: dict) -> int:
+    cid = store.get_and_increment()
+    store.add(dataclasses.replace(base, checkpoint_id=cid, acks=acks,
+                                  ack_times={s: t for s, t in base.ack_times.items() if s in acks}))
+    return cid
+
+
+def test_an_unacknowledged_subtask_fails(spark, healthy, tmp_path):
+    w = _copy(healthy, tmp_path)
+    store = DeltaCheckpointStore(w / "_checkpoints" / "payments")
+    base = store.latest()
+    acks = {s: a for s, a in base.acks.items() if s != SubtaskId("balance", 2)}
+    cid = _add_checkpoint(store, base, acks)
+    with pytest.raises(QualityCheckFailed) as err:
+        validate_checkpoint(spark, "payments", str(w), cid)
+    assert ("subtasks", "acked") in _failed(err.value)
+    assert ValidationLog(w / "_checkpoints" / "payments").latest(kind="checkpoint", checkpoint_id=cid)["status"] == "failed"
+
+
+def _unaligned_snapshot(spark, w: Path) -> tuple[int, str]:
+    """Build a consistent *unaligned* snapshot from the latest checkpoint: one account's records
+    are taken out of subtask 0's state and logged as its channel state instead (two segments, one
+    per sender), exactly what an unaligned barrier overtaking them would have produced."""
+    from pyspark.sql import functions as F
+
+    from checkpoint_lib.pipelines.payments import payment_errors
+    from checkpoint_lib.spark.state import key_group_column
+
+    root = w / "_checkpoints" / "payments"
+    store = DeltaCheckpointStore(root)
+    base = store.latest()
+    keyed, source = SubtaskId("balance", 0), SubtaskId("source", 0)
+    lo, hi = base.acks[keyed].state["key_groups"]
+    offset, barrier = base.acks[source].state["version"], base.acks[source].state["barrier_seq"]
+    records = (
+        spark.read.format("delta").option("versionAsOf", offset).load(f"{w}/landing/payments")
+        .where(payment_errors(None).isNull())
+        .withColumn("key_group", key_group_column("account"))
+        .where(F.col("key_group").between(lo, hi))
+    )
+    account = records.agg(F.min("account")).first()[0]
+    records = records.where(F.col("account") == account)
+    cid = store.get_and_increment()
+    state_path = f"{root}/state/balance"
+    state = spark.read.format("delta").option("versionAsOf", base.acks[keyed].state["table_version"]).load(state_path)
+    moved = records.agg(F.sum("amount_cents").alias("a"), F.count(F.lit(1)).alias("n")).first()
+    (
+        state.withColumn("balance_cents", F.when(F.col("account") == account, F.col("balance_cents") - moved["a"]).otherwise(F.col("balance_cents")))
+        .withColumn("event_count", F.when(F.col("account") == account, F.col("event_count") - moved["n"]).otherwise(F.col("event_count")))
+        .write.format("delta").mode("overwrite").save(state_path)
+    )
+    version = spark.sql(f"DESCRIBE HISTORY delta.`{state_path}` LIMIT 1").first()["version"]
+    cs_path = f"{root}/channel_state"
+    schema = spark.read.format("delta").load(cs_path).schema
+    rows = (
+        records.withColumn("checkpoint_id", F.lit(cid)).withColumn("receiver", F.lit(0))
+        .withColumn("src_row", F.monotonically_increasing_id()).withColumn("sender", F.col("src_row") % 2)
+        .withColumn("seq", F.lit(barrier - 1)).withColumn("src_version", F.lit(offset)).withColumn("src_file", F.lit("constructed"))
+    )
+    rows.select(*[F.col(f.name).cast(f.dataType) for f in schema]).write.format("delta").mode("append").save(cs_path)
+    acks = dict(base.acks)
+    acks[keyed] = dataclasses.replace(
+        base.acks[keyed], state={**base.acks[keyed].state, "table_version": int(version)},
+        channel_state_rows=int(moved["n"]), channel_state_bytes=int(moved["n"]) * 64, unaligned=True,
+    )
+    store.add(dataclasses.replace(base, checkpoint_id=cid, acks=acks))
+    return cid, cs_path
+
+
+def test_a_missing_channel_state_segment_fails(spark, healthy, tmp_path):
+    from delta.tables import DeltaTable
+
+    w = _copy(healthy, tmp_path)
+    cid, cs_path = _unaligned_snapshot(spark, w)
+    ok = validate_checkpoint(spark, "payments", str(w), cid)  # the constructed cut is consistent
+    assert ok.success and ok.metrics["channel_state_segments"] == 2, ok.summary(verbose=True)
+    DeltaTable.forPath(spark, cs_path).delete(f"checkpoint_id = {cid} AND sender = 1")
+    with pytest.raises(QualityCheckFailed) as err:
+        validate_checkpoint(spark, "payments", str(w), cid)
+    assert {("subtasks", "channel_state_rows_recorded, channel_state_rows_found"), ("conservation", "table")} <= _failed(err.value)
+
+
+def test_bad_input_is_refused_clearly(spark, healthy, tmp_path):
+    with pytest.raises(ValueError, match="pipeline name"):
+        validate_restore(spark, "../etc", str(healthy))
+    with pytest.raises(ValueError, match="checkpoint id"):
+        validate_restore(spark, "payments", str(healthy), 0)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        validate_restore(spark, "payments", str(tmp_path / "nowhere"))
+    w = _copy(healthy, tmp_path)
+    with pytest.raises(QualityCheckError, match="checkpoint 999 .* unknown"):
+        validate_checkpoint(spark, "payments", str(w), 999)
+    assert ValidationLog(w / "_checkpoints" / "payments").latest()["status"] == "error"
