@@ -187,16 +187,9 @@ def _write_once(path: Path, doc: Mapping[str, Any]) -> bool:
 
 
 def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover - filesystems that refuse fsync on directories
-        pass
-    finally:
-        os.close(fd)
+    from .delta.store import _fsync_dir as fsync_dir  # one implementation (delta-rs imported lazily)
+
+    fsync_dir(directory)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
