@@ -104,7 +104,7 @@ def _runner(args: argparse.Namespace, **kw: Any):
 def _cmd_run(args: argparse.Namespace, recover: bool = False) -> int:
     runner = _runner(args, restore_checkpoint=args.checkpoint, recover=recover,
                      allow_non_restored_state=args.allow_non_restored_state)
-    summary = runner.run(until_caught_up=args.until_caught_up, max_steps=args.max_steps)
+    summary = runner.run(until_caught_up=args.until_caught_up, max_steps=args.max_steps, handle_signals=True)
     rate = summary.rows_in / summary.seconds if summary.seconds else 0.0
     print(
         f"epoch {summary.epoch}: read {summary.rows_in} rows in {summary.seconds:.1f} s ({rate:,.0f} rows/s), "

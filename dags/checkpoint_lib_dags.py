@@ -38,6 +38,7 @@ from ckpt_airflow.operators import (
     ValidateRecoveryParamsOperator,
     ValidateRestoreOperator,
 )
+from ckpt_airflow.callbacks import log_failure
 from ckpt_airflow.sensors import CheckpointAcksSensor
 
 DEFAULTS: dict[str, Any] = {
@@ -67,7 +68,8 @@ def settings_for(pipeline: str) -> dict[str, Any]:
 
 
 def _default_args(s: dict[str, Any]) -> dict[str, Any]:
-    return {"owner": "checkpoint_lib", "retries": s["retries"], "retry_delay": timedelta(seconds=30)}
+    return {"owner": "checkpoint_lib", "retries": s["retries"], "retry_delay": timedelta(seconds=30),
+            "on_failure_callback": log_failure, "on_retry_callback": log_failure}
 
 
 def build_run_dag(pipeline: str, s: dict[str, Any]) -> DAG:

@@ -38,7 +38,7 @@ import socket
 import threading
 import time
 from collections import Counter, defaultdict, deque
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -539,15 +539,18 @@ class PipelineRunner:
         max_steps: int | None = None,
         final_checkpoint: bool = True,
         final_kind: CheckpointKind = CheckpointKind.CHECKPOINT,
+        handle_signals: bool = False,
     ) -> RunSummary:
         """Open, process (until caught up, or ``max_steps`` steps), take a final checkpoint (of
         ``final_kind``) and close. A source-only run injects the final barrier and does not wait
-        for it; a keyed-only run stops when the channel log holds nothing new."""
+        for it; a keyed-only run stops when the channel log holds nothing new. With
+        ``handle_signals`` (the CLI), SIGTERM/SIGINT stop the loop cleanly (:meth:`request_stop`);
+        otherwise the host's handlers stay (e.g. Airflow's task runner)."""
         started = time.monotonic()
         if not self._opened:
             self.open()
         steps = 0
-        with _stop_on_signals(self.request_stop):
+        with _stop_on_signals(self.request_stop) if handle_signals else nullcontext():
             while (max_steps is None or steps < max_steps) and not self._stop_requested:
                 steps += 1
                 moved = self.source_step() if self.runs_source else False

@@ -293,7 +293,15 @@ class CheckpointHook(BaseHook):
         spark_submit = shutil.which("spark-submit") or str(Path(sys.executable).with_name("spark-submit"))
         argv = build_submit_argv(job, list(args), master=self.spark_master, spark_submit=spark_submit,
                                  jars=[str(j) for j in ensure_jars()])
-        env = {**os.environ, "CKPT_SPARK_MASTER": self.spark_master, "PYTHONPATH": str(REPO_ROOT)}
+        import pyspark
+
+        env = {
+            **os.environ, "CKPT_SPARK_MASTER": self.spark_master, "PYTHONPATH": str(REPO_ROOT),
+            # spark-submit finds Spark and Python from these, not from whatever python3 is on PATH
+            "SPARK_HOME": os.environ.get("SPARK_HOME") or str(Path(pyspark.__file__).parent),
+            "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON") or sys.executable,
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
         self.log.info("running %s", " ".join(argv))
         self._child = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                        start_new_session=True)

@@ -4,6 +4,7 @@ before Airflow is imported in this process, so nothing touches ~/airflow."""
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -16,6 +17,8 @@ os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_REPO / "dags")
 os.environ["AIRFLOW__CORE__PLUGINS_FOLDER"] = str(_REPO / "plugins")
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["AIRFLOW__CORE__PARALLELISM"] = "4"
+if str(_REPO / "plugins") not in sys.path:  # as Airflow does: plugins/ is importable (ckpt_airflow)
+    sys.path.insert(0, str(_REPO / "plugins"))
 
 
 def pytest_collection_modifyitems(items):

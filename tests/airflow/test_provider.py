@@ -201,3 +201,20 @@ def test_checkpoints_page_requires_a_user_and_stays_in_the_warehouse(tmp_path, m
         assert client.get("/?pipeline=payments&checkpoint=abc").status_code == 400
     finally:
         app.dependency_overrides.clear()
+
+
+def test_failure_callback_says_what_failed_and_what_happens_next():
+    from ckpt_airflow.callbacks import failure_summary
+
+    line = failure_summary("payments_run", "keyed", 1, 2, RuntimeError("executor lost"))
+    assert line.startswith("checkpoint_lib: payments_run.keyed try 1 (will be retried): RuntimeError: executor lost.")
+    assert "recovers the whole pipeline" in line
+    last = failure_summary("payments_snapshot", "commit", 3, 2, None)
+    assert "(no retries left): failed" in last and "idempotent" in last
+
+
+def test_every_dag_task_reports_failures_through_the_callback(dagbag):
+    from ckpt_airflow.callbacks import log_failure
+
+    tasks = [t for d in dagbag.dags.values() for t in d.tasks if t.task_id != "unless_dry_run"]
+    assert tasks and all(log_failure in (t.on_failure_callback or []) for t in tasks)
