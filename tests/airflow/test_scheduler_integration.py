@@ -102,9 +102,11 @@ def test_scheduled_snapshots_while_running_then_manual_recover(tmp_path):
             except subprocess.TimeoutExpired:
                 p.kill()
     honoured = [control.progress(request_id=r.request_id) for r in control.requests.all() if r.state == "honoured"]
-    # the scheduled snapshots completed; one in flight when the recovery fenced epoch 1 is aborted
+    # The scheduled snapshots completed. One in flight when the recovery fenced epoch 1 is aborted
+    # (its DAG run fails on purpose and its abort task records why); one still in flight when this
+    # test stops the deployment stays pending (the next run's recovery aborts it).
     assert sum(p.status == "completed" for p in honoured) >= 2, honoured
-    assert all(p.status in ("completed", "aborted", "discarded") for p in honoured), honoured
+    assert all(p.status in ("completed", "aborted", "discarded", "pending") for p in honoured), honoured
     assert control.paused() is None  # the recover DAG unpaused the pipeline
     check = check_payments(str(warehouse))
     assert check.ok, check.summary()
