@@ -1,6 +1,7 @@
 """Throughput of the payments pipeline: N events end to end, checkpoint durations, verified.
 
     .venv/bin/python bench/throughput.py --rows 1000000 --versions 10 --rows-per-checkpoint 100000
+    .venv/bin/python bench/throughput.py --rows 200000 --mode aligned,unaligned --lagging-sources 1
 
 Generates ``--rows`` events in ``--versions`` landing versions (in a fresh warehouse under
 ``--warehouse``), runs ``payments`` until caught up with a checkpoint every
@@ -23,7 +24,10 @@ def main() -> int:
     ap.add_argument("--versions", type=int, default=10)
     ap.add_argument("--rows-per-checkpoint", type=int, default=100_000)
     ap.add_argument("--accounts", type=int, default=10_000)
-    ap.add_argument("--mode", default="aligned")
+    ap.add_argument("--mode", default="aligned",
+                    help="barrier mode, or several separated by commas: each runs on the same data")
+    ap.add_argument("--lagging-sources", type=int, default=0,
+                    help="slow source subtasks (one step behind): records in flight at every checkpoint")
     ap.add_argument("--warehouse", default=None, help="default: a temporary folder, deleted afterwards")
     args = ap.parse_args()
 
@@ -35,34 +39,55 @@ def main() -> int:
     from checkpoint_lib.spark.session import get_spark
     from checkpoint_lib.verify import check_payments
 
-    w = args.warehouse or tempfile.mkdtemp(prefix="ckpt-bench-")
+    base = args.warehouse or tempfile.mkdtemp(prefix="ckpt-bench-")
     spark = get_spark(ui=False)
-    t0 = time.monotonic()
-    per = args.rows // args.versions
-    for v in range(args.versions):
-        generate(spark, w, per, bad_fraction=0.001, accounts=args.accounts, seed=v, files=2)
-    gen = time.monotonic() - t0
-    print(f"generated {per * args.versions:,} rows in {args.versions} versions in {gen:.1f} s", flush=True)
+    modes = args.mode.split(",")
+    table = []
+    for mode in modes:
+        w = base if len(modes) == 1 else f"{base}/{mode}"
+        t0 = time.monotonic()
+        per = args.rows // args.versions
+        for v in range(args.versions):  # the same seeds: the same data for every mode
+            generate(spark, w, per, bad_fraction=0.001, accounts=args.accounts, seed=v, files=2)
+        gen = time.monotonic() - t0
+        print(f"generated {per * args.versions:,} rows in {args.versions} versions in {gen:.1f} s", flush=True)
 
-    config = CheckpointConfig(interval=0, max_concurrent=1, timeout=3600, retained=5)
-    runner = PipelineRunner(get("payments"), w, spark, mode=args.mode, config=config,
-                            rows_per_checkpoint=args.rows_per_checkpoint,
-                            progress=lambda m: print(f"  {m}", flush=True))
-    summary = runner.run()
-    check = check_payments(w, exact_order=args.mode != "at_least_once")
-    if not check.ok:
-        print("OUTPUTS WRONG:", check.summary())
-        return 1
-    rows = [r for r in DeltaCheckpointStore.open(f"{w}/_checkpoints/payments").history() if r["status"] in ("completed", "discarded")]
-    durations = sorted((r["completion_time"] - r["trigger_time"]) * 1000 for r in rows if r["completion_time"])
-    print(f"\nmode {args.mode}: {summary.rows_in:,} rows in {summary.seconds:.1f} s = "
-          f"{summary.rows_in / summary.seconds:,.0f} rows/s, {summary.steps} steps, {len(summary.completed)} checkpoints")
-    if durations:
-        print(f"checkpoint duration (trigger -> completed, ms): min {durations[0]:.0f}, "
-              f"median {statistics.median(durations):.0f}, max {durations[-1]:.0f}")
-    print(f"outputs verified: {check.summary()}")
+        config = CheckpointConfig(interval=0, max_concurrent=1, timeout=3600, retained=5)
+        runner = PipelineRunner(get("payments"), w, spark, mode=mode, config=config,
+                                rows_per_checkpoint=args.rows_per_checkpoint, lagging_sources=args.lagging_sources,
+                                progress=lambda m: print(f"  {m}", flush=True))
+        summary = runner.run()
+        check = check_payments(w, exact_order=mode != "at_least_once" and not args.lagging_sources)
+        if not check.ok:
+            print("OUTPUTS WRONG:", check.summary())
+            return 1
+        store = DeltaCheckpointStore.open(f"{w}/_checkpoints/payments")
+        rows = [r for r in store.history() if r["status"] in ("completed", "discarded")]
+        durations = sorted((r["completion_time"] - r["trigger_time"]) * 1000 for r in rows if r["completion_time"])
+        keyed = [a for c in store.all() if c.checkpoint_id != summary.final
+                 for s, a in c.acks.items() if s.operator == "balance"]
+        align = sorted(a.alignment_ms for a in keyed) or [0.0]
+        cs_rows = sum(a.channel_state_rows for a in keyed)
+        cs_bytes = sum(a.channel_state_bytes for a in keyed)
+        print(f"\nmode {mode}: {summary.rows_in:,} rows in {summary.seconds:.1f} s = "
+              f"{summary.rows_in / summary.seconds:,.0f} rows/s, {summary.steps} steps, {len(summary.completed)} checkpoints")
+        if durations:
+            print(f"checkpoint duration (trigger -> completed, ms): min {durations[0]:.0f}, "
+                  f"median {statistics.median(durations):.0f}, max {durations[-1]:.0f}")
+        print(f"outputs verified: {check.summary()}")
+        table.append((mode, summary.seconds, statistics.median(durations) if durations else 0.0,
+                      statistics.median(align), cs_rows, cs_bytes, len(keyed)))
+        if args.warehouse is None and len(modes) == 1:
+            shutil.rmtree(w, ignore_errors=True)
+    print(f"\n{args.rows:,} rows, a checkpoint every {args.rows_per_checkpoint:,}, "
+          f"{args.lagging_sources} lagging source subtask(s); retained checkpoints but the final one:")
+    print("| mode | run (s) | median checkpoint (ms) | median alignment per subtask (ms) "
+          "| channel state rows | channel state bytes |")
+    print("|---|---|---|---|---|---|")
+    for mode, secs, dur, align, rows, nbytes, _n in table:
+        print(f"| {mode} | {secs:.1f} | {dur:.0f} | {align:.0f} | {rows:,} | {nbytes:,} |")
     if args.warehouse is None:
-        shutil.rmtree(w, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
     return 0
 
 

@@ -97,7 +97,7 @@ def _runner(args: argparse.Namespace, **kw: Any):
         pipeline, args.warehouse, _spark(), mode=args.mode,
         rows_per_checkpoint=args.rows_per_checkpoint, config=config, progress=_progress,
         alignment_timeout=args.alignment_timeout, stage=args.stage,
-        poll_interval=getattr(args, "poll", 1.0), **kw,
+        poll_interval=getattr(args, "poll", 1.0), lagging_sources=getattr(args, "lagging_sources", 0), **kw,
     )
 
 
@@ -254,6 +254,10 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                         "rescales: the next start restores the latest checkpoint with state split by key group")
     p.add_argument("--source-parallelism", type=_positive_int, default=None,
                    help="source subtasks (default: as declared)")
+    p.add_argument("--lagging-sources", type=int, default=0, metavar="N",
+                   help="make the last N source subtasks slow: their records and barrier of each step reach "
+                        "the channel one step after the others' (skew: barriers at different positions, "
+                        "records in flight; unaligned checkpoints then log channel state). Default 0")
     p.add_argument("--stage", choices=("all", "source", "keyed"), default="all",
                    help="run one stage as its own process (source: landing table -> channel log; keyed: "
                         "channel log -> state and sinks), or both (all, the default)")

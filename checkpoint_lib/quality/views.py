@@ -64,6 +64,8 @@ class CheckpointFacts:
     acks: list[dict[str, Any]]
     source_version: int
     barrier_seq: int | None
+    # each source subtask's barrier position (senders may differ: lagging source subtasks)
+    barrier_seqs: dict[int, int] | None = None
 
     def keyed_acks(self, operator_uid: str) -> list[dict[str, Any]]:
         return [a for a in self.acks if a["operator"] == operator_uid]
@@ -137,8 +139,10 @@ def checkpoint_facts(ctx: Context, checkpoint_id: int | None) -> CheckpointFacts
         raise QualityCheckError(f"checkpoint {checkpoint_id} has no source acknowledgement (no offsets)")
     state = sources[0]["state"]
     barrier = state.get("barrier_seq")
+    per_sender = state.get("barrier_seqs")
     return CheckpointFacts(checkpoint_id, int(row["epoch"]), acks, int(state.get("version", -1)),
-                           None if barrier is None else int(barrier))
+                           None if barrier is None else int(barrier),
+                           None if per_sender is None else {int(k): int(v) for k, v in per_sender.items()})
 
 
 def latest_restore(ctx: Context) -> RestoreFacts | None:
@@ -409,10 +413,13 @@ def checkpoint_views(ctx: Context, facts: CheckpointFacts) -> dict[str, DataFram
         .withColumn("channel_state_rows_found", F.coalesce("channel_state_rows_found", F.lit(0)).cast("long"))
         .orderBy("operator", "subtask_index")
     )
-    barrier = facts.barrier_seq if facts.barrier_seq is not None else -1
+    barrier = F.lit(facts.barrier_seq if facts.barrier_seq is not None else -1).cast("long")
+    if facts.barrier_seqs:  # n >= m per channel: a segment must precede ITS sender's barrier
+        positions = F.create_map(*[F.lit(x) for kv in sorted(facts.barrier_seqs.items()) for x in kv])
+        barrier = F.coalesce(positions[F.col("sender")].cast("long"), F.lit(-1).cast("long"))
     views["channel_state"] = ctx.materialize(
         segments.withColumn("checkpoint_id", F.lit(facts.checkpoint_id).cast("long"))
-        .withColumn("barrier_seq", F.lit(barrier).cast("long"))
+        .withColumn("barrier_seq", barrier)
     )
 
     aggs = ctx.spec.aggregates

@@ -78,31 +78,50 @@ class DeltaChannelLog:
         at ``seq``. The barrier (``(checkpoint_id, timestamp)``) goes to ``seq + 1`` and an end
         marker after it, on every (sender, receiver) channel.
         """
-        parts: list[DataFrame] = []
-        if data is not None:
-            parts.append(
-                data.withColumn("seq", F.lit(seq).cast("long"))
-                .withColumn("kind", F.lit(DATA))
-                .withColumn("checkpoint_id", F.lit(None).cast("long"))
-                .withColumn("barrier_ts", F.lit(None).cast("double"))
-                .withColumn("epoch", F.lit(epoch).cast("long"))
-                .select(*self.schema.fieldNames())
-            )
-        markers = []
+        parts: list[tuple] = [] if data is None else [(DATA, seq, data)]
         pos = seq + 1
         if barrier is not None:
-            markers += [(s, r, pos, BARRIER, barrier[0], barrier[1], epoch) for s in senders for r in receivers]
+            parts.append((BARRIER, pos, barrier, senders, receivers))
             pos += 1
         if end:
-            markers += [(s, r, pos, END, None, None, epoch) for s in senders for r in receivers]
+            parts.append((END, pos, senders, receivers))
+        self.write(parts, epoch=epoch)
+
+    def write(self, parts: Sequence[tuple], *, epoch: int) -> None:
+        """Append ``parts`` in ONE Delta commit (atomic), each at its own position:
+        ``("data", seq, df)`` (a segment: ``df`` has the payload plus ``sender`` and ``receiver``),
+        ``("barrier", seq, (checkpoint_id, ts), senders, receivers)`` and
+        ``("end", seq, senders, receivers)`` (one row per (sender, receiver) channel). Senders may
+        put their barriers at different positions: that is what makes records in flight."""
+        frames: list[DataFrame] = []
+        markers = []
+        for part in parts:
+            if part[0] == DATA:
+                _, seq, df = part
+                frames.append(
+                    df.withColumn("seq", F.lit(seq).cast("long"))
+                    .withColumn("kind", F.lit(DATA))
+                    .withColumn("checkpoint_id", F.lit(None).cast("long"))
+                    .withColumn("barrier_ts", F.lit(None).cast("double"))
+                    .withColumn("epoch", F.lit(epoch).cast("long"))
+                    .select(*self.schema.fieldNames())
+                )
+            elif part[0] == BARRIER:
+                _, pos, (cid, ts), senders, receivers = part
+                markers += [(s, r, pos, BARRIER, cid, ts, epoch) for s in senders for r in receivers]
+            elif part[0] == END:
+                _, pos, senders, receivers = part
+                markers += [(s, r, pos, END, None, None, epoch) for s in senders for r in receivers]
+            else:
+                raise ValueError(f"unknown channel entry {part[0]!r}")
         if markers:
             rows = [m + (None,) * len(self.payload.fields) for m in markers]
-            parts.append(self.spark.createDataFrame(rows, self.schema))
-        if not parts:
+            frames.append(self.spark.createDataFrame(rows, self.schema))
+        if not frames:
             return
-        df = parts[0]
-        for p in parts[1:]:
-            df = df.unionByName(p)
+        df = frames[0]
+        for f in frames[1:]:
+            df = df.unionByName(f)
         df.write.format("delta").mode("append").save(self.path)
 
     def index(self, epoch: int, receivers: Iterable[int] | None = None, after: int = -1) -> list[ChannelEvent]:

@@ -137,6 +137,7 @@ class PipelineRunner:
         stage: str = "all",
         recover: bool = False,
         poll_interval: float = 1.0,
+        lagging_sources: int = 0,
     ):
         self.pipeline = pipeline.validate()
         if stage not in ("all", *STAGES):
@@ -174,6 +175,14 @@ class PipelineRunner:
         self.root = self._path(f"_checkpoints/{p.name}")
         self.store = DeltaCheckpointStore.open(self.root, retained=self.config.retained)
         self.S, self.P = p.source_parallelism, p.keyed_parallelism
+        if not 0 <= lagging_sources < self.S:
+            raise ValueError(
+                f"lagging_sources must be within 0..{self.S - 1} (at least one source subtask keeps pace), "
+                f"got {lagging_sources}"
+            )
+        # The last ``lagging_sources`` source subtasks are slow: each step's records and barrier
+        # reach the channel one step after the others' (see _write_source_step).
+        self.lagging = list(range(self.S - lagging_sources, self.S))
         self.sources = [SubtaskId("source", i) for i in range(self.S)]
         self.keyed = [SubtaskId(p.operator_uid, i) for i in range(self.P)]
         self.sink_ids = {name: [SubtaskId(f"sink_{name}", i) for i in range(self.P)] for name in p.sinks}
@@ -416,6 +425,8 @@ class PipelineRunner:
         resume points. The runner cannot be used afterwards; a new one resumes where it ended."""
         if not self._opened:
             return
+        if self.runs_source and self._deferred is not None:
+            self._write_source_step(None, [], None)  # a lagging subtask catches up before the end
         if self.runs_keyed:
             busy = [r for r, h in enumerate(self.handlers)
                     if h.aligning is not None or h.logging_channel_state or h.held or h.tracked]
@@ -491,6 +502,8 @@ class PipelineRunner:
         self.snapshots: dict[tuple[int, int], dict[str, Any]] = {}
         self.schema_checked_at = -1
         self.summary = RunSummary(0, None)
+        # a lagging source subtask's records and barrier of the last step, not in the channel yet
+        self._deferred: tuple[DataFrame | None, tuple[int, float] | None] | None = None
 
     def _restore(self, plan: RecoveryPlan) -> None:
         """Carry out the recovery plan on the data (every stage), and set every stage's position."""
@@ -629,7 +642,7 @@ class PipelineRunner:
         if latest is None or latest <= self.offset:
             self._on_coordinator(self.coordinator.expire())  # no barrier without a source step...
             requested = self._requested_trigger(None)  # ...unless someone asked for a checkpoint
-            if requested is None:
+            if requested is None and self._deferred is None:
                 return False
             self._write_source_step(None, [], requested)
             return True
@@ -689,6 +702,19 @@ class PipelineRunner:
             )
 
     def _write_source_step(self, end_version: int | None, step: list, trigger: TriggerCheckpoint | None) -> None:
+        """Write one source step into the channel log in ONE commit, at positions from
+        ``next_seq``: the step's records, then the barrier of ``trigger`` on every channel.
+
+        With lagging source subtasks (``lagging_sources``) the commit is laid out as
+        ``seq``: this step's records of the subtasks that keep pace; ``seq+1``: the lagging
+        subtasks' records of the previous step; ``seq+2``: their barrier of the previous step's
+        checkpoint; ``seq+3``: this step's barrier on the channels that keep pace (and on the
+        lagging ones when they read nothing in this step) - the lagging subtasks' records and
+        barrier of this step go into the next commit. So a keyed subtask sees a checkpoint's
+        barriers at different positions, with records in flight between them: post-barrier
+        records of the fast channels, pre-barrier records of the slow ones (channel state in
+        unaligned mode). The positions of the next commit are fixed now, so the sources' acks
+        (durable before any barrier of the checkpoint) know where the last barrier will be."""
         seq = self.next_seq
         if trigger is not None:
             self.store.record_pending(trigger.checkpoint_id, trigger.barrier.kind, trigger.barrier.timestamp, self.epoch)
@@ -699,22 +725,51 @@ class PipelineRunner:
             rows = sum(max(f.rows, 0) for f in step)
             self.summary.rows_in += rows
         barrier = (trigger.checkpoint_id, trigger.barrier.timestamp) if trigger else None
+        senders = list(range(self.S))
+        parts: list[tuple] = []
+        defer = False
+        if not self.lagging:
+            if data is not None:
+                parts.append((DATA, seq, data))
+            barrier_at = {s: seq + 1 for s in senders}
+            next_seq = seq + 2
+        else:
+            lag = F.col("sender").isin(self.lagging)
+            defer = bool({i % self.S for i in range(len(step))} & set(self.lagging))
+            if data is not None:
+                parts.append((DATA, seq, data.where(~lag) if defer else data))
+            if self._deferred is not None:
+                old_data, old_barrier = self._deferred
+                if old_data is not None:
+                    parts.append((DATA, seq + 1, old_data))
+                if old_barrier is not None:
+                    parts.append((BARRIER, seq + 2, old_barrier, self.lagging, list(range(self.P))))
+            next_seq = seq + 4
+            barrier_at = {s: (next_seq + 2 if defer and s in self.lagging else seq + 3) for s in senders}
+        if barrier is not None:
+            now = [s for s in senders if barrier_at[s] < next_seq]
+            parts.append((BARRIER, barrier_at[now[0]], barrier, now, list(range(self.P))))
         acks = {}
         if trigger is not None:
             # Durable before the barrier is in the channel: a keyed stage in another process that
-            # sees the barrier finds the sources' acks, and completes the checkpoint.
+            # sees the barrier finds the sources' acks, and completes the checkpoint. ``next_seq``
+            # is where a restore resumes: past every channel's barrier of this checkpoint.
+            last = max(barrier_at.values())
             state = {"version": self.offset if end_version is None else end_version,
-                     "next_seq": seq + 2, "barrier_seq": seq + 1}
+                     "next_seq": last + 1, "barrier_seq": last,
+                     "barrier_seqs": {str(s): p for s, p in barrier_at.items()}}
             acks = {sid: SubtaskAck(state=state) for sid in self.sources}
             self._checkpoint("source_ack")
             self.store.record_acks(trigger.checkpoint_id, acks, self.epoch)
-        if data is not None or barrier is not None:
+        if parts:
             self._checkpoint("channel_write")
             self._fence()
-            self.channel.append(data, seq, list(range(self.S)), list(range(self.P)), barrier, epoch=self.epoch)
+            self.channel.write(parts, epoch=self.epoch)
+        if self.lagging:
+            self._deferred = (data.where(lag), barrier) if defer else None
         if end_version is not None:
             self.offset = end_version
-        self.next_seq = seq + 2
+        self.next_seq = next_seq
         for sid, ack in acks.items():
             self._on_coordinator(self.coordinator.acknowledge(trigger.checkpoint_id, sid, ack).effects)
 
@@ -796,6 +851,10 @@ class PipelineRunner:
     def keyed_step(self) -> bool:
         """Consume everything the channel log holds beyond the cursor. False: nothing new."""
         self._check_open()
+        if self.alignment_timeout is not None:  # aligned-with-timeout: switch even with no new event
+            timed = {r: h.on_timer() for r, h in enumerate(self.handlers)}
+            if any(timed.values()):
+                self._execute(timed)
         events = self.channel.index(self.epoch, after=self.cursor)
         if not events:
             return False
