@@ -114,6 +114,29 @@ class DeltaSink:
         object.__setattr__(self, "keys", tuple(self.keys))
 
 
+@dataclass(frozen=True)
+class Bootstrap:
+    """Records read once, before anything else, when a pipeline starts from scratch (no completed
+    checkpoint): e.g. opening balances. The table's latest version is read in the first source
+    step, ``to_records(df)`` turns its rows into records of the pipeline's record schema (it gets
+    the table's ``schema`` columns plus the offset columns and ``sender``, and must keep those),
+    and they enter the channel before the first records of the source. Later appends to the table
+    are not read: restoring any completed checkpoint restores what the bootstrap put into state."""
+
+    path: str
+    schema: Mapping[str, str]
+    to_records: Callable[[Any], Any]
+
+    def __post_init__(self) -> None:
+        check_relative_path(self.path)
+        if not self.schema:
+            raise ValueError("a bootstrap table needs a schema (column -> Delta type)")
+
+
+FEEDBACK = "feedback"
+"""The name under which an iterating keyed operator returns the records it sends to itself."""
+
+
 class Operator(Protocol):
     """A stateless operator (after ``rebalance()``, ``broadcast()`` or ``forward()``): ``apply``
     gets the records of one flush and returns one DataFrame per sink (keep the ``sink_subtask``
@@ -149,7 +172,9 @@ class Pipeline:
     sinks: dict[str, DeltaSink] = field(default_factory=dict)
     dlq_path: str | None = None
     feedback: bool = False
-    """The keyed operator sends records to itself (a cycle): aligned mode must refuse it."""
+    """The keyed operator sends records to itself (a cycle, :meth:`iterate`): aligned and
+    at-least-once modes must refuse it."""
+    bootstrap_spec: Bootstrap | None = None
     partitioning: str | None = None
     """How records go from the source stage to the operator: one of :data:`PARTITIONINGS`."""
     transforms: list[tuple[Callable[[Any], Any], dict[str, str]]] = field(default_factory=list)
@@ -237,6 +262,24 @@ class Pipeline:
                 f"by key, so use key_by() instead of {self.partitioning}()"
             )
         self.operator, self.operator_uid = operator, _check_name("operator uid", uid)
+        return self
+
+    def iterate(self) -> "Pipeline":
+        """Close a cycle: the keyed operator also returns, under :data:`FEEDBACK`, records (of the
+        record schema, keeping the offset columns) that go back into its own input, routed by
+        the key like the records from the source. Checkpoints of a cycle must be unaligned (or
+        aligned with a timeout): the barrier on the feedback edge comes only after the snapshot,
+        so in-flight feedback records are logged as channel state, as Chandy-Lamport does."""
+        if self.operator is None or not self.keyed:
+            raise ValueError("iterate() needs a keyed operator first: key_by(...).process(...)")
+        self.feedback = True
+        return self
+
+    def bootstrap(self, bootstrap: Bootstrap) -> "Pipeline":
+        """Records read once when the pipeline starts from scratch (see :class:`Bootstrap`)."""
+        if self.source_spec is None:
+            raise ValueError("bootstrap() needs a source() first")
+        self.bootstrap_spec = bootstrap
         return self
 
     def with_parallelism(self, source: int | None = None, operator: int | None = None) -> "Pipeline":

@@ -122,3 +122,74 @@ def check_payments(warehouse: str, *, exact_order: bool = True, at_least_once: b
     if dlq_keys != bad_keys or len(dlq) != len(bad):
         check.problems.append(f"dead letters hold {len(dlq)} rows, expected the {len(bad)} bad source rows")
     return check
+
+
+@dataclass
+class TransfersCheck:
+    accounts: int
+    valid_transfers: int
+    bad_transfers: int
+    dlq_rows: int
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def summary(self) -> str:
+        head = (f"{self.accounts} accounts, {self.valid_transfers} valid + {self.bad_transfers} bad transfers, "
+                f"dead letters {self.dlq_rows}")
+        return head + (": balances exact, money conserved" if self.ok else "\n  - " + "\n  - ".join(self.problems))
+
+
+def _delta_files(path: Path, upto: int | None = None) -> pd.DataFrame:
+    latest = delta_log.latest_version(path) if upto is None else upto
+    frames = []
+    for f in delta_log.added_files(path, -1, latest if latest is not None else -1):
+        table = pq.read_table(path / unquote(f.path)).to_pandas()
+        table["src_version"], table["src_file"], table["src_row"] = f.version, f.path, range(len(table))
+        frames.append(table)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def expected_transfers(warehouse: str, upto: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(balances per account, bad transfers) for the transfers up to table version ``upto``."""
+    w = Path(warehouse)
+    accounts = _delta_files(w / "landing" / "accounts")
+    transfers = _delta_files(w / "landing" / "transfers", upto)
+    bad_mask = (
+        transfers["transfer_id"].isna() | transfers["src"].isna() | (transfers["src"].astype(str).str.strip() == "")
+        | transfers["dst"].isna() | (transfers["dst"].astype(str).str.strip() == "")
+        | transfers["amount_cents"].isna() | (transfers["amount_cents"].fillna(0) <= 0)
+    )
+    good = transfers[~bad_mask]
+    balance = accounts.groupby("account")["opening_cents"].sum().astype("int64")
+    out = good.groupby("src")["amount_cents"].sum().astype("int64")
+    into = good.groupby("dst")["amount_cents"].sum().astype("int64")
+    every = balance.index.union(out.index).union(into.index)
+    total = (balance.reindex(every, fill_value=0) - out.reindex(every, fill_value=0)
+             + into.reindex(every, fill_value=0))
+    return total.rename("balance_cents").rename_axis("account").reset_index(), transfers[bad_mask]
+
+
+def check_transfers(warehouse: str) -> TransfersCheck:
+    """Compare ``gold/account_balances`` and the DLQ with the expected result."""
+    w = Path(warehouse)
+    want, bad = expected_transfers(warehouse)
+    got = read_delta(w / "gold" / "account_balances")
+    dlq = read_delta(w / "dlq" / "transfers")
+    transfers = _delta_files(w / "landing" / "transfers")
+    check = TransfersCheck(len(want), len(transfers) - len(bad), len(bad), len(dlq))
+    if got["account"].duplicated().any():
+        check.problems.append("account_balances holds an account twice")
+    g = got.set_index("account")["balance_cents"].astype("int64").sort_index()
+    e = want.set_index("account")["balance_cents"].sort_index()
+    if not g.index.equals(e.index):
+        check.problems.append(f"account_balances has {len(g)} accounts, expected {len(e)}")
+    elif (g != e).any():
+        check.problems.append(f"{int((g != e).sum())} accounts have a wrong balance")
+    if int(g.sum()) != int(e.sum()):
+        check.problems.append(f"money not conserved: {int(g.sum())} != {int(e.sum())}")
+    if len(dlq) != len(bad):
+        check.problems.append(f"dead letters hold {len(dlq)} rows, expected the {len(bad)} bad transfers")
+    return check

@@ -58,13 +58,17 @@ MODES = ["aligned", "unaligned", "aligned_with_timeout", "at_least_once"]
 
 
 def settings_for(pipeline: str) -> dict[str, Any]:
-    """:data:`DEFAULTS` updated with ``CKPT_DAG_SETTINGS[pipeline]``; unknown keys are an error."""
+    """:data:`DEFAULTS` updated with ``CKPT_DAG_SETTINGS[pipeline]``; unknown keys are an error. A
+    pipeline with a cycle (``transfers``) defaults to unaligned: aligned cannot checkpoint it."""
     raw = os.environ.get("CKPT_DAG_SETTINGS", "").strip()
     overrides = json.loads(raw).get(pipeline, {}) if raw else {}
     unknown = set(overrides) - set(DEFAULTS)
     if unknown:
         raise ValueError(f"CKPT_DAG_SETTINGS[{pipeline!r}]: unknown keys {sorted(unknown)}; known: {sorted(DEFAULTS)}")
-    return {**DEFAULTS, **overrides}
+    base = dict(DEFAULTS)
+    if REGISTRY[pipeline]().feedback:
+        base["mode"] = "unaligned"
+    return {**base, **overrides}
 
 
 def _default_args(s: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,13 @@ def _payments() -> Pipeline:
     return build()
 
 
-REGISTRY: dict[str, Callable[[], Pipeline]] = {"payments": _payments}
+def _transfers() -> Pipeline:
+    from .transfers import build
+
+    return build()
+
+
+REGISTRY: dict[str, Callable[[], Pipeline]] = {"payments": _payments, "transfers": _transfers}
 
 
 def get(name: str) -> Pipeline:

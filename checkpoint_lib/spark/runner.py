@@ -39,7 +39,7 @@ import threading
 import time
 from collections import Counter, defaultdict, deque
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from pyspark.sql import DataFrame, SparkSession
@@ -75,7 +75,7 @@ from ..core.types import Barrier, BarrierMode, CheckpointKind, SubtaskAck, Subta
 from ..delta import log as delta_log
 from ..delta.store import END as SESSION_END
 from ..delta.store import RESTORED, START, DeltaCheckpointStore
-from ..pipeline import FolderSource, Pipeline
+from ..pipeline import FEEDBACK, FolderSource, Pipeline
 from . import tables
 from .landing import LandingFolderSource
 from .channels import BARRIER, DATA, END, ChannelEvent, DeltaChannelLog
@@ -85,7 +85,7 @@ from .state import KEY_GROUP, KeyedStateTable
 
 KILL_PHASES = (
     "source_read", "dlq", "channel_write", "source_ack", "flush_stage", "flush_merge",
-    "snapshot", "ack", "complete", "commit", "recover", "rollback",
+    "snapshot", "ack", "complete", "commit", "recover", "rollback", "feedback_write",
 )
 TRUNCATE_EVERY = 5
 STAGES = ("source", "keyed")
@@ -149,10 +149,12 @@ class PipelineRunner:
         self._opened = False
         self._closed = False
         self.mode = BarrierMode(mode)
-        if pipeline.feedback and self.mode is BarrierMode.ALIGNED:
+        if pipeline.feedback and self.mode in (BarrierMode.ALIGNED, BarrierMode.AT_LEAST_ONCE):
             raise ValueError(
-                f"pipeline {pipeline.name!r} has a feedback edge (a cycle): aligned checkpoints cannot "
-                "align on it (its barrier comes only after the snapshot). Use --mode unaligned."
+                f"pipeline {pipeline.name!r} has a feedback edge (a cycle): {self.mode.value} checkpoints "
+                "cannot wait for its barrier, which comes only after the snapshot. Use --mode unaligned "
+                "(or aligned_with_timeout): the records in flight on the feedback edge are then logged "
+                "as channel state, as Chandy-Lamport does."
             )
         if rows_per_checkpoint < 1:
             raise ValueError(f"rows_per_checkpoint must be >= 1, got {rows_per_checkpoint}")
@@ -200,6 +202,12 @@ class PipelineRunner:
             [(c, t) for c, t in p.record_schema.items()] + [(KEY_GROUP, "int"), *OFFSET_COLUMNS]
         )
         self.channel = DeltaChannelLog(spark, f"{self.root}/channels/source_{p.operator_uid}", self.payload)
+        # a cycle: what the operator sends to itself, a log per (sending subtask, receiving subtask)
+        self.feedback_log: DeltaChannelLog | None = None
+        if p.feedback:
+            self.feedback_log = DeltaChannelLog(
+                spark, f"{self.root}/channels/{p.operator_uid}_{p.operator_uid}", self.payload
+            )
         self.channel_state_path = f"{self.root}/channel_state"
         self.state: KeyedStateTable | None = None  # a stateless operator (not key_by) has none
         if p.keyed:
@@ -262,6 +270,8 @@ class PipelineRunner:
         if self._opened or self._closed:
             raise RuntimeError("this runner was already opened: use a new one")
         self.channel.create()
+        if self.feedback_log is not None:
+            self.feedback_log.create()
         if self.state is not None:
             self.state.create()
         for sink in self.sinks.values():
@@ -403,6 +413,7 @@ class PipelineRunner:
         return {
             "parallelism": self._parallelism(),
             "cursor": self.cursor, "state_version": self.state_version, "flushes": self.flushes,
+            "fseq": self.fseq, "fcursor": self.fcursor,
             "sinks": {name: [b.resume_state() for b in books] for name, books in self.sink_books.items()},
         }
 
@@ -412,6 +423,7 @@ class PipelineRunner:
         else:
             self.cursor, self.state_version = int(point["cursor"]), int(point["state_version"])
             self.flushes = int(point["flushes"])
+            self.fseq, self.fcursor = int(point.get("fseq", 0)), int(point.get("fcursor", -1))
             self.sink_books = {
                 name: [TwoPhaseCommitSink.resumed(state, self._pool(name, i)) for i, state in enumerate(states)]
                 for name, states in point["sinks"].items()
@@ -488,10 +500,15 @@ class PipelineRunner:
 
     def _init_runtime(self) -> None:
         """Fresh in-memory state of one process (handlers, buffers, counters)."""
+        # input channels of a subtask: one per source subtask, then (a cycle) one per subtask of
+        # the operator itself - channel S + i is the feedback from subtask i
+        channels = self.S + (self.P if self.feedback_log is not None else 0)
         self.handlers = [
-            create_handler(self.S, self.mode, self.clock, alignment_timeout=self.alignment_timeout)
+            create_handler(channels, self.mode, self.clock, alignment_timeout=self.alignment_timeout)
             for _ in range(self.P)
         ]
+        self.fb_parts: list[tuple] = []  # forwarded barriers not written to the feedback log yet
+        self.fseq, self.fcursor = 0, -1
         self.pending: dict[int, list[ChannelEvent]] = defaultdict(list)
         self.channel_state: dict[tuple[int, int], list[ChannelEvent]] = defaultdict(list)
         self.flushes = 0
@@ -514,6 +531,11 @@ class PipelineRunner:
         self.cursor = self.next_seq - 1
         # Everything the old attempt wrote after the cut is rewritten by this one.
         self.channel.truncate_after(self.cursor)
+        if self.feedback_log is not None:
+            # What was in flight on the feedback edge at the checkpoint is in the receivers' state
+            # or channel state; what came after it is sent again by the replay.
+            tables.delete_where(self.spark, self.feedback_log.path, F.lit(True))
+            self.fseq, self.fcursor = 0, -1
         if self.state is None:
             pass  # a stateless operator: its position is the channel cursor, nothing else
         elif plan.checkpoint and any(s.operator == self.pipeline.operator_uid for s in acks):
@@ -568,6 +590,9 @@ class PipelineRunner:
                 steps += 1
                 moved = self.source_step() if self.runs_source else False
                 consumed = self.keyed_step() if self.runs_keyed else False
+                if not (moved or consumed) and self.runs_keyed and self._aligning_with_timeout():
+                    self._idle_briefly()  # an alignment will time out: wait for it, then go on
+                    continue
                 if not (moved or consumed):
                     if until_caught_up:
                         break
@@ -587,6 +612,9 @@ class PipelineRunner:
             self.progress("stop requested: finishing the current step, then stopping cleanly")
         self._stop_requested = True
 
+    def _idle_briefly(self) -> None:
+        time.sleep(min(0.05, self.alignment_timeout or 0.05))
+
     def _idle(self) -> None:
         deadline = time.monotonic() + self.poll_interval
         while not self._stop_requested and time.monotonic() < deadline:
@@ -604,11 +632,21 @@ class PipelineRunner:
         if not self.runs_keyed:
             self.progress(f"{kind.value} {trigger.checkpoint_id} injected: it completes when the keyed stage runs")
             return trigger.checkpoint_id
-        self.keyed_step()
+        deadline = time.monotonic() + self.config.timeout
+        while self.coordinator.status_of(trigger.checkpoint_id) == "pending":
+            if self.keyed_step():
+                continue  # a cycle: the feedback barriers come back in later steps
+            if self._aligning_with_timeout() and time.monotonic() < deadline:
+                time.sleep(0.05)  # the alignment times out, then the checkpoint goes unaligned
+                continue
+            break
         status = self.coordinator.status_of(trigger.checkpoint_id)
         if status != "completed":
             raise CheckpointError(f"final {kind.value} {trigger.checkpoint_id} did not complete: {status}")
         return trigger.checkpoint_id
+
+    def _aligning_with_timeout(self) -> bool:
+        return self.alignment_timeout is not None and any(h.aligning is not None for h in self.handlers)
 
     def _check_open(self) -> None:
         if not self._opened:
@@ -795,8 +833,30 @@ class PipelineRunner:
         df = df.drop("_error")
         for fn, _schema in p.transforms:  # fused row-wise maps (forward: no channel between them)
             df = fn(df)
+        if self.offset == -1 and p.bootstrap_spec is not None:  # starting from scratch
+            df = self._read_bootstrap().unionByName(df.select(*self.payload.fieldNames()[:-4], "sender",
+                                                               *[c for c, _ in OFFSET_COLUMNS]),
+                                                    allowMissingColumns=True)
         df = route(df, p.partitioning, self.P, key=p.key, max_parallelism=p.max_parallelism)
         return df.select("sender", "receiver", *self.payload.fieldNames())
+
+    def _read_bootstrap(self) -> DataFrame:
+        """The bootstrap table's records (its latest version), before the source's first records."""
+        b = self.pipeline.bootstrap_spec
+        path = self._path(b.path)
+        version = delta_log.latest_version(path)
+        if version is None:
+            raise FileNotFoundError(f"pipeline {self.pipeline.name!r} starts from {path}, which does not exist")
+        cols = list(b.schema)
+        df = (
+            self.spark.read.format("delta").option("versionAsOf", version).load(path).select(*cols)
+            .withColumn("src_version", F.lit(-1).cast("long"))
+            .withColumn("src_file", F.lit(f"bootstrap:{b.path}@{version}"))
+            .withColumn("src_row", F.xxhash64(*cols))
+            .withColumn("sender", F.lit(0).cast("int"))
+        )
+        self.progress(f"bootstrap: reading {b.path} at version {version}")
+        return b.to_records(df)
 
     def _read_delta_step(self, step: list) -> DataFrame:
         """The step's rows of the landing Delta table with sender and offsets. The step's files are
@@ -851,15 +911,20 @@ class PipelineRunner:
     def keyed_step(self) -> bool:
         """Consume everything the channel log holds beyond the cursor. False: nothing new."""
         self._check_open()
+        switched = False
         if self.alignment_timeout is not None:  # aligned-with-timeout: switch even with no new event
             timed = {r: h.on_timer() for r, h in enumerate(self.handlers)}
-            if any(timed.values()):
+            switched = any(timed.values())
+            if switched:
                 self._execute(timed)
         events = self.channel.index(self.epoch, after=self.cursor)
-        if not events:
-            return False
+        fed = self.feedback_log.index(self.epoch, after=self.fcursor) if self.feedback_log is not None else []
+        if not events and not fed:
+            return switched
         effects: dict[int, list] = {r: [] for r in range(self.P)}
-        for e in events:  # position order; at one position, every channel in sender order
+        # position order within a log; at one position, every channel in sender order. The
+        # feedback log's channels are numbered after the source's (S + sending subtask).
+        for e in [*events, *(replace(f, sender=self.S + f.sender) for f in fed)]:
             h = self.handlers[e.receiver]
             if e.kind == DATA:
                 effects[e.receiver] += h.on_record(e.sender, e)
@@ -869,7 +934,10 @@ class PipelineRunner:
                 effects[e.receiver] += h.on_barrier(e.sender, barrier)
             elif e.kind == END:
                 effects[e.receiver] += h.on_end_of_channel(e.sender)
-        self.cursor = max(e.seq for e in events)
+        if events:
+            self.cursor = max(e.seq for e in events)
+        if fed:
+            self.fcursor = max(e.seq for e in fed)
         self._execute(effects)
         return True
 
@@ -899,14 +967,23 @@ class PipelineRunner:
                 for r in snapping:
                     self._snapshot(r, queues[r].popleft())
         self._flush()
+        self._write_feedback()
 
     def _effect(self, r: int, e: Any) -> None:
         if isinstance(e, Deliver):
             self.pending[r].append(e.record)
         elif isinstance(e, LogChannelState):
             self.channel_state[(e.checkpoint_id, r)].append(e.record)
-        elif isinstance(e, (ForwardBarrier, ChannelStateComplete)):
-            pass  # the keyed stage's sinks are fused: no downstream channel to forward to
+        elif isinstance(e, ForwardBarrier):
+            if self.feedback_log is not None:  # onto the feedback edge, after what r sent before
+                cid = e.barrier.checkpoint_id
+                self.fb_parts.append((BARRIER, self.fseq, (cid, e.barrier.timestamp), [r], list(range(self.P))))
+                if (cid, r) in self.snapshots:
+                    self.snapshots[(cid, r)]["state"]["feedback_barrier_seq"] = self.fseq
+                self.fseq += 1
+            # the sinks are fused: no other downstream channel to forward to
+        elif isinstance(e, ChannelStateComplete):
+            pass
         elif isinstance(e, CheckpointDone):
             self._ack_keyed(r, e.checkpoint_id)
         elif isinstance(e, DeclineCheckpoint):
@@ -917,8 +994,32 @@ class PipelineRunner:
         segments = [e for es in self.pending.values() for e in es]
         if not segments:
             return
-        self._apply(self.channel.read(segments, self.epoch), sorted(self.pending))
+        self._apply(self._read(segments), sorted(self.pending))
         self.pending.clear()
+
+    def _read(self, segments: list[ChannelEvent]) -> DataFrame:
+        """The records of ``segments`` of either log (feedback channels are numbered from S)."""
+        src = [e for e in segments if e.sender < self.S]
+        fed = [replace(e, sender=e.sender - self.S) for e in segments if e.sender >= self.S]
+        df = self.channel.read(src, self.epoch) if src or not fed else None
+        if fed:
+            back = self.feedback_log.read(fed, self.epoch).withColumn("sender", F.col("sender") + F.lit(self.S))
+            df = back if df is None else df.unionByName(back)
+        return df
+
+    def _write_feedback(self, data: DataFrame | None = None) -> None:
+        """Append the forwarded barriers waiting in ``fb_parts``, then ``data`` (records the operator
+        sent to itself), to the feedback log in one commit, each at the next position: a
+        subtask's barrier lands after what it sent before its snapshot, before what it sent after."""
+        if data is not None:
+            self.fb_parts.append((DATA, self.fseq, data))
+            self.fseq += 1
+        if not self.fb_parts:
+            return
+        self._checkpoint("feedback_write")
+        self._fence()
+        self.feedback_log.write(self.fb_parts, epoch=self.epoch)
+        self.fb_parts = []
 
     def _apply(self, records: DataFrame, receivers: list[int]) -> None:
         """Run the keyed operator on ``records`` (of ``receivers``) against the current state."""
@@ -931,13 +1032,19 @@ class PipelineRunner:
             state_before = self.state.read(self.state_version)
             deltas, outputs = p.operator.apply(records, state_before, p.key)
         missing = sorted(set(self.sinks) - set(outputs))
+        if self.feedback_log is not None and FEEDBACK not in outputs:
+            missing.append(FEEDBACK)
         if missing:
-            raise ValueError(f"operator {p.operator_uid!r} returned no DataFrame for sinks {missing}")
+            raise ValueError(f"operator {p.operator_uid!r} returned no DataFrame for {missing}")
         self._checkpoint("flush_stage")
         self._fence()
         for name, sink in self.sinks.items():
             handles = {r: self.sink_books[name][r].current for r in receivers}
             sink.stage(outputs[name], handles, self.flushes)
+        if self.feedback_log is not None:  # sent by the subtask that produced it, routed by key
+            back = route(outputs[FEEDBACK].withColumn("sender", F.col("sink_subtask").cast("int")), "hash",
+                         self.P, key=p.key, max_parallelism=p.max_parallelism)
+            self._write_feedback(back.select("sender", "receiver", *self.payload.fieldNames()))
         if self.state is None:
             return
         self._checkpoint("flush_merge")
@@ -951,7 +1058,7 @@ class PipelineRunner:
         if not segments:
             return 0, 0
         rows = sum(e.rows for e in segments)
-        df = self.channel.read(segments, self.epoch).withColumn("checkpoint_id", F.lit(cid).cast("long"))
+        df = self._read(segments).withColumn("checkpoint_id", F.lit(cid).cast("long"))
         schema = _channel_state_schema(self.payload)
         df.select(*schema.fieldNames()).write.format("delta").mode("append").save(self.channel_state_path)
         return rows, rows * _ROW_BYTES
@@ -1074,6 +1181,12 @@ class PipelineRunner:
             sink.discard(self.committed.pop(name, []))
         if self.last_completed is not None:
             self.channel.truncate_upto(min(self.cursor, self._barrier_seq(self.last_completed)))
+            if self.feedback_log is not None:
+                acks = self.store.get(self.last_completed).acks
+                fb = [int(a.state["feedback_barrier_seq"]) for s, a in acks.items()
+                      if s.operator == self.pipeline.operator_uid and "feedback_barrier_seq" in a.state]
+                if len(fb) == self.P:
+                    self.feedback_log.truncate_upto(min(self.fcursor, *fb))
             self.last_completed = None
 
     def _barrier_seq(self, cid: int) -> int:

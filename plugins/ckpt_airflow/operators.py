@@ -241,8 +241,8 @@ class RecoverPipelineOperator(CheckpointBaseOperator):
 class ValidateRestoreOperator(CheckpointBaseOperator):
     """Consistency checks after a restore: ``checkpoint_lib.quality.validate_restore(spark,
     pipeline, warehouse, checkpoint_id)`` (``checkpoint_id`` None: the latest completed checkpoint)
-    when that module exists; fails the task when the result is not a success. Without it, logs that
-    validation is not configured."""
+    and fails the task when the result is not a success. A pipeline without a quality spec is
+    skipped (the task shows as skipped, with the reason), never passed."""
 
     template_fields: Sequence[str] = ("pipeline", "checkpoint_id")
     skip_when_paused = False
@@ -252,12 +252,13 @@ class ValidateRestoreOperator(CheckpointBaseOperator):
         self.checkpoint_id = checkpoint_id
 
     def execute(self, context: Any) -> Any:
-        try:
-            from checkpoint_lib.quality import validate_restore  # type: ignore[attr-defined]
-        except ImportError:
-            self.log.warning("restore validation is not configured (no checkpoint_lib.quality.validate_restore)")
-            return None
         from checkpoint_lib.control import parse_checkpoint_id
+        from checkpoint_lib.quality import validate_restore
+        from checkpoint_lib.quality.spec import SPECS
+
+        if self.pipeline not in SPECS:  # said loudly, and the task shows as skipped, not passed
+            raise AirflowSkipException(
+                f"pipeline {self.pipeline!r} has no quality spec yet: this restore was NOT validated")
 
         cid = parse_checkpoint_id(self.checkpoint_id)
         result = validate_restore(self.hook.spark(), self.pipeline, self.hook.warehouse, cid, raise_on_failure=False)
