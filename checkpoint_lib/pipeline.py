@@ -175,6 +175,9 @@ class Pipeline:
     """The keyed operator sends records to itself (a cycle, :meth:`iterate`): aligned and
     at-least-once modes must refuse it."""
     bootstrap_spec: Bootstrap | None = None
+    validate_checkpoints: bool = False
+    """Run the per-checkpoint quality suite (GX) on every completed checkpoint before its commit
+    (the runner's ``validate_checkpoints`` overrides it)."""
     partitioning: str | None = None
     """How records go from the source stage to the operator: one of :data:`PARTITIONINGS`."""
     transforms: list[tuple[Callable[[Any], Any], dict[str, str]]] = field(default_factory=list)
@@ -280,6 +283,14 @@ class Pipeline:
         if self.source_spec is None:
             raise ValueError("bootstrap() needs a source() first")
         self.bootstrap_spec = bootstrap
+        return self
+
+    def validated_per_checkpoint(self, on: bool = True) -> "Pipeline":
+        """Check every completed checkpoint with the per-checkpoint GX suite before it commits
+        (conservation over state + channel state, n >= m per channel, acks complete). A failure
+        marks the checkpoint discarded, commits nothing of it and stops the run with the summary;
+        the next start recovers from the last checkpoint that passed."""
+        self.validate_checkpoints = on
         return self
 
     def with_parallelism(self, source: int | None = None, operator: int | None = None) -> "Pipeline":

@@ -102,6 +102,7 @@ def build() -> Pipeline:
         .sink("account_balances", DeltaSink("gold/account_balances", BALANCES_SCHEMA, mode="upsert",
                                             keys=("account",)))
         .dead_letters("dlq/transfers")
+        .validated_per_checkpoint()
     )
 
 

@@ -235,15 +235,31 @@ def channel_state_rows(ctx: Context, checkpoint_id: int) -> DataFrame | None:
     return ctx.spark.read.format("delta").load(path).where(F.col("checkpoint_id") == checkpoint_id)
 
 
-def effective_state(ctx: Context, acks: list[dict[str, Any]], checkpoint_id: int) -> DataFrame:
-    """Snapshot state plus what its channel state adds (what a restore holds after the replay),
-    per key, over the spec's additive aggregates."""
+def source_records(ctx: Context, valid: DataFrame) -> DataFrame:
+    """What the spec's aggregates recompute from: the valid source rows, or the spec's mapping."""
+    return valid if ctx.spec.source_records is None else ctx.spec.source_records(ctx, valid)
+
+
+def channel_records(ctx: Context, channel: DataFrame, full: bool) -> DataFrame:
+    """What logged in-flight records add to the state (see :class:`QualitySpec`)."""
+    return channel if ctx.spec.channel_records is None else ctx.spec.channel_records(channel, full)
+
+
+def plus_channel_state(ctx: Context, per_key: DataFrame, checkpoint_id: int, full: bool) -> DataFrame:
+    """``per_key`` (key + the spec's aggregates) plus what the checkpoint's channel state adds."""
     key, aggs = ctx.pipeline.key, ctx.spec.aggregates
-    state = snapshot_state(ctx, acks).select(key, *[F.col(c).cast("long").alias(c) for c in aggs])
+    per_key = per_key.select(key, *[F.col(c).cast("long").alias(c) for c in aggs])
     channel = channel_state_rows(ctx, checkpoint_id)
     if channel is not None:
-        state = state.unionByName(channel.groupBy(key).agg(*[agg().alias(c) for c, agg in aggs.items()]))
-    return state.groupBy(key).agg(*[F.sum(c).cast("long").alias(c) for c in aggs])
+        flying = channel_records(ctx, channel, full)
+        per_key = per_key.unionByName(flying.groupBy(key).agg(*[agg().alias(c) for c, agg in aggs.items()]))
+    return per_key.groupBy(key).agg(*[F.sum(c).cast("long").alias(c) for c in aggs])
+
+
+def effective_state(ctx: Context, acks: list[dict[str, Any]], checkpoint_id: int, full: bool = True) -> DataFrame:
+    """Snapshot state plus what its channel state adds, per key, over the spec's additive
+    aggregates: ``full`` what the pipeline converges to, else what the restore holds at once."""
+    return plus_channel_state(ctx, snapshot_state(ctx, acks), checkpoint_id, full)
 
 
 # --- after-restore views ----------------------------------------------------------------------
@@ -271,7 +287,12 @@ def restore_views(ctx: Context, facts: CheckpointFacts, restore: RestoreFacts | 
         cols = list(spec.event_columns)
         s = valid.groupBy(F.col(spec.event_id).alias("event_id")).agg(
             F.count(F.lit(1)).alias("source_copies"), *[F.first(c).alias(f"source_{c}") for c in cols])
-        k = ledger.groupBy("event_id").agg(
+        # records in flight at the checkpoint reach the event sink after it: they count as there
+        channel = channel_state_rows(ctx, facts.checkpoint_id)
+        landed = ledger.select("event_id", *cols)
+        if channel is not None:
+            landed = landed.unionByName(channel.select(F.col(spec.event_id).alias("event_id"), *cols))
+        k = landed.groupBy("event_id").agg(
             F.count(F.lit(1)).alias("sink_copies"), *[F.first(c).alias(f"sink_{c}") for c in cols])
         views["events"] = ctx.materialize(
             s.join(k, "event_id", "full_outer").select(
@@ -287,11 +308,12 @@ def restore_views(ctx: Context, facts: CheckpointFacts, restore: RestoreFacts | 
     aggs = spec.aggregates
     if aggs:
         parts = {
-            "source": valid.groupBy(key).agg(*[agg().alias(c) for c, agg in aggs.items()]),
+            "source": source_records(ctx, valid).groupBy(key).agg(*[agg().alias(c) for c, agg in aggs.items()]),
             "state": effective_state(ctx, facts.acks, facts.checkpoint_id),
         }
-        if spec.key_sink is not None:
-            parts["sink"] = sink_at(ctx, spec.key_sink, facts.checkpoint_id).select(key, *aggs)
+        if spec.key_sink is not None:  # what the sink holds at c, plus what was still in flight
+            sink = sink_at(ctx, spec.key_sink, facts.checkpoint_id).select(key, *aggs)
+            parts["sink"] = plus_channel_state(ctx, sink, facts.checkpoint_id, full=True)
         joined = None
         for side, df in parts.items():
             df = df.select(F.col(key).alias("key"), F.lit(True).alias(f"in_{side}"),
@@ -352,7 +374,7 @@ def restored_state_view(ctx: Context, restore: RestoreFacts) -> DataFrame:
     if restore.checkpoint_id is None:
         expected = restored.select(key, *[F.col(c).cast("long").alias(c) for c in aggs]).limit(0)
     else:
-        expected = effective_state(ctx, ctx.store.acks(restore.checkpoint_id), restore.checkpoint_id)
+        expected = effective_state(ctx, ctx.store.acks(restore.checkpoint_id), restore.checkpoint_id, full=False)
     r = restored.select(F.col(key).alias("key"), F.lit(True).alias("in_restored"),
                         *[F.col(c).cast("long").alias(f"restored_{c}") for c in aggs])
     s = expected.select(F.col(key).alias("key"), F.lit(True).alias("in_snapshot"),
@@ -414,8 +436,12 @@ def checkpoint_views(ctx: Context, facts: CheckpointFacts) -> dict[str, DataFram
         .orderBy("operator", "subtask_index")
     )
     barrier = F.lit(facts.barrier_seq if facts.barrier_seq is not None else -1).cast("long")
-    if facts.barrier_seqs:  # n >= m per channel: a segment must precede ITS sender's barrier
-        positions = F.create_map(*[F.lit(x) for kv in sorted(facts.barrier_seqs.items()) for x in kv])
+    barriers = dict(facts.barrier_seqs or {})
+    for a in facts.keyed_acks(p.operator_uid):  # a cycle: feedback channel S + i, i's forwarded barrier
+        if "feedback_barrier_seq" in a["state"]:
+            barriers[S + int(a["index"])] = int(a["state"]["feedback_barrier_seq"])
+    if barriers:  # n >= m per channel: a segment must precede ITS sender's barrier
+        positions = F.create_map(*[F.lit(x) for kv in sorted(barriers.items()) for x in kv])
         barrier = F.coalesce(positions[F.col("sender")].cast("long"), F.lit(-1).cast("long"))
     views["channel_state"] = ctx.materialize(
         segments.withColumn("checkpoint_id", F.lit(facts.checkpoint_id).cast("long"))
@@ -424,13 +450,13 @@ def checkpoint_views(ctx: Context, facts: CheckpointFacts) -> dict[str, DataFram
 
     aggs = ctx.spec.aggregates
     if aggs:
-        src = source_rows(ctx, facts.source_version).where(F.col("_error").isNull())
+        src = source_records(ctx, source_rows(ctx, facts.source_version).where(F.col("_error").isNull()))
         source = src.agg(*[agg().alias(f"source_{c}") for c, agg in aggs.items()])
         state = snapshot_state(ctx, facts.acks).agg(*[F.sum(c).cast("long").alias(f"state_{c}") for c in aggs])
         if channel is None:
             chan = ctx.spark.range(1).select(*[F.lit(0).cast("long").alias(f"channel_{c}") for c in aggs])
         else:
-            chan = channel.agg(*[agg().alias(f"channel_{c}") for c, agg in aggs.items()])
+            chan = channel_records(ctx, channel, True).agg(*[agg().alias(f"channel_{c}") for c, agg in aggs.items()])
         one = source.crossJoin(state).crossJoin(chan)
         per_quantity = [
             one.select(

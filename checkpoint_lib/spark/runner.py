@@ -85,7 +85,7 @@ from .state import KEY_GROUP, KeyedStateTable
 
 KILL_PHASES = (
     "source_read", "dlq", "channel_write", "source_ack", "flush_stage", "flush_merge",
-    "snapshot", "ack", "complete", "commit", "recover", "rollback", "feedback_write",
+    "snapshot", "ack", "complete", "commit", "recover", "rollback", "feedback_write", "validate",
 )
 TRUNCATE_EVERY = 5
 STAGES = ("source", "keyed")
@@ -138,6 +138,7 @@ class PipelineRunner:
         recover: bool = False,
         poll_interval: float = 1.0,
         lagging_sources: int = 0,
+        validate_checkpoints: bool | None = None,
     ):
         self.pipeline = pipeline.validate()
         if stage not in ("all", *STAGES):
@@ -168,6 +169,7 @@ class PipelineRunner:
         if self.mode is BarrierMode.ALIGNED_WITH_TIMEOUT and alignment_timeout is None:
             alignment_timeout = 1.0
         self.alignment_timeout = alignment_timeout if self.mode is BarrierMode.ALIGNED_WITH_TIMEOUT else None
+        self.validate_checkpoints = pipeline.validate_checkpoints if validate_checkpoints is None else validate_checkpoints
         self.allow_non_restored_state = allow_non_restored_state
         self._kill_at = _parse_kill(os.environ.get("CKPT_KILL_AT"))
         self._kill_counts: dict[str, int] = defaultdict(int)
@@ -1138,6 +1140,8 @@ class PipelineRunner:
                     f"(source version {c.acks[self.sources[0]].state['version']}, {self.summary.rows_in} rows read)"
                 )
             elif isinstance(e, NotifyCheckpointComplete):
+                if self.validate_checkpoints:
+                    self._validate_before_commit(e.checkpoint_id)
                 self._commit_up_to(e.checkpoint_id)
             elif isinstance(e, CheckpointAborted):
                 try:
@@ -1155,6 +1159,22 @@ class PipelineRunner:
                 raise TooManyFailedCheckpointsError(
                     f"{e.consecutive_failures} consecutive checkpoints failed (last: {e.reason.value})"
                 )
+
+    def _validate_before_commit(self, cid: int) -> None:
+        """The per-checkpoint GX suite on ``cid`` (durable, not committed yet). A failure (or a
+        validation that cannot run) is recorded, marks ``cid`` discarded and stops the run: its
+        transactions never commit, and the next start restores the last checkpoint that passed."""
+        from ..quality import QualityCheckError, validate_checkpoint
+
+        self._checkpoint("validate")
+        try:
+            result = validate_checkpoint(self.spark, self.pipeline.name, self.warehouse, cid)
+        except QualityCheckError as exc:
+            self._fence()
+            self.store.mark_discarded([self.store.get(cid)], f"failed its per-checkpoint validation: {str(exc)[:500]}")
+            self.progress(f"checkpoint {cid} FAILED validation: discarded, not committed")
+            raise
+        self.progress(result.headline())
 
     def _commit_up_to(self, cid: int) -> None:
         """Checkpoint ``cid`` is complete: commit every sink's transactions up to it (one Delta

@@ -12,6 +12,8 @@ from pyspark.sql import functions as F
 from checkpoint_lib.delta.store import DeltaCheckpointStore
 from checkpoint_lib.pipelines import get
 from checkpoint_lib.pipelines.transfers import generate
+from checkpoint_lib.quality import QualityCheckFailed, validate_restore
+from checkpoint_lib.quality.records import ValidationLog
 from checkpoint_lib.spark import inspect
 from checkpoint_lib.spark.runner import PipelineRunner
 from checkpoint_lib.verify import _delta_files, check_transfers
@@ -23,6 +25,7 @@ ROWS = 300
 def run(spark, w, *, parallelism=None, **kw):
     pipeline = get("transfers").with_parallelism(operator=parallelism)
     kw.setdefault("mode", "unaligned")
+    kw.setdefault("validate_checkpoints", False)  # on by default for transfers: tested once, below
     return PipelineRunner(pipeline, str(w), spark, rows_per_checkpoint=ROWS, **kw).run()
 
 
@@ -57,7 +60,7 @@ def test_a_cycle_is_refused_where_barriers_cannot_come_round(mode):
 def banked(spark, tmp_path_factory):
     w = tmp_path_factory.mktemp("transfers")
     landing(spark, w)
-    return w, run(spark, w)
+    return w, run(spark, w, validate_checkpoints=None)  # the pipeline's default: validated
 
 
 def test_unaligned_checkpoints_of_the_cycle_conserve_money_exactly(spark, banked):
@@ -70,6 +73,10 @@ def test_unaligned_checkpoints_of_the_cycle_conserve_money_exactly(spark, banked
     inflight = {c.checkpoint_id: conserved(spark, w, c.checkpoint_id) for c in completed}
     # credits really are in flight on the feedback edge in every checkpoint taken mid-stream
     assert all(n > 0 for cid, n in inflight.items() if cid != summary.final), inflight
+    # on by default for transfers: every checkpoint passed the per-checkpoint GX suite before commit
+    validated = {r["checkpoint_id"]: r for r in ValidationLog(f"{w}/_checkpoints/transfers").rows()
+                 if r["kind"] == "checkpoint"}
+    assert set(validated) == set(summary.completed) and all(r["success"] for r in validated.values()), validated
     for c in completed:
         bank = [a for s, a in c.acks.items() if s.operator == "bank"]
         assert len(bank) == 3 and all(a.unaligned for a in bank)
@@ -92,6 +99,36 @@ def test_transfers_rescaled_3_to_5_then_5_to_2_from_checkpoints_with_channel_sta
     assert check.ok, f"5 -> 2: {check.summary()}"
     for c in store(w).all():
         conserved(spark, w, c.checkpoint_id)
+    # the after-restore GX suite on the rescaled restore of a checkpoint with channel state
+    result = validate_restore(spark, "transfers", str(w), logged[0])
+    assert result.success and result.restored_checkpoint_id == logged[0], result.summary(verbose=True)
+
+
+def test_a_checkpoint_failing_validation_is_discarded_never_committed_and_the_next_run_recovers(spark, tmp_path):
+    """Money goes missing from checkpoint 2's channel state (a broken snapshot): its validation
+    fails before the commit, so it is discarded, nothing of it becomes visible, the run stops with
+    the summary, and the next start restores checkpoint 1 and ends exact."""
+    landing(spark, tmp_path, seed=3)
+    runner = PipelineRunner(get("transfers"), str(tmp_path), spark, mode="unaligned", rows_per_checkpoint=ROWS)
+    validating = []
+
+    def tamper(phase):
+        if phase == "validate":
+            validating.append(phase)
+            if len(validating) == 2:  # checkpoint 2: lose its in-flight credits
+                cs = f"{tmp_path}/_checkpoints/transfers/channel_state"
+                spark.sql(f"DELETE FROM delta.`{cs}` WHERE checkpoint_id = 2")
+
+    runner._checkpoint = tamper
+    with pytest.raises(QualityCheckFailed, match="conservation"):
+        runner.run()
+    history = {r["checkpoint_id"]: r for r in store(tmp_path).history()}
+    assert history[2]["status"] == "discarded" and "validation" in history[2]["message"]
+    assert store(tmp_path).latest().checkpoint_id == 1
+    recovered = run(spark, tmp_path, validate_checkpoints=None)
+    assert recovered.restored == 1
+    check = check_transfers(str(tmp_path))
+    assert check.ok, check.summary()
 
 
 @pytest.mark.slow
