@@ -41,17 +41,24 @@ class PaymentsCheck:
         return head + (verdict if self.ok else "\n  - " + "\n  - ".join(self.problems))
 
 
-def landing_in_offset_order(warehouse: str, upto: int | None = None) -> pd.DataFrame:
-    path = Path(warehouse) / "landing" / "payments"
+def rows_in_offset_order(path: str | Path, upto: int | None = None) -> pd.DataFrame:
+    """Every row a Delta table's log added up to version ``upto`` (default latest), with its offset
+    (``src_version``, ``src_file``, ``src_row``), read with pyarrow (no Spark)."""
+    path = Path(path)
     latest = delta_log.latest_version(path) if upto is None else upto
     frames = []
     for f in delta_log.added_files(path, -1, latest if latest is not None else -1):
         table = pq.read_table(path / unquote(f.path)).to_pandas()
         table["src_version"], table["src_file"], table["src_row"] = f.version, f.path, range(len(table))
         frames.append(table)
-    if not frames:
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def landing_in_offset_order(warehouse: str, upto: int | None = None) -> pd.DataFrame:
+    rows = rows_in_offset_order(Path(warehouse) / "landing" / "payments", upto)
+    if rows.empty:
         return pd.DataFrame(columns=["event_id", "account", "amount_cents", "ts", "src_version", "src_file", "src_row"])
-    return pd.concat(frames, ignore_index=True)
+    return rows
 
 
 def read_delta(path: str | Path) -> pd.DataFrame:
@@ -142,21 +149,11 @@ class TransfersCheck:
         return head + (": balances exact, money conserved" if self.ok else "\n  - " + "\n  - ".join(self.problems))
 
 
-def _delta_files(path: Path, upto: int | None = None) -> pd.DataFrame:
-    latest = delta_log.latest_version(path) if upto is None else upto
-    frames = []
-    for f in delta_log.added_files(path, -1, latest if latest is not None else -1):
-        table = pq.read_table(path / unquote(f.path)).to_pandas()
-        table["src_version"], table["src_file"], table["src_row"] = f.version, f.path, range(len(table))
-        frames.append(table)
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-
-
 def expected_transfers(warehouse: str, upto: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(balances per account, bad transfers) for the transfers up to table version ``upto``."""
     w = Path(warehouse)
-    accounts = _delta_files(w / "landing" / "accounts")
-    transfers = _delta_files(w / "landing" / "transfers", upto)
+    accounts = rows_in_offset_order(w / "landing" / "accounts")
+    transfers = rows_in_offset_order(w / "landing" / "transfers", upto)
     bad_mask = (
         transfers["transfer_id"].isna() | transfers["src"].isna() | (transfers["src"].astype(str).str.strip() == "")
         | transfers["dst"].isna() | (transfers["dst"].astype(str).str.strip() == "")
@@ -178,7 +175,7 @@ def check_transfers(warehouse: str) -> TransfersCheck:
     want, bad = expected_transfers(warehouse)
     got = read_delta(w / "gold" / "account_balances")
     dlq = read_delta(w / "dlq" / "transfers")
-    transfers = _delta_files(w / "landing" / "transfers")
+    transfers = rows_in_offset_order(w / "landing" / "transfers")
     check = TransfersCheck(len(want), len(transfers) - len(bad), len(bad), len(dlq))
     if got["account"].duplicated().any():
         check.problems.append("account_balances holds an account twice")

@@ -16,7 +16,7 @@ from checkpoint_lib.quality import QualityCheckFailed, validate_restore
 from checkpoint_lib.quality.records import ValidationLog
 from checkpoint_lib.spark import inspect
 from checkpoint_lib.spark.runner import PipelineRunner
-from checkpoint_lib.verify import _delta_files, check_transfers
+from checkpoint_lib.verify import rows_in_offset_order, check_transfers
 
 pytestmark = pytest.mark.spark
 ROWS = 300
@@ -42,7 +42,7 @@ def conserved(spark, w, cid: int) -> int:
     """Balances in the bank's state + credits in its channel state = the opening balances, for
     checkpoint ``cid``; returns how many credits were in flight."""
     p = get("transfers")
-    openings = int(_delta_files(Path(w) / "landing" / "accounts")["opening_cents"].sum())
+    openings = int(rows_in_offset_order(Path(w) / "landing" / "accounts")["opening_cents"].sum())
     state = inspect.operator_state(spark, str(w), p, cid).agg(F.sum("balance_cents")).first()[0] or 0
     credits = inspect.channel_state(spark, str(w), p, cid).where(F.col("movement") == "credit")
     flying = credits.agg(F.coalesce(F.sum("amount_cents"), F.lit(0)).alias("cents"), F.count(F.lit(1)).alias("n")).first()
