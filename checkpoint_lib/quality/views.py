@@ -17,7 +17,8 @@ table version its sources acknowledged):
                    ``state_matches_source`` (the key sink and the snapshot's state plus its channel
                    state agree with the aggregates recomputed from the source)
 ``totals``         one row: ``source_rows``, ``valid_rows``, ``bad_rows``, ``dead_letters``,
-                   ``distinct_dead_letters``, ``sink_rows`` (nothing lost: valid + dead = source)
+                   ``distinct_dead_letters``, ``sink_rows`` (nothing lost: valid + dead = source; the
+                   event sink counts with what was in flight at the checkpoint)
 ``restored_state`` one row per key of the state table right after the latest restore, or of the
                    snapshot it restored (plus the channel state it replayed): ``in_restored``,
                    ``in_snapshot``, ``values_equal``
@@ -344,7 +345,7 @@ def restore_views(ctx: Context, facts: CheckpointFacts, restore: RestoreFacts | 
         totals = totals.crossJoin(dlq.agg(F.count(F.lit(1)).alias("dead_letters"),
                                           F.countDistinct(*offset).alias("distinct_dead_letters")))
     if ledger is not None:
-        totals = totals.crossJoin(ledger.agg(F.count(F.lit(1)).alias("sink_rows")))
+        totals = totals.crossJoin(landed.agg(F.count(F.lit(1)).alias("sink_rows")))  # + in flight
     else:
         totals = totals.withColumn("sink_rows", F.col("valid_rows"))
     views["totals"] = ctx.materialize(totals.select(*[F.col(c).cast("long").alias(c) for c in totals.columns]))
