@@ -836,9 +836,8 @@ class PipelineRunner:
         for fn, _schema in p.transforms:  # fused row-wise maps (forward: no channel between them)
             df = fn(df)
         if self.offset == -1 and p.bootstrap_spec is not None:  # starting from scratch
-            df = self._read_bootstrap().unionByName(df.select(*self.payload.fieldNames()[:-4], "sender",
-                                                               *[c for c, _ in OFFSET_COLUMNS]),
-                                                    allowMissingColumns=True)
+            records = [*p.record_schema, "sender", *[c for c, _ in OFFSET_COLUMNS]]
+            df = self._read_bootstrap().select(*records).unionByName(df.select(*records))
         df = route(df, p.partitioning, self.P, key=p.key, max_parallelism=p.max_parallelism)
         return df.select("sender", "receiver", *self.payload.fieldNames())
 
