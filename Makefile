@@ -7,7 +7,7 @@ PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test demo airflow clean distclean
+.PHONY: setup test demo bench bench-quick airflow clean distclean
 
 # Reinstall only when the venv is missing or the pins changed.
 $(STAMP): pyproject.toml constraints.txt
@@ -28,6 +28,15 @@ test: setup
 
 demo: setup
 	$(VENV)/bin/ckpt demo
+
+# The side-by-side benchmarks (bench/compare.py): the tables of docs/benchmarks.md, regenerated.
+# bench-quick (100k events) takes a few minutes; bench (1M, 5M, 20M events) takes hours.
+BENCH_ARGS ?=
+bench: setup
+	$(PY) bench/compare.py --docs docs/benchmarks.md $(BENCH_ARGS)
+
+bench-quick: setup
+	$(PY) bench/compare.py --quick $(BENCH_ARGS)
 
 # Airflow natively (scheduler, dag-processor, triggerer, api-server on :8080, SQLite), with this
 # repo's dags/ and plugins/. Log in with the password Airflow prints (and keeps in

@@ -1,0 +1,1 @@
+"""Benchmarks (see docs/benchmarks.md): ``python bench/compare.py`` or ``make bench``."""

@@ -1,0 +1,54 @@
+"""Ours: the payments pipeline on checkpoint_lib, in one barrier mode, with its checkpoint figures."""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import time
+from typing import Any
+
+OFF = "off"
+"""Checkpointing off: no periodic checkpoint (interval 10^9 s). The sinks commit by two-phase
+commit, so one checkpoint still comes at the first step and one at the end."""
+
+
+def copy_landing(src_warehouse: str, dst_warehouse: str) -> None:
+    """Every contender reads the same bytes: copy the generated landing table (a file copy)."""
+    shutil.copytree(f"{src_warehouse}/landing", f"{dst_warehouse}/landing")
+
+
+def run_ours(spark: Any, warehouse: str, *, mode: str, rows_per_checkpoint: int, lagging_sources: int = 0,
+             progress=None) -> dict:
+    """Run ``payments`` in ``warehouse`` (its landing table already there) until caught up.
+    ``mode`` is a barrier mode or :data:`OFF`. Returns the run's figures."""
+    from checkpoint_lib.core.decider import CheckpointConfig
+    from checkpoint_lib.delta.store import DeltaCheckpointStore
+    from checkpoint_lib.pipelines import get
+    from checkpoint_lib.spark.runner import PipelineRunner
+
+    interval = 1e9 if mode == OFF else 0.0
+    config = CheckpointConfig(interval=interval, max_concurrent=1, timeout=3600, retained=5)
+    started = time.monotonic()
+    runner = PipelineRunner(
+        get("payments"), warehouse, spark, mode="aligned" if mode == OFF else mode, config=config,
+        rows_per_checkpoint=rows_per_checkpoint, lagging_sources=lagging_sources, progress=progress,
+    )
+    summary = runner.run()
+    seconds = time.monotonic() - started
+    history = DeltaCheckpointStore.open(f"{warehouse}/_checkpoints/payments").history()
+    done = [r for r in history if r["completion_time"] and r["checkpoint_id"] != summary.final]
+    durations = [(r["completion_time"] - r["trigger_time"]) * 1000 for r in done]
+    return {
+        "seconds": seconds,
+        "rows": summary.rows_in,
+        "steps": summary.steps,
+        "checkpoints": len(summary.completed),
+        "median_checkpoint_ms": statistics.median(durations) if durations else 0.0,
+        "max_checkpoint_ms": max(durations, default=0.0),
+        "median_alignment_ms": statistics.median([r["alignment_ms"] for r in done]) if done else 0.0,
+        "channel_state_rows": sum(r["channel_state_rows"] for r in done),
+        "channel_state_bytes": sum(r["channel_state_bytes"] for r in done),
+        "median_state_bytes": statistics.median([r["state_bytes"] for r in done]) if done else 0,
+        "unaligned": sum(1 for r in done if r["unaligned"]),
+        "measured_checkpoints": len(done),
+    }

@@ -1,0 +1,49 @@
+"""The benchmark's floor (bench/floor.py) and its output comparison (bench/compare.py): the floor
+must produce what exactly-once processing must, and the comparison must catch a wrong contender."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from bench.compare import diff_outputs
+from bench.floor import run_floor
+from checkpoint_lib.pipelines.payments import generate
+from checkpoint_lib.verify import expected_payments, landing_in_offset_order, read_delta
+
+pytestmark = [pytest.mark.spark]
+
+
+def test_floor_is_exact_and_the_comparison_catches_a_wrong_contender(spark, tmp_path):
+    w = str(tmp_path / "w")
+    for v in range(2):
+        generate(spark, w, 500, bad_fraction=0.05, accounts=15, seed=v, files=2)
+    run_floor(spark, f"{w}/landing/payments", w)
+    want_ledger, want_balances, bad = expected_payments(landing_in_offset_order(w))
+    ledger = read_delta(f"{w}/gold/ledger").sort_values("event_id", ignore_index=True)
+    pd.testing.assert_frame_equal(
+        ledger, want_ledger.sort_values("event_id", ignore_index=True), check_dtype=False
+    )
+    balances = read_delta(f"{w}/gold/balances").sort_values("account", ignore_index=True)
+    pd.testing.assert_frame_equal(
+        balances, want_balances.sort_values("account", ignore_index=True), check_dtype=False
+    )
+    assert len(read_delta(f"{w}/dlq/payments")) == len(bad) > 0
+    assert diff_outputs(spark, w, w) == []
+
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    other = str(tmp_path / "other")
+    run_floor(spark, f"{w}/landing/payments", other)
+    one = ledger["event_id"].iloc[7]
+    DeltaTable.forPath(spark, f"{other}/gold/ledger").update(
+        F.col("event_id") == F.lit(one), {"balance_after_cents": F.col("balance_after_cents") + 1}
+    )
+    spark.read.format("delta").load(f"{other}/dlq/payments").limit(1).write.format("delta").mode("append").save(
+        f"{other}/dlq/payments"
+    )
+    problems = diff_outputs(spark, w, other)
+    assert any(p.startswith("gold/ledger: 1 rows missing, 1 rows extra") for p in problems), problems
+    assert any(p.startswith("dlq/payments") for p in problems), problems
+    assert diff_outputs(spark, w, other, ledger_order=False)[0].startswith("dlq/payments")
