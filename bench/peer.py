@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from bench.floor import offset_order
 from checkpoint_lib.pipelines.payments import BALANCES_SCHEMA, LEDGER_SCHEMA, payment_errors
 
 if TYPE_CHECKING:
@@ -32,7 +33,6 @@ STATE_STORE_CONF = "spark.sql.streaming.stateStore.providerClass"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 # query.recentProgress keeps only this many batches (default 100): the totals need them all.
 PROGRESS_RETENTION_CONF = "spark.sql.streaming.numRecentProgressUpdates"
-EVENT_ID = r"^b(\d+)-(\d+)$"  # b{landing version}-{row id}: (version, n) is the source-offset order
 # Delta's idempotent-DML stamp (delta-spark >= 2.3, delta-io/delta#1555): MERGE/UPDATE/DELETE take
 # it from these session confs (the txnAppId/txnVersion writer options exist for appends only).
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
@@ -159,8 +159,7 @@ def run_peer(
             "event_id", "account", "amount_cents",
             F.col("amount_cents").cast("string").alias("amount_str"), F.col("ts").cast("string").alias("ts_str"),
             payment_errors(None).alias("error"),
-            F.regexp_extract("event_id", EVENT_ID, 1).cast("long").alias("seq_version"),
-            F.regexp_extract("event_id", EVENT_ID, 2).cast("long").alias("seq_n"),
+            *(c.alias(name) for c, name in zip(offset_order(F), ("seq_version", "seq_n"))),
         )
         .groupBy("account")
         .applyInPandasWithState(_apply_account, STEP_SCHEMA, STATE_SCHEMA, "append", "NoTimeout")
