@@ -29,9 +29,10 @@ class RecoveryPlan:
     orphans: tuple[Transaction, ...] = ()
     """Open transactions no restored sink subtask knows of: aborted too."""
     rollback_after: CheckpointId | None = None
-    """Set when restoring an older checkpoint than the latest completed one: sinks must undo what
-    checkpoints after it committed (Delta: restore the sink table to its version at this
-    checkpoint), or the replay would commit those records a second time."""
+    """Set when restoring an older checkpoint than the latest completed one (readable or not):
+    sinks must undo what checkpoints after it committed (Delta: restore the sink table to its
+    version at this checkpoint), or the replay would commit those records a second time. 0 (no
+    checkpoint id) means back to before the first checkpoint committed anything."""
 
     @property
     def checkpoint_id(self) -> CheckpointId | None:
@@ -93,15 +94,23 @@ def plan_recovery(
     checkpoint_id: CheckpointId | None = None,
     open_transactions: Iterable[Transaction] = (),
     require_checkpoint: bool = False,
+    unreadable: Iterable[CheckpointId] = (),
 ) -> RecoveryPlan:
-    """Plan recovery to ``checkpoint_id`` (default: the latest completed checkpoint)."""
+    """Plan recovery to ``checkpoint_id`` (default: the latest completed checkpoint).
+
+    ``unreadable``: ids of checkpoints recorded as completed whose record cannot be read (a
+    corrupt metadata entry). They cannot be restored, but they did complete, so their sinks may
+    have committed: restoring anything older rolls the sinks back to it, exactly as restoring an
+    older checkpoint on purpose does (with nothing readable at all, back to before the first
+    checkpoint, ``rollback_after == 0``), or the replay would commit those records twice."""
     chosen = choose_checkpoint(completed, checkpoint_id)
+    above = max(unreadable, default=None)
     if chosen is None and require_checkpoint:
         raise NoCheckpointError("there is no completed checkpoint to recover from")
     open_txns = list(open_transactions)
     new_epoch = current_epoch + 1
     if chosen is None:
-        return RecoveryPlan(None, new_epoch, {}, (), {}, tuple(sorted(open_txns)))
+        return RecoveryPlan(None, new_epoch, {}, (), {}, tuple(sorted(open_txns)), 0 if above is not None else None)
     sinks: dict[SubtaskId, SinkRecovery] = {}
     for subtask, ack in chosen.acks.items():
         if SINK_STATE_KEY in ack.state:
@@ -114,5 +123,7 @@ def plan_recovery(
     replay = tuple(sorted(s for s, a in chosen.acks.items() if a.channel_state_rows > 0))
     restore = {s: a.state for s, a in chosen.acks.items()}
     latest = max(c.checkpoint_id for c in completed)
+    if above is not None:
+        latest = max(latest, above)
     rollback = chosen.checkpoint_id if chosen.checkpoint_id < latest else None
     return RecoveryPlan(chosen, new_epoch, restore, replay, sinks, orphans, rollback)

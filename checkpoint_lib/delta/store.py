@@ -800,6 +800,26 @@ class DeltaCheckpointStore:
         if rows:
             self._append("checkpoints", rows)
 
+    def unreadable(self) -> list[CheckpointId]:
+        """Ids of checkpoints recorded as completed whose row does not decode (see the module doc):
+        they cannot be restored, but their sinks may have committed."""
+        return sorted(self._view().corrupt)
+
+    def discard_unreadable(self, checkpoint_ids: Iterable[CheckpointId], message: str | None = None) -> None:
+        """One commit of ``discarded`` rows for unreadable completed checkpoints (their status and
+        times copied, no acks): they stop counting as completed-but-unreadable. Idempotent."""
+        view = self._view()
+        rows = []
+        for checkpoint_id in sorted(set(checkpoint_ids) & view.corrupt):
+            old = view.effective[checkpoint_id]
+            kind = old["kind"] if old["kind"] in {k.value for k in CheckpointKind} else CheckpointKind.CHECKPOINT.value
+            row = self._row(checkpoint_id, CheckpointKind(kind), DISCARDED, old["trigger_time"] or 0.0,
+                            self._epoch_of(None), message=message)
+            row["completion_time"] = old["completion_time"]
+            rows.append(row)
+        if rows:
+            self._append("checkpoints", rows)
+
     # --- history --------------------------------------------------------------------------------
 
     def history(self) -> list[dict[str, Any]]:

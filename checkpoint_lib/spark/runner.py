@@ -353,10 +353,13 @@ class PipelineRunner:
         self._abort_stale_pending()
         open_txns = [t for sink in self.sinks.values() for t in sink.open_transactions()]
         owed = self.store.owed_rollback()  # an earlier rollback that a crash interrupted
+        unreadable = self.store.unreadable()  # completed, so maybe committed, but not restorable
+        for cid in unreadable:
+            self.progress(f"checkpoint {cid} completed but its record is unreadable: it cannot be restored")
         plan = plan_recovery(
             self.store.all(), current_epoch=self.epoch - 1,
-            checkpoint_id=self.restore_checkpoint if self.restore_checkpoint is not None else owed,
-            open_transactions=open_txns,
+            checkpoint_id=self.restore_checkpoint if self.restore_checkpoint is not None else (owed or None),
+            open_transactions=open_txns, unreadable=unreadable,
         )
         if plan.checkpoint is not None:
             self._check_compatible(plan)
@@ -382,14 +385,18 @@ class PipelineRunner:
         (no restored row yet): the next recovery completes it, and (3) is idempotent until then."""
         self.store.record_rollback(self.epoch, cid)
         later = [c for c in self.store.all() if c.checkpoint_id > cid]
+        why = f"rolled back to checkpoint {cid} by epoch {self.epoch}"
         if later:
-            self.store.mark_discarded(later, f"rolled back to checkpoint {cid} by epoch {self.epoch}")
+            self.store.mark_discarded(later, why)
+        unreadable = [i for i in self.store.unreadable() if i > cid]
+        if unreadable:
+            self.store.discard_unreadable(unreadable, f"{why} (its record was unreadable)")
         self._checkpoint("rollback")
         for name, sink in self.sinks.items():
             version = sink.rollback_to(cid)
             if version is not None:
                 self.progress(f"sink {name}: rolled back to version {version} (what checkpoint {cid} committed)")
-        self.progress(f"discarded checkpoints {[c.checkpoint_id for c in later]} (after {cid})")
+        self.progress(f"discarded checkpoints {sorted([c.checkpoint_id for c in later] + unreadable)} (after {cid})")
 
     def _abort_stale_pending(self) -> None:
         """Pending checkpoints of older epochs can never complete (their writers are fenced)."""

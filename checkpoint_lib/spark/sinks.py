@@ -183,7 +183,11 @@ class DeltaTwoPhaseSink:
         if not is_delta_table(self.target):
             return None
         version = version_before_txn_above(self.target, f"{self.app_prefix}/{self.name}/e", checkpoint_id)
-        if version is not None:
+        if version is None:
+            return None
+        if version < 0:  # our first commit created the table: before it, the table held nothing
+            DeltaTable.forPath(self.spark, self.target).delete()
+        else:
             DeltaTable.forPath(self.spark, self.target).restoreToVersion(version)
         return version
 

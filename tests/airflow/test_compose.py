@@ -97,3 +97,16 @@ def test_volumes_match_what_runs_natively(compose):
     assert "warehouse" in compose["volumes"]
     for name in ("spark-master", "spark-worker-1", "spark-worker-2", "demo"):
         assert "warehouse:/warehouse" in compose["services"][name]["volumes"]
+
+
+def test_the_secrets_git_ignores_never_enter_the_image(compose):
+    """The Dockerfile copies the build context: every secret file compose reads (its .env and
+    its ``secrets:``) must be in .dockerignore, as it is in .gitignore."""
+    assert "COPY . ." in (REPO / "Dockerfile").read_text()
+    ignored = {line.strip().rstrip("/") for line in (REPO / ".dockerignore").read_text().splitlines()}
+    git_ignored = {line.strip().rstrip("/") for line in (REPO / ".gitignore").read_text().splitlines()}
+    secret_files = {".env"} | {Path(s["file"]).name for s in compose.get("secrets", {}).values()}
+    assert secret_files == {".env", "airflow_passwords.json"}
+    for name in secret_files | {".airflow"}:
+        assert name in ignored, f"{name} would be copied into the image"
+        assert name in git_ignored, f"{name} would be committed"

@@ -112,6 +112,33 @@ def test_plan_replays_channel_state_of_subtasks_with_rows_only():
     assert plan.replay_channel_state == (MAP, SubtaskId("map", 1))
 
 
+def test_restoring_the_latest_never_rolls_back():
+    assert plan_recovery([completed(1), completed(2)], current_epoch=0).rollback_after is None
+
+
+def test_restoring_an_older_checkpoint_rolls_sinks_back_to_it():
+    assert plan_recovery([completed(1), completed(2)], current_epoch=0, checkpoint_id=1).rollback_after == 1
+
+
+def test_an_unreadable_completed_checkpoint_above_the_chosen_one_rolls_sinks_back():
+    """Checkpoint 3 completed (its sinks may have committed) but its record is corrupt: restoring
+    2 must undo what 3 committed, or the replay commits it again."""
+    plan = plan_recovery([completed(1), completed(2)], current_epoch=0, unreadable=[3])
+    assert plan.checkpoint_id == 2 and plan.rollback_after == 2
+    assert "  roll sinks back to what checkpoint 2 committed" in plan.describe().splitlines()
+
+
+def test_an_unreadable_checkpoint_below_the_chosen_one_changes_nothing():
+    plan = plan_recovery([completed(1), completed(3)], current_epoch=0, unreadable=[2])
+    assert plan.checkpoint_id == 3 and plan.rollback_after is None
+
+
+def test_nothing_readable_but_something_completed_rolls_back_to_before_the_first_checkpoint():
+    plan = plan_recovery([], current_epoch=0, unreadable=[1])
+    assert plan.checkpoint is None and plan.rollback_after == 0
+    assert plan_recovery([], current_epoch=0).rollback_after is None
+
+
 # --- plan_recovery: sinks ----------------------------------------------------------------------------
 
 

@@ -426,6 +426,23 @@ def test_corrupt_completed_row_is_skipped_with_a_warning_and_latest_falls_back(r
         store.add(checkpoint(3))
 
 
+def test_unreadable_completed_rows_are_listed_and_can_be_discarded(root):
+    store = DeltaCheckpointStore(root, retained=2)
+    store.add(checkpoint(1))
+    store.add(checkpoint(2))
+    _append_raw(root, kind="snapshot")
+    with pytest.warns(CorruptCheckpointWarning):
+        assert store.unreadable() == [3]
+    with pytest.warns(CorruptCheckpointWarning):
+        store.discard_unreadable([2, 3], "rolled back")  # 2 is readable: left alone
+    assert store.unreadable() == []  # no warning any more: the discarded row states its status
+    statuses = {h["checkpoint_id"]: (h["status"], h["corrupt"], h["message"]) for h in store.history()}
+    assert statuses == {3: ("discarded", False, "rolled back"), 2: ("completed", False, None), 1: ("completed", False, None)}
+    store.discard_unreadable([3])  # idempotent: nothing unreadable left to discard
+    assert len([h for h in store.history() if h["checkpoint_id"] == 3]) == 1
+    assert ids(store.all()) == [1, 2] and store.get_and_increment() == 4
+
+
 def test_row_with_an_unknown_status_is_ignored_with_a_warning(root):
     store = DeltaCheckpointStore(root)
     store.add(checkpoint(1))

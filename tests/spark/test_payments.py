@@ -256,6 +256,44 @@ def test_restoring_an_older_checkpoint_rolls_sinks_back_even_across_a_crash(spar
     assert check.ledger_rows == check.valid_rows
 
 
+def test_an_unreadable_latest_checkpoint_whose_commit_landed_is_rolled_back_not_replayed_twice(spark, tmp_path):
+    """The latest completed checkpoint committed its sinks, then its metadata row went corrupt:
+    recovery falls back to the previous one and must roll the sinks back to it before replaying,
+    or the records of the unreadable checkpoint land twice."""
+    from deltalake import DeltaTable
+
+    for seed in (61, 62, 63):
+        generate(spark, str(tmp_path), ROWS, bad_fraction=0.02, accounts=20, seed=seed)
+
+    def die_after_second_commit(phase, seen=[]):  # noqa: B006 - the counter is the point
+        if seen.count("commit") == 2 and phase != "commit":
+            raise RuntimeError("killed after the second commit landed")
+        seen.append(phase)
+
+    doomed = runner(spark, tmp_path)
+    doomed._checkpoint = die_after_second_commit
+    with pytest.raises(RuntimeError, match="killed"):
+        doomed.run()
+    store = DeltaCheckpointStore.open(f"{tmp_path}/_checkpoints/payments")
+    latest = store.latest().checkpoint_id
+    assert latest >= 2 and doomed.sinks["ledger"].committed_checkpoint(doomed.epoch) == latest
+
+    DeltaTable(f"{tmp_path}/_checkpoints/payments/checkpoints").update(
+        new_values={"acks_json": '{"version": 1, "acks": {'},
+        predicate=f"checkpoint_id = {latest} AND status = 'completed'",
+    )
+    with pytest.warns(Warning, match=f"checkpoint {latest} has a corrupt row"):
+        assert store.latest().checkpoint_id < latest
+
+    again = runner(spark, tmp_path).run()
+    assert again.restored == latest - 1 and again.rows_in > 0
+    check = check_payments(str(tmp_path))
+    assert check.ok, check.summary()
+    assert check.ledger_rows == check.valid_rows
+    row = next(h for h in store.history() if h["checkpoint_id"] == latest)
+    assert row["status"] == "discarded" and not row["corrupt"] and "unreadable" in row["message"]
+
+
 def test_rescaling_3_to_5_to_2_restores_state_by_key_group_and_recommits_every_old_subtask(spark, tmp_path):
     """Restore at another parallelism (Flink's rescaling): state split by key group, the source's
     offsets shared, and the pre-committed transactions of *every* old sink subtask re-committed
