@@ -108,13 +108,15 @@ def version_before_txn_above(table: str | os.PathLike, app_prefix: str, checkpoi
 
 def _metadata_and_protocol(table: str | os.PathLike, version: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """The newest ``metaData`` action at or before ``version``, and the newest ``protocol`` action
-    seen on the way back to it (empty if none)."""
+    seen on the way back to it (empty if none). Walks the JSON commits back; when log retention
+    has already removed the commit that set them, reads the snapshot at ``version`` instead
+    (Delta log checkpoint + later commits, through delta-rs)."""
     protocol: dict[str, Any] = {}
     for v in range(version, -1, -1):
         try:
             actions = list(_actions(table, v))
         except MissingLogError:
-            break
+            return _metadata_and_protocol_of_snapshot(table, version)
         for action in actions:
             if "protocol" in action and not protocol:
                 protocol = action["protocol"]
@@ -122,6 +124,25 @@ def _metadata_and_protocol(table: str | os.PathLike, version: int) -> tuple[dict
             if "metaData" in action:
                 return action["metaData"], protocol
     raise MissingLogError(f"no metadata found in {table}/_delta_log at or before version {version}")
+
+
+def _metadata_and_protocol_of_snapshot(table: str | os.PathLike, version: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The metaData and protocol in force at ``version``, as log actions, from the table snapshot."""
+    from deltalake import DeltaTable
+
+    try:
+        dt = DeltaTable(str(table), version=version)
+    except Exception as exc:  # delta-rs cannot rebuild it either (no log checkpoint covers it)
+        raise MissingLogError(
+            f"{table}: the metadata in force at version {version} can no longer be read ({exc})"
+        ) from exc
+    protocol = dt.protocol()
+    metadata = {"schemaString": dt.schema().to_json(), "configuration": dict(dt.metadata().configuration or {})}
+    features = {
+        "minReaderVersion": protocol.min_reader_version, "minWriterVersion": protocol.min_writer_version,
+        "readerFeatures": list(protocol.reader_features or []), "writerFeatures": list(protocol.writer_features or []),
+    }
+    return metadata, features
 
 
 def schema_at(table: str | os.PathLike, version: int) -> dict[str, str]:

@@ -1,0 +1,46 @@
+"""The driver-side Delta log reader (no Spark): schema and features must survive log retention."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from checkpoint_lib.delta.log import MissingLogError, added_files, schema_at, table_features
+
+SCHEMA = pa.schema([("event_id", pa.string()), ("account", pa.string()), ("amount_cents", pa.int64())])
+
+
+def _table(path, versions: int) -> str:
+    for i in range(versions):
+        rows = pa.Table.from_pylist([{"event_id": f"e{i}", "account": "a", "amount_cents": i}], schema=SCHEMA)
+        write_deltalake(str(path), rows, mode="append")
+    return str(path)
+
+
+def _expire(path, below: int) -> None:
+    """What Delta's log cleanup does after a log checkpoint: commits older than it are deleted."""
+    for v in range(below):
+        (path / "_delta_log" / f"{v:020d}.json").unlink()
+
+
+def test_schema_and_features_are_read_from_the_log_checkpoint_once_the_first_commits_are_gone(tmp_path):
+    table = _table(tmp_path, 4)
+    want = {"event_id": "string", "account": "string", "amount_cents": "long"}
+    assert schema_at(table, 3) == want  # from the JSON commits
+    plain_features = table_features(table, 3)
+    DeltaTable(table).create_checkpoint()  # at version 3
+    _table(tmp_path, 2)  # versions 4, 5 after it
+    _expire(tmp_path, 3)  # the metaData action (version 0) is gone
+    assert schema_at(table, 5) == want
+    assert table_features(table, 5) == plain_features
+    assert [f.version for f in added_files(table, 3, 5)] == [4, 5]  # newer commits still read
+    with pytest.raises(MissingLogError, match="version 1"):
+        added_files(table, 0, 5)  # what retention removed cannot be read incrementally: said so
+
+
+def test_without_a_log_checkpoint_a_missing_commit_is_a_clear_error(tmp_path):
+    table = _table(tmp_path, 3)
+    _expire(tmp_path, 1)
+    with pytest.raises(MissingLogError, match="can no longer be read"):
+        schema_at(table, 2)
