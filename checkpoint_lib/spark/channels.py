@@ -148,6 +148,10 @@ class DeltaChannelLog:
         df = self.spark.read.format("delta").load(self.path).where((F.col("kind") == DATA) & (F.col("epoch") == epoch))
         if not keys:
             return df.limit(0)
+        # Redundant with the join, but lets Delta skip every file outside the segments' positions
+        # (each append is its own files, with min/max seq stats), however long the untruncated log.
+        seqs = [k[2] for k in keys]
+        df = df.where(F.col("seq").between(min(seqs), max(seqs)))
         key_df = self.spark.createDataFrame(keys, "sender int, receiver int, seq long")
         return df.join(F.broadcast(key_df), ["sender", "receiver", "seq"])
 
