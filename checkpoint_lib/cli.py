@@ -121,14 +121,11 @@ def _cmd_run(args: argparse.Namespace, recover: bool = False) -> int:
 
 
 def _cmd_recover(args: argparse.Namespace) -> int:
-    from .core.recovery import plan_recovery
     from .delta.store import DeltaCheckpointStore
 
     if args.dry_run:
         store = DeltaCheckpointStore.open(f"{os.path.abspath(args.warehouse)}/_checkpoints/{args.pipeline}")
-        plan = plan_recovery(list(store.all()), current_epoch=store.current_epoch(),
-                             checkpoint_id=args.checkpoint)
-        print(plan.describe())
+        print(store.recovery_plan(args.checkpoint).describe())
         return 0
     code = _cmd_run(args, recover=True)
     if code == 0 and not args.no_validate:

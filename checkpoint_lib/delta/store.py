@@ -101,6 +101,8 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from ..core.checkpoints import CompletedCheckpoint
 from ..core.clock import Clock
 from ..core.errors import FailureReason, FencedError, UnknownCheckpointError
+from ..core.recovery import RecoveryPlan, plan_recovery
+from ..core.twophase import Transaction
 from ..core.stores import apply_retention
 from ..core.types import CheckpointId, CheckpointKind, SubtaskAck, SubtaskId
 
@@ -819,6 +821,27 @@ class DeltaCheckpointStore:
             rows.append(row)
         if rows:
             self._append("checkpoints", rows)
+
+    def recovery_plan(
+        self,
+        checkpoint_id: CheckpointId | None = None,
+        *,
+        current_epoch: int | None = None,
+        open_transactions: Iterable[Transaction] = (),
+    ) -> RecoveryPlan:
+        """What a recovery to ``checkpoint_id`` (None: the latest completed) does, from what this
+        store holds: a rollback an earlier recovery left owed is finished first (it names the
+        checkpoint when none is asked for), and unreadable completed checkpoints roll the sinks
+        back below them. Read-only: the runner carries it out, a dry run prints it."""
+        owed = self.owed_rollback()
+        plan = plan_recovery(
+            self.all(), current_epoch=self.current_epoch() if current_epoch is None else current_epoch,
+            checkpoint_id=checkpoint_id if checkpoint_id is not None else (owed or None),
+            open_transactions=open_transactions, unreadable=self.unreadable(),
+        )
+        if plan.rollback_after is None and owed is not None:
+            plan = dataclasses.replace(plan, rollback_after=owed)
+        return plan
 
     # --- history --------------------------------------------------------------------------------
 

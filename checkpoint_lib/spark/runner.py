@@ -69,7 +69,7 @@ from ..core.coordinator import (
 from ..core.decider import CheckpointConfig
 from ..core.errors import CheckpointError, FailureReason, TooManyFailedCheckpointsError
 from ..core.keygroups import range_for_subtask
-from ..core.recovery import SINK_STATE_KEY, RecoveryPlan, plan_recovery
+from ..core.recovery import SINK_STATE_KEY, RecoveryPlan
 from ..core.twophase import SinkSnapshot, Transaction, TransactionIdPool, TwoPhaseCommitSink
 from ..core.types import Barrier, BarrierMode, CheckpointKind, SubtaskAck, SubtaskId
 from ..delta import log as delta_log
@@ -352,21 +352,15 @@ class PipelineRunner:
         self.epoch = self.store.begin_epoch(f"{socket.gethostname()}:{os.getpid()}", f"recover ({self.stage})")
         self._abort_stale_pending()
         open_txns = [t for sink in self.sinks.values() for t in sink.open_transactions()]
-        owed = self.store.owed_rollback()  # an earlier rollback that a crash interrupted
-        unreadable = self.store.unreadable()  # completed, so maybe committed, but not restorable
-        for cid in unreadable:
+        for cid in self.store.unreadable():  # completed, so maybe committed, but not restorable
             self.progress(f"checkpoint {cid} completed but its record is unreadable: it cannot be restored")
-        plan = plan_recovery(
-            self.store.all(), current_epoch=self.epoch - 1,
-            checkpoint_id=self.restore_checkpoint if self.restore_checkpoint is not None else (owed or None),
-            open_transactions=open_txns, unreadable=unreadable,
-        )
+        # (an owed rollback is one an earlier recovery began and a crash interrupted)
+        plan = self.store.recovery_plan(self.restore_checkpoint, current_epoch=self.epoch - 1, open_transactions=open_txns)
         if plan.checkpoint is not None:
             self._check_compatible(plan)
         self._checkpoint("recover")
-        rollback = plan.rollback_after if plan.rollback_after is not None else owed
-        if rollback is not None:
-            self._rollback(rollback)
+        if plan.rollback_after is not None:
+            self._rollback(plan.rollback_after)
         self._restore(plan)
         resume = {"source": self._source_point(), "keyed": self._keyed_point()}
         self.store.record_restored(self.epoch, plan.checkpoint_id, resume)

@@ -258,11 +258,7 @@ class CheckpointHook(BaseHook):
 
     def recovery_plan(self, checkpoint_id: int | None) -> str:
         """What a recovery would do (read-only; what a dry run prints)."""
-        from checkpoint_lib.core.recovery import plan_recovery
-
-        store = self.control().store
-        plan = plan_recovery(list(store.all()), current_epoch=store.current_epoch(), checkpoint_id=checkpoint_id)
-        return plan.describe()
+        return self.control().store.recovery_plan(checkpoint_id).describe()
 
     def recover(self, checkpoint_id: int | None, *, mode: str = "aligned", rows_per_checkpoint: int = 10_000) -> dict[str, Any]:
         """Fence the old attempt (new epoch), restore ``checkpoint_id`` (None: the latest completed;

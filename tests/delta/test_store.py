@@ -443,6 +443,28 @@ def test_unreadable_completed_rows_are_listed_and_can_be_discarded(root):
     assert ids(store.all()) == [1, 2] and store.get_and_increment() == 4
 
 
+def test_recovery_plan_rolls_back_below_unreadable_checkpoints_and_finishes_owed_rollbacks(root):
+    store = DeltaCheckpointStore(root, retained=3)
+    store.add(checkpoint(1))
+    store.add(checkpoint(2))
+    plan = store.recovery_plan()
+    assert (plan.checkpoint_id, plan.rollback_after, plan.new_epoch) == (2, None, 1)
+    _append_raw(root, kind="snapshot")  # checkpoint 3 completed, its row unreadable
+    with pytest.warns(CorruptCheckpointWarning):
+        plan = store.recovery_plan()
+    assert (plan.checkpoint_id, plan.rollback_after) == (2, 2)
+    epoch = store.begin_epoch("test")
+    store.record_rollback(epoch, 1)  # an epoch began rolling back to 1, then died
+    with pytest.warns(CorruptCheckpointWarning):
+        plan = store.recovery_plan()  # the owed rollback names the checkpoint
+    assert (plan.checkpoint_id, plan.rollback_after, plan.new_epoch) == (1, 1, epoch + 1)
+    store.discard_unreadable([3])
+    store.mark_discarded([checkpoint(2)])
+    plan = store.recovery_plan()  # nothing above 1 any more, still owed
+    assert (plan.checkpoint_id, plan.rollback_after) == (1, 1)
+    assert "roll sinks back to what checkpoint 1 committed" in plan.describe()
+
+
 def test_row_with_an_unknown_status_is_ignored_with_a_warning(root):
     store = DeltaCheckpointStore(root)
     store.add(checkpoint(1))
