@@ -7,7 +7,7 @@ PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test demo bench bench-quick airflow clean distclean
+.PHONY: setup test demo bench bench-quick chaos airflow clean distclean
 
 # Reinstall only when the venv is missing or the pins changed.
 $(STAMP): pyproject.toml constraints.txt
@@ -37,6 +37,12 @@ bench: setup
 
 bench-quick: setup
 	$(PY) bench/compare.py --quick $(BENCH_ARGS)
+
+# The chaos suite and hostile inputs (tests/chaos/run_chaos.py): the figures of docs/reliability.md,
+# regenerated. About 3 min per run (24 by default); an interrupted run continues where it stopped.
+CHAOS_ARGS ?=
+chaos: setup
+	$(PY) tests/chaos/run_chaos.py --docs docs/reliability.md $(CHAOS_ARGS)
 
 # Airflow natively (scheduler, dag-processor, triggerer, api-server on :8080, SQLite), with this
 # repo's dags/ and plugins/. Log in with the password Airflow prints (and keeps in

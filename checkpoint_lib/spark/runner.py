@@ -26,7 +26,10 @@ stage, or both (``stage="all"``). Within an epoch (an attempt) each run of a sta
 5. **close**: end the session(s) with their resume points.
 
 Kill points: with ``CKPT_KILL_AT=phase:n`` the process SIGKILLs itself the n-th time it reaches
-``phase`` (see :data:`KILL_PHASES`); the crash tests use it to hit every phase precisely.
+``phase`` (see :data:`KILL_PHASES`); the crash tests use it to hit every phase precisely. With
+``CKPT_PHASE_TRACE=file`` every kill point reached is appended to ``file`` (``phase n`` per line,
+flushed), so a kill from outside at a random instant can be attributed to the phase it interrupted
+(tests/chaos).
 """
 
 from __future__ import annotations
@@ -85,7 +88,8 @@ from .state import KEY_GROUP, KeyedStateTable
 
 KILL_PHASES = (
     "source_read", "dlq", "channel_write", "source_ack", "flush_stage", "flush_merge",
-    "snapshot", "ack", "complete", "commit", "recover", "rollback", "feedback_write", "validate",
+    "snapshot", "ack", "channel_state", "complete", "commit", "sink_commit", "recover", "rollback",
+    "restore", "feedback_write", "validate",
 )
 TRUNCATE_EVERY = 5
 STAGES = ("source", "keyed")
@@ -173,6 +177,8 @@ class PipelineRunner:
         self.allow_non_restored_state = allow_non_restored_state
         self._kill_at = _parse_kill(os.environ.get("CKPT_KILL_AT"))
         self._kill_counts: dict[str, int] = defaultdict(int)
+        self._trace = os.environ.get("CKPT_PHASE_TRACE") or None
+        self._ignored_columns: list[str] = []
         self._stop_requested = False
 
         p = pipeline
@@ -233,9 +239,12 @@ class PipelineRunner:
 
     def _checkpoint(self, phase: str) -> None:
         """A kill point: SIGKILL ourselves when CKPT_KILL_AT names this phase and hit count."""
-        if self._kill_at is None:
+        if self._kill_at is None and self._trace is None:
             return
         self._kill_counts[phase] += 1
+        if self._trace is not None:
+            with open(self._trace, "a") as f:
+                f.write(f"{phase} {self._kill_counts[phase]}\n")
         if self._kill_at == (phase, self._kill_counts[phase]):
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -546,12 +555,14 @@ class PipelineRunner:
             self.state.restore([a.state for s, a in acks.items() if s.operator == self.pipeline.operator_uid])
         else:  # nothing to restore, or a new operator (uid not in the snapshot): it starts empty
             tables.delete_where(self.spark, self.state.path, F.lit(True))
+        self._checkpoint("restore")
         # Sinks: re-commit what the checkpoint owns (a no-op for what was committed), then
         # discard the staged rows of everything else and of what is now committed.
         for name, sink in self.sinks.items():
             owned = [t for sid, rec in sorted(plan.sinks.items()) if sid.operator == f"sink_{name}" for t in rec.recommit]
             if owned:
                 sink.commit(owned, int(plan.checkpoint_id), self.epoch)
+                self._checkpoint("restore")  # between two sinks' re-commits
             sink.discard([*owned, *plan.abort])
         # Bookkeeping resumes in the new epoch.
         self.sink_books: dict[str, list[TwoPhaseCommitSink]] = {}
@@ -740,6 +751,13 @@ class PipelineRunner:
             raise SchemaMismatchError(
                 f"{self.source_path} at version {version} does not fit pipeline {self.pipeline.name!r}: "
                 + "; ".join(problems) + ". Nothing was read or written."
+            )
+        extra = sorted(set(have) - set(want))
+        if extra and extra != self._ignored_columns:  # schema drift that loses nothing the pipeline reads
+            self._ignored_columns = extra
+            self.progress(
+                f"{self.source_path} at version {version} has columns pipeline {self.pipeline.name!r} does not "
+                f"declare: {extra} (ignored; declare them in the source schema to use them)"
             )
 
     def _write_source_step(self, end_version: int | None, step: list, trigger: TriggerCheckpoint | None) -> None:
@@ -1115,6 +1133,8 @@ class PipelineRunner:
             return  # snapshot of an aborted checkpoint
         self._checkpoint("ack")
         cs_rows, cs_bytes = self._write_channel_state(cid, r)
+        if cs_rows:
+            self._checkpoint("channel_state")  # channel state written, the ack not yet durable
         duration = (time.monotonic() - snap["started"]) * 1000
         ack = SubtaskAck(state=snap["state"], alignment_ms=snap["alignment_ms"], unaligned=snap["unaligned"],
                          duration_ms=duration, channel_state_rows=cs_rows, channel_state_bytes=cs_bytes,
@@ -1185,6 +1205,7 @@ class PipelineRunner:
             if not txns:
                 continue
             sink.commit(txns, cid, self.epoch)
+            self._checkpoint("sink_commit")  # this sink committed, the next ones not yet
             for book in self.sink_books[name]:
                 for t in book.committable(cid):
                     book.pending.pop(t.checkpoint_id, None)

@@ -1,0 +1,285 @@
+"""The chaos harness: kill -9 real ``ckpt run`` processes at random instants, recover, compare.
+
+A :class:`Scenario` is drawn from a seed: a pipeline (``payments`` or ``transfers``), a barrier
+mode (every mode the pipeline supports; a lagging source subtask in the non-aligned modes, so
+records are in flight and unaligned checkpoints carry channel state), a first kill and, one time
+in three, a second kill during the recovery that follows. A kill is either precise - a phase and
+hit count (``CKPT_KILL_AT``, checkpoint_lib.spark.runner.KILL_PHASES: processing, snapshot and
+channel-state writing, pre-commit, commit, between two sinks' commits, checkpoint metadata writes,
+recovery and restore) - or a SIGKILL from outside after a random number of seconds, attributed to
+the phase it interrupted through the runner's phase trace (``CKPT_PHASE_TRACE``).
+
+After the kills the same command runs once more, undisturbed: it must recover by itself, and the
+outputs must equal the independent pandas computation (checkpoint_lib.verify): exactly once, or
+for at-least-once nothing lost. Each run's :class:`Outcome` is one JSON line; :func:`tally`
+and :func:`render` turn a results file into the tables of docs/reliability.md.
+
+One command runs it all and rewrites docs/reliability.md: ``make chaos`` (tests/chaos/run_chaos.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROWS = 400  # per landing version and per checkpoint
+VERSIONS = 3
+TIMEOUT = float(os.environ.get("CKPT_TEST_RUN_TIMEOUT", "900"))
+
+MODES = {
+    "payments": ("aligned", "unaligned", "aligned_with_timeout", "at_least_once"),
+    "transfers": ("unaligned", "aligned_with_timeout"),  # a cycle: aligned modes cannot checkpoint it
+}
+# Where a first kill may land, with the highest hit count that a 3-version run surely reaches
+# (per-subtask phases are hit once per keyed subtask and checkpoint).
+FIRST_KILLS = {
+    "source_read": 3, "dlq": 2, "channel_write": 3, "source_ack": 3, "flush_stage": 3, "flush_merge": 3,
+    "snapshot": 8, "channel_state": 1, "ack": 8, "complete": 3, "commit": 3, "sink_commit": 4,
+    "feedback_write": 3,
+}
+# During the recovery that follows a first kill (the recovery's own phases, then its first steps).
+SECOND_KILLS = {"recover": 1, "restore": 2, "flush_merge": 1, "snapshot": 2, "commit": 1, "sink_commit": 1}
+EXTERNAL = "external"  # a SIGKILL from outside at a random instant
+
+
+@dataclass(frozen=True)
+class Kill:
+    phase: str  # a KILL_PHASES name, or EXTERNAL
+    n: int = 1  # the hit count (precise kills)
+    after_s: float = 0.0  # seconds after the start (external kills)
+
+    def __str__(self) -> str:
+        return f"external@{self.after_s:.0f}s" if self.phase == EXTERNAL else f"{self.phase}:{self.n}"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    seed: int
+    pipeline: str
+    mode: str
+    lagging: int
+    first: Kill
+    second: Kill | None = None
+
+    @property
+    def label(self) -> str:
+        second = f" then {self.second}" if self.second else ""
+        return f"#{self.seed} {self.pipeline}/{self.mode}: {self.first}{second}"
+
+
+@dataclass
+class Outcome:
+    seed: int
+    pipeline: str
+    mode: str
+    first: str
+    second: str | None
+    kills: list[str] = field(default_factory=list)  # the phases actually interrupted, in order
+    not_reached: list[str] = field(default_factory=list)  # kills the run finished before
+    survived: bool = False  # the undisturbed run recovered and the outputs were right
+    mismatch: str | None = None  # what the verifier found wrong, or why recovery failed
+    repeats: int = 0  # at-least-once: repeated effects (allowed)
+    seconds: float = 0.0
+
+
+def scenario(seed: int) -> Scenario:
+    """The scenario of ``seed``: deterministic, so a failing seed can be run again alone."""
+    rng = random.Random(seed)
+    pipeline = "payments" if rng.random() < 0.7 else "transfers"
+    mode = rng.choice(MODES[pipeline])
+    lagging = 1 if pipeline == "payments" and mode != "aligned" else 0
+    phases = [p for p in FIRST_KILLS if (p != "feedback_write" or pipeline == "transfers")
+              and (p != "channel_state" or mode in ("unaligned", "aligned_with_timeout"))]
+    if rng.random() < 0.2:
+        first = Kill(EXTERNAL, after_s=round(rng.uniform(20, 80), 1))
+    else:
+        phase = phases[seed % len(phases)] if seed < 2 * len(phases) else rng.choice(phases)
+        first = Kill(phase, rng.randint(1, FIRST_KILLS[phase]))
+    second = None
+    if rng.random() < 1 / 3:
+        if rng.random() < 0.2:
+            second = Kill(EXTERNAL, after_s=round(rng.uniform(15, 45), 1))
+        else:
+            phase = rng.choice(list(SECOND_KILLS))
+            second = Kill(phase, rng.randint(1, SECOND_KILLS[phase]))
+    return Scenario(seed, pipeline, mode, lagging, first, second)
+
+
+def landing(spark, warehouse: str, s: Scenario) -> None:
+    """The scenario's input: 3 landing versions of 400 rows, 3% bad."""
+    if s.pipeline == "payments":
+        from checkpoint_lib.pipelines.payments import generate
+
+        for v in range(VERSIONS):
+            generate(spark, warehouse, ROWS, bad_fraction=0.03, accounts=25, seed=s.seed * 100 + v)
+    else:
+        from checkpoint_lib.pipelines.transfers import generate
+
+        for v in range(VERSIONS):
+            generate(spark, warehouse, ROWS, accounts=30, bad_fraction=0.03, skew=0.3, seed=s.seed * 10 + v)
+
+
+def _command(warehouse: str, s: Scenario) -> list[str]:
+    cmd = [sys.executable, "-m", "checkpoint_lib.cli", "run", s.pipeline, "--warehouse", warehouse,
+           "--rows-per-checkpoint", str(ROWS), "--mode", s.mode, "--lagging-sources", str(s.lagging)]
+    if s.mode == "aligned_with_timeout":
+        cmd += ["--alignment-timeout", "0.5"]
+    return cmd
+
+
+def _run(warehouse: str, s: Scenario, kill: Kill | None, trace: Path) -> tuple[int, str, str | None]:
+    """One ``ckpt run``: (return code, output tail, the phase a kill interrupted or None)."""
+    env = {**os.environ, "CKPT_SPARK_MASTER": "local[2]", "CKPT_SPARK_UI": "0", "CKPT_PHASE_TRACE": str(trace)}
+    env.pop("CKPT_KILL_AT", None)
+    if kill is not None and kill.phase != EXTERNAL:
+        env["CKPT_KILL_AT"] = str(kill)
+    trace.unlink(missing_ok=True)
+    proc = subprocess.Popen(_command(warehouse, s), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        if kill is not None and kill.phase == EXTERNAL:
+            try:
+                out, _ = proc.communicate(timeout=kill.after_s)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGKILL)
+                out, _ = proc.communicate()
+        else:
+            out, _ = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        return 124, f"timed out after {TIMEOUT:.0f} s\n{out[-3000:]}", None
+    hit = None
+    if proc.returncode == -signal.SIGKILL:
+        lines = trace.read_text().split() if trace.exists() else []
+        # the kill lands after the last point reached: in that phase, or in start-up before any
+        hit = lines[-2] if lines else "startup"
+    return proc.returncode, out[-3000:], hit
+
+
+def run_scenario(spark, warehouse: str | Path, s: Scenario) -> Outcome:
+    """Land the input, kill, kill again during recovery (maybe), recover undisturbed, verify."""
+    from checkpoint_lib.verify import check_payments, check_transfers
+
+    warehouse = str(warehouse)
+    started = time.monotonic()
+    out = Outcome(s.seed, s.pipeline, s.mode, str(s.first), str(s.second) if s.second else None)
+    landing(spark, warehouse, s)
+    trace = Path(warehouse) / "phase-trace.txt"
+    for kill in (s.first, s.second):
+        if kill is None:
+            continue
+        code, tail, hit = _run(warehouse, s, kill, trace)
+        if code == -signal.SIGKILL:
+            out.kills.append(hit)
+        elif code == 0:
+            out.not_reached.append(str(kill))
+        else:
+            out.mismatch = f"the run with kill {kill} failed (exit {code}):\n{tail}"
+            out.seconds = time.monotonic() - started
+            return out
+    code, tail, _ = _run(warehouse, s, None, trace)
+    if code != 0:
+        out.mismatch = f"recovery failed (exit {code}):\n{tail}"
+    else:
+        if s.pipeline == "payments":
+            check = check_payments(warehouse, exact_order=not s.lagging, at_least_once=s.mode == "at_least_once")
+            out.repeats = check.repeats
+        else:
+            check = check_transfers(warehouse)
+        out.survived = check.ok
+        out.mismatch = None if check.ok else check.summary()
+    out.seconds = time.monotonic() - started
+    return out
+
+
+def record(path: str | Path, outcome: Outcome) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(asdict(outcome)) + "\n")
+
+
+def load(path: str | Path) -> list[Outcome]:
+    if not Path(path).exists():
+        return []
+    return [Outcome(**json.loads(line)) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+# --- the report ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Tally:
+    runs: int = 0
+    kills: int = 0
+    second_kills: int = 0
+    not_reached: int = 0
+    survived: int = 0
+    mismatches: int = 0
+    repeats: int = 0
+    seconds: float = 0.0
+    by_phase: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
+    by_config: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
+
+
+def tally(outcomes: list[Outcome]) -> Tally:
+    t = Tally()
+    for o in outcomes:
+        t.runs += 1
+        t.kills += len(o.kills)
+        t.second_kills += max(0, len(o.kills) - 1) if o.second else 0
+        t.not_reached += len(o.not_reached)
+        t.survived += o.survived
+        t.mismatches += not o.survived
+        t.repeats += o.repeats
+        t.seconds += o.seconds
+        for i, phase in enumerate(o.kills):
+            row = t.by_phase[phase]
+            row["second" if i and o.second else "first"] += 1
+            row["external" if (o.second if i else o.first).startswith("external") else "precise"] += 1
+            row["survived" if o.survived else "mismatch"] += 1
+        c = t.by_config[f"{o.pipeline} / {o.mode}"]
+        c["runs"] += 1
+        c["kills"] += len(o.kills)
+        c["survived" if o.survived else "mismatch"] += 1
+        c["repeats"] += o.repeats
+    return t
+
+
+def render(outcomes: list[Outcome]) -> str:
+    """The chaos tables of docs/reliability.md (markdown)."""
+    t = tally(outcomes)
+    lines = [
+        "| runs | kills | of which during recovery | kills not reached | survived | mismatches | at-least-once repeats | time |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {t.runs} | {t.kills} | {t.second_kills} | {t.not_reached} | {t.survived} | **{t.mismatches}** | "
+        f"{t.repeats} | {t.seconds / 60:.0f} min |",
+        "",
+        "Kills by the phase they interrupted (`external`: a SIGKILL from outside at a random instant, "
+        "attributed through the phase trace; `startup`: before the first kill point):",
+        "",
+        "| phase | kills | first / during recovery | precise / external | survived | mismatches |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for phase in sorted(t.by_phase, key=lambda p: (-sum(t.by_phase[p][k] for k in ("first", "second")), p)):
+        r = t.by_phase[phase]
+        lines.append(f"| {phase} | {r['first'] + r['second']} | {r['first']} / {r['second']} | "
+                     f"{r['precise']} / {r['external']} | {r['survived']} | {r['mismatch']} |")
+    lines += ["", "By pipeline and mode:", "", "| pipeline / mode | runs | kills | survived | mismatches | repeats |",
+              "|---|---:|---:|---:|---:|---:|"]
+    for config in sorted(t.by_config):
+        c = t.by_config[config]
+        lines.append(f"| {config} | {c['runs']} | {c['kills']} | {c['survived']} | {c['mismatch']} | {c['repeats']} |")
+    failed = [o for o in outcomes if not o.survived]
+    if failed:
+        lines += ["", "Mismatches:", ""]
+        lines += [f"- seed {o.seed} ({o.pipeline}/{o.mode}, {o.first}"
+                  f"{' then ' + o.second if o.second else ''}): {str(o.mismatch).splitlines()[0]}" for o in failed]
+    return "\n".join(lines)
