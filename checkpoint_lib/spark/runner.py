@@ -1069,7 +1069,7 @@ class PipelineRunner:
             return
         self._checkpoint("flush_merge")
         self._fence()
-        self.state_version = self.state.add(deltas)
+        self.state_version = self.state.add(deltas, before_retry=self._fence)
 
     def _write_channel_state(self, cid: int, r: int) -> tuple[int, int]:
         """Copy the in-flight segments logged for (checkpoint, subtask) into the channel-state

@@ -123,27 +123,36 @@ class DeltaTwoPhaseSink:
             self.check_epoch(writer_epoch)
         done: list[Transaction] = []
         for epoch in sorted({t.epoch for t in txns}):
-            stamp = self.committed_checkpoint(epoch)
-            todo = [t for t in txns if t.epoch == epoch and (t.checkpoint_id or 0) > stamp]
-            if not todo:
-                continue
-            version = max(checkpoint_id, *(t.checkpoint_id or 0 for t in todo))
-            staged = (
-                self.spark.read.format("delta").load(self.staging)
-                .where(F.col("txn_handle").isin([t.handle for t in todo]))
+            done += tables.retry_conflicts(
+                lambda: self._commit_epoch(txns, epoch, checkpoint_id),
+                f"sink {self.name}: commit of checkpoint {checkpoint_id} to {self.target}",
+                before_retry=None if self.check_epoch is None else lambda: self.check_epoch(writer_epoch),
             )
-            app = self.app_id(epoch)
-            if self.mode == "append":
-                (
-                    staged.select(*self.schema.fieldNames())
-                    .write.format("delta").mode("append")
-                    .option("txnAppId", app).option("txnVersion", str(version))
-                    .save(self.target)
-                )
-            else:
-                self._merge(staged, app, str(version))
-            done += todo
         return done
+
+    def _commit_epoch(self, txns: list[Transaction], epoch: int, checkpoint_id: int) -> list[Transaction]:
+        """One Delta commit of what ``txns`` of ``epoch`` the target does not hold yet (re-read on
+        every attempt: after a conflict, the stamp says whether a retry has anything left to do)."""
+        stamp = self.committed_checkpoint(epoch)
+        todo = [t for t in txns if t.epoch == epoch and (t.checkpoint_id or 0) > stamp]
+        if not todo:
+            return []
+        version = max(checkpoint_id, *(t.checkpoint_id or 0 for t in todo))
+        staged = (
+            self.spark.read.format("delta").load(self.staging)
+            .where(F.col("txn_handle").isin([t.handle for t in todo]))
+        )
+        app = self.app_id(epoch)
+        if self.mode == "append":
+            (
+                staged.select(*self.schema.fieldNames())
+                .write.format("delta").mode("append")
+                .option("txnAppId", app).option("txnVersion", str(version))
+                .save(self.target)
+            )
+        else:
+            self._merge(staged, app, str(version))
+        return todo
 
     def _merge(self, staged: DataFrame, app: str, version: str) -> None:
         from delta.tables import DeltaTable

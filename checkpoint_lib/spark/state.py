@@ -11,7 +11,7 @@ stay readable until the table is vacuumed, which must therefore keep what retain
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -56,22 +56,27 @@ class KeyedStateTable:
             reader = reader.option("versionAsOf", version)
         return reader.load(self.path)
 
-    def add(self, deltas: DataFrame) -> int:
+    def add(self, deltas: DataFrame, before_retry: Callable[[], None] | None = None) -> int:
         """Add ``deltas`` (key, key_group and one column per value) to the state; new keys are
         inserted. Returns the table version after the MERGE."""
         from delta.tables import DeltaTable
 
         names = self.values.fieldNames()
-        (
-            DeltaTable.forPath(self.spark, self.path).alias("s")
-            .merge(deltas.alias("d"), f"s.{self.key} = d.{self.key}")
-            .whenMatchedUpdate(set={n: F.col(f"s.{n}") + F.col(f"d.{n}") for n in names})
-            .whenNotMatchedInsert(
-                values={KEY_GROUP: F.col(f"d.{KEY_GROUP}"), self.key: F.col(f"d.{self.key}"),
-                        **{n: F.col(f"d.{n}") for n in names}}
+
+        def merge() -> None:
+            (
+                DeltaTable.forPath(self.spark, self.path).alias("s")
+                .merge(deltas.alias("d"), f"s.{self.key} = d.{self.key}")
+                .whenMatchedUpdate(set={n: F.col(f"s.{n}") + F.col(f"d.{n}") for n in names})
+                .whenNotMatchedInsert(
+                    values={KEY_GROUP: F.col(f"d.{KEY_GROUP}"), self.key: F.col(f"d.{self.key}"),
+                            **{n: F.col(f"d.{n}") for n in names}}
+                )
+                .execute()
             )
-            .execute()
-        )
+
+        # a conflicting MERGE committed nothing, so adding the deltas again adds them once
+        tables.retry_conflicts(merge, f"state {self.path}: MERGE of a flush", before_retry=before_retry)
         return self.version()
 
     def restore(self, snapshots: Sequence[Mapping]) -> None:

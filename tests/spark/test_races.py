@@ -1,0 +1,110 @@
+"""Someone else writes our tables while we commit: OPTIMIZE (another engine's compaction) and a
+foreign append, landing deterministically in the middle of our MERGE.
+
+The concurrent write is made from inside the MERGE itself: the source DataFrame carries a Python
+UDF that, when Spark evaluates it (after the MERGE took its snapshot, before it commits), commits
+to the same table through delta-rs, i.e. another process and another Delta implementation. Delta
+then refuses our commit (optimistic concurrency); ``tables.retry_conflicts`` plans the MERGE
+again on the new snapshot, or after too many conflicts raises a clear ConcurrentWriterError with
+nothing of ours committed.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from checkpoint_lib.spark import tables
+from checkpoint_lib.spark.state import KeyedStateTable
+from checkpoint_lib.verify import read_delta
+
+pytestmark = pytest.mark.spark
+
+
+def _state(spark, path) -> KeyedStateTable:
+    from pyspark.sql import types as T
+
+    values = T.StructType([T.StructField("balance_cents", T.LongType()), T.StructField("event_count", T.LongType())])
+    table = KeyedStateTable(spark, path, "account", values)
+    table.create()
+    for i in range(4):  # four small files: something for OPTIMIZE to compact
+        spark.createDataFrame([(i, f"acct-{i}", 100, 1)], table.schema).write.format("delta").mode("append").save(path)
+    return table
+
+
+def _deltas_that_write_concurrently(spark, path: str, marker_dir: str, what: str, times: int):
+    """Deltas (+10 cents, +1 event for acct-0..acct-3) whose evaluation commits ``what`` to ``path``
+    through delta-rs, the first ``times`` times the MERGE is attempted."""
+    from pyspark.sql import functions as F
+
+    def concurrent_write(x):
+        import os as _os
+
+        attempt = sum(1 for f in _os.listdir(marker_dir) if f.startswith("retry-"))  # see _next_attempt
+        if attempt >= times:
+            return x
+        try:  # once per attempt, whichever task gets there first
+            _os.close(_os.open(f"{marker_dir}/fired-{attempt}", _os.O_CREAT | _os.O_EXCL | _os.O_WRONLY))
+        except FileExistsError:
+            return x
+        from deltalake import DeltaTable, write_deltalake
+
+        if what == "optimize":
+            DeltaTable(path).optimize.compact()
+        else:
+            import pyarrow as pa
+
+            write_deltalake(path, pa.table({
+                "key_group": pa.array([999 + attempt], pa.int32()), "account": [f"foreign-{attempt}"],
+                "balance_cents": pa.array([1], pa.int64()), "event_count": pa.array([1], pa.int64()),
+            }), mode="append")
+        return x
+
+    udf = F.udf(concurrent_write, "long")
+    rows = [(i, f"acct-{i}", 10, 1) for i in range(4)]
+    return spark.createDataFrame(rows, "key_group int, account string, balance_cents long, event_count long") \
+        .withColumn("balance_cents", udf(F.col("balance_cents")))
+
+
+def _next_attempt(marker_dir, seen: list):
+    """The driver's side: before each retry (the fence's place), count the attempt for the UDF."""
+    def before_retry():
+        seen.append("fence checked")
+        open(f"{marker_dir}/retry-{len(seen)}", "w").close()
+    return before_retry
+
+
+def test_optimize_by_another_engine_during_our_merge_is_retried_and_applied_once(spark, tmp_path):
+    path = str(tmp_path / "state")
+    table = _state(spark, path)
+    os.makedirs(tmp_path / "markers")
+    retries = []
+    deltas = _deltas_that_write_concurrently(spark, path, str(tmp_path / "markers"), "optimize", times=1)
+    from unittest import mock
+
+    with mock.patch.object(tables.log, "warning", side_effect=retries.append):
+        table.add(deltas, before_retry=_next_attempt(str(tmp_path / "markers"), []))
+    got = read_delta(path).set_index("account").sort_index()
+    assert got["balance_cents"].to_dict() == {f"acct-{i}": 110 for i in range(4)}  # added once, not twice
+    assert got["event_count"].to_dict() == {f"acct-{i}": 2 for i in range(4)}
+    assert len(retries) == 1 and "conflict with a concurrent writer" in retries[0], retries
+    from deltalake import DeltaTable
+
+    ops = [h["operation"] for h in DeltaTable(path).history()]
+    assert "OPTIMIZE" in ops and ops[0] == "MERGE", ops  # the compaction landed first, our MERGE after it
+
+
+def test_a_writer_that_keeps_conflicting_gets_a_clear_error_and_nothing_of_ours_lands(spark, tmp_path, monkeypatch):
+    path = str(tmp_path / "state")
+    table = _state(spark, path)
+    os.makedirs(tmp_path / "markers")
+    monkeypatch.setattr(tables, "CONFLICT_ATTEMPTS", 2)
+    fenced: list = []
+    deltas = _deltas_that_write_concurrently(spark, path, str(tmp_path / "markers"), "append", times=2)
+    with pytest.raises(tables.ConcurrentWriterError, match=r"state .*MERGE of a flush: 2 attempts conflicted"):
+        table.add(deltas, before_retry=_next_attempt(str(tmp_path / "markers"), fenced))
+    assert fenced == ["fence checked"]  # the fence is checked before the retry
+    got = read_delta(path).set_index("account")
+    assert got.loc[[f"acct-{i}" for i in range(4)], "balance_cents"].tolist() == [100] * 4  # ours: nothing
+    assert sorted(a for a in got.index if a.startswith("foreign")) == ["foreign-0", "foreign-1"]
