@@ -14,6 +14,7 @@ import os
 import pytest
 
 from chaos_harness import Kill, Scenario, record, run_scenario, scenario
+from checkpoint_lib.verify import read_delta
 
 pytestmark = [pytest.mark.crash, pytest.mark.spark]
 RESULTS = os.environ.get("CKPT_CHAOS_RESULTS")
@@ -28,6 +29,8 @@ def test_killed_between_two_sinks_commits_then_again_inside_the_restore(spark, t
     outcome = run_scenario(spark, tmp_path, s)
     assert outcome.survived, outcome.mismatch
     assert outcome.kills == ["sink_commit", "restore"] and not outcome.not_reached, outcome
+    channel_state = read_delta(f"{tmp_path}/_checkpoints/payments/channel_state")
+    assert (channel_state["checkpoint_id"] == 2).sum() > 0, "checkpoint 2 should hold records in flight"
 
 
 @pytest.mark.slow
