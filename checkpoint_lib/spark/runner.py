@@ -238,7 +238,8 @@ class PipelineRunner:
         return f"{self.warehouse}/{relative}"
 
     def _checkpoint(self, phase: str) -> None:
-        """A kill point: SIGKILL ourselves when CKPT_KILL_AT names this phase and hit count."""
+        """A kill point: SIGKILL ourselves when CKPT_KILL_AT names this phase and hit count; with
+        CKPT_PHASE_TRACE, first append the point to the trace file (one open+write: test use only)."""
         if self._kill_at is None and self._trace is None:
             return
         self._kill_counts[phase] += 1

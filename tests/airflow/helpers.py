@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -63,3 +65,25 @@ def clone_home(src: Path, dst: Path) -> None:
     """A second Airflow home with a copy of an already migrated SQLite database (saves ~5 s)."""
     dst.mkdir(parents=True, exist_ok=True)
     shutil.copy(src / "airflow.db", dst / "airflow.db")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(base: str, proc: subprocess.Popen, timeout: float, log: Path | None = None) -> None:
+    """Until ``base``/api/v2/monitor/health answers 200; fails if ``proc`` exits or time runs out."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"{base}/api/v2/monitor/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None, f"{proc.args} exited:\n" + (log.read_text()[-3000:] if log else "")
+        assert time.monotonic() < deadline, f"{base} did not become healthy in {timeout:.0f} s"
+        time.sleep(2)

@@ -8,26 +8,19 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import time
 
 import httpx
 import pytest
 
-from helpers import REPO, airflow_env
+from helpers import REPO, airflow_env, free_port, wait_healthy
 
 pytestmark = pytest.mark.airflow  # four Airflow components, ~2 GB, about a minute
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_make_airflow_requires_a_login_with_the_generated_password(tmp_path):
-    port = _port()
+    port = free_port()
     home = tmp_path / "home"
     env = airflow_env(home, tmp_path / "warehouse", AIRFLOW__API__PORT=str(port), AIRFLOW__API__HOST="127.0.0.1",
                       AIRFLOW__API_AUTH__JWT_SECRET=secrets.token_hex(16))
@@ -39,16 +32,7 @@ def test_make_airflow_requires_a_login_with_the_generated_password(tmp_path):
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 600  # make setup first (a no-op when the venv is current)
-        while True:
-            try:
-                if httpx.get(f"{base}/api/v2/monitor/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, (tmp_path / "standalone.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "airflow standalone did not become healthy"
-            time.sleep(2)
+        wait_healthy(base, proc, 600, tmp_path / "standalone.log")  # make setup first (a no-op when current)
         for path in ("/api/v2/dags", "/checkpoints/api/pipelines", "/checkpoints/api/payments/checkpoints", "/checkpoints/"):
             r = httpx.get(base + path, timeout=30)
             assert r.status_code in (401, 403), f"{path} without a login: {r.status_code} {r.text[:200]}"

@@ -5,23 +5,14 @@ from __future__ import annotations
 
 import json
 import secrets
-import socket
 import subprocess
-import time
 
-import httpx
 import pytest
 
 from ckpt_airflow.hooks import API_CONN_ID, CheckpointHook
-from helpers import AIRFLOW, airflow_env, migrate
+from helpers import AIRFLOW, airflow_env, free_port, migrate, wait_healthy
 
 pytestmark = pytest.mark.slow
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _paused(env, dag_id: str) -> bool:
@@ -33,7 +24,7 @@ def _paused(env, dag_id: str) -> bool:
 
 
 def test_hook_pauses_and_unpauses_dags_through_the_rest_api(tmp_path, monkeypatch):
-    port, password = _port(), secrets.token_hex(8)
+    port, password = free_port(), secrets.token_hex(8)
     (tmp_path / "passwords.json").write_text(json.dumps({"ckpt": password}))
     env = airflow_env(tmp_path / "home", tmp_path / "warehouse",
                       AIRFLOW__API__HOST="127.0.0.1", AIRFLOW__API__PORT=str(port), AIRFLOW__API__WORKERS="1",
@@ -48,15 +39,7 @@ def test_hook_pauses_and_unpauses_dags_through_the_rest_api(tmp_path, monkeypatc
     assert not _paused(env, "payments_run")
     server = subprocess.Popen([AIRFLOW, "api-server"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert server.poll() is None and time.monotonic() < deadline, "the api-server did not start"
-            time.sleep(2)
+        wait_healthy(f"http://127.0.0.1:{port}", server, 180)
         monkeypatch.setenv(f"AIRFLOW_CONN_{API_CONN_ID.upper()}", f"http://ckpt:{password}@127.0.0.1:{port}")
         hook = CheckpointHook("payments", warehouse=str(tmp_path / "warehouse"))
         assert hook.set_dags_paused(["payments_run", "payments_snapshot", "no_such_dag"], True) == [

@@ -175,7 +175,7 @@ def _rewritten(spark, w):
 
 
 def _unchanged_since_first_run(w, progress):
-    from checkpoint_lib.verify import landing_in_offset_order, read_delta
+    from checkpoint_lib.verify import read_delta
 
     ledger = read_delta(f"{w}/gold/ledger")
     return [] if len(ledger) == 12 and ledger["event_id"].str.startswith("e").all() else [
