@@ -88,6 +88,7 @@ class Outcome:
     mismatch: str | None = None  # what the verifier found wrong, or why recovery failed
     repeats: int = 0  # at-least-once: repeated effects (allowed)
     seconds: float = 0.0
+    commit: str = ""  # the code that ran (git short hash)
 
 
 def scenario(seed: int) -> Scenario:
@@ -171,7 +172,7 @@ def run_scenario(spark, warehouse: str | Path, s: Scenario) -> Outcome:
 
     warehouse = str(warehouse)
     started = time.monotonic()
-    out = Outcome(s.seed, s.pipeline, s.mode, str(s.first), str(s.second) if s.second else None)
+    out = Outcome(s.seed, s.pipeline, s.mode, str(s.first), str(s.second) if s.second else None, commit=git_commit())
     landing(spark, warehouse, s)
     trace = Path(warehouse) / "phase-trace.txt"
     for kill in (s.first, s.second):
@@ -199,6 +200,15 @@ def run_scenario(spark, warehouse: str | Path, s: Scenario) -> Outcome:
         out.mismatch = None if check.ok else check.summary()
     out.seconds = time.monotonic() - started
     return out
+
+
+def git_commit() -> str:
+    """The short hash of the checkout this harness runs from ("unknown" outside git)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).resolve().parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def record(path: str | Path, outcome: Outcome) -> None:
@@ -256,7 +266,10 @@ def tally(outcomes: list[Outcome]) -> Tally:
 def render(outcomes: list[Outcome]) -> str:
     """The chaos tables of docs/reliability.md (markdown)."""
     t = tally(outcomes)
+    commits = sorted({o.commit or "unrecorded" for o in outcomes})
     lines = [
+        f"The kills ran at commit{'s' if len(commits) > 1 else ''} {', '.join(commits)}.",
+        "",
         "| runs | kills | of which during recovery | kills not reached | survived | mismatches | at-least-once repeats | time |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
         f"| {t.runs} | {t.kills} | {t.second_kills} | {t.not_reached} | {t.survived} | **{t.mismatches}** | "
