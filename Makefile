@@ -39,7 +39,7 @@ bench-quick: setup
 	$(PY) bench/compare.py --quick $(BENCH_ARGS)
 
 # The chaos suite and hostile inputs (tests/chaos/run_chaos.py): the figures of docs/reliability.md,
-# regenerated. About 3 min per run (24 by default); an interrupted run continues where it stopped.
+# regenerated. 3-6 min per run on 2 cores (24 by default); an interrupted run continues where it stopped.
 CHAOS_ARGS ?=
 chaos: setup
 	$(PY) tests/chaos/run_chaos.py --docs docs/reliability.md $(CHAOS_ARGS)
