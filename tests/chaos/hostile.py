@@ -245,7 +245,7 @@ def try_case(spark, warehouse: str | Path, case: Case) -> Tried:
     try:
         summary = PipelineRunner(get("payments"), w, spark, rows_per_checkpoint=100, progress=progress.append).run()
     except Exception as exc:  # noqa: BLE001 - recorded and judged below
-        message = " ".join(str(exc).split())
+        message = " ".join(str(exc).split()).replace(w, "<warehouse>")
         tried.result = f"{type(exc).__name__}: {message[:300]}"
         if case.error is None:
             tried.problems.append(f"unexpected error:\n{traceback.format_exc()[-2000:]}")
