@@ -521,6 +521,8 @@ class PipelineRunner:
             for _ in range(self.P)
         ]
         self.fb_parts: list[tuple] = []  # forwarded barriers not written to the feedback log yet
+        self._cache: list[DataFrame] = []  # persisted for the current step or flush (_cached)
+        self._indexed: dict[str, tuple[int | None, int, int]] = {}  # log path -> (version, epoch, cursor) last indexed
         self.fseq, self.fcursor = 0, -1
         self.pending: dict[int, list[ChannelEvent]] = defaultdict(list)
         self.channel_state: dict[tuple[int, int], list[ChannelEvent]] = defaultdict(list)
@@ -825,6 +827,7 @@ class PipelineRunner:
             self._checkpoint("channel_write")
             self._fence()
             self.channel.write(parts, epoch=self.epoch)
+        self._uncache()
         if self.lagging:
             self._deferred = (data.where(lag), barrier) if defer else None
         if end_version is not None:
@@ -848,6 +851,9 @@ class PipelineRunner:
         if validate is not None:
             df = df.withColumn("_error", F.coalesce(F.col("_error"), validate(df)))
         if validate is not None or self.folder is not None:
+            # read once, used twice (dead letters, then the channel): unpersisted after the
+            # channel write. Only a cache: the landing files are immutable, a recompute is equal.
+            df = self._cached(df)
             bad = df.where(F.col("_error").isNotNull())
             self._checkpoint("dlq")
             self._write_dlq(bad, end_version)
@@ -938,8 +944,8 @@ class PipelineRunner:
             switched = any(timed.values())
             if switched:
                 self._execute(timed)
-        events = self.channel.index(self.epoch, after=self.cursor)
-        fed = self.feedback_log.index(self.epoch, after=self.fcursor) if self.feedback_log is not None else []
+        events = self._index(self.channel, self.cursor)
+        fed = self._index(self.feedback_log, self.fcursor) if self.feedback_log is not None else []
         if not events and not fed:
             return switched
         effects: dict[int, list] = {r: [] for r in range(self.P)}
@@ -961,6 +967,16 @@ class PipelineRunner:
             self.fcursor = max(e.seq for e in fed)
         self._execute(effects)
         return True
+
+    def _index(self, log, after: int) -> list[ChannelEvent]:
+        """``log.index`` past ``after``, skipping the Spark job when the log's Delta version did not
+        move since the index that left the cursor at ``after`` (an idle poll: nothing new)."""
+        version = delta_log.latest_version(log.path)
+        if self._indexed.get(log.path) == (version, self.epoch, after):
+            return []  # that version of the log holds nothing of this epoch past ``after``
+        events = log.index(self.epoch, after=after)
+        self._indexed[log.path] = (version, self.epoch, max((e.seq for e in events), default=after))
+        return events
 
     def _adopt(self, cid: int) -> None:
         """Make the coordinator know checkpoint ``cid`` (triggered by a source stage in another
@@ -1046,12 +1062,21 @@ class PipelineRunner:
         """Run the keyed operator on ``records`` (of ``receivers``) against the current state."""
         self.flushes += 1
         p = self.pipeline
-        records = records.withColumn("sink_subtask", F.col("receiver"))
+        # Every sink's stage and the state MERGE read the records and the state: cached once for
+        # the flush (both immutable inputs, a pinned channel segment and a pinned state version).
+        records = self._cached(records.withColumn("sink_subtask", F.col("receiver")))
         if self.state is None:
             deltas, outputs = None, p.operator.apply(records)
         else:
-            state_before = self.state.read(self.state_version)
+            state_before = self._cached(self.state.read(self.state_version))
             deltas, outputs = p.operator.apply(records, state_before, p.key)
+        try:
+            self._apply_outputs(deltas, outputs, receivers)
+        finally:
+            self._uncache()
+
+    def _apply_outputs(self, deltas: DataFrame | None, outputs: dict[str, DataFrame], receivers: list[int]) -> None:
+        p = self.pipeline
         missing = sorted(set(self.sinks) - set(outputs))
         if self.feedback_log is not None and FEEDBACK not in outputs:
             missing.append(FEEDBACK)
@@ -1071,6 +1096,19 @@ class PipelineRunner:
         self._checkpoint("flush_merge")
         self._fence()
         self.state_version = self.state.add(deltas, before_retry=self._fence)
+
+    def _cached(self, df: DataFrame) -> DataFrame:
+        """``df`` persisted (memory, spilling to disk) until :meth:`_uncache`: for a DataFrame of
+        immutable inputs that several writes read, so it is computed once. Only ever a cache."""
+        from pyspark import StorageLevel
+
+        df = df.persist(StorageLevel.MEMORY_AND_DISK)
+        self._cache.append(df)
+        return df
+
+    def _uncache(self) -> None:
+        while self._cache:
+            self._cache.pop().unpersist()
 
     def _write_channel_state(self, cid: int, r: int) -> tuple[int, int]:
         """Copy the in-flight segments logged for (checkpoint, subtask) into the channel-state

@@ -209,6 +209,23 @@ def test_stages_run_as_separate_processes_resume_where_they_stopped(spark, tmp_p
     both = runner(spark, tmp_path).run()
     assert both.epoch == src.epoch and both.rows_in == 0 and check_payments(str(tmp_path)).ok
 
+    # A polling keyed stage runs no Spark job while the channel log's Delta version stands still,
+    # and sees the next source run's records at once.
+    keyed = runner(spark, tmp_path, stage="keyed")
+    keyed.open()
+    calls = []
+    index = keyed.channel.index
+    keyed.channel.index = lambda *a, **kw: calls.append(a) or index(*a, **kw)
+    assert keyed.keyed_step() is False and keyed.keyed_step() is False and keyed.keyed_step() is False
+    assert len(calls) == 1
+    generate(spark, str(tmp_path), ROWS, bad_fraction=0.05, accounts=25, seed=24)
+    last = runner(spark, tmp_path, stage="source").run()
+    assert keyed.keyed_step() is True and len(calls) == 2
+    assert keyed.run().completed[-1] == last.final
+    check = check_payments(str(tmp_path))
+    assert check.ok, check.summary()
+    assert check.ledger_rows == check.valid_rows
+
 
 def test_a_stage_whose_last_process_died_recovers_the_pipeline(spark, tmp_path):
     generate(spark, str(tmp_path), ROWS, accounts=25, seed=31)
