@@ -30,7 +30,9 @@ demo: setup
 	$(VENV)/bin/ckpt demo
 
 # The side-by-side benchmarks (bench/compare.py): the tables of docs/benchmarks.md, regenerated.
-# bench-quick (100k events) takes a few minutes; bench (1M, 5M, 20M events) takes hours.
+# bench-quick (100k events, every section small) takes a few minutes on an idle machine; bench (1M, 5M,
+# 20M events, recovery, state growth to 5M accounts, the 5M-event cluster run) takes hours. Skip a
+# section with BENCH_ARGS=--skip-recovery / --skip-state / --skip-cluster.
 BENCH_ARGS ?=
 bench: setup
 	$(PY) bench/compare.py --docs docs/benchmarks.md $(BENCH_ARGS)

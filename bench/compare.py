@@ -1,8 +1,10 @@
-"""Side-by-side benchmark of the payments pipeline: the floor, the peer and ours, on the same data.
+"""Side-by-side benchmark of the payments pipeline: the floor, the peer and ours, on the same data;
+then ours alone: recovery time, state growth, a standalone cluster.
 
-    make bench-quick                       # 100k events: a few minutes
-    make bench                             # 1M, 5M and 20M events: hours on 2 cores
+    make bench-quick                       # every section at small sizes: a few minutes on an idle machine
+    make bench                             # 1M, 5M and 20M events and the sections below at full size: hours on 2 cores
     .venv/bin/python bench/compare.py --sizes 1000000 --rows-per-checkpoint 100000 --docs docs/benchmarks.md
+    .venv/bin/python bench/compare.py --sizes '' --skip-state --skip-cluster --docs docs/benchmarks.md  # one section
 
 Contenders (bench/floor.py, bench/peer.py, bench/ours.py):
 - **floor**: one plain PySpark batch job, no fault tolerance;
@@ -11,9 +13,23 @@ Contenders (bench/floor.py, bench/peer.py, bench/ours.py):
 - **ours**: checkpoint_lib with checkpointing off, aligned, unaligned and at-least-once, a
   checkpoint every ``--rows-per-checkpoint`` events.
 
-Every contender's outputs are compared with the floor's, in Spark (nothing is collected), before
-its time counts: a wrong result fails the run. Then the tables are printed, and with ``--docs``
-written into that file between ``<!-- bench:NAME -->`` markers (the rest of the file is kept).
+Sections (tables), each written between its ``<!-- bench:NAME -->`` markers:
+- ``throughput`` and ``overhead``: every contender at each of ``--sizes``;
+- ``skew``: aligned vs unaligned with one lagging source subtask (``--skew-size``, 0 skips it);
+- ``recovery`` (bench/recovery.py): a real ``ckpt run`` killed with SIGKILL at 10%, 50% and 90% of
+  a checkpoint interval, then the recovery timed as restore + replay (``--recovery-interval``,
+  ``--recovery-kills``; ``--skip-recovery``);
+- ``state`` (bench/state_growth.py): checkpoint duration, snapshot size and bytes written as keyed
+  state grows with fixed events per checkpoint (``--state-sizes``, ``--state-events``,
+  ``--state-checkpoints``; ``--skip-state``);
+- ``cluster`` (bench/cluster.py): ``spark-submit jobs/run_stage.py`` on a standalone master + 2
+  workers started from the pyspark install (``--cluster-size``, ``--cluster-workers``,
+  ``--cluster-cores``, ``--cluster-memory``; ``--skip-cluster``).
+
+Every run's outputs are compared with the floor's (of the same landing versions), in Spark (nothing
+is collected), before its time counts: a wrong result fails the run. Then the tables are printed,
+and with ``--docs`` written into that file between its markers (the rest of the file is kept).
+``--quick`` sets small sizes for every option left at its default.
 """
 
 from __future__ import annotations
@@ -22,6 +38,7 @@ import argparse
 import os
 import platform
 import re
+import shlex
 import shutil
 import sys
 import tempfile
@@ -33,11 +50,16 @@ from typing import Any
 ROOT = str(Path(__file__).resolve().parent.parent)
 sys.path.insert(0, ROOT)  # run as a script: bench.* importable
 
+from bench import cluster as cluster_bench  # noqa: E402
+from bench import recovery as recovery_bench  # noqa: E402
+from bench import state_growth as state_bench  # noqa: E402
 from bench.floor import run_floor  # noqa: E402
 from bench.ours import OFF, copy_landing, run_ours  # noqa: E402
 
 MODES = (OFF, "aligned", "unaligned", "at_least_once")
 FILES_PER_VERSION = 2
+SECTIONS = (recovery_bench, state_bench, cluster_bench)  # each: add_arguments, QUICK, its run and render
+QUICK = {"sizes": "100000", "rows_per_checkpoint": 25_000, "accounts": 2_000}
 
 
 class WrongOutputs(AssertionError):
@@ -211,9 +233,11 @@ def write_section(doc: Path, name: str, body: str) -> None:
     doc.write_text(pattern.sub(lambda _m: f"{start}\n{body}\n{end}", text))
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[int], int]:
+    """The options (``--quick`` applied), the throughput sizes and the skew size."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="100k events, a checkpoint every 25k: a few minutes")
+    ap.add_argument("--quick", action="store_true", help="small sizes for every section (100k events, a "
+                    "checkpoint every 25k; see each section's QUICK) unless given: a few minutes")
     ap.add_argument("--sizes", default="1000000,5000000,20000000", help="events, comma-separated")
     ap.add_argument("--rows-per-checkpoint", type=int, default=100_000)
     ap.add_argument("--accounts", type=int, default=10_000)
@@ -225,16 +249,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep every contender's warehouse")
     ap.add_argument("--no-warm-up", dest="warm_up", action="store_false")
     ap.add_argument("--docs", default=None, help="write the tables into this markdown file's bench sections")
+    for section in SECTIONS:
+        section.add_arguments(ap)
     args = ap.parse_args(argv)
     if args.quick:
-        args.sizes, args.rows_per_checkpoint, args.accounts = "100000", 25_000, 2_000
+        for name, value in [*QUICK.items(), *(kv for section in SECTIONS for kv in section.QUICK.items())]:
+            if getattr(args, name) == ap.get_default(name):
+                setattr(args, name, value)
+    try:  # bad section sizes fail before Spark starts
+        recovery_bench.kill_points(args)
+        state_bench.state_sizes(args)
+    except ValueError as exc:
+        ap.error(str(exc))
     sizes = [int(s) for s in args.sizes.split(",") if s]
     args.modes = [m for m in args.modes.split(",") if m] if "ours" in args.contenders else []
     unknown = set(args.modes) - set(MODES)
     if unknown:
         ap.error(f"unknown modes {sorted(unknown)}; choose from {', '.join(MODES)}")
     skew_size = min(sizes, default=0) if args.skew_size is None else args.skew_size
+    return args, sizes, skew_size
 
+
+def main(argv: list[str] | None = None) -> int:
+    args, sizes, skew_size = parse_args(argv)
     # Before Spark starts: its Python workers unpickle the peer's state function by its module
     # (bench.peer), and pyspark 4.2's own pandas padding warns once per group in them.
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
@@ -243,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
 
     log = lambda m: print(m, flush=True)  # noqa: E731
     base = args.work or tempfile.mkdtemp(prefix="ckpt-bench-")
-    command = "python bench/compare.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python bench/compare.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     spark = get_spark(app_name="checkpoint_lib-bench", ui=False)
     started = datetime.now(timezone.utc)
     try:
@@ -251,18 +288,31 @@ def main(argv: list[str] | None = None) -> int:
         for size in sizes:
             results += throughput(spark, base, size, args, log)
         skewed = skew(spark, base, skew_size, args, log) if skew_size and "ours" in args.contenders else []
+        ours = "ours" in args.contenders
+        recovered = recovery_bench.recovery(spark, base, args, log) if ours and not args.skip_recovery else []
+        states = state_bench.state_growth(spark, base, args, log) if ours and not args.skip_state else []
+        clustered = cluster_bench.cluster(spark, base, args, log, results) if ours and not args.skip_cluster else []
     finally:
         if args.work is None and not args.keep:
             shutil.rmtree(base, ignore_errors=True)
-    stamp = (f"Measured {started:%Y-%m-%d %H:%M} UTC on {machine(spark)}; a checkpoint every "
-             f"{args.rows_per_checkpoint:,} events, {args.accounts:,} accounts. Command: `{command.strip()}`")
+    measured = f"Measured {started:%Y-%m-%d %H:%M} UTC on {machine(spark)}"
+    stamp = (f"{measured}; a checkpoint every {args.rows_per_checkpoint:,} events, {args.accounts:,} accounts. "
+             f"Command: `{command.strip()}`")
     sections = {}
     if results:
         sections["throughput"] = f"{stamp}\n\n{render_throughput(results)}"
+    if results and OFF in args.modes and len(args.modes) > 1:  # else the overhead table has no rows
         sections["overhead"] = f"{stamp}\n\n{render_overhead(results)}"
     if skewed:
         sections["skew"] = (f"{stamp}; {skew_size:,} events, one of the two source subtasks one step behind "
                             f"(records in flight at every checkpoint).\n\n{render_skew(skewed)}")
+    for name, section, rows, render in (
+        ("recovery", recovery_bench, recovered, recovery_bench.render_recovery),
+        ("state", state_bench, states, state_bench.render_state),
+        ("cluster", cluster_bench, clustered, cluster_bench.render_cluster),
+    ):
+        if rows:
+            sections[name] = f"{measured}; {section.describe(args)}. Command: `{command.strip()}`\n\n{render(rows)}"
     for name, body in sections.items():
         print(f"\n## {name}\n{body}")
         if args.docs:

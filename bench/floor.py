@@ -24,14 +24,18 @@ def offset_order(F: Any) -> list[Any]:
     ]
 
 
-def run_floor(spark: Any, landing: str, out: str) -> dict:
+def run_floor(spark: Any, landing: str, out: str, *, version: int | None = None) -> dict:
+    """The outputs of the whole landing table, or of its versions up to ``version``, into ``out``."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     from checkpoint_lib.pipelines.payments import payment_errors
 
     started = time.monotonic()
-    rows = spark.read.format("delta").load(landing)
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    rows = reader.load(landing)
     rows = rows.withColumn("error", payment_errors(rows))
     rows = rows.persist()
     good = rows.where(F.col("error").isNull()).drop("error")

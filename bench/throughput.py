@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import tempfile
 import time
 
@@ -31,11 +30,12 @@ def main() -> int:
     ap.add_argument("--warehouse", default=None, help="default: a temporary folder, deleted afterwards")
     args = ap.parse_args()
 
-    from checkpoint_lib.core.decider import CheckpointConfig
-    from checkpoint_lib.delta.store import DeltaCheckpointStore
-    from checkpoint_lib.pipelines import get
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: bench.* importable
+    from bench.ours import run_ours
     from checkpoint_lib.pipelines.payments import generate
-    from checkpoint_lib.spark.runner import PipelineRunner
     from checkpoint_lib.spark.session import get_spark
     from checkpoint_lib.verify import check_payments
 
@@ -52,39 +52,27 @@ def main() -> int:
         gen = time.monotonic() - t0
         print(f"generated {per * args.versions:,} rows in {args.versions} versions in {gen:.1f} s", flush=True)
 
-        config = CheckpointConfig(interval=0, max_concurrent=1, timeout=3600, retained=5)
-        runner = PipelineRunner(get("payments"), w, spark, mode=mode, config=config,
-                                rows_per_checkpoint=args.rows_per_checkpoint, lagging_sources=args.lagging_sources,
-                                progress=lambda m: print(f"  {m}", flush=True))
-        summary = runner.run()
+        f = run_ours(spark, w, mode=mode, rows_per_checkpoint=args.rows_per_checkpoint,
+                     lagging_sources=args.lagging_sources, progress=lambda m: print(f"  {m}", flush=True))
         check = check_payments(w, exact_order=mode != "at_least_once" and not args.lagging_sources)
         if not check.ok:
             print("OUTPUTS WRONG:", check.summary())
             return 1
-        store = DeltaCheckpointStore.open(f"{w}/_checkpoints/payments")
-        rows = [r for r in store.history() if r["status"] in ("completed", "discarded")]
-        durations = sorted((r["completion_time"] - r["trigger_time"]) * 1000 for r in rows if r["completion_time"])
-        keyed = [a for c in store.all() if c.checkpoint_id != summary.final
-                 for s, a in c.acks.items() if s.operator == "balance"]
-        align = sorted(a.alignment_ms for a in keyed) or [0.0]
-        cs_rows = sum(a.channel_state_rows for a in keyed)
-        cs_bytes = sum(a.channel_state_bytes for a in keyed)
-        print(f"\nmode {mode}: {summary.rows_in:,} rows in {summary.seconds:.1f} s = "
-              f"{summary.rows_in / summary.seconds:,.0f} rows/s, {summary.steps} steps, {len(summary.completed)} checkpoints")
-        if durations:
-            print(f"checkpoint duration (trigger -> completed, ms): min {durations[0]:.0f}, "
-                  f"median {statistics.median(durations):.0f}, max {durations[-1]:.0f}")
+        print(f"\nmode {mode}: {f['rows']:,} rows in {f['seconds']:.1f} s = {f['rows'] / f['seconds']:,.0f} rows/s, "
+              f"{f['steps']} steps, {f['checkpoints']} checkpoints")
+        print(f"checkpoint duration (trigger -> completed, ms): median {f['median_checkpoint_ms']:.0f}, "
+              f"max {f['max_checkpoint_ms']:.0f}")
         print(f"outputs verified: {check.summary()}")
-        table.append((mode, summary.seconds, statistics.median(durations) if durations else 0.0,
-                      statistics.median(align), cs_rows, cs_bytes, len(keyed)))
+        table.append((mode, f["seconds"], f["median_checkpoint_ms"], f["median_alignment_ms"],
+                      f["channel_state_rows"], f["channel_state_bytes"]))
         if args.warehouse is None and len(modes) == 1:
             shutil.rmtree(w, ignore_errors=True)
     print(f"\n{args.rows:,} rows, a checkpoint every {args.rows_per_checkpoint:,}, "
           f"{args.lagging_sources} lagging source subtask(s); retained checkpoints but the final one:")
-    print("| mode | run (s) | median checkpoint (ms) | median alignment per subtask (ms) "
+    print("| mode | run (s) | median checkpoint (ms) | median alignment (ms) "
           "| channel state rows | channel state bytes |")
     print("|---|---|---|---|---|---|")
-    for mode, secs, dur, align, rows, nbytes, _n in table:
+    for mode, secs, dur, align, rows, nbytes in table:
         print(f"| {mode} | {secs:.1f} | {dur:.0f} | {align:.0f} | {rows:,} | {nbytes:,} |")
     if args.warehouse is None:
         shutil.rmtree(base, ignore_errors=True)

@@ -68,6 +68,12 @@ class RunningBalance:
         return deltas, {"ledger": ledger, "balances": balances}
 
 
+def account_digits(accounts: int) -> int:
+    """Digits of a generated account number (``acct-000042``): 6, or more so that ``accounts``
+    distinct numbers never collide (Spark's ``lpad`` cuts a longer string to the width)."""
+    return max(6, len(str(max(accounts, 1) - 1)))
+
+
 def build() -> Pipeline:
     return (
         Pipeline("payments")
@@ -115,7 +121,7 @@ def generate(
         .withColumn("u", r)
         .select(
             F.concat(F.lit(f"b{batch}-"), F.col("id").cast("string")).alias("event_id"),
-            F.concat(F.lit("acct-"), F.lpad(F.pmod(F.xxhash64(F.col("id"), F.lit(seed)), F.lit(accounts)).cast("string"), 6, "0")).alias("account"),
+            F.concat(F.lit("acct-"), F.lpad(F.pmod(F.xxhash64(F.col("id"), F.lit(seed)), F.lit(accounts)).cast("string"), account_digits(accounts), "0")).alias("account"),
             (F.pmod(F.xxhash64(F.col("id"), F.lit(seed + 1)), F.lit(100_001)) - F.lit(50_000)).cast("long").alias("amount_cents"),
             F.timestamp_seconds(F.lit(int(start.timestamp())) + F.col("id")).alias("ts"),
             "u",

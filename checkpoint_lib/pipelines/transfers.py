@@ -21,6 +21,7 @@ import random
 from typing import Any, Mapping
 
 from ..pipeline import FEEDBACK, Bootstrap, DeltaSink, DeltaSource, Pipeline
+from .payments import account_digits
 
 ACCOUNTS_SCHEMA = {"account": "string", "opening_cents": "long"}
 TRANSFERS_SCHEMA = {"transfer_id": "string", "src": "string", "dst": "string", "amount_cents": "long"}
@@ -136,7 +137,7 @@ def generate(
             raise ValueError(f"{name} must be within 0..1, got {value}")
     root = warehouse.rstrip("/")
     seed = random.randrange(2**31) if seed is None else seed
-    acct = F.concat(F.lit("acct-"), F.lpad(F.col("n").cast("string"), 6, "0"))
+    acct = F.concat(F.lit("acct-"), F.lpad(F.col("n").cast("string"), account_digits(accounts), "0"))
     if latest_version(f"{root}/landing/accounts") is None:
         (
             spark.range(accounts).withColumnRenamed("id", "n")
