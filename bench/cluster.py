@@ -3,8 +3,8 @@
 A master and ``--cluster-workers`` workers on 127.0.0.1, started from the pyspark install
 (:class:`checkpoint_lib.spark.standalone.StandaloneCluster`: what docker-compose's spark services
 run), then ``<pyspark>/bin/spark-submit --master spark://... jobs/run_stage.py payments --warehouse
-W --rows-per-checkpoint K --mode aligned`` (the argv the Airflow hook's ``spark-submit`` launcher
-builds, Delta jars by ``--jars``) on a copy of the same landing table as the local contenders.
+W --stage all --mode aligned --rows-per-checkpoint K`` (built by :mod:`checkpoint_lib.submit`, as
+the Airflow hook's ``spark-submit`` launcher builds it, Delta jars by ``--jars``) on a copy of the same landing table as the local contenders.
 Timed end to end (the spark-submit wall time: JVM start, executors, the run, the final commit)
 and by the run's own figure (what ``ckpt run`` prints: open to close, comparable with the local
 ``ours, aligned``). The outputs must equal the floor's before the time counts.
@@ -17,12 +17,10 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = str(Path(__file__).resolve().parent.parent)
 TIMEOUT = float(os.environ.get("CKPT_BENCH_RUN_TIMEOUT", "14400"))
 _RUN_LINE = re.compile(r"epoch \d+: read (\d+) rows in ([\d.]+) s")
 
@@ -40,16 +38,17 @@ QUICK = {"cluster_size": 20_000, "cluster_memory": "1g"}
 
 
 def submit_argv(master: str, warehouse: str, rows_per_checkpoint: int, memory: str) -> list[str]:
+    """The hook's spark-submit argv of ``jobs/run_stage.py`` (whole pipeline, aligned), sized for the bench."""
     from checkpoint_lib.spark.jars import ensure_jars
     from checkpoint_lib.spark.standalone import spark_home
+    from checkpoint_lib.submit import build_submit_argv, stage_args
 
-    return [
-        str(spark_home() / "bin" / "spark-submit"), "--master", master, "--name", "ckpt-bench-cluster",
-        "--driver-memory", os.environ.get("CKPT_DRIVER_MEMORY") or "2g", "--executor-memory", memory,
-        "--jars", ",".join(str(j) for j in ensure_jars()),
-        f"{ROOT}/jobs/run_stage.py", "payments", "--warehouse", warehouse,
-        "--rows-per-checkpoint", str(rows_per_checkpoint), "--mode", "aligned",
-    ]
+    return build_submit_argv(
+        "run_stage.py", stage_args("payments", warehouse, stage="all", rows_per_checkpoint=rows_per_checkpoint),
+        master=master, spark_submit=str(spark_home() / "bin" / "spark-submit"), name="ckpt-bench-cluster",
+        jars=[str(j) for j in ensure_jars()], driver_memory=os.environ.get("CKPT_DRIVER_MEMORY") or "2g",
+        executor_memory=memory,
+    )
 
 
 def cluster(spark: Any, base: str, args: argparse.Namespace, log, local: list[dict] = ()) -> list[dict]:
@@ -59,7 +58,8 @@ def cluster(spark: Any, base: str, args: argparse.Namespace, log, local: list[di
     from bench.compare import check, generate_landing
     from bench.floor import run_floor
     from bench.ours import copy_landing
-    from checkpoint_lib.spark.standalone import StandaloneCluster, spark_home
+    from checkpoint_lib.spark.standalone import StandaloneCluster
+    from checkpoint_lib.submit import submit_env
 
     size, k = args.cluster_size, args.rows_per_checkpoint
     data = f"{base}/n{size}"
@@ -74,11 +74,7 @@ def cluster(spark: Any, base: str, args: argparse.Namespace, log, local: list[di
     w = f"{data}/ours-cluster"
     copy_landing(data, w)
     with StandaloneCluster(workers=args.cluster_workers, cores=args.cluster_cores, memory=args.cluster_memory) as c:
-        env = {
-            **os.environ, **c.client_env(), "CKPT_SPARK_UI": "0", "SPARK_HOME": str(spark_home()),
-            "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p),
-            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        }
+        env = {**submit_env(c.master_url), **c.client_env(), "CKPT_SPARK_UI": "0"}
         env.pop("CKPT_KILL_AT", None)
         argv = submit_argv(c.master_url, w, k, args.cluster_memory)
         started = time.monotonic()

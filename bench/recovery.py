@@ -27,7 +27,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,6 @@ KILL_PHASE = "source_read"
 0 with checkpoint 1, then versions 1..n) are fully processed, and nothing of step n+2 is written.
 Checked with ``CKPT_PHASE_TRACE``: per step source_read, dlq, [source_ack], channel_write,
 flush_stage, flush_merge, [snapshot, ack, complete, commit, sink_commit]."""
-ROOT = str(Path(__file__).resolve().parent.parent)
 TIMEOUT = float(os.environ.get("CKPT_BENCH_RUN_TIMEOUT", "14400"))
 
 
@@ -98,13 +96,12 @@ def recovery(spark: Any, base: str, args: argparse.Namespace, log) -> list[dict]
 def kill(spark: Any, warehouse: str, per_version: int, n: int) -> float:
     """A ``ckpt run`` process that SIGKILLs itself once versions 1..n (after checkpoint 1) are
     processed. Returns its wall time; raises if it did not die exactly there."""
+    from checkpoint_lib.submit import ckpt_run_argv, ckpt_run_env
+
     trace = Path(warehouse) / "phase-trace.txt"
     at = f"{KILL_PHASE}:{n + 2}"
-    env = {**os.environ, "CKPT_SPARK_MASTER": spark.sparkContext.master, "CKPT_SPARK_UI": "0",
-           "CKPT_KILL_AT": at, "CKPT_PHASE_TRACE": str(trace),
-           "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
-    cmd = [sys.executable, "-m", "checkpoint_lib.cli", "run", "payments", "--warehouse", warehouse,
-           "--rows-per-checkpoint", str(per_version), "--interval", "1e9"]
+    env = ckpt_run_env(spark.sparkContext.master, kill_at=at, trace=trace)
+    cmd = ckpt_run_argv("payments", warehouse, "--rows-per-checkpoint", str(per_version), "--interval", "1e9")
     started = time.monotonic()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     seconds = time.monotonic() - started

@@ -94,7 +94,7 @@ def state_growth(spark: Any, base: str, args: argparse.Namespace, log) -> list[d
         copy_landing(data, w)
         run = run_ours(spark, w, mode="aligned", rows_per_checkpoint=args.state_events)
         check(spark, floor_out, w, f"ours aligned, {accounts:,} accounts in state")
-        figures = checkpoint_figures(w)
+        figures = checkpoint_figures(spark, w)
         if figures["fixed_checkpoints"] != args.state_checkpoints:
             raise RuntimeError(f"expected {args.state_checkpoints} fixed-size checkpoints, got "
                                f"{figures['fixed_checkpoints']} (one per landing version)")
@@ -106,9 +106,10 @@ def state_growth(spark: Any, base: str, args: argparse.Namespace, log) -> list[d
     return rows
 
 
-def checkpoint_figures(warehouse: str, pipeline: str = "payments") -> dict:
+def checkpoint_figures(spark, warehouse: str, pipeline: str = "payments") -> dict:
     """From the checkpoint history of a finished run: the first (bootstrap) checkpoint, and the
-    medians of the ones between it and the final checkpoint."""
+    medians of the ones between it and the final checkpoint. The keys are counted in Spark: with
+    deletion vectors a file's ``num_records`` still counts the rows a later MERGE replaced."""
     from deltalake import DeltaTable
 
     from checkpoint_lib.delta.store import DeltaCheckpointStore
@@ -136,10 +137,10 @@ def checkpoint_figures(warehouse: str, pipeline: str = "payments") -> dict:
     for prev, cur in zip(done, fixed):
         before, after = files_at(pinned[prev["checkpoint_id"]]), files_at(pinned[cur["checkpoint_id"]])
         written.append(sum(size for path, size in after.items() if path not in before))
-    last = DeltaTable(state_path, version=pinned[done[-1]["checkpoint_id"]]).get_add_actions(flatten=True)
+    last = pinned[done[-1]["checkpoint_id"]]
     ms = lambda r: (r["completion_time"] - r["trigger_time"]) * 1000  # noqa: E731
     return {
-        "state_rows": int(sum(last.column("num_records").to_pylist())),
+        "state_rows": spark.read.format("delta").option("versionAsOf", last).load(state_path).count(),
         "fixed_checkpoints": len(fixed),
         "bootstrap_s": ms(bootstrap) / 1000,
         "bootstrap_state_bytes": int(bootstrap["state_bytes"]),

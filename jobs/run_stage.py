@@ -3,7 +3,7 @@
     spark-submit --master spark://host:7077 jobs/run_stage.py payments --warehouse W --stage source
 
 A thin wrapper around ``ckpt run`` (same arguments, same exit codes); the Airflow hook builds
-this argv (``ckpt_airflow.hooks.build_submit_argv``).
+this argv (``checkpoint_lib.submit.build_submit_argv``), and so does ``bench/cluster.py``.
 """
 
 import sys

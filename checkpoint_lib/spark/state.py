@@ -22,6 +22,13 @@ from . import tables
 
 KEY_GROUP = "key_group"
 
+# A flush's MERGE touches keys spread over every file of the table. Without deletion vectors Delta
+# rewrites each touched file whole, so every checkpoint would rewrite the whole state; with them it
+# marks the replaced rows and writes only the changed ones, so what a checkpoint writes follows what
+# changed. Time travel, RESTORE and overwrite all honour them. (delta-rs reads such a table's log but
+# not its rows; nothing here reads state rows outside Spark.)
+STATE_TABLE_PROPERTIES = {"delta.enableDeletionVectors": "true"}
+
 
 def key_group_column(key: str, max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> F.Column:
     """The key group of ``key``: a stable hash (xxhash64) modulo max parallelism."""
@@ -45,7 +52,7 @@ class KeyedStateTable:
         )
 
     def create(self) -> None:
-        tables.create_if_missing(self.spark, self.path, self.schema)
+        tables.create_if_missing(self.spark, self.path, self.schema, properties=STATE_TABLE_PROPERTIES)
 
     def version(self) -> int:
         return tables.version(self.spark, self.path)

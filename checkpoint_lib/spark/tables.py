@@ -68,10 +68,12 @@ def retry_conflicts(write: Callable[[], R], what: str, *, before_retry: Callable
 
 
 def create_if_missing(
-    spark: SparkSession, path: str, schema: T.StructType, partition_by: list[str] | None = None
+    spark: SparkSession, path: str, schema: T.StructType, partition_by: list[str] | None = None,
+    properties: dict[str, str] | None = None,
 ) -> None:
-    """Create an empty Delta table at ``path`` unless one exists. Idempotent and race-safe:
-    two creators racing both end with the table (the loser's commit of version 0 fails)."""
+    """Create an empty Delta table at ``path`` unless one exists, with the table ``properties``
+    (``delta.*`` settings) given. Idempotent and race-safe: two creators racing both end with the
+    table (the loser's commit of version 0 fails). An existing table keeps its own properties."""
     if is_delta_table(path):
         return
     os.makedirs(os.path.dirname(path.rstrip("/")) or ".", exist_ok=True)
@@ -80,6 +82,8 @@ def create_if_missing(
     builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
     if partition_by:
         builder = builder.partitionedBy(*partition_by)
+    for key, value in (properties or {}).items():
+        builder = builder.property(key, value)
     try:
         builder.execute()
     except Exception:

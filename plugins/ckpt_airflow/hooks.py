@@ -37,17 +37,16 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from airflow.sdk.bases.hook import BaseHook
 
+# the spark-submit argv and environment are pure and shared with bench/cluster.py
+from checkpoint_lib.submit import MODES, STAGES, build_submit_argv, stage_args, submit_env  # noqa: F401
+
 if TYPE_CHECKING:
     from checkpoint_lib.control import CheckpointProgress, CommitOutcome, PipelineControl
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-JOBS_DIR = REPO_ROOT / "jobs"
 DEFAULT_MASTER = "local[2]"
 LAUNCHERS = ("session", "spark-submit")
-STAGES = ("source", "keyed", "all")
-MODES = ("aligned", "unaligned", "aligned_with_timeout", "at_least_once")
 WAREHOUSE_ENV = "CKPT_WAREHOUSE"
 WAREHOUSE_VARIABLE = "ckpt_warehouse"
 API_CONN_ID = "ckpt_airflow_api"
@@ -82,45 +81,6 @@ def _warehouse_variable() -> str | None:
         return Variable.get(WAREHOUSE_VARIABLE, default=None)
     except Exception:  # outside a task (api-server, triggerer) the SDK has no supervisor to ask
         return None
-
-
-def build_submit_argv(
-    job: str,
-    args: Sequence[str],
-    *,
-    master: str,
-    spark_submit: str = "spark-submit",
-    conf: dict[str, str] | None = None,
-    jars: Sequence[str] = (),
-) -> list[str]:
-    """The exact ``spark-submit`` argv of a ``jobs/`` entry point (pure: tests pin it).
-
-    >>> build_submit_argv("run_stage.py", ["payments", "--stage", "source"], master="spark://m:7077")[:4]
-    ['spark-submit', '--master', 'spark://m:7077', '--name']
-    """
-    script = JOBS_DIR / job
-    argv = [spark_submit, "--master", master, "--name", f"ckpt-{Path(job).stem}"]
-    if jars:
-        argv += ["--jars", ",".join(jars)]
-    for key, value in sorted((conf or {}).items()):
-        argv += ["--conf", f"{key}={value}"]
-    return [*argv, str(script), *args]
-
-
-def stage_args(
-    pipeline: str, warehouse: str, *, stage: str, mode: str = "aligned", rows_per_checkpoint: int = 10_000,
-    max_steps: int | None = None,
-) -> list[str]:
-    """The CLI arguments of ``ckpt run`` for one stage (shared by both launchers). Pure."""
-    if stage not in STAGES:
-        raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}")
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-    args = [pipeline, "--warehouse", warehouse, "--stage", stage, "--mode", mode,
-            "--rows-per-checkpoint", str(int(rows_per_checkpoint)), "--until-caught-up"]
-    if max_steps is not None:
-        args += ["--max-steps", str(int(max_steps))]
-    return args
 
 
 class CheckpointHook(BaseHook):
@@ -289,15 +249,7 @@ class CheckpointHook(BaseHook):
         spark_submit = shutil.which("spark-submit") or str(Path(sys.executable).with_name("spark-submit"))
         argv = build_submit_argv(job, list(args), master=self.spark_master, spark_submit=spark_submit,
                                  jars=[str(j) for j in ensure_jars()])
-        import pyspark
-
-        env = {
-            **os.environ, "CKPT_SPARK_MASTER": self.spark_master, "PYTHONPATH": str(REPO_ROOT),
-            # spark-submit finds Spark and Python from these, not from whatever python3 is on PATH
-            "SPARK_HOME": os.environ.get("SPARK_HOME") or str(Path(pyspark.__file__).parent),
-            "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON") or sys.executable,
-            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        }
+        env = submit_env(self.spark_master)
         self.log.info("running %s", " ".join(argv))
         self._child = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                        start_new_session=True)

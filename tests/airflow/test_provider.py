@@ -134,7 +134,7 @@ def test_validate_params_task_fails_fast_and_touches_nothing(tmp_path):
 
 
 def test_spark_submit_argv_is_exact():
-    from ckpt_airflow.hooks import JOBS_DIR, build_submit_argv, stage_args
+    from checkpoint_lib.submit import JOBS_DIR, build_submit_argv, stage_args
 
     args = stage_args("payments", "/w", stage="source", rows_per_checkpoint=500)
     argv = build_submit_argv("run_stage.py", args, master="spark://127.0.0.1:7077", jars=["/j/a.jar", "/j/b.jar"],
@@ -149,6 +149,10 @@ def test_spark_submit_argv_is_exact():
         assert (JOBS_DIR / job).is_file()
     with pytest.raises(ValueError, match="stage"):
         stage_args("payments", "/w", stage="sink")
+    sized = build_submit_argv("run_stage.py", args, master="local[2]", name="ckpt-bench", driver_memory="2g",
+                              executor_memory="1g")
+    assert sized[:9] == ["spark-submit", "--master", "local[2]", "--name", "ckpt-bench", "--driver-memory", "2g",
+                         "--executor-memory", "1g"]
     # the argv the jobs hand to the CLI parses
     from checkpoint_lib.cli import build_parser
 

@@ -24,11 +24,12 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from checkpoint_lib.submit import ckpt_run_argv, ckpt_run_env
 
 ROWS = 400  # per landing version and per checkpoint
 VERSIONS = 3
@@ -129,8 +130,8 @@ def landing(spark, warehouse: str, s: Scenario) -> None:
 
 
 def _command(warehouse: str, s: Scenario) -> list[str]:
-    cmd = [sys.executable, "-m", "checkpoint_lib.cli", "run", s.pipeline, "--warehouse", warehouse,
-           "--rows-per-checkpoint", str(ROWS), "--mode", s.mode, "--lagging-sources", str(s.lagging)]
+    cmd = ckpt_run_argv(s.pipeline, warehouse, "--rows-per-checkpoint", str(ROWS), "--mode", s.mode,
+                        "--lagging-sources", str(s.lagging))
     if s.mode == "aligned_with_timeout":
         cmd += ["--alignment-timeout", "0.5"]
     return cmd
@@ -138,10 +139,8 @@ def _command(warehouse: str, s: Scenario) -> list[str]:
 
 def _run(warehouse: str, s: Scenario, kill: Kill | None, trace: Path) -> tuple[int, str, str | None]:
     """One ``ckpt run``: (return code, output tail, the phase a kill interrupted or None)."""
-    env = {**os.environ, "CKPT_SPARK_MASTER": "local[2]", "CKPT_SPARK_UI": "0", "CKPT_PHASE_TRACE": str(trace)}
-    env.pop("CKPT_KILL_AT", None)
-    if kill is not None and kill.phase != EXTERNAL:
-        env["CKPT_KILL_AT"] = str(kill)
+    env = ckpt_run_env("local[2]", kill_at=str(kill) if kill is not None and kill.phase != EXTERNAL else None,
+                       trace=trace)
     trace.unlink(missing_ok=True)
     proc = subprocess.Popen(_command(warehouse, s), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)

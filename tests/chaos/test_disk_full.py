@@ -11,15 +11,14 @@ the tests skip and say why.
 from __future__ import annotations
 
 import errno
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from checkpoint_lib.pipelines.payments import generate
+from checkpoint_lib.submit import ckpt_run_argv, ckpt_run_env
 from checkpoint_lib.verify import check_payments
 
 pytestmark = [pytest.mark.crash, pytest.mark.spark, pytest.mark.slow]
@@ -53,11 +52,8 @@ def _fill(path: Path) -> Path:
 
 def _run(warehouse: Path, trace: Path, when=None):
     """``ckpt run``; ``when(reached)`` is called with the kill points passed so far, every 0.1 s."""
-    env = {**os.environ, "CKPT_SPARK_MASTER": "local[2]", "CKPT_SPARK_UI": "0", "CKPT_PHASE_TRACE": str(trace)}
-    env.pop("CKPT_KILL_AT", None)
-    cmd = [sys.executable, "-m", "checkpoint_lib.cli", "run", "payments", "--warehouse", str(warehouse),
-           "--rows-per-checkpoint", str(ROWS)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cmd = ckpt_run_argv("payments", warehouse, "--rows-per-checkpoint", str(ROWS))
+    proc = subprocess.Popen(cmd, env=ckpt_run_env("local[2]", trace=trace), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     fired = False
     while when is not None and not fired and proc.poll() is None:
         fired = when(trace.read_text().split() if trace.exists() else [])

@@ -20,6 +20,7 @@ import time
 import pytest
 
 from checkpoint_lib.pipelines.payments import generate
+from checkpoint_lib.submit import ckpt_run_argv, ckpt_run_env
 from checkpoint_lib.verify import check_payments, read_delta
 
 
@@ -38,13 +39,9 @@ TIMEOUT = float(os.environ.get("CKPT_TEST_RUN_TIMEOUT", "900"))
 
 def ckpt_run(warehouse, kill_at: str | None = None, timeout: float = TIMEOUT, stage: str = "all",
              extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CKPT_SPARK_MASTER": "local[2]", "CKPT_SPARK_UI": "0"}
-    env.pop("CKPT_KILL_AT", None)
-    if kill_at:
-        env["CKPT_KILL_AT"] = kill_at
-    cmd = [sys.executable, "-m", "checkpoint_lib.cli", "run", "payments", "--warehouse", str(warehouse),
-           "--rows-per-checkpoint", str(ROWS), "--stage", stage, *extra]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    cmd = ckpt_run_argv("payments", warehouse, "--rows-per-checkpoint", str(ROWS), "--stage", stage, *extra)
+    return subprocess.run(cmd, env=ckpt_run_env("local[2]", kill_at=kill_at), capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def landing(spark, warehouse, seed: int = 0) -> None:
@@ -107,11 +104,8 @@ def test_sigterm_stops_a_following_run_cleanly_and_the_next_run_resumes(spark, t
     """What Airflow's on_kill and Ctrl-C do: finish the step, take the final checkpoint, end the
     session. The next run then joins the epoch instead of recovering, and nothing is duplicated."""
     generate(spark, str(tmp_path), ROWS, bad_fraction=0.03, accounts=25, seed=7)  # one version: keep CI short
-    env = {**os.environ, "CKPT_SPARK_MASTER": "local[2]", "CKPT_SPARK_UI": "0"}
-    env.pop("CKPT_KILL_AT", None)
-    cmd = [sys.executable, "-m", "checkpoint_lib.cli", "run", "payments", "--warehouse", str(tmp_path),
-           "--rows-per-checkpoint", str(ROWS), "--follow", "--poll", "0.5"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    cmd = ckpt_run_argv("payments", tmp_path, "--rows-per-checkpoint", str(ROWS), "--follow", "--poll", "0.5")
+    proc = subprocess.Popen(cmd, env=ckpt_run_env("local[2]"), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     watchdog = threading.Timer(400, proc.kill)
     watchdog.start()
     seen = []

@@ -7,12 +7,12 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from checkpoint_lib.pipelines.transfers import generate
+from checkpoint_lib.submit import ckpt_run_argv, ckpt_run_env
 from checkpoint_lib.verify import check_transfers
 
 pytestmark = [pytest.mark.crash, pytest.mark.spark, pytest.mark.slow]
@@ -21,15 +21,11 @@ TIMEOUT = float(os.environ.get("CKPT_TEST_RUN_TIMEOUT", "900"))
 
 
 def ckpt_run(warehouse, mode: str, kill_at: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CKPT_SPARK_MASTER": "local[2]", "CKPT_SPARK_UI": "0"}
-    env.pop("CKPT_KILL_AT", None)
-    if kill_at:
-        env["CKPT_KILL_AT"] = kill_at
-    cmd = [sys.executable, "-m", "checkpoint_lib.cli", "run", "transfers", "--warehouse", str(warehouse),
-           "--rows-per-checkpoint", str(ROWS), "--mode", mode]
+    cmd = ckpt_run_argv("transfers", warehouse, "--rows-per-checkpoint", str(ROWS), "--mode", mode)
     if mode == "aligned_with_timeout":
         cmd += ["--alignment-timeout", "0.5"]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    return subprocess.run(cmd, env=ckpt_run_env("local[2]", kill_at=kill_at), capture_output=True, text=True,
+                          timeout=TIMEOUT)
 
 
 def landing(spark, warehouse, seed: int = 0) -> None:
@@ -62,11 +58,8 @@ def test_kill_the_cycle_and_recover_exactly(spark, tmp_path, mode, kill_at):
 @pytest.mark.parametrize("seed", range(2))
 def test_kill_the_cycle_from_outside_at_random(spark, tmp_path, seed):
     landing(spark, tmp_path, seed)
-    env = {**os.environ, "CKPT_SPARK_MASTER": "local[2]", "CKPT_SPARK_UI": "0"}
-    env.pop("CKPT_KILL_AT", None)
-    cmd = [sys.executable, "-m", "checkpoint_lib.cli", "run", "transfers", "--warehouse", str(tmp_path),
-           "--rows-per-checkpoint", str(ROWS)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cmd = ckpt_run_argv("transfers", tmp_path, "--rows-per-checkpoint", str(ROWS))
+    proc = subprocess.Popen(cmd, env=ckpt_run_env("local[2]"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(random.Random(seed).uniform(20, 80))
     proc.send_signal(signal.SIGKILL)
     proc.wait()

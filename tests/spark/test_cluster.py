@@ -9,13 +9,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from checkpoint_lib.pipelines.payments import generate
 from checkpoint_lib.spark.standalone import StandaloneCluster, executor_pids
+from checkpoint_lib.submit import ckpt_run_argv, ckpt_run_env
 from checkpoint_lib.verify import check_payments
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
@@ -27,11 +27,8 @@ def test_an_executor_killed_mid_run_on_a_standalone_cluster_changes_nothing(spar
         generate(spark, str(tmp_path), ROWS, bad_fraction=0.02, accounts=50, seed=40 + v)
     trace = tmp_path / "trace.txt"
     with StandaloneCluster(workers=2, cores=1, memory="1g", workdir=tmp_path / "cluster") as cluster:
-        env = {**os.environ, **cluster.client_env(), "CKPT_SPARK_UI": "0", "CKPT_PHASE_TRACE": str(trace),
-               "CKPT_DRIVER_MEMORY": "1g"}
-        env.pop("CKPT_KILL_AT", None)
-        cmd = [sys.executable, "-m", "checkpoint_lib.cli", "run", "payments", "--warehouse", str(tmp_path),
-               "--rows-per-checkpoint", str(ROWS)]
+        env = {**ckpt_run_env(cluster.master_url, trace=trace), **cluster.client_env(), "CKPT_DRIVER_MEMORY": "1g"}
+        cmd = ckpt_run_argv("payments", tmp_path, "--rows-per-checkpoint", str(ROWS))
         run = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         killed = None
         deadline = time.monotonic() + 600

@@ -27,6 +27,9 @@ def _state(spark, path) -> KeyedStateTable:
 
     values = T.StructType([T.StructField("balance_cents", T.LongType()), T.StructField("event_count", T.LongType())])
     table = KeyedStateTable(spark, path, "account", values)
+    # without deletion vectors (KeyedStateTable.create turns them on): the other engine here is
+    # delta-rs, which cannot write to a table with that writer feature
+    tables.create_if_missing(spark, path, table.schema)
     table.create()
     for i in range(4):  # four small files: something for OPTIMIZE to compact
         spark.createDataFrame([(i, f"acct-{i}", 100, 1)], table.schema).write.format("delta").mode("append").save(path)
