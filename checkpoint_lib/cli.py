@@ -104,7 +104,8 @@ def _runner(args: argparse.Namespace, **kw: Any):
         pipeline, args.warehouse, _spark(), mode=mode,
         rows_per_checkpoint=args.rows_per_checkpoint, config=config, progress=_progress,
         alignment_timeout=args.alignment_timeout, stage=args.stage,
-        poll_interval=getattr(args, "poll", 1.0), lagging_sources=getattr(args, "lagging_sources", 0), **kw,
+        poll_interval=getattr(args, "poll", 1.0), lagging_sources=getattr(args, "lagging_sources", 0),
+        state_compact_every=getattr(args, "state_compact_every", 32), **kw,
     )
 
 
@@ -268,6 +269,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                    help="make the last N source subtasks slow: their records and barrier of each step reach "
                         "the channel one step after the others' (skew: barriers at different positions, "
                         "records in flight; unaligned checkpoints then log channel state). Default 0")
+    p.add_argument("--state-compact-every", type=int, default=32, metavar="N",
+                   help="OPTIMIZE the keyed state table every N flushes (its MERGEs add small files and "
+                        "deletion vectors; the rows do not change). 0: never. Default 32")
     p.add_argument("--stage", choices=("all", "source", "keyed"), default="all",
                    help="run one stage as its own process (source: landing table -> channel log; keyed: "
                         "channel log -> state and sinks), or both (all, the default)")

@@ -143,6 +143,7 @@ class PipelineRunner:
         poll_interval: float = 1.0,
         lagging_sources: int = 0,
         validate_checkpoints: bool | None = None,
+        state_compact_every: int = 32,
     ):
         self.pipeline = pipeline.validate()
         if stage not in ("all", *STAGES):
@@ -175,6 +176,11 @@ class PipelineRunner:
         self.alignment_timeout = alignment_timeout if self.mode is BarrierMode.ALIGNED_WITH_TIMEOUT else None
         self.validate_checkpoints = pipeline.validate_checkpoints if validate_checkpoints is None else validate_checkpoints
         self.allow_non_restored_state = allow_non_restored_state
+        if state_compact_every < 0:
+            raise ValueError(f"state_compact_every must be >= 0 (0: never), got {state_compact_every}")
+        # every N-th flush (counted across the epoch's processes) compacts the state table: the
+        # MERGEs add small files and deletion vectors, which every later read of the state pays for
+        self.state_compact_every = state_compact_every
         self._kill_at = _parse_kill(os.environ.get("CKPT_KILL_AT"))
         self._kill_counts: dict[str, int] = defaultdict(int)
         self._trace = os.environ.get("CKPT_PHASE_TRACE") or None
@@ -1096,6 +1102,10 @@ class PipelineRunner:
         self._checkpoint("flush_merge")
         self._fence()
         self.state_version = self.state.add(deltas, before_retry=self._fence)
+        if self.state_compact_every and self.flushes % self.state_compact_every == 0:
+            self._fence()
+            # same rows, fewer files: a snapshot of this flush may pin either version
+            self.state_version = self.state.compact(before_retry=self._fence)
 
     def _cached(self, df: DataFrame) -> DataFrame:
         """``df`` persisted (memory, spilling to disk) until :meth:`_uncache`: for a DataFrame of

@@ -86,6 +86,20 @@ class KeyedStateTable:
         tables.retry_conflicts(merge, f"state {self.path}: MERGE of a flush", before_retry=before_retry)
         return self.version()
 
+    def compact(self, before_retry: Callable[[], None] | None = None) -> int:
+        """OPTIMIZE: bin-pack the small files the flushes added, and rewrite the files whose rows
+        were mostly replaced (deletion vectors), so reading the state stays proportional to it.
+        The commit changes no row (``dataChange=false``): every version a snapshot pinned reads the
+        same, and a kill before, during or after it leaves a table with the same rows. Returns the
+        table version after it."""
+        from delta.tables import DeltaTable
+
+        def optimize() -> None:
+            DeltaTable.forPath(self.spark, self.path).optimize().executeCompaction()
+
+        tables.retry_conflicts(optimize, f"state {self.path}: OPTIMIZE", before_retry=before_retry)
+        return self.version()
+
     def restore(self, snapshots: Sequence[Mapping]) -> None:
         """Make the table hold, for every snapshot ``{"table_version", "key_groups"}``, exactly its
         key groups as of its version. Idempotent: running it twice gives the same table."""

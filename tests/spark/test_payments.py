@@ -227,6 +227,35 @@ def test_stages_run_as_separate_processes_resume_where_they_stopped(spark, tmp_p
     assert check.ledger_rows == check.valid_rows
 
 
+def test_the_state_table_is_compacted_every_n_flushes_and_resume_and_restore_still_fit(spark, tmp_path):
+    small = ROWS // 2  # a flush per landing version: four flushes, compacted after the 2nd and the 4th
+    for seed in (31, 32, 33, 34):
+        generate(spark, str(tmp_path), small, bad_fraction=0.05, accounts=400, seed=seed)
+    first = runner(spark, tmp_path, rows_per_checkpoint=small, state_compact_every=2).run()
+    state = f"{tmp_path}/_checkpoints/payments/state/balance"
+    ops = [r["operation"] for r in spark.sql(f"DESCRIBE HISTORY delta.`{state}`").collect()]
+    assert ops.count("OPTIMIZE") >= 1 and ops.count("MERGE") == 4, ops
+    check = check_payments(str(tmp_path))
+    assert check.ok, check.summary()
+
+    # the keyed stage stopped at the compaction's version: the next run resumes, it does not recover
+    generate(spark, str(tmp_path), small, bad_fraction=0.05, accounts=400, seed=35)
+    again = runner(spark, tmp_path, rows_per_checkpoint=small, state_compact_every=2).run()
+    assert again.restored is None and again.epoch == first.epoch and again.rows_in == small
+    check = check_payments(str(tmp_path))
+    assert check.ok, check.summary()
+
+    # an older checkpoint pinned a version from before a compaction: restoring it replays exactly once
+    oldest = min(c.checkpoint_id for c in DeltaCheckpointStore.open(f"{tmp_path}/_checkpoints/payments").all())
+    assert oldest in first.completed[:-1]  # retained: a checkpoint of the first run, followed by a compaction
+    older = runner(spark, tmp_path, rows_per_checkpoint=small, state_compact_every=2,
+                   restore_checkpoint=oldest).run()
+    assert older.restored == oldest
+    check = check_payments(str(tmp_path))
+    assert check.ok, check.summary()
+    assert check.ledger_rows == check.valid_rows
+
+
 def test_a_stage_whose_last_process_died_recovers_the_pipeline(spark, tmp_path):
     generate(spark, str(tmp_path), ROWS, accounts=25, seed=31)
     first = runner(spark, tmp_path).run()
