@@ -1,7 +1,11 @@
-"""How a ``jobs/`` entry point is handed to ``spark-submit``: its argv and its environment.
+"""The child processes checkpoint_lib starts, built in one place (pure: no Spark, no Airflow).
 
-Pure (no Spark, no Airflow): the Airflow hook's ``spark-submit`` launcher and the cluster
-benchmark both build their child process from here, and tests pin the argv.
+- ``spark-submit`` of a ``jobs/`` entry point: :func:`build_submit_argv`, :func:`stage_args` and
+  :func:`submit_env`, used by the Airflow hook's ``spark-submit`` launcher and ``bench/cluster.py``;
+  tests pin the argv.
+- ``ckpt run`` as a child of this interpreter, with the runner's fault switches (``CKPT_KILL_AT``,
+  ``CKPT_PHASE_TRACE``): :func:`ckpt_run_argv` and :func:`ckpt_run_env`, used by the crash and chaos
+  tests and ``bench/recovery.py``.
 """
 
 from __future__ import annotations
