@@ -4,7 +4,8 @@ A master and ``--cluster-workers`` workers on 127.0.0.1, started from the pyspar
 (:class:`checkpoint_lib.spark.standalone.StandaloneCluster`: what docker-compose's spark services
 run), then ``<pyspark>/bin/spark-submit --master spark://... jobs/run_stage.py payments --warehouse
 W --stage all --mode aligned --rows-per-checkpoint K`` (built by :mod:`checkpoint_lib.submit`, as
-the Airflow hook's ``spark-submit`` launcher builds it, Delta jars by ``--jars``) on a copy of the same landing table as the local contenders.
+the Airflow hook's ``spark-submit`` launcher builds it, Delta jars by ``--jars``) on a copy of the
+same landing table as the local contenders.
 Timed end to end (the spark-submit wall time: JVM start, executors, the run, the final commit)
 and by the run's own figure (what ``ckpt run`` prints: open to close, comparable with the local
 ``ours, aligned``). The outputs must equal the floor's before the time counts.
@@ -40,8 +41,7 @@ QUICK = {"cluster_size": 20_000, "cluster_memory": "1g"}
 def submit_argv(master: str, warehouse: str, rows_per_checkpoint: int, memory: str) -> list[str]:
     """The hook's spark-submit argv of ``jobs/run_stage.py`` (whole pipeline, aligned), sized for the bench."""
     from checkpoint_lib.spark.jars import ensure_jars
-    from checkpoint_lib.spark.standalone import spark_home
-    from checkpoint_lib.submit import build_submit_argv, stage_args
+    from checkpoint_lib.submit import build_submit_argv, spark_home, stage_args
 
     return build_submit_argv(
         "run_stage.py", stage_args("payments", warehouse, stage="all", rows_per_checkpoint=rows_per_checkpoint),

@@ -72,24 +72,29 @@ def submit_env(master: str, base: Mapping[str, str] | None = None) -> dict[str, 
     on ``PATH``). What ``base`` (default: ``os.environ``) already sets for SPARK_HOME and
     PYSPARK_PYTHON wins."""
     base = dict(os.environ if base is None else base)
-    python_path = os.pathsep.join(p for p in (str(REPO_ROOT), base.get("PYTHONPATH")) if p)
     return {
         **base,
         "CKPT_SPARK_MASTER": master,
-        "PYTHONPATH": python_path,
-        "SPARK_HOME": base.get("SPARK_HOME") or _spark_home(),
+        "PYTHONPATH": _python_path(base),
+        "SPARK_HOME": base.get("SPARK_HOME") or str(spark_home()),
         "PYSPARK_PYTHON": base.get("PYSPARK_PYTHON") or sys.executable,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{base.get('PATH', '')}",
     }
 
 
-def _spark_home() -> str:
+def spark_home() -> Path:
+    """The Spark distribution inside the pyspark install (``bin/spark-submit``, ``bin/spark-class``)."""
     import importlib.util
 
     spec = importlib.util.find_spec("pyspark")  # located, not imported: no JVM, no py4j
     if spec is None or spec.origin is None:
         raise RuntimeError("pyspark is not installed: spark-submit needs SPARK_HOME")
-    return str(Path(spec.origin).resolve().parent)
+    return Path(spec.origin).resolve().parent
+
+
+def _python_path(env: Mapping[str, str]) -> str:
+    """This checkout first, then what ``env`` already had."""
+    return os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
 
 
 def ckpt_run_argv(pipeline: str, warehouse: str | os.PathLike, *options: str) -> list[str]:
@@ -107,10 +112,7 @@ def ckpt_run_env(master: str, *, kill_at: str | None = None, trace: str | os.Pat
     env = dict(os.environ if base is None else base)
     env.pop("CKPT_KILL_AT", None)
     env.pop("CKPT_PHASE_TRACE", None)
-    env.update({
-        "CKPT_SPARK_MASTER": master, "CKPT_SPARK_UI": "0",
-        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p),
-    })
+    env.update({"CKPT_SPARK_MASTER": master, "CKPT_SPARK_UI": "0", "PYTHONPATH": _python_path(env)})
     if kill_at:
         env["CKPT_KILL_AT"] = kill_at
     if trace is not None:

@@ -23,6 +23,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from ..submit import spark_home
+
 __all__ = ["StandaloneCluster", "executor_pids"]
 
 
@@ -30,12 +32,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def spark_home() -> Path:
-    import pyspark
-
-    return Path(pyspark.__file__).resolve().parent
 
 
 def executor_pids(app_id: str | None = None) -> list[int]:

@@ -37,8 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from airflow.sdk.bases.hook import BaseHook
 
-# the spark-submit argv and environment are pure and shared with bench/cluster.py
-from checkpoint_lib.submit import MODES, STAGES, build_submit_argv, stage_args, submit_env  # noqa: F401
+from checkpoint_lib.submit import build_submit_argv, stage_args, submit_env
 
 if TYPE_CHECKING:
     from checkpoint_lib.control import CheckpointProgress, CommitOutcome, PipelineControl

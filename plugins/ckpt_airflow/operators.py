@@ -160,7 +160,7 @@ class ValidateRecoveryParamsOperator(CheckpointBaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         from checkpoint_lib.core.errors import UnknownCheckpointError
-        from ckpt_airflow.hooks import MODES
+        from checkpoint_lib.submit import MODES
 
         try:
             cid = self.hook.control().resolve_checkpoint(self.checkpoint_id)

@@ -53,7 +53,8 @@ def _fill(path: Path) -> Path:
 def _run(warehouse: Path, trace: Path, when=None):
     """``ckpt run``; ``when(reached)`` is called with the kill points passed so far, every 0.1 s."""
     cmd = ckpt_run_argv("payments", warehouse, "--rows-per-checkpoint", str(ROWS))
-    proc = subprocess.Popen(cmd, env=ckpt_run_env("local[2]", trace=trace), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, env=ckpt_run_env("local[2]", trace=trace), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     fired = False
     while when is not None and not fired and proc.poll() is None:
         fired = when(trace.read_text().split() if trace.exists() else [])

@@ -105,7 +105,8 @@ def test_sigterm_stops_a_following_run_cleanly_and_the_next_run_resumes(spark, t
     session. The next run then joins the epoch instead of recovering, and nothing is duplicated."""
     generate(spark, str(tmp_path), ROWS, bad_fraction=0.03, accounts=25, seed=7)  # one version: keep CI short
     cmd = ckpt_run_argv("payments", tmp_path, "--rows-per-checkpoint", str(ROWS), "--follow", "--poll", "0.5")
-    proc = subprocess.Popen(cmd, env=ckpt_run_env("local[2]"), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(cmd, env=ckpt_run_env("local[2]"), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
     watchdog = threading.Timer(400, proc.kill)
     watchdog.start()
     seen = []
