@@ -27,7 +27,19 @@ KEY_GROUP = "key_group"
 # marks the replaced rows and writes only the changed ones, so what a checkpoint writes follows what
 # changed. Time travel, RESTORE and overwrite all honour them. (delta-rs reads such a table's log but
 # not its rows; nothing here reads state rows outside Spark.)
-STATE_TABLE_PROPERTIES = {"delta.enableDeletionVectors": "true"}
+# A snapshot is a table version read by time travel (restore is a RESTORE or a read AS OF it), and a
+# savepoint pins its version for ever. Delta takes versions away in two ways: it deletes log entries
+# older than ``delta.logRetentionDuration`` (30 days) whenever it writes a log checkpoint, and it
+# refuses time travel past ``delta.deletedFileRetentionDuration`` (7 days; the span a VACUUM must
+# leave), so a weekly pipeline could not restore its last checkpoint. The state table sets both
+# beyond any savepoint's life: its log is small JSON (readers start from the latest log checkpoint),
+# and a VACUUM run on it with the table's retention deletes no file a snapshot may still pin.
+PINNED_RETENTION = "interval 36500 days"
+STATE_TABLE_PROPERTIES = {
+    "delta.enableDeletionVectors": "true",
+    "delta.logRetentionDuration": PINNED_RETENTION,
+    "delta.deletedFileRetentionDuration": PINNED_RETENTION,
+}
 
 
 def key_group_column(key: str, max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> F.Column:

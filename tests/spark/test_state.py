@@ -70,3 +70,67 @@ def test_compaction_changes_no_row_of_any_version(spark, tmp_path):
     assert _history(spark, path, compacted)["operation"] == "OPTIMIZE"
     assert rows(compacted) == before[versions[-1]]  # same rows, fewer files
     assert {v: rows(v) for v in versions} == before  # every version a snapshot may pin reads the same
+
+
+
+def _age(log_dir, days: float) -> None:
+    """Make every commit in ``log_dir`` ``days`` old (without in-commit timestamps a commit's time
+    is its file's)."""
+    import os
+    import time
+
+    then = time.time() - days * 86400
+    for f in log_dir.iterdir():
+        os.utime(f, (then, then))
+
+
+def test_a_pinned_version_outlives_deltas_retention_even_in_a_default_session(spark, tmp_path):
+    """A savepoint pins a state version for ever. Delta would take it away twice over: its log
+    cleanup drops entries older than 30 days when it writes a log checkpoint, and it refuses time
+    travel past the deleted-file retention (7 days). The state table's own properties must keep the
+    version readable and restorable, even in a session that enforces that retention (the default)."""
+    from pyspark.sql import functions as F
+
+    from checkpoint_lib.core.keygroups import DEFAULT_MAX_PARALLELISM
+
+    path = str(tmp_path / "state")
+    table = _table(spark, path)
+    pinned = table.add(_deltas(spark, (0, 100)))
+    _age(tmp_path / "state" / "_delta_log", 60)  # the pinned version's log, past both retentions
+    for _ in range(12):  # past delta.checkpointInterval (10): a log checkpoint, and with it the cleanup
+        table.add(_deltas(spark, (0, 10)))
+    assert any(f.name.endswith(".checkpoint.parquet") for f in (tmp_path / "state" / "_delta_log").iterdir())
+
+    enforce = "spark.databricks.delta.vacuum.enforceTimeTravelWithinDeletedFileRetentionDuration"
+    ours = spark.conf.get(enforce)
+    spark.conf.set(enforce, "true")
+    try:
+        assert tuple(table.read(pinned).agg(F.sum("balance_cents"), F.count("*")).first()) == (1000, 100)
+        table.restore([{"table_version": pinned, "key_groups": [0, DEFAULT_MAX_PARALLELISM - 1]}])
+        assert tuple(table.read().agg(F.sum("balance_cents"), F.count("*")).first()) == (1000, 100)
+    finally:
+        spark.conf.set(enforce, ours)
+
+
+def test_our_session_reads_versions_older_than_the_deleted_file_retention(spark, tmp_path):
+    """Sinks and sources are not ours to configure, yet a rollback and the quality suites read them
+    as an old checkpoint left them: our session lifts Delta 4's time-travel limit (7 days by
+    default). A plain table, one version 8 days old: refused with the limit, read without it."""
+    from pyspark.errors import AnalysisException
+
+    path = str(tmp_path / "sink")
+    spark.range(5).write.format("delta").save(path)
+    spark.range(5, 8).write.format("delta").mode("append").save(path)
+    _age(tmp_path / "sink" / "_delta_log", 8)
+    spark.range(8, 9).write.format("delta").mode("append").save(path)
+    old = lambda: spark.read.format("delta").option("versionAsOf", 0).load(path).count()  # noqa: E731
+
+    enforce = "spark.databricks.delta.vacuum.enforceTimeTravelWithinDeletedFileRetentionDuration"
+    assert spark.conf.get(enforce) == "false"
+    spark.conf.set(enforce, "true")
+    try:
+        with pytest.raises(AnalysisException, match="deletedFileRetentionDuration"):
+            old()
+    finally:
+        spark.conf.set(enforce, "false")
+    assert old() == 5
