@@ -52,6 +52,7 @@ sys.path.insert(0, ROOT)  # run as a script: bench.* importable
 
 from bench import cluster as cluster_bench  # noqa: E402
 from bench import recovery as recovery_bench  # noqa: E402
+from bench import results as results_log  # noqa: E402
 from bench import state_growth as state_bench  # noqa: E402
 from bench.floor import run_floor  # noqa: E402
 from bench.ours import OFF, copy_landing, run_ours  # noqa: E402
@@ -59,7 +60,8 @@ from bench.ours import OFF, copy_landing, run_ours  # noqa: E402
 MODES = (OFF, "aligned", "unaligned", "at_least_once")
 FILES_PER_VERSION = 2
 SECTIONS = (recovery_bench, state_bench, cluster_bench)  # each: add_arguments, QUICK, its run and render
-QUICK = {"sizes": "100000", "rows_per_checkpoint": 25_000, "accounts": 2_000}
+QUICK = {"sizes": "100000", "rows_per_checkpoint": 25_000, "accounts": 2_000,
+         "results": ""}  # a quick run's figures are a smoke test: they stay out of the results log
 
 
 class WrongOutputs(AssertionError):
@@ -99,10 +101,25 @@ def generate_landing(spark: Any, warehouse: str, rows: int, rows_per_version: in
     return versions
 
 
-def throughput(spark: Any, base: str, size: int, args: argparse.Namespace, log) -> list[dict]:
-    """One size: every contender on the same landing table, verified against the floor."""
+def throughput(spark: Any, base: str, size: int, args: argparse.Namespace, log, results=None) -> list[dict]:
+    """One size: every contender on the same landing table, verified against the floor. Each row
+    goes into ``results`` (a :class:`bench.results.ResultsLog`) once its outputs were checked;
+    with ``args.resume`` a contender that log already holds for this configuration is not run
+    again (the floor runs whenever another contender needs its outputs to be checked against)."""
     k = args.rows_per_checkpoint
+    config = {"events": size, "rows_per_checkpoint": k, "accounts": args.accounts}
+    todo = [PEER] if "peer" in args.contenders else []
+    todo += [label_of(m) for m in args.modes]
+    done = {}
+    if args.resume and results is not None:
+        done = {c: r for c in [FLOOR, *todo] if (r := results.find("throughput", tuple(config.values()), c))}
+        todo = [c for c in todo if c not in done]
+        if done:
+            log(f"{size:,} events: already in {results.path.name}: {', '.join(done)}")
+        if not todo and FLOOR in done:
+            return [done[FLOOR]] + [r for c, r in done.items() if c != FLOOR]
     data = f"{base}/n{size}"
+    shutil.rmtree(data, ignore_errors=True)  # a stopped run's leftovers: the generator is seeded, regenerate
     t0 = time.monotonic()
     versions = generate_landing(spark, data, size, k, args.accounts)
     log(f"{size:,} events in {versions} versions of {k:,} generated in {time.monotonic() - t0:.0f} s")
@@ -111,39 +128,96 @@ def throughput(spark: Any, base: str, size: int, args: argparse.Namespace, log) 
         run_floor(spark, landing, f"{base}/warm-up")  # JIT, Delta's classes: nobody pays the first run
         shutil.rmtree(f"{base}/warm-up", ignore_errors=True)
     rows: list[dict] = []
+
+    def measured(contender: str, figures: dict) -> None:
+        row = {**config, "contender": contender, **figures}
+        rows.append(results.append("throughput", row) if results is not None else row)
+
     floor_out = f"{data}/floor"
-    figures = run_floor(spark, landing, floor_out)
-    rows.append({"contender": "floor (plain Spark batch)", **figures})
-    log(f"  floor: {figures['seconds']:.1f} s")
-    if "peer" in args.contenders:
+    measured(FLOOR, run_floor(spark, landing, floor_out))
+    log(f"  floor: {rows[-1]['seconds']:.1f} s")
+    if PEER in todo:
         from bench.peer import run_peer
 
         out = f"{data}/peer"
         figures = run_peer(spark, landing, out, files_per_batch=FILES_PER_VERSION,
                            checkpoint_location=f"{out}/_checkpoint")
         check(spark, floor_out, out, "peer")
-        rows.append({"contender": "peer (Structured Streaming, RocksDB)", **figures})
+        measured(PEER, figures)
         log(f"  peer: {figures['seconds']:.1f} s, {figures['batches']} micro-batches")
     for mode in args.modes:
+        label = label_of(mode)
+        if label not in todo:
+            continue
         w = f"{data}/ours-{mode}"
         copy_landing(data, w)
         figures = run_ours(spark, w, mode=mode, rows_per_checkpoint=k)
         check(spark, floor_out, w, f"ours {mode}")
-        label = "ours, checkpointing off" if mode == OFF else f"ours, {mode.replace('_', '-')}"
-        rows.append({"contender": label, **figures})
+        measured(label, {"mode": mode, **figures})
         log(f"  {label}: {figures['seconds']:.1f} s, {figures['checkpoints']} checkpoints")
         if not args.keep:
             shutil.rmtree(w, ignore_errors=True)
-    floor_s = rows[0]["seconds"]
+    return rows + [r for c, r in done.items() if c != FLOOR]
+
+
+FLOOR = "floor (plain Spark batch)"
+PEER = "peer (Structured Streaming, RocksDB)"
+
+
+def with_ratios(rows: list[dict]) -> list[dict]:
+    """Rows with ``events_per_s`` and ``ratio`` (time / the floor's time of the same configuration:
+    events, interval and accounts), in configuration order, the floor first within each."""
+    out = []
+    for config, by in results_log.latest_by_config(rows).items():
+        floor = by.get(FLOOR)
+        if floor is None:
+            raise ValueError(f"no floor row for {dict(zip(results_log.CONFIG_KEYS, config))}: nothing to compare with")
+        for r in [floor, *(r for c, r in by.items() if c != FLOOR)]:
+            out.append({**r, "events_per_s": r["events"] / r["seconds"], "ratio": r["seconds"] / floor["seconds"]})
+    return out
+
+
+ORDER = [FLOOR, PEER] + [f"ours, {m}" for m in ("checkpointing off", "aligned", "unaligned", "at-least-once")]
+
+
+def logged_throughput(store: results_log.ResultsLog, rows_per_checkpoint: int, accounts: int) -> list[dict]:
+    """Every size the log holds for this interval and number of accounts, its latest row per
+    contender, smallest size first, in contender order: the table runs of several sittings make."""
+    rows = [r for r in store.rows("throughput")
+            if r.get("rows_per_checkpoint") == rows_per_checkpoint and r.get("accounts") == accounts]
+    latest = results_log.latest_by_config(rows)
+    rank = {c: i for i, c in enumerate(ORDER)}
+    return [r for config in sorted(latest, key=lambda c: c[0])
+            for r in sorted(latest[config].values(), key=lambda r: rank.get(r["contender"], len(ORDER)))]
+
+
+def provenance(rows: list[dict]) -> str:
+    """Where a table's rows come from: each command, with its commit(s) and dates, and the machine(s)."""
+    runs: dict[str, dict[str, set]] = {}
     for r in rows:
-        r.update(events=size, events_per_s=size / r["seconds"], ratio=r["seconds"] / floor_s)
-    return rows
+        run = runs.setdefault(r.get("command") or "(not recorded)", {"commit": set(), "at": set()})
+        run["commit"].add(r.get("commit") or "unknown")
+        run["at"].add(r.get("measured_at") or "")
+    parts = []
+    for command, run in runs.items():
+        at = sorted(a for a in run["at"] if a)
+        last = at[-1][11:] if len(at) > 1 and at[-1][:10] == at[0][:10] else at[-1] if at else ""
+        when = at[0] if len(at) < 2 else f"{at[0]} to {last}"
+        parts.append(f"`{command}` at {', '.join(sorted(run['commit']))}, {when} UTC")
+    machines = sorted({r.get("machine") for r in rows if r.get("machine")})
+    return (f"Measured on {'; '.join(machines) or 'an unrecorded machine'}. "
+            f"{'Command' if len(parts) == 1 else 'Commands'}: {'; '.join(parts)}")
+
+
+def label_of(mode: str) -> str:
+    return "ours, checkpointing off" if mode == OFF else f"ours, {mode.replace('_', '-')}"
 
 
 def skew(spark: Any, base: str, size: int, args: argparse.Namespace, log) -> list[dict]:
     """Aligned vs unaligned on the same data with one slow source channel (records in flight)."""
     k = args.rows_per_checkpoint
     data = f"{base}/skew{size}"
+    shutil.rmtree(data, ignore_errors=True)
     generate_landing(spark, data, size, k, args.accounts)
     floor_out = f"{data}/floor"
     run_floor(spark, f"{data}/landing/payments", floor_out)
@@ -177,10 +251,12 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 
 def render_throughput(rows: list[dict]) -> str:
     return table(
-        ["contender", "events", "time (s)", "events/s", "time / floor", "checkpoints", "median checkpoint (ms)"],
+        ["contender", "events", "time (s)", "events/s", "time / floor", "checkpoints", "median checkpoint (ms)",
+         "measured (UTC)", "commit"],
         [[r["contender"], f"{r['events']:,}", f"{r['seconds']:.1f}", f"{r['events_per_s']:,.0f}",
           f"{r['ratio']:.2f}", str(r.get("checkpoints", "")),
-          f"{r['median_checkpoint_ms']:.0f}" if "median_checkpoint_ms" in r else ""] for r in rows],
+          f"{r['median_checkpoint_ms']:.0f}" if "median_checkpoint_ms" in r else "",
+          r.get("measured_at", ""), r.get("commit", "")] for r in rows],
     )
 
 
@@ -249,6 +325,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     ap.add_argument("--keep", action="store_true", help="keep every contender's warehouse")
     ap.add_argument("--no-warm-up", dest="warm_up", action="store_false")
     ap.add_argument("--docs", default=None, help="write the tables into this markdown file's bench sections")
+    ap.add_argument("--results", default=str(results_log.DEFAULT), help="the results log every measured row is "
+                    "appended to (JSON lines; '' for none)")
+    ap.add_argument("--render-only", action="store_true", help="run nothing: rewrite the throughput and overhead "
+                    "tables (this --rows-per-checkpoint and --accounts) from the results log into --docs")
+    ap.add_argument("--resume", action="store_true", help="skip contenders the results log already holds for "
+                    "the same events, interval and accounts (a run that stopped goes on)")
     for section in SECTIONS:
         section.add_arguments(ap)
     args = ap.parse_args(argv)
@@ -272,6 +354,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
 
 def main(argv: list[str] | None = None) -> int:
     args, sizes, skew_size = parse_args(argv)
+    if args.render_only:
+        return render_only(args)
     # Before Spark starts: its Python workers unpickle the peer's state function by its module
     # (bench.peer), and pyspark 4.2's own pandas padding warns once per group in them.
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
@@ -280,29 +364,36 @@ def main(argv: list[str] | None = None) -> int:
 
     log = lambda m: print(m, flush=True)  # noqa: E731
     base = args.work or tempfile.mkdtemp(prefix="ckpt-bench-")
-    command = "python bench/compare.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+    command = ("python bench/compare.py " + shlex.join(argv if argv is not None else sys.argv[1:])).strip()
     spark = get_spark(app_name="checkpoint_lib-bench", ui=False)
     started = datetime.now(timezone.utc)
+    store = results_log.ResultsLog(args.results, machine=machine(spark), command=command) if args.results else None
     try:
         results = []
         for size in sizes:
-            results += throughput(spark, base, size, args, log)
-        skewed = skew(spark, base, skew_size, args, log) if skew_size and "ours" in args.contenders else []
+            results += throughput(spark, base, size, args, log, store)
+        if store is not None:  # the table holds every size measured with this interval, in any run
+            results = logged_throughput(store, args.rows_per_checkpoint, args.accounts) if results else []
+        results = with_ratios(results)
+
+        def logged(name: str, rows: list[dict]) -> list[dict]:  # kept as soon as the section is done
+            return [store.append(name, r) for r in rows] if store is not None else rows
+
         ours = "ours" in args.contenders
-        recovered = recovery_bench.recovery(spark, base, args, log) if ours and not args.skip_recovery else []
-        states = state_bench.state_growth(spark, base, args, log) if ours and not args.skip_state else []
-        clustered = cluster_bench.cluster(spark, base, args, log, results) if ours and not args.skip_cluster else []
+        skewed = logged("skew", skew(spark, base, skew_size, args, log)) if skew_size and ours else []
+        recovered = logged("recovery", recovery_bench.recovery(spark, base, args, log)) \
+            if ours and not args.skip_recovery else []
+        states = logged("state", state_bench.state_growth(spark, base, args, log)) if ours and not args.skip_state else []
+        local = logged_throughput(store, args.rows_per_checkpoint, args.accounts) if store else results
+        clustered = logged("cluster", cluster_bench.cluster(spark, base, args, log, local)) \
+            if ours and not args.skip_cluster else []
     finally:
         if args.work is None and not args.keep:
             shutil.rmtree(base, ignore_errors=True)
     measured = f"Measured {started:%Y-%m-%d %H:%M} UTC on {machine(spark)}"
     stamp = (f"{measured}; a checkpoint every {args.rows_per_checkpoint:,} events, {args.accounts:,} accounts. "
-             f"Command: `{command.strip()}`")
-    sections = {}
-    if results:
-        sections["throughput"] = f"{stamp}\n\n{render_throughput(results)}"
-    if results and OFF in args.modes and len(args.modes) > 1:  # else the overhead table has no rows
-        sections["overhead"] = f"{stamp}\n\n{render_overhead(results)}"
+             f"Command: `{command}`")
+    sections = throughput_sections(results, args) if results else {}
     if skewed:
         sections["skew"] = (f"{stamp}; {skew_size:,} events, one of the two source subtasks one step behind "
                             f"(records in flight at every checkpoint).\n\n{render_skew(skewed)}")
@@ -312,12 +403,40 @@ def main(argv: list[str] | None = None) -> int:
         ("cluster", cluster_bench, clustered, cluster_bench.render_cluster),
     ):
         if rows:
-            sections[name] = f"{measured}; {section.describe(args)}. Command: `{command.strip()}`\n\n{render(rows)}"
+            sections[name] = f"{measured}; {section.describe(args)}. Command: `{command}`\n\n{render(rows)}"
+    publish(sections, args.docs)
+    return 0
+
+
+def throughput_sections(results: list[dict], args: argparse.Namespace) -> dict[str, str]:
+    """The ``throughput`` and ``overhead`` tables of ``results`` (rows with ratios), with where
+    each row was measured."""
+    stamp = (f"A checkpoint every {args.rows_per_checkpoint:,} events, {args.accounts:,} accounts. "
+             f"{provenance(results)}")
+    sections = {"throughput": f"{stamp}\n\n{render_throughput(results)}"}
+    overhead = render_overhead(results)
+    if overhead.count("\n") > 1:  # a size with checkpointing off and another mode
+        sections["overhead"] = f"{stamp}\n\n{overhead}"
+    return sections
+
+
+def render_only(args: argparse.Namespace) -> int:
+    """Rewrite the throughput and overhead tables from the results log alone: no Spark, nothing run."""
+    if not args.results:
+        raise SystemExit("--render-only needs the results log (--results)")
+    rows = logged_throughput(results_log.ResultsLog(args.results, commit=""), args.rows_per_checkpoint, args.accounts)
+    if not rows:
+        raise SystemExit(f"{args.results} holds no throughput rows with a checkpoint every "
+                         f"{args.rows_per_checkpoint:,} events and {args.accounts:,} accounts")
+    publish(throughput_sections(with_ratios(rows), args), args.docs)
+    return 0
+
+
+def publish(sections: dict[str, str], docs: str | None) -> None:
     for name, body in sections.items():
         print(f"\n## {name}\n{body}")
-        if args.docs:
-            write_section(Path(args.docs), name, body)
-    return 0
+        if docs:
+            write_section(Path(docs), name, body)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,7 @@ def test_quick_sets_small_sizes_for_every_section_but_keeps_what_is_given():
     assert sizes == [100_000] == [skew_size]
     assert (args.recovery_interval, args.state_sizes, args.cluster_size) == (2_000, "10000,50000", 20_000)
     assert args.state_events == 1000
+    assert args.results == ""  # a quick run keeps its figures out of bench/results.jsonl
     args, sizes, _ = parse_args(["--sizes", "", "--skip-state"])
     assert sizes == [] and args.skip_state and args.cluster_size == 5_000_000
 
@@ -70,3 +71,78 @@ def test_generated_account_numbers_are_wide_enough_never_to_collide():
     assert account_digits(1_000) == 6 and account_digits(1_000_000) == 6
     assert account_digits(1_000_001) == 7 and account_digits(5_000_000) == 7
     assert account_digits(10**7 + 1) == 8
+
+
+# --- the results log: runs that stop and go on, tables made of several runs ---------------------
+
+def _row(events, contender, seconds, **extra):
+    return {"events": events, "rows_per_checkpoint": 100_000, "accounts": 10_000, "contender": contender,
+            "seconds": seconds, **extra}
+
+
+def test_the_results_log_keeps_every_row_and_survives_a_torn_append(tmp_path):
+    from bench.results import ResultsLog
+
+    log = ResultsLog(tmp_path / "r.jsonl", commit="abc1234", machine="m", command="c")
+    log.append("throughput", _row(1_000_000, "floor (plain Spark batch)", 5.0))
+    with open(log.path, "a") as f:  # a process killed inside its write
+        f.write('{"section": "throughput", "events": 5000')
+    log.append("throughput", _row(1_000_000, "ours, aligned", 150.0))
+    rows = ResultsLog(log.path).rows("throughput")
+    assert [r["contender"] for r in rows] == ["floor (plain Spark batch)", "ours, aligned"]
+    assert rows[1]["commit"] == "abc1234" and rows[1]["machine"] == "m" and rows[1]["measured_at"]
+    assert log.find("throughput", (1_000_000, 100_000, 10_000), "ours, aligned")["seconds"] == 150.0
+    assert log.find("throughput", (5_000_000, 100_000, 10_000), "ours, aligned") is None
+    assert log.rows("state") == []
+
+
+def test_resume_runs_nothing_when_the_log_holds_every_contender(tmp_path, monkeypatch):
+    from bench import compare
+    from bench.compare import FLOOR, PEER, parse_args, throughput
+    from bench.results import ResultsLog
+
+    class WouldRun(Exception):
+        pass
+
+    def generate_landing(*_a, **_k):
+        raise WouldRun
+    monkeypatch.setattr(compare, "generate_landing", generate_landing)
+
+    log = ResultsLog(tmp_path / "r.jsonl", commit="abc1234")
+    for c, s in [(FLOOR, 5.0), (PEER, 180.0), ("ours, aligned", 150.0)]:
+        log.append("throughput", _row(1_000_000, c, s))
+    args, _, _ = parse_args(["--sizes", "1000000", "--modes", "aligned", "--resume"])
+    rows = throughput(None, str(tmp_path), 1_000_000, args, lambda m: None, log)
+    assert [r["contender"] for r in rows] == [FLOOR, PEER, "ours, aligned"]
+    args, _, _ = parse_args(["--sizes", "1000000", "--modes", "aligned,unaligned", "--resume"])
+    with pytest.raises(WouldRun):  # unaligned is missing: it runs
+        throughput(None, str(tmp_path), 1_000_000, args, lambda m: None, log)
+
+
+def test_tables_combine_runs_and_compare_each_size_with_its_own_floor(tmp_path):
+    from bench.compare import FLOOR, logged_throughput, parse_args, render_throughput, throughput_sections, with_ratios
+    from bench.results import ResultsLog
+
+    first = ResultsLog(tmp_path / "r.jsonl", commit="aaa1111", machine="2 cores", command="bench --sizes 5000000")
+    first.append("throughput", _row(5_000_000, FLOOR, 30.0))
+    first.append("throughput", _row(5_000_000, "ours, aligned", 600.0, checkpoints=51, median_checkpoint_ms=9000.0))
+    first.append("throughput", _row(5_000_000, "ours, checkpointing off", 500.0, checkpoints=2))
+    second = ResultsLog(tmp_path / "r.jsonl", commit="bbb2222", machine="2 cores", command="bench --sizes 1000000")
+    second.append("throughput", _row(1_000_000, "ours, aligned", 160.0, checkpoints=11))
+    second.append("throughput", _row(1_000_000, FLOOR, 8.0))
+    second.append("throughput", _row(1_000_000, FLOOR, 6.0))  # measured again: the latest counts
+    second.append("throughput", {**_row(1_000_000, FLOOR, 1.0), "accounts": 5})  # another table
+    rows = with_ratios(logged_throughput(second, 100_000, 10_000))
+    assert [(r["events"], r["contender"]) for r in rows] == [
+        (1_000_000, FLOOR), (1_000_000, "ours, aligned"),
+        (5_000_000, FLOOR), (5_000_000, "ours, checkpointing off"), (5_000_000, "ours, aligned")]
+    assert [round(r["ratio"], 2) for r in rows] == [1.0, 26.67, 1.0, 16.67, 20.0]
+    text = render_throughput(rows)
+    assert "| ours, aligned | 5,000,000 | 600.0 | 8,333 | 20.00 | 51 | 9000 |" in text and "aaa1111 |" in text
+    args, _, _ = parse_args([])
+    sections = throughput_sections(rows, args)
+    assert "`bench --sizes 5000000` at aaa1111" in sections["throughput"]
+    assert "`bench --sizes 1000000` at bbb2222" in sections["throughput"]
+    assert "| 5,000,000 | aligned | 51 | 600.0 | 500.0 | 1.20 |" in sections["overhead"]
+    with pytest.raises(ValueError, match="no floor row"):
+        with_ratios([_row(20_000_000, "ours, aligned", 3000.0)])
