@@ -271,9 +271,12 @@ def render_overhead(rows: list[dict]) -> str:
             continue
         for label, r in rs.items():
             if label.startswith("ours, ") and r is not off:
+                trend = [f"{r[k]:.1f}" if k in r else "" for k in ("interval_s_first_tenth", "interval_s_last_tenth")]
                 out.append([f"{size:,}", label.removeprefix("ours, "), str(r["checkpoints"]),
-                            f"{r['seconds']:.1f}", f"{off['seconds']:.1f}", f"{r['seconds'] / off['seconds']:.2f}"])
-    return table(["events", "mode", "checkpoints", "time (s)", "off (s)", "time / off"], out)
+                            f"{r['seconds']:.1f}", f"{off['seconds']:.1f}", f"{r['seconds'] / off['seconds']:.2f}",
+                            *trend])
+    return table(["events", "mode", "checkpoints", "time (s)", "off (s)", "time / off",
+                  "interval, first tenth (s)", "interval, last tenth (s)"], out)
 
 
 def render_skew(rows: list[dict]) -> str:

@@ -51,4 +51,18 @@ def run_ours(spark: Any, warehouse: str, *, mode: str, rows_per_checkpoint: int,
         "median_state_bytes": statistics.median([r["state_bytes"] for r in done]) if done else 0,
         "unaligned": sum(1 for r in done if r["unaligned"]),
         "measured_checkpoints": len(done),
+        **interval_trend([r["completion_time"] for r in history if r["completion_time"]]),
     }
+
+
+def interval_trend(completion_times: list[float]) -> dict:
+    """Whether a checkpoint interval costs more late in a run than early (tables with longer
+    histories): the median time between consecutive checkpoint completions over the first and the
+    last tenth of the run, in seconds. Empty with fewer than three checkpoints (checkpointing off)."""
+    times = sorted(completion_times)
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    if len(gaps) < 2:
+        return {}
+    tenth = max(1, len(gaps) // 10)
+    return {"interval_s_first_tenth": statistics.median(gaps[:tenth]),
+            "interval_s_last_tenth": statistics.median(gaps[-tenth:])}

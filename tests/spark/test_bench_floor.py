@@ -47,3 +47,23 @@ def test_floor_is_exact_and_the_comparison_catches_a_wrong_contender(spark, tmp_
     assert any(p.startswith("gold/ledger: 1 rows missing, 1 rows extra") for p in problems), problems
     assert any(p.startswith("dlq/payments") for p in problems), problems
     assert diff_outputs(spark, w, other, ledger_order=False)[0].startswith("dlq/payments")
+
+
+def test_ours_contender_matches_the_floor_and_reports_its_checkpoints(spark, tmp_path):
+    """bench/ours.py as the benchmark runs it: a checkpoint every version, outputs equal to the
+    floor's, and the figures the tables print (the interval trend included)."""
+    from bench.ours import copy_landing, run_ours
+
+    data = str(tmp_path / "data")
+    for v in range(3):
+        generate(spark, data, 300, bad_fraction=0.05, accounts=15, seed=v, files=2)
+    run_floor(spark, f"{data}/landing/payments", f"{data}/floor")
+    w = str(tmp_path / "ours")
+    copy_landing(data, w)
+    figures = run_ours(spark, w, mode="aligned", rows_per_checkpoint=300)
+    assert diff_outputs(spark, f"{data}/floor", w) == []
+    assert figures["rows"] == 900 and figures["steps"] >= 3  # a last step may find the source caught up
+    assert figures["measured_checkpoints"] >= 3  # one per version at least
+    assert figures["checkpoints"] == figures["measured_checkpoints"] + 1  # the final one is not measured
+    assert figures["median_checkpoint_ms"] > 0 and figures["seconds"] > 0
+    assert figures["interval_s_first_tenth"] > 0 and figures["interval_s_last_tenth"] > 0

@@ -125,7 +125,8 @@ def test_tables_combine_runs_and_compare_each_size_with_its_own_floor(tmp_path):
 
     first = ResultsLog(tmp_path / "r.jsonl", commit="aaa1111", machine="2 cores", command="bench --sizes 5000000")
     first.append("throughput", _row(5_000_000, FLOOR, 30.0))
-    first.append("throughput", _row(5_000_000, "ours, aligned", 600.0, checkpoints=51, median_checkpoint_ms=9000.0))
+    first.append("throughput", _row(5_000_000, "ours, aligned", 600.0, checkpoints=51, median_checkpoint_ms=9000.0,
+                                    interval_s_first_tenth=11.0, interval_s_last_tenth=12.5))
     first.append("throughput", _row(5_000_000, "ours, checkpointing off", 500.0, checkpoints=2))
     second = ResultsLog(tmp_path / "r.jsonl", commit="bbb2222", machine="2 cores", command="bench --sizes 1000000")
     second.append("throughput", _row(1_000_000, "ours, aligned", 160.0, checkpoints=11))
@@ -143,6 +144,18 @@ def test_tables_combine_runs_and_compare_each_size_with_its_own_floor(tmp_path):
     sections = throughput_sections(rows, args)
     assert "`bench --sizes 5000000` at aaa1111" in sections["throughput"]
     assert "`bench --sizes 1000000` at bbb2222" in sections["throughput"]
-    assert "| 5,000,000 | aligned | 51 | 600.0 | 500.0 | 1.20 |" in sections["overhead"]
+    assert "| 5,000,000 | aligned | 51 | 600.0 | 500.0 | 1.20 | 11.0 | 12.5 |" in sections["overhead"]
     with pytest.raises(ValueError, match="no floor row"):
         with_ratios([_row(20_000_000, "ours, aligned", 3000.0)])
+
+
+def test_interval_trend_compares_the_first_and_last_tenth_of_a_run():
+    from bench.ours import interval_trend
+
+    # 21 completions, 20 gaps: 10 s each for the first 18, then 14 s and 16 s
+    times = [0.0]
+    for gap in [10.0] * 18 + [14.0, 16.0]:
+        times.append(times[-1] + gap)
+    trend = interval_trend(list(reversed(times)))  # the history is newest first: order is not assumed
+    assert trend == {"interval_s_first_tenth": 10.0, "interval_s_last_tenth": 15.0}
+    assert interval_trend([5.0, 1.0]) == {}  # checkpointing off: a first and a final checkpoint only
