@@ -393,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if args.work is None and not args.keep:
             shutil.rmtree(base, ignore_errors=True)
-    measured = f"Measured {started:%Y-%m-%d %H:%M} UTC on {machine(spark)}"
+    commit = store.commit if store is not None else results_log.git_commit()
+    measured = f"Measured {started:%Y-%m-%d %H:%M} UTC at {commit} on {machine(spark)}"
     stamp = (f"{measured}; a checkpoint every {args.rows_per_checkpoint:,} events, {args.accounts:,} accounts. "
              f"Command: `{command}`")
     sections = throughput_sections(results, args) if results else {}
