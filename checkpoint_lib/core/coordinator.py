@@ -21,7 +21,7 @@ from typing import Iterable, Mapping, Sequence, Union
 from .checkpoints import CompletedCheckpoint, PendingCheckpoint
 from .clock import Clock
 from .decider import CheckpointConfig, Verdict, decide
-from .errors import AckResult, CheckpointError, FailureReason, FencedError
+from .errors import AckResult, CheckpointAbortedError, CheckpointError, FailureReason, FencedError
 from .stores import CheckpointIdCounter, CompletedCheckpointStore
 from .types import Barrier, CheckpointId, CheckpointKind, SubtaskAck, SubtaskId
 
@@ -316,6 +316,13 @@ class CheckpointCoordinator:
             evicted = self.store.add(completed)
         except FencedError:
             raise  # a newer attempt took over: this coordinator is a zombie and must stop
+        except CheckpointAbortedError as exc:
+            # Another process (the snapshot DAG's timeout) aborted it first, durably: its abort
+            # won the race and it counted the failure; losing that race is not ours to count.
+            self._remember(pending.checkpoint_id, "aborted")
+            self.last_end_time = now
+            return [CheckpointAborted(pending.checkpoint_id, exc.reason or FailureReason.DECLINED,
+                                      self.tasks, str(exc))]
         except Exception as exc:  # the store is the adapter's: any failure means "not durable"
             self._remember(pending.checkpoint_id, "aborted")
             self.last_end_time = now

@@ -75,6 +75,16 @@ class FencedError(CheckpointError):
     """A writer of an older attempt (a zombie) tried to act after a newer attempt fenced it."""
 
 
+class CheckpointAbortedError(CheckpointError, ValueError):
+    """Completing a checkpoint lost the race to its abort (another process, e.g. the snapshot DAG's
+    timeout, aborted it first). Exactly one of the two is durable; this side lost, which is not a
+    failure of the process that tried to complete it. ``reason`` is the abort's recorded reason."""
+
+    def __init__(self, message: str, reason: "FailureReason | None" = None):
+        super().__init__(message)
+        self.reason = reason
+
+
 class UnknownCheckpointError(CheckpointError, LookupError):
     """A checkpoint id that the store does not hold as completed."""
 

@@ -6,12 +6,26 @@ Layout under ``root`` (e.g. ``<warehouse>/_checkpoints/<pipeline>``)::
     root/epochs/        Delta table, one row per attempt (epoch)
     root/acks/          Delta table, acks of pending checkpoints as they arrive (stages in separate processes)
     root/sessions/      Delta table, runs of each stage within an epoch, restore and rollback records
-    root/_sessions/     one reservation marker per session started
     root/_ids/          one reservation marker per checkpoint id ever handed out or written
-    root/_epochs/       one reservation marker per epoch ever begun
 
-Why markers beside the tables
------------------------------
+Every write is a compare-and-swap, and fenced inside its own commit
+-------------------------------------------------------------------
+Each write to a control table (:meth:`DeltaCheckpointStore._commit`) reads a snapshot, decides on
+it (a checkpoint's status, whether a session of the stage is live, the next epoch number) and
+commits exactly on top of it: delta-rs with ``max_commit_retries=0`` refuses the commit when any
+other commit took the next version, and the writer then reads again and decides again. So what a
+write checked still holds when it lands: exactly one of ``completed`` and ``aborted`` wins, a stage
+has at most one live session per epoch, epochs are unique. The epoch fence rides the same way:
+:meth:`~DeltaCheckpointStore.begin_epoch` commits its row on top of the largest epoch, then raises
+the fence (the application transaction ``FENCE_APP_ID``, version = the epoch) of every table it
+fences (``checkpoints``, ``acks``, ``sessions``) before it returns, and a fenced write reads the
+fence on the very snapshot it commits on. A zombie that stalled between its checks and its write
+finds its commit refused and the newer fence on the next read: :class:`FencedError`, nothing
+landed. (Epochs and sessions used to be reserved with ``O_EXCL`` marker files: a marker orphaned by
+a kill between the marker and the row stalled a stage for good. Leftover marker files are ignored.)
+
+Why markers for checkpoint ids
+------------------------------
 Two Delta appends never conflict: delta-rs (checked with deltalake 1.6.6, four processes appending
 concurrently) rebases a blind append onto whatever committed first and both land. So "1 + the
 largest id in the table" is not unique under a race, and a pending row cannot reserve an id.
@@ -47,10 +61,11 @@ Crash safety (kill -9 between any two writes)
 Each Delta commit is atomic: a reader sees a commit's rows entirely or not at all. Data files of a
 failed or unfinished commit are unreferenced and invisible. Per method:
 
-- ``get_and_increment`` / ``begin_epoch``: (1) create the marker, (2) fsync the directory,
-  [begin_epoch only: (3) append the epoch row]. Before (1): nothing happened. After (1)/(2): the
-  number is burnt (never handed out again) but unused. After (3): the epoch is current; its owner
-  died, so the next ``begin_epoch`` takes the next number. Readers see only what the tables say.
+- ``get_and_increment``: (1) create the marker, (2) fsync the directory. Before (1): nothing
+  happened. After (1)/(2): the number is burnt (never handed out again) but unused.
+- ``begin_epoch``: (1) the epoch row, (2) one fence commit per fenced table. After (1), before the
+  last of (2): the epoch is current but nobody acts as it; the next ``begin_epoch`` takes the next
+  number and fences above it.
 - ``record_pending`` / ``record_aborted``: (1) mark the id, (2) one append. A crash leaves the
   previous status; the id is never reused.
 - ``add``: (1) mark the id, (2) append the ``completed`` row: **the durability point**, (3) append
@@ -85,6 +100,7 @@ import errno
 import json
 import logging
 import os
+import random
 import re
 import socket
 import threading
@@ -95,12 +111,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, Union
 
 import pyarrow as pa
-from deltalake import DeltaTable, QueryBuilder, write_deltalake
+from deltalake import CommitProperties, DeltaTable, QueryBuilder, write_deltalake
+from deltalake import Transaction as AppTransaction
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from ..core.checkpoints import CompletedCheckpoint
 from ..core.clock import Clock
-from ..core.errors import FailureReason, FencedError, UnknownCheckpointError
+from ..core.errors import CheckpointAbortedError, FailureReason, FencedError, UnknownCheckpointError
 from ..core.recovery import RecoveryPlan, plan_recovery
 from ..core.twophase import Transaction
 from ..core.stores import apply_retention
@@ -190,7 +207,13 @@ _TABLE_CONFIGURATION = {"delta.checkpointInterval": "10"}
 """Opening a Delta table replays the JSON commits since its last log checkpoint; at the default
 interval (100) that replay dominates every read of these tiny tables (~35 ms vs ~17 ms)."""
 _SUBTASK = re.compile(r"^(.+)\[(\d+)\]$")
-_COMMIT_RETRIES = 8
+_COMMIT_ATTEMPTS = 60
+FENCE_APP_ID = "checkpoint_lib/epoch"
+"""The Delta application transaction every fenced control table carries: its version is the newest
+epoch that began. :meth:`DeltaCheckpointStore.begin_epoch` raises it on every table before it
+returns, and a fenced write checks it on the very snapshot its commit lands on top of."""
+_FENCED_TABLES = ("checkpoints", "acks", "sessions")
+_STAGE = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
 class CorruptCheckpointWarning(UserWarning):
@@ -344,6 +367,13 @@ def decode_acks(text: Any) -> tuple[dict[SubtaskId, SubtaskAck], dict[SubtaskId,
     return acks, times
 
 
+def _reason(value: Any) -> FailureReason | None:
+    try:
+        return FailureReason(value)
+    except ValueError:
+        return None
+
+
 def _decode_row(row: Mapping[str, Any]) -> CompletedCheckpoint:
     try:
         kind = CheckpointKind(row["kind"])
@@ -437,7 +467,6 @@ class DeltaCheckpointStore:
         self._created: set[str] = set()
         self._logged: set[str] = set()
         self._id_high_water = 0
-        self._epoch_high_water = 0
 
     @classmethod
     def open(cls, root: Union[str, Path], retained: int | None = None, **kwargs: Any) -> "DeltaCheckpointStore":
@@ -481,9 +510,11 @@ class DeltaCheckpointStore:
         except TableNotFoundError:
             return None
 
-    def _read(self, name: str, select: str = "*") -> tuple[pa.Table, int]:
-        """``select <select> from`` one snapshot of the table, and its number of data files."""
-        dt = self._load(name)
+    def _read(self, name: str, select: str = "*", dt: DeltaTable | None = None) -> tuple[pa.Table, int]:
+        """``select <select> from`` one snapshot of the table (``dt``'s, or the latest), and its
+        number of data files."""
+        if dt is None:
+            dt = self._load(name)
         if dt is None:
             return _SCHEMAS[name].empty_table(), 0
         table = pa.table(QueryBuilder().register("t", dt).execute(f"select {select} from t"))
@@ -494,21 +525,63 @@ class DeltaCheckpointStore:
         value = table["m"][0].as_py() if table.num_rows else None
         return value or 0
 
-    def _append(self, name: str, rows: list[dict[str, Any]]) -> None:
-        """One Delta commit with ``rows``. Retried on a commit conflict (racing table creation):
-        a failed commit wrote nothing visible, so a retry cannot duplicate rows."""
-        data = pa.Table.from_pylist(rows, schema=_SCHEMAS[name])
-        for attempt in range(_COMMIT_RETRIES):
+    def _commit(
+        self,
+        name: str,
+        build: Callable[[DeltaTable], Sequence[dict[str, Any]] | None],
+        *,
+        fence: int | None = None,
+        stamp: AppTransaction | None = None,
+    ) -> int:
+        """Append ``build(snapshot)`` to table ``name`` as ONE Delta commit placed exactly on top of
+        the snapshot ``build`` read: a compare-and-swap on the table's version. If anyone committed
+        in between, nothing of ours is visible; we read the new snapshot and decide again. So every
+        check ``build`` makes (a status, a live session, the next number) and the epoch fence
+        (``fence``: :class:`FencedError` when the table's fence names a newer epoch) hold at the
+        instant the rows land, however long this process stalled before committing.
+
+        ``build`` returns the rows (``[]`` with a ``stamp``: commit the stamp alone), or None for
+        nothing to do; it may raise to refuse. ``stamp``: an application transaction committed with
+        the rows (the epoch fence). Returns the number of data files the snapshot had."""
+        for attempt in range(_COMMIT_ATTEMPTS):
+            self._ensure_table(name)
+            dt = self._load(name)
+            assert dt is not None, f"{self._uri(name)} was just created"
+            if fence is not None:
+                self._check_fence(name, dt, fence)
+            rows = build(dt)
+            if rows is None or (not rows and stamp is None):
+                return len(dt.file_uris())
+            properties = CommitProperties(
+                max_commit_retries=0, app_transactions=None if stamp is None else [stamp]
+            )
             try:
-                self._ensure_table(name)
                 write_deltalake(
-                    self._uri(name), data, mode="append", storage_options=self._storage_options
+                    dt, pa.Table.from_pylist(list(rows), schema=_SCHEMAS[name]), mode="append",
+                    commit_properties=properties,
                 )
-                return
+                return len(dt.file_uris())
             except CommitFailedError:
-                if attempt == _COMMIT_RETRIES - 1:
-                    raise
-                time.sleep(0.01 * (attempt + 1))
+                # Another commit took the version: ours wrote no log entry (its data file, if any,
+                # is unreferenced). Back off a little, at random, so racing writers spread out.
+                time.sleep(0.002 * min(attempt + 1, 20) * (0.5 + random.random()))
+        raise CommitFailedError(
+            f"{self._uri(name)}: {_COMMIT_ATTEMPTS} attempts to commit lost to concurrent writers"
+        )
+
+    def fence(self, name: str) -> int:
+        """The newest epoch that fenced table ``name`` (0: none yet)."""
+        dt = self._load(name)
+        version = None if dt is None else dt.transaction_version(FENCE_APP_ID)
+        return int(version or 0)
+
+    def _check_fence(self, name: str, dt: DeltaTable, epoch: int) -> None:
+        fenced_by = int(dt.transaction_version(FENCE_APP_ID) or 0)
+        if epoch < fenced_by:
+            raise FencedError(
+                f"{self.root}: epoch {epoch} is fenced: epoch {fenced_by} has taken over "
+                f"(this is a zombie of an older attempt; its write to {name} was refused)"
+            )
 
     def compact(self, vacuum: bool | None = True) -> None:
         """Rewrite each table's small files into one (one atomic commit; concurrent appends do not
@@ -548,8 +621,9 @@ class DeltaCheckpointStore:
 
     # --- interpretation -------------------------------------------------------------------------
 
-    def _view(self) -> _View:
-        table, file_count = self._read("checkpoints")
+    def _view(self, dt: DeltaTable | None = None) -> _View:
+        """The checkpoints table interpreted, as of ``dt``'s snapshot (default: the latest)."""
+        table, file_count = self._read("checkpoints", dt=dt)
         view = _View(file_count=file_count)
         for row in table.to_pylist():
             if row["status"] not in _RANK:
@@ -668,32 +742,40 @@ class DeltaCheckpointStore:
         a newer one exists. Crash points: see the module docstring.
         """
         with self._lock:
-            if self.epoch is not None:
-                self.check_epoch(self.epoch)
             checkpoint_id = checkpoint.checkpoint_id
             row = self._completed_row(checkpoint, COMPLETED, self._epoch_of(None))
             self._check_round_trip(checkpoint, row)
-            view = self._view()
-            previous = view.effective.get(checkpoint_id)
-            if previous is not None and previous["status"] in (COMPLETED, DISCARDED):
-                raise ValueError(f"checkpoint {checkpoint_id} is already stored")
-            if previous is not None and previous["status"] == ABORTED:
-                raise ValueError(
-                    f"checkpoint {checkpoint_id} was aborted ({previous['failure_reason']}) "
-                    "and cannot complete"
-                )
-            # A savepoint may complete after a newer checkpoint: keep the list ordered by id.
-            ordered = sorted([*view.kept, checkpoint], key=lambda c: c.checkpoint_id)
-            _, evicted = apply_retention(ordered, self.retained) if self.retained else ([], [])
+            decided: dict[str, Any] = {}
+
+            def build(dt: DeltaTable) -> list[dict[str, Any]]:
+                view = self._view(dt)
+                previous = view.effective.get(checkpoint_id)
+                if previous is not None and previous["status"] in (COMPLETED, DISCARDED):
+                    raise ValueError(f"checkpoint {checkpoint_id} is already stored")
+                if previous is not None and previous["status"] == ABORTED:
+                    raise CheckpointAbortedError(
+                        f"checkpoint {checkpoint_id} was aborted ({previous['failure_reason']}: "
+                        f"{previous['message'] or ''}) before it could complete",
+                        _reason(previous["failure_reason"]),
+                    )
+                # A savepoint may complete after a newer checkpoint: keep the list ordered by id.
+                ordered = sorted([*view.kept, checkpoint], key=lambda c: c.checkpoint_id)
+                decided["evicted"] = apply_retention(ordered, self.retained)[1] if self.retained else []
+                return [row]
+
             self._reservations.claim("ids", checkpoint_id)  # so the counter never hands it out
-            self._append("checkpoints", [row])  # the durability point
+            # the durability point: fenced and status-checked on the snapshot it lands on
+            file_count = self._commit("checkpoints", build, fence=self.epoch)
+            evicted = decided["evicted"]
             if evicted:
                 try:
                     self.mark_discarded(evicted)
+                except FencedError:
+                    raise
                 except Exception as exc:  # safe to lose: readers re-apply retention
                     log.warning("%s: marking %s discarded failed: %r", self.root,
                                 [c.checkpoint_id for c in evicted], exc)
-            self._maybe_compact(view.file_count + 2)
+            self._maybe_compact(file_count + 2)
             return evicted
 
     @staticmethod
@@ -737,19 +819,22 @@ class DeltaCheckpointStore:
         epoch: int | None = None,
     ) -> None:
         """Write the ``pending`` row of a triggered checkpoint (history only; the id was already
-        reserved by ``get_and_increment``). Refused for an id that is already past pending."""
+        reserved by ``get_and_increment``). Refused for an id that is already past pending, and
+        fenced (:class:`FencedError`) for a writer of an epoch (``epoch``, else the store's) that a
+        newer one replaced."""
         with self._lock:
             self._reservations.claim("ids", checkpoint_id)
-            view = self._view()
-            previous = view.effective.get(checkpoint_id)
-            if previous is not None and previous["status"] != PENDING:
-                raise ValueError(f"checkpoint {checkpoint_id} is already {previous['status']}")
             when = self._now() if trigger_time is None else trigger_time
-            self._append(
-                "checkpoints",
-                [self._row(checkpoint_id, CheckpointKind(kind), PENDING, when, self._epoch_of(epoch))],
-            )
-            self._maybe_compact(view.file_count + 1)
+            row = self._row(checkpoint_id, CheckpointKind(kind), PENDING, when, self._epoch_of(epoch))
+
+            def build(dt: DeltaTable) -> list[dict[str, Any]]:
+                previous = self._view(dt).effective.get(checkpoint_id)
+                if previous is not None and previous["status"] != PENDING:
+                    raise ValueError(f"checkpoint {checkpoint_id} is already {previous['status']}")
+                return [row]
+
+            file_count = self._commit("checkpoints", build, fence=self.epoch if epoch is None else epoch)
+            self._maybe_compact(file_count + 1)
 
     def record_aborted(
         self,
@@ -761,35 +846,33 @@ class DeltaCheckpointStore:
         kind: CheckpointKind | None = None,
         trigger_time: float | None = None,
     ) -> None:
-        """Write the ``aborted`` row. Kind and trigger time default to the pending row's.
+        """Write the ``aborted`` row (``epoch``: the checkpoint's; kind and trigger time default to
+        the pending row's). Decided on the snapshot the row lands on, so exactly one of completed
+        and aborted wins a race between them.
 
         A no-op if it is already aborted; ``ValueError`` if it completed (a completed row is
-        durable and wins: recovery may use it, so it must not be presented as aborted).
+        durable and wins: recovery may use it, so it must not be presented as aborted). A store
+        with an epoch writes fenced by it.
         """
         reason = FailureReason(reason)
         with self._lock:
             self._reservations.claim("ids", checkpoint_id)
-            view = self._view()
-            previous = view.effective.get(checkpoint_id)
-            if previous is not None and previous["status"] in (COMPLETED, DISCARDED):
-                raise ValueError(f"checkpoint {checkpoint_id} is already {previous['status']}")
-            if previous is not None and previous["status"] == ABORTED:
-                return
-            if kind is None:
-                kind = CheckpointKind(previous["kind"]) if previous else CheckpointKind.CHECKPOINT
-            if trigger_time is None:
-                trigger_time = previous["trigger_time"] if previous else self._now()
-            row = self._row(
-                checkpoint_id,
-                CheckpointKind(kind),
-                ABORTED,
-                trigger_time,
-                self._epoch_of(epoch),
-                failure_reason=reason.value,
-                message=message or None,
-            )
-            self._append("checkpoints", [row])
-            self._maybe_compact(view.file_count + 1)
+
+            def build(dt: DeltaTable) -> list[dict[str, Any]] | None:
+                previous = self._view(dt).effective.get(checkpoint_id)
+                if previous is not None and previous["status"] in (COMPLETED, DISCARDED):
+                    raise ValueError(f"checkpoint {checkpoint_id} is already {previous['status']}")
+                if previous is not None and previous["status"] == ABORTED:
+                    return None
+                row_kind = kind if kind is not None else (
+                    CheckpointKind(previous["kind"]) if previous else CheckpointKind.CHECKPOINT)
+                when = trigger_time if trigger_time is not None else (
+                    previous["trigger_time"] if previous else self._now())
+                return [self._row(checkpoint_id, CheckpointKind(row_kind), ABORTED, when, self._epoch_of(epoch),
+                                  failure_reason=reason.value, message=message or None)]
+
+            file_count = self._commit("checkpoints", build, fence=self.epoch)
+            self._maybe_compact(file_count + 1)
 
     def pending_discards(self) -> list[CompletedCheckpoint]:
         """Completed checkpoints retention evicts that are not yet marked ``discarded`` (a crash
@@ -800,7 +883,7 @@ class DeltaCheckpointStore:
         """One commit of ``discarded`` rows (idempotent in effect: discarded stays discarded)."""
         rows = [{**self._completed_row(c, DISCARDED, self._epoch_of(None)), "message": message} for c in checkpoints]
         if rows:
-            self._append("checkpoints", rows)
+            self._commit("checkpoints", lambda dt: rows, fence=self.epoch)
 
     def unreadable(self) -> list[CheckpointId]:
         """Ids of checkpoints recorded as completed whose row does not decode (see the module doc):
@@ -810,17 +893,22 @@ class DeltaCheckpointStore:
     def discard_unreadable(self, checkpoint_ids: Iterable[CheckpointId], message: str | None = None) -> None:
         """One commit of ``discarded`` rows for unreadable completed checkpoints (their status and
         times copied, no acks): they stop counting as completed-but-unreadable. Idempotent."""
-        view = self._view()
-        rows = []
-        for checkpoint_id in sorted(set(checkpoint_ids) & view.corrupt):
-            old = view.effective[checkpoint_id]
-            kind = old["kind"] if old["kind"] in {k.value for k in CheckpointKind} else CheckpointKind.CHECKPOINT.value
-            row = self._row(checkpoint_id, CheckpointKind(kind), DISCARDED, old["trigger_time"] or 0.0,
-                            self._epoch_of(None), message=message)
-            row["completion_time"] = old["completion_time"]
-            rows.append(row)
-        if rows:
-            self._append("checkpoints", rows)
+        wanted = set(checkpoint_ids)
+
+        def build(dt: DeltaTable) -> list[dict[str, Any]]:
+            view = self._view(dt)
+            rows = []
+            for checkpoint_id in sorted(wanted & view.corrupt):
+                old = view.effective[checkpoint_id]
+                kinds = {k.value for k in CheckpointKind}
+                kind = old["kind"] if old["kind"] in kinds else CheckpointKind.CHECKPOINT.value
+                row = self._row(checkpoint_id, CheckpointKind(kind), DISCARDED, old["trigger_time"] or 0.0,
+                                self._epoch_of(None), message=message)
+                row["completion_time"] = old["completion_time"]
+                rows.append(row)
+            return rows
+
+        self._commit("checkpoints", build, fence=self.epoch)
 
     def recovery_plan(
         self,
@@ -892,23 +980,29 @@ class DeltaCheckpointStore:
         return self._max("epochs", "epoch")
 
     def begin_epoch(self, owner: str | None = None, reason: str = "") -> int:
-        """Begin a new attempt: reserve the next epoch (unique under races), publish its row, and
-        make it this store's ``epoch``. Every writer of an older epoch is fenced from then on."""
+        """Begin a new attempt and make it this store's ``epoch``: (1) its row, committed on top of
+        the snapshot whose largest epoch it follows (so the number is unique under races), then (2)
+        the fence of every control table raised to it. From the return on, no write of an older
+        epoch can land in them, however long its writer stalled between its checks and its commit.
+        A crash between (1) and (2) leaves an epoch nobody acts as; the next one fences above it.
+        :class:`FencedError` if a newer epoch began meanwhile (this one lost before it started)."""
         with self._lock:
-            start = max(self.current_epoch(), self._epoch_high_water) + 1
-            epoch = _reserve_from(self._reservations, "epochs", start)
-            self._epoch_high_water = epoch
-            self._append(
-                "epochs",
-                [
-                    {
-                        "epoch": epoch,
-                        "started_at": float(self._now()),
-                        "owner": owner or f"{socket.gethostname()}:{os.getpid()}",
-                        "reason": reason,
-                    }
-                ],
-            )
+            row = {
+                "started_at": float(self._now()),
+                "owner": owner or f"{socket.gethostname()}:{os.getpid()}",
+                "reason": reason,
+            }
+            chosen: dict[str, int] = {}
+
+            def build(dt: DeltaTable) -> list[dict[str, Any]]:
+                table, _ = self._read("epochs", "max(epoch) as m", dt=dt)
+                chosen["epoch"] = (table["m"][0].as_py() or 0) + 1
+                return [{"epoch": chosen["epoch"], **row}]
+
+            self._commit("epochs", build)
+            epoch = chosen["epoch"]
+            for name in _FENCED_TABLES:
+                self._commit(name, lambda dt: [], fence=epoch, stamp=AppTransaction(FENCE_APP_ID, epoch))
             self.epoch = epoch
             return epoch
 
@@ -936,7 +1030,6 @@ class DeltaCheckpointStore:
         :class:`FencedError` for a writer of an older epoch."""
         if not acks:
             return
-        self.check_epoch(epoch)
         now = float(self._now())
         when = now if ack_time is None else float(ack_time)
         rows = []
@@ -947,8 +1040,7 @@ class DeltaCheckpointStore:
                 raise ValueError(f"checkpoint {checkpoint_id}: the ack of {subtask} is not JSON: {exc}") from exc
             rows.append({"checkpoint_id": int(checkpoint_id), "epoch": int(epoch), "subtask": str(subtask),
                          "ack_json": text, "ack_time": when, "recorded_at": now})
-        self._append("acks", rows)
-        self._maybe_compact(self._file_count("acks"))
+        self._maybe_compact(self._commit("acks", lambda dt: rows, fence=epoch) + 1)
 
     def pending_acks(self, checkpoint_id: CheckpointId, epoch: int) -> dict[SubtaskId, tuple[SubtaskAck, float]]:
         """The acks ``epoch`` recorded for ``checkpoint_id`` (the first per subtask), with times."""
@@ -974,9 +1066,9 @@ class DeltaCheckpointStore:
 
     # --- sessions: each run of a stage within an epoch ------------------------------------------
 
-    def sessions(self, epoch: int) -> list[dict[str, Any]]:
-        """Every session row of ``epoch``, in the order they were recorded."""
-        table, _ = self._read("sessions")
+    def sessions(self, epoch: int, dt: DeltaTable | None = None) -> list[dict[str, Any]]:
+        """Every session row of ``epoch`` (as of ``dt``'s snapshot), in the order they were recorded."""
+        table, _ = self._read("sessions", dt=dt)
         rows = [r for r in table.to_pylist() if r["epoch"] == epoch]
         return sorted(rows, key=lambda r: (r["recorded_at"], r["session"]))
 
@@ -984,38 +1076,58 @@ class DeltaCheckpointStore:
         self, epoch: int, checkpoint_id: CheckpointId | None, resume: Mapping[str, Any]
     ) -> None:
         """``epoch`` finished restoring ``checkpoint_id`` (None: started from scratch); ``resume``
-        maps each stage to where its first session of the epoch starts. Stages may join it now."""
-        self.check_epoch(epoch)
+        maps each stage to where its first session of the epoch starts. Stages may join it now.
+        Fenced in its commit."""
         text = json.dumps(dict(resume), sort_keys=True)
-        self._append("sessions", [self._session_row(epoch, ALL_STAGES, 0, RESTORED, checkpoint_id, text)])
+        row = self._session_row(epoch, ALL_STAGES, 0, RESTORED, checkpoint_id, text)
+        self._commit("sessions", lambda dt: [row], fence=epoch)
 
-    def begin_session(self, epoch: int, stage: str) -> int | None:
-        """Start the next session of ``stage`` in ``epoch``; None when another process started
-        one concurrently (its marker exists): the caller must not run the stage then."""
-        if not re.match(r"^[a-z][a-z0-9_]*$", stage):
+    def begin_session(self, epoch: int, stage: str, after: int | None = None) -> int | None:
+        """Start the next session of ``stage`` in ``epoch`` and return its number, or None when the
+        caller lost a race: a session of the stage is live (started, not ended), or, with ``after``
+        (the session whose end row the caller resumes from; 0: the epoch's restored row), another
+        session started since. Decided on the snapshot the start row lands on, so a stage has at
+        most one live session per epoch, provably. Fenced in its commit."""
+        if not _STAGE.match(stage):
             raise ValueError(f"bad stage name {stage!r}")
-        self.check_epoch(epoch)
-        started = [r for r in self.sessions(epoch) if r["stage"] == stage and r["event"] == START]
-        number = 1 + max((r["session"] for r in started), default=0)
-        if not self._reservations.claim(f"sessions/e{epoch}/{stage}", number):
-            return None
-        self._append("sessions", [self._session_row(epoch, stage, number, START, None, None)])
-        self._maybe_compact(self._file_count("sessions"))
-        return number
+        got: dict[str, int | None] = {}
+
+        def build(dt: DeltaTable) -> list[dict[str, Any]] | None:
+            mine = [r for r in self.sessions(epoch, dt) if r["stage"] == stage]
+            started = {r["session"] for r in mine if r["event"] == START}
+            ended = {r["session"] for r in mine if r["event"] == END}
+            last = max(started, default=0)
+            if started - ended or (after is not None and last != after):
+                got["number"] = None
+                return None
+            got["number"] = last + 1
+            return [self._session_row(epoch, stage, last + 1, START, None, None)]
+
+        file_count = self._commit("sessions", build, fence=epoch)
+        if got["number"] is not None:
+            self._maybe_compact(file_count + 1)
+        return got["number"]
 
     def end_session(self, epoch: int, stage: str, session: int, resume: Mapping[str, Any]) -> None:
-        """The session stopped cleanly; ``resume`` (JSON) is where the next one continues."""
-        self.check_epoch(epoch)
+        """The live ``session`` stopped cleanly; ``resume`` (JSON) is where the next one continues.
+        ``ValueError`` if it is not live (never started, or already ended). Fenced in its commit."""
         row = self._session_row(epoch, stage, session, END, None, json.dumps(dict(resume), sort_keys=True))
-        self._append("sessions", [row])
+
+        def build(dt: DeltaTable) -> list[dict[str, Any]]:
+            events = {r["event"] for r in self.sessions(epoch, dt) if r["stage"] == stage and r["session"] == session}
+            if events != {START}:
+                raise ValueError(f"session {session} of stage {stage} in epoch {epoch} is not live ({sorted(events)})")
+            return [row]
+
+        self._commit("sessions", build, fence=epoch)
 
     def record_rollback(self, epoch: int, checkpoint_id: CheckpointId) -> None:
         """Intent, written before anything is rolled back: ``epoch`` restores ``checkpoint_id``, older
         than the latest completed one, so the sinks must be rolled back to it and every later
         checkpoint discarded. It stays owed (:meth:`owed_rollback`) until an epoch at or after it
-        finishes restoring."""
-        self.check_epoch(epoch)
-        self._append("sessions", [self._session_row(epoch, ALL_STAGES, 0, ROLLBACK, checkpoint_id, None)])
+        finishes restoring. Fenced in its commit."""
+        row = self._session_row(epoch, ALL_STAGES, 0, ROLLBACK, checkpoint_id, None)
+        self._commit("sessions", lambda dt: [row], fence=epoch)
 
     def owed_rollback(self) -> CheckpointId | None:
         """The checkpoint of a rollback whose epoch crashed before it finished restoring (and no
@@ -1037,7 +1149,3 @@ class DeltaCheckpointStore:
             "resume_json": resume_json, "owner": f"{socket.gethostname()}:{os.getpid()}",
             "recorded_at": float(self._now()),
         }
-
-    def _file_count(self, name: str) -> int:
-        dt = self._load(name)
-        return 0 if dt is None else len(dt.file_uris())

@@ -152,6 +152,7 @@ class PipelineRunner:
         self.force_recover = recover
         self.poll_interval = poll_interval
         self.sessions: dict[str, int] = {}
+        self._resumes_after: dict[str, int] = {}  # per stage: the session its resume point ended
         self._opened = False
         self._closed = False
         self.mode = BarrierMode(mode)
@@ -308,7 +309,10 @@ class PipelineRunner:
             self.epoch = epoch
             self.store.epoch = epoch
         for stage in self._stages():
-            number = self.store.begin_session(self.epoch, stage)
+            # on top of the very session whose end this process resumes from: a racing starter of
+            # the stage, or one that started and ended meanwhile, makes this None (never a second
+            # live session, never a stale resume point)
+            number = self.store.begin_session(self.epoch, stage, after=self._resumes_after[stage])
             if number is None:
                 raise CheckpointError(
                     f"another {stage} process of pipeline {self.pipeline.name!r} started at the same "
@@ -348,6 +352,7 @@ class PipelineRunner:
                 self.progress(f"the last {stage} process of epoch {epoch} did not stop cleanly: recovering")
                 return None
             points[stage] = json.loads(ended[max(ended)]["resume_json"]) if ended else base[stage]
+            self._resumes_after[stage] = max(ended, default=0)
         now = self._parallelism()
         for stage, point in points.items():
             was = point.get("parallelism", now)

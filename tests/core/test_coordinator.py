@@ -708,6 +708,26 @@ def test_a_fenced_store_stops_the_coordinator_instead_of_counting_a_failure():
     assert rig.coordinator.consecutive_failures == 0
 
 
+def test_a_completion_that_lost_to_an_abort_elsewhere_is_not_a_failure_of_this_process():
+    """The snapshot DAG's timeout aborted the checkpoint while this stage was completing it: the
+    abort is durable and wins; with zero tolerable failures this must not fail the job (a slow
+    checkpoint would otherwise become a crash loop)."""
+    from checkpoint_lib.core.errors import CheckpointAbortedError
+
+    class AbortedElsewhere(InMemoryCompletedCheckpointStore):
+        def add(self, checkpoint):
+            raise CheckpointAbortedError("checkpoint 1 was aborted (expired: ack timeout)", FailureReason.EXPIRED)
+
+    rig = make(CheckpointConfig(interval=0, tolerable_failed_checkpoints=0))
+    rig.coordinator.store = AbortedElsewhere()
+    checkpoint_id = tick_trigger(rig)
+    effects = ack_all(rig, checkpoint_id)
+    assert effects == [aborted(checkpoint_id, FailureReason.EXPIRED, "checkpoint 1 was aborted (expired: ack timeout)")]
+    assert effects_of(FailJob, effects) == []
+    assert rig.coordinator.consecutive_failures == 0
+    assert rig.coordinator.status_of(checkpoint_id) == "aborted"
+
+
 # --- checkpoints shared between processes (a stage per process) -------------------------------
 
 

@@ -1,0 +1,197 @@
+"""The control plane under races: every check a write depends on is part of the write's own commit.
+
+Each test interleaves a second writer *between* a writer's check and its commit, deterministically:
+the store's commit function is wrapped so that the rival's write lands on the table right before the
+first writer's commit is attempted. A fence read before a write is not a fence; these tests fail for
+any store that checks, then appends.
+No Spark here: real Delta tables through delta-rs, real files.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from checkpoint_lib.core.errors import CheckpointAbortedError, FailureReason, FencedError
+from checkpoint_lib.core.types import SubtaskAck, SubtaskId
+from checkpoint_lib.delta import store as store_module
+from checkpoint_lib.delta.store import DeltaCheckpointStore
+
+_CORE_TESTS = str(Path(__file__).resolve().parents[1] / "core")
+if _CORE_TESTS not in sys.path:
+    sys.path.insert(0, _CORE_TESTS)
+from test_store_contract import checkpoint, ids  # noqa: E402
+
+
+@pytest.fixture
+def root(tmp_path) -> Path:
+    return tmp_path / "_checkpoints" / "pipeline"
+
+
+def interleave(monkeypatch, table: str, rival):
+    """Run ``rival()`` once, right before the next commit to control table ``table`` is attempted
+    (after the writer read and checked everything it reads). Returns a list that records it ran."""
+    real = store_module.write_deltalake
+    ran: list[bool] = []
+
+    def write(target, *args, **kwargs):
+        uri = target.table_uri if hasattr(target, "table_uri") else str(target)
+        if not ran and uri.rstrip("/").endswith(f"/{table}"):
+            ran.append(True)
+            rival()
+        return real(target, *args, **kwargs)
+
+    monkeypatch.setattr(store_module, "write_deltalake", write)
+    return ran
+
+
+def statuses_in_order(store: DeltaCheckpointStore) -> list[str]:
+    rows = store._read("checkpoints")[0].to_pylist()
+    return [r["status"] for r in sorted(rows, key=lambda r: r["recorded_at"])]
+
+
+def _zombie_and_successor(root):
+    zombie = DeltaCheckpointStore.open(root, retained=3)
+    epoch = zombie.begin_epoch("zombie")
+    successor = DeltaCheckpointStore.open(root, retained=3)
+    return zombie, epoch, successor
+
+
+# --- item 5: a fence must be part of the write ----------------------------------------------------
+
+WRITES = {
+    "add": ("checkpoints", lambda s, e: s.add(checkpoint(1))),
+    "record_pending": ("checkpoints", lambda s, e: s.record_pending(1, epoch=e)),
+    "record_acks": ("acks", lambda s, e: s.record_acks(1, {SubtaskId("source", 0): SubtaskAck()}, e)),
+    "record_restored": ("sessions", lambda s, e: s.record_restored(e, None, {"source": {}})),
+    "record_rollback": ("sessions", lambda s, e: s.record_rollback(e, 1)),
+    "end_session": ("sessions", lambda s, e: s.end_session(e, "source", 1, {"offset": 9})),
+    "mark_discarded": ("checkpoints", lambda s, e: s.mark_discarded([checkpoint(1)], "zombie")),
+}
+
+
+@pytest.mark.parametrize("write", sorted(WRITES))
+def test_a_write_checked_before_a_newer_epoch_began_never_lands(root, monkeypatch, write):
+    table, do = WRITES[write]
+    zombie, epoch, successor = _zombie_and_successor(root)
+    if write in ("end_session",):
+        zombie.record_restored(epoch, None, {"source": {}})
+        assert zombie.begin_session(epoch, "source") == 1
+    if write == "mark_discarded":
+        zombie.add(checkpoint(1))
+    before = len(getattr(DeltaCheckpointStore(root), "_read")(table)[0])
+    ran = interleave(monkeypatch, table, lambda: successor.begin_epoch("successor"))
+    with pytest.raises(FencedError):
+        do(zombie, epoch)
+    assert ran, f"{write} never committed to {table}"
+    monkeypatch.undo()
+    rows = DeltaCheckpointStore(root)._read(table)[0].to_pylist()
+    assert len(rows) == before, f"the zombie's {write} landed after epoch {epoch + 1} began: {rows[before:]}"
+
+
+def test_begin_epoch_fences_every_control_table_before_it_returns(root):
+    zombie, epoch, successor = _zombie_and_successor(root)
+    newer = successor.begin_epoch("successor")
+    for name in ("checkpoints", "acks", "sessions"):
+        assert successor.fence(name) == newer
+    with pytest.raises(FencedError):
+        zombie.record_pending(5, epoch=epoch)
+
+
+def test_a_starter_that_lost_the_epoch_race_is_fenced_not_a_second_owner(root, monkeypatch):
+    slow = DeltaCheckpointStore.open(root)
+    fast = DeltaCheckpointStore.open(root)
+    # ``fast`` begins its epoch while ``slow`` is between reading the epochs table and writing its row
+    interleave(monkeypatch, "epochs", lambda: fast.begin_epoch("fast"))
+    got = slow.begin_epoch("slow")
+    monkeypatch.undo()
+    assert sorted(e["epoch"] for e in fast.epochs()) == [1, 2]
+    assert got == 2 and fast.epoch == 1
+    with pytest.raises(FencedError):
+        fast.record_pending(1, epoch=1)
+
+
+# --- item 3 and 6: one live session of a stage per epoch; orphan markers heal -------------------
+
+
+def test_a_stage_has_at_most_one_live_session_per_epoch(root):
+    store = DeltaCheckpointStore.open(root)
+    epoch = store.begin_epoch("a")
+    store.record_restored(epoch, None, {"source": {}})
+    assert store.begin_session(epoch, "source", after=0) == 1
+    other = DeltaCheckpointStore.open(root)
+    assert other.begin_session(epoch, "source", after=0) is None  # session 1 is live
+    assert other.begin_session(epoch, "source") is None
+    store.end_session(epoch, "source", 1, {"offset": 4})
+    assert other.begin_session(epoch, "source", after=0) is None  # it resumed from a stale point
+    assert other.begin_session(epoch, "source", after=1) == 2
+
+
+def test_racing_starters_of_one_stage_get_exactly_one_session(root, monkeypatch):
+    store = DeltaCheckpointStore.open(root)
+    epoch = store.begin_epoch("a")
+    store.record_restored(epoch, None, {"source": {}})
+    rival = DeltaCheckpointStore.open(root)
+    won: list = []
+    interleave(monkeypatch, "sessions", lambda: won.append(rival.begin_session(epoch, "source", after=0)))
+    mine = store.begin_session(epoch, "source", after=0)
+    monkeypatch.undo()
+    assert won == [1] and mine is None
+    starts = [r for r in store.sessions(epoch) if r["event"] == "start"]
+    assert [(r["stage"], r["session"]) for r in starts] == [("source", 1)]
+
+
+def test_an_orphan_session_marker_does_not_stall_the_stage(root):
+    """A process killed after claiming the old marker file and before writing its start row."""
+    store = DeltaCheckpointStore.open(root)
+    epoch = store.begin_epoch("a")
+    store.record_restored(epoch, None, {"source": {}})
+    for n in (1, 2):
+        marker = root / "_sessions" / f"e{epoch}" / "source" / f"{n:020d}"
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    assert store.begin_session(epoch, "source", after=0) == 1
+
+
+def test_a_session_is_ended_once_and_only_by_a_live_session(root):
+    store = DeltaCheckpointStore.open(root)
+    epoch = store.begin_epoch("a")
+    store.record_restored(epoch, None, {"source": {}})
+    assert store.begin_session(epoch, "source", after=0) == 1
+    store.end_session(epoch, "source", 1, {"offset": 1})
+    with pytest.raises(ValueError, match="not live"):
+        store.end_session(epoch, "source", 1, {"offset": 2})
+    with pytest.raises(ValueError, match="not live"):
+        store.end_session(epoch, "source", 7, {"offset": 2})
+
+
+# --- item 7: abort racing completion: exactly one wins ----------------------------------------------
+
+
+def test_completion_loses_cleanly_to_an_abort_that_landed_first(root, monkeypatch):
+    store = DeltaCheckpointStore.open(root, retained=3)
+    epoch = store.begin_epoch("stage")
+    store.record_pending(1, epoch=epoch)
+    dag = DeltaCheckpointStore.open(root)
+    interleave(monkeypatch, "checkpoints", lambda: dag.record_aborted(1, FailureReason.EXPIRED, "ack timeout", epoch))
+    with pytest.raises(CheckpointAbortedError, match="expired"):
+        store.add(checkpoint(1))
+    monkeypatch.undo()
+    assert store.status(1)["status"] == "aborted"
+    assert ids(store.all()) == []
+    assert statuses_in_order(store) == ["pending", "aborted"]
+
+
+def test_an_abort_loses_cleanly_to_a_completion_that_landed_first(root, monkeypatch):
+    store = DeltaCheckpointStore.open(root, retained=3)
+    epoch = store.begin_epoch("stage")
+    store.record_pending(1, epoch=epoch)
+    dag = DeltaCheckpointStore.open(root)
+    interleave(monkeypatch, "checkpoints", lambda: store.add(checkpoint(1)))
+    with pytest.raises(ValueError, match="already completed"):
+        dag.record_aborted(1, FailureReason.EXPIRED, "ack timeout", epoch)
+    monkeypatch.undo()
+    assert store.status(1)["status"] == "completed"
+    assert statuses_in_order(store) == ["pending", "completed"]
