@@ -544,18 +544,18 @@ class DeltaCheckpointStore:
         nothing to do; it may raise to refuse. ``stamp``: an application transaction committed with
         the rows (the epoch fence). Returns the number of data files the snapshot had."""
         for attempt in range(_COMMIT_ATTEMPTS):
-            self._ensure_table(name)
-            dt = self._load(name)
-            assert dt is not None, f"{self._uri(name)} was just created"
-            if fence is not None:
-                self._check_fence(name, dt, fence)
-            rows = build(dt)
-            if rows is None or (not rows and stamp is None):
-                return len(dt.file_uris())
-            properties = CommitProperties(
-                max_commit_retries=0, app_transactions=None if stamp is None else [stamp]
-            )
             try:
+                self._ensure_table(name)  # two first writers racing to create it: one retries
+                dt = self._load(name)
+                assert dt is not None, f"{self._uri(name)} was just created"
+                if fence is not None:
+                    self._check_fence(name, dt, fence)
+                rows = build(dt)
+                if rows is None or (not rows and stamp is None):
+                    return len(dt.file_uris())
+                properties = CommitProperties(
+                    max_commit_retries=0, app_transactions=None if stamp is None else [stamp]
+                )
                 write_deltalake(
                     dt, pa.Table.from_pylist(list(rows), schema=_SCHEMAS[name]), mode="append",
                     commit_properties=properties,

@@ -272,13 +272,24 @@ def test_epochs_increase_and_fence_older_writers(root):
 def test_concurrent_begin_epoch_is_unique_and_old_reservation_markers_do_not_matter(root):
     stores = [DeltaCheckpointStore(root) for _ in range(4)]
     got: list[int] = []
-    threads = [threading.Thread(target=lambda s=s: got.append(s.begin_epoch())) for s in stores]
+    fenced: list[FencedError] = []
+
+    def begin(s):
+        try:
+            got.append(s.begin_epoch())
+        except FencedError as exc:  # overtaken by a newer epoch before it could fence: never an owner
+            fenced.append(exc)
+
+    threads = [threading.Thread(target=begin, args=(s,)) for s in stores]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert sorted(got) == [1, 2, 3, 4]
-    assert stores[0].current_epoch() == 4
+    assert len(got) + len(fenced) == 4 and len(set(got)) == len(got)
+    rows = sorted(e["epoch"] for e in stores[0].epochs())
+    assert rows == [1, 2, 3, 4]  # every starter committed a distinct epoch row
+    assert max(got) == 4  # the newest always owns its epoch, and it fenced every table
+    assert all(stores[0].fence(name) == 4 for name in ("checkpoints", "acks", "sessions"))
     # a marker file of the old reservation scheme (a process that died before its row): epochs are
     # unique because each is committed on top of the snapshot it follows, so it is simply ignored
     (root / "_epochs").mkdir(exist_ok=True)
