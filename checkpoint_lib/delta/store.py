@@ -97,6 +97,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -118,8 +119,8 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from ..core.checkpoints import CompletedCheckpoint
 from ..core.clock import Clock
 from ..core.errors import CheckpointAbortedError, FailureReason, FencedError, UnknownCheckpointError
-from ..core.recovery import RecoveryPlan, plan_recovery
-from ..core.twophase import Transaction
+from ..core.recovery import SINK_STATE_KEY, RecoveryPlan, plan_recovery
+from ..core.twophase import SinkSnapshot, Transaction
 from ..core.stores import apply_retention
 from ..core.types import CheckpointId, CheckpointKind, SubtaskAck, SubtaskId
 
@@ -298,13 +299,23 @@ def _ack_fields(ack: SubtaskAck) -> dict[str, Any]:
     return {**dataclasses.asdict(ack), "state": dict(ack.state)}
 
 
+def _digest(acks: Any, ack_times: Any) -> str:
+    """SHA-256 of the acks as JSON: a row whose acks were edited or damaged into other valid JSON
+    (e.g. an ack dropped) no longer matches it."""
+    text = json.dumps({"acks": acks, "ack_times": ack_times}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def encode_acks(checkpoint: CompletedCheckpoint) -> str:
-    """The checkpoint's ``acks`` and ``ack_times`` as JSON, subtasks keyed ``"operator[index]"``."""
+    """The checkpoint's ``acks`` and ``ack_times`` as JSON, subtasks keyed ``"operator[index]"``,
+    with their ``digest``."""
     acks = {str(subtask): _ack_fields(ack) for subtask, ack in checkpoint.acks.items()}
     ack_times = {str(subtask): t for subtask, t in checkpoint.ack_times.items()}
     try:
         return json.dumps(
-            {"version": ACKS_FORMAT_VERSION, "acks": acks, "ack_times": ack_times}, sort_keys=True
+            {"version": ACKS_FORMAT_VERSION, "acks": acks, "ack_times": ack_times,
+             "digest": _digest(acks, ack_times)},
+            sort_keys=True,
         )
     except (TypeError, ValueError) as exc:
         raise ValueError(
@@ -347,6 +358,8 @@ def decode_acks(text: Any) -> tuple[dict[SubtaskId, SubtaskAck], dict[SubtaskId,
     raw_acks, raw_times = doc.get("acks"), doc.get("ack_times")
     if not isinstance(raw_acks, dict) or not isinstance(raw_times, dict):
         raise _Corrupt("acks_json lacks 'acks' or 'ack_times'")
+    if "digest" in doc and doc["digest"] != _digest(raw_acks, raw_times):
+        raise _Corrupt("acks_json does not match its digest (edited or damaged after it was written)")
     acks: dict[SubtaskId, SubtaskAck] = {}
     for key, a in raw_acks.items():
         if not isinstance(a, dict) or not isinstance(a.get("state"), dict):
@@ -364,7 +377,37 @@ def decode_acks(text: Any) -> tuple[dict[SubtaskId, SubtaskAck], dict[SubtaskId,
             duration_ms=_number(a.get("duration_ms"), "duration_ms"),
         )
     times = {_subtask(key): _number(t, "ack time") for key, t in raw_times.items()}
+    _check_structure(acks)
     return acks, times
+
+
+def _check_structure(acks: Mapping[SubtaskId, SubtaskAck]) -> None:
+    """What every restorable checkpoint satisfies, digest or not: each 2PC sink ack holds a
+    transaction snapshot that parses (with its ``current`` transaction), and each keyed operator's
+    ``key_groups`` ranges tile ``0..n`` with no gap and no overlap (restore would otherwise leave
+    some keys without state, silently)."""
+    ranges: dict[str, list[Any]] = {}
+    for subtask, ack in acks.items():
+        if SINK_STATE_KEY in ack.state or subtask.operator.startswith("sink_"):
+            try:
+                SinkSnapshot.from_dict(ack.state[SINK_STATE_KEY])
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise _Corrupt(f"ack of {subtask}: its sink transactions are missing or malformed ({exc!r})") from None
+        if "key_groups" in ack.state:
+            ranges.setdefault(subtask.operator, []).append(ack.state["key_groups"])
+    for operator, spans in ranges.items():
+        try:
+            bounds = sorted((_int(lo, "key group"), _int(hi, "key group")) for lo, hi in spans)
+        except (TypeError, ValueError):
+            raise _Corrupt(f"operator {operator!r}: malformed key_groups {spans!r}") from None
+        expected = 0
+        for lo, hi in bounds:
+            if lo != expected or hi < lo:
+                raise _Corrupt(
+                    f"operator {operator!r}: its subtasks' key groups {bounds} leave a gap or overlap "
+                    f"at key group {expected}: restoring would lose or double keyed state"
+                )
+            expected = hi + 1
 
 
 def _reason(value: Any) -> FailureReason | None:

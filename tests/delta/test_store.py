@@ -440,6 +440,80 @@ def test_corrupt_completed_row_is_skipped_with_a_warning_and_latest_falls_back(r
         store.add(checkpoint(3))
 
 
+def _topology_checkpoint(checkpoint_id: int, *, sink_current: bool = True, key_groups=((0, 63), (64, 127))):
+    """A checkpoint shaped like a real pipeline's: source acks, keyed operator acks with their key
+    group ranges, and a 2PC sink ack with its transaction snapshot."""
+    txn = {"seq": 1, "txn_id": "p.ledger-0-0", "epoch": 1, "checkpoint_id": None}
+    sink_state = {"twophase": {"pending": [], "next_seq": 2, **({"current": txn} if sink_current else {})}}
+    acks = {SubtaskId("source", 0): SubtaskAck(state={"version": 3, "barrier_seq": 7})}
+    for i, groups in enumerate(key_groups):
+        acks[SubtaskId("balance", i)] = SubtaskAck(state={"table_version": 5, "key_groups": list(groups)})
+    acks[SubtaskId("sink_ledger", 0)] = SubtaskAck(state=sink_state)
+    return CompletedCheckpoint(checkpoint_id, CheckpointKind.CHECKPOINT, 10.0 * checkpoint_id,
+                               10.0 * checkpoint_id + 1, acks, {s: 1.0 for s in acks})
+
+
+def _rewrite_acks(root: Path, checkpoint_id: int, edit) -> None:
+    """Replace the completed row of ``checkpoint_id`` by one whose acks_json went through ``edit``
+    (valid JSON: what a hand edit or a buggy tool leaves)."""
+    dt = DeltaTable(str(root / "checkpoints"))
+    rows = dt.to_pyarrow_table().to_pylist()
+    for row in rows:
+        if row["checkpoint_id"] == checkpoint_id and row["status"] == "completed":
+            doc = json.loads(row["acks_json"])
+            edit(doc)
+            row["acks_json"] = json.dumps(doc, sort_keys=True)
+    write_deltalake(str(root / "checkpoints"), pa.Table.from_pylist(rows, schema=CHECKPOINTS_SCHEMA), mode="overwrite")
+
+
+def _keep_only_sources(doc):
+    doc["acks"] = {k: v for k, v in doc["acks"].items() if k.startswith("source")}
+    doc["ack_times"] = {k: v for k, v in doc["ack_times"].items() if k.startswith("source")}
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["edited-to-keep-only-source-acks", "sink-without-current", "key-groups-with-a-gap", "key-groups-overlap"],
+)
+def test_an_incomplete_but_well_formed_completed_row_is_not_restorable(root, damage):
+    """Issue: a latest checkpoint whose acks_json kept only the source acks (valid JSON) was restored
+    with no keyed state and no sinks, wiping state. Such a row must count as unreadable: skipped
+    (recovery falls back, rolling the sinks back below it), never restored."""
+    store = DeltaCheckpointStore(root, retained=3)
+    store.add(_topology_checkpoint(1))
+    store.add(_topology_checkpoint(2))
+    if damage == "edited-to-keep-only-source-acks":
+        _rewrite_acks(root, 2, _keep_only_sources)  # the digest no longer matches
+    else:
+        # a row of the format before digests, damaged: the structure alone gives it away
+        def edit(doc):
+            doc.pop("digest")
+            if damage == "sink-without-current":
+                del doc["acks"]["sink_ledger[0]"]["state"]["twophase"]["current"]
+            else:
+                doc["acks"]["balance[1]"]["state"]["key_groups"] = [65, 127] if "gap" in damage else [60, 127]
+        _rewrite_acks(root, 2, edit)
+    reader = DeltaCheckpointStore(root, retained=3)
+    with pytest.warns(CorruptCheckpointWarning, match="checkpoint 2 has a corrupt row"):
+        assert reader.latest().checkpoint_id == 1
+    with pytest.warns(CorruptCheckpointWarning):
+        assert reader.unreadable() == [2]
+    with pytest.warns(CorruptCheckpointWarning):
+        plan = reader.recovery_plan()
+    assert plan.checkpoint_id == 1 and plan.rollback_after == 1
+
+
+def test_a_genuine_topology_row_round_trips_with_its_digest(root):
+    store = DeltaCheckpointStore(root, retained=3)
+    store.add(_topology_checkpoint(1))
+    with pytest.raises(ValueError, match="sink transactions are missing"):
+        store.add(_topology_checkpoint(2, sink_current=False))  # never completes what cannot restore
+    with pytest.raises(ValueError, match="gap or overlap"):
+        store.add(_topology_checkpoint(2, key_groups=((0, 63), (65, 127))))
+    assert DeltaCheckpointStore(root).latest() == _topology_checkpoint(1)
+    assert "digest" in json.loads(store._read("checkpoints")[0].to_pylist()[0]["acks_json"])
+
+
 def test_unreadable_completed_rows_are_listed_and_can_be_discarded(root):
     store = DeltaCheckpointStore(root, retained=2)
     store.add(checkpoint(1))
