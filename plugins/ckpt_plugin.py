@@ -1,6 +1,8 @@
 """Registers checkpoint_lib with Airflow 3: the Checkpoints page (a FastAPI app mounted at
 ``/checkpoints`` by the api-server) and its entry in the UI's navigation (an external view that
-frames it). The operators, sensor and trigger need no registration: they import as
+frames it). Whoever reaches the page sees only the pipelines whose DAGs Airflow's auth manager
+lets them read (``ckpt_airflow/ui.py``). The operators, sensor and trigger need no registration:
+they import as
 ``ckpt_airflow.*`` because Airflow puts this folder on ``sys.path``.
 """
 

@@ -10,9 +10,22 @@
 - ``GET /checkpoints/quality/{pipeline}/{path}``: files of the pipeline's GX Data Docs
   (``<warehouse>/_quality/<pipeline>/data_docs/``), nothing outside it.
 
-Every route requires an authenticated Airflow user (the UI's session cookie or a bearer token,
-checked by Airflow's own ``get_user``). Pipeline names must be registered and ids are parsed as
-numbers before any path is built, and resolved paths are checked to stay inside the warehouse.
+Who sees what: every route requires an authenticated Airflow user (the UI's session cookie or a
+bearer token, checked by Airflow's own ``get_user``), and a pipeline is shown only to a user whom the
+configured auth manager lets **read every one of its DAGs** (``<p>_run``, ``<p>_snapshot``,
+``<p>_recover``; :func:`can_read_pipeline`). The page shows what all three write (checkpoints come
+from the run and snapshot DAGs, the data-quality report from the recover DAG), so a user who may not
+read one of them sees nothing of the pipeline. The index lists only such pipelines; any other
+pipeline answers 403 with no data, before it is even looked up, so a user without access cannot tell
+a registered pipeline from an unknown one (as Airflow's own ``/api/v2/dags/{dag_id}`` does: 403
+first, 404 only for a user allowed to read that name).
+
+Read-only: a GET never creates anything under the warehouse. The checkpoint store is read through
+:func:`_read_only_store` (never ``DeltaCheckpointStore.open``, which creates the store's directory
+and tables): a pipeline that never ran, or a warehouse that does not exist, shows an empty history
+and answers 404 for a checkpoint. Pipeline names must be registered and well formed and ids are
+parsed as numbers before any path is built; resolved paths are checked to stay inside the warehouse.
+The app serves no OpenAPI schema or docs pages (they would bypass the user check).
 """
 
 from __future__ import annotations
@@ -20,15 +33,20 @@ from __future__ import annotations
 import html
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.responses import FileResponse, HTMLResponse
 
-from airflow.api_fastapi.core_api.security import get_user
+from airflow.api_fastapi.core_api.security import GetUserDep, get_user
 
-from checkpoint_lib.control import PipelineControl, parse_checkpoint_id, validate_pipeline_name
+from checkpoint_lib.control import PipelineControl, checkpoint_root, parse_checkpoint_id, validate_pipeline_name
 from checkpoint_lib.core.errors import UnknownCheckpointError
+
+if TYPE_CHECKING:
+    from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
+
+    from checkpoint_lib.delta.store import DeltaCheckpointStore
 
 COLUMNS = [
     ("checkpoint_id", "id"), ("kind", "kind"), ("status", "status"), ("trigger_time", "triggered (UTC)"),
@@ -39,7 +57,11 @@ COLUMNS = [
 ACK_COLUMNS = ["subtask", "state_size_bytes", "channel_state_rows", "channel_state_bytes", "alignment_ms",
                "unaligned", "duration_ms", "ack_time"]
 
-app = FastAPI(title="checkpoint_lib: Checkpoints", dependencies=[Depends(get_user)])
+DAG_KINDS = ("run", "snapshot", "recover")
+"""The DAGs ``dags/checkpoint_lib_dags.py`` builds per pipeline: ``<pipeline>_<kind>``."""
+
+app = FastAPI(title="checkpoint_lib: Checkpoints", dependencies=[Depends(get_user)],
+              openapi_url=None, docs_url=None, redoc_url=None)
 
 
 def _warehouse() -> str:
@@ -57,14 +79,74 @@ def _pipelines() -> list[str]:
     return sorted(REGISTRY)
 
 
-def _control(pipeline: str) -> PipelineControl:
+# --- who may read which pipeline ---------------------------------------------------------------
+
+
+def pipeline_dag_ids(pipeline: str) -> list[str]:
+    """``<pipeline>_run``, ``<pipeline>_snapshot``, ``<pipeline>_recover``."""
+    return [f"{pipeline}_{kind}" for kind in DAG_KINDS]
+
+
+def _readable(user: "BaseUser", pipelines: list[str]) -> list[str]:
+    """The ``pipelines`` whose every DAG the auth manager lets ``user`` read (GET), in order.
+
+    Asked exactly as Airflow's own DAG endpoints ask (``requires_access_dag``): ``is_authorized_dag``
+    with the DAG's id and its team (multi-team deployments), in one ``batch_is_authorized_dag`` per
+    pipeline. A DAG that is not (yet) in the database is asked by its id with no team."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
+    from airflow.models.dag import DagModel
+
+    if not pipelines:
+        return []
+    teams = DagModel.get_dag_id_to_team_name_mapping([d for p in pipelines for d in pipeline_dag_ids(p)])
+    auth_manager = get_auth_manager()
+    return [
+        p for p in pipelines
+        if auth_manager.batch_is_authorized_dag(
+            [{"method": "GET", "details": DagDetails(id=d, team_name=teams.get(d))} for d in pipeline_dag_ids(p)],
+            user=user,
+        )
+    ]
+
+
+def can_read_pipeline(user: "BaseUser", pipeline: str) -> bool:
+    """Whether ``user`` may see ``pipeline`` here: read access to all of its DAGs."""
+    return _readable(user, [pipeline]) == [pipeline]
+
+
+def _pipeline(pipeline: str, user: "BaseUser") -> str:
+    """``pipeline`` if well formed (else 400), readable by ``user`` (else 403, asked before the
+    registry so the answer says nothing about pipelines the user may not read) and registered
+    (else 404)."""
     try:
         validate_pipeline_name(pipeline)
     except ValueError as exc:
         raise HTTPException(status_code=400, detail=str(exc)) from None
+    if not can_read_pipeline(user, pipeline):
+        raise HTTPException(status_code=403, detail="Forbidden")
     if pipeline not in _pipelines():
         raise HTTPException(status_code=404, detail=f"unknown pipeline {pipeline!r}")
-    return PipelineControl(_warehouse(), pipeline)
+    return pipeline
+
+
+# --- reading, never writing -------------------------------------------------------------------
+
+
+def _read_only_store(root: Path) -> "DeltaCheckpointStore":
+    """The pipeline's checkpoint store for reading only: the constructor does no I/O and its
+    readers never create anything (a missing table reads as empty). Never
+    ``DeltaCheckpointStore.open``: that creates the directory and every table, and a page view
+    must not create a store (``tests/airflow/test_checkpoints_page.py`` checks every route)."""
+    from checkpoint_lib.delta.store import DeltaCheckpointStore
+
+    return DeltaCheckpointStore(root)
+
+
+def _control(pipeline: str) -> PipelineControl:
+    """A read-only :class:`PipelineControl` of an authorized, registered ``pipeline``."""
+    warehouse = _warehouse()
+    return PipelineControl(warehouse, pipeline, store=_read_only_store(checkpoint_root(warehouse, pipeline)))
 
 
 def _checkpoint_id(value: str) -> int:
@@ -78,12 +160,14 @@ def _checkpoint_id(value: str) -> int:
 
 
 def _history(control: PipelineControl, limit: int) -> list[dict[str, Any]]:
-    if not (control.root / "checkpoints").exists():
-        return []  # never run: do not create the store from a page view
+    if not control.root.is_dir():
+        return []  # never run (or no warehouse yet): an empty history
     return [{k: r.get(k) for k, _ in COLUMNS} for r in control.history(limit)]
 
 
 def _acks(control: PipelineControl, cid: int) -> list[dict[str, Any]]:
+    if not control.root.is_dir():
+        raise HTTPException(status_code=404, detail=f"{control.pipeline_name} has no checkpoints yet")
     try:
         return [{k: a.get(k) for k in ACK_COLUMNS} for a in control.acks(cid)]
     except UnknownCheckpointError as exc:
@@ -98,27 +182,28 @@ def _quality_dir(pipeline: str) -> Path:
 
 
 @app.get("/api/pipelines")
-def api_pipelines() -> list[str]:
-    return _pipelines()
+def api_pipelines(user: GetUserDep) -> list[str]:
+    """The registered pipelines this user may read."""
+    return _readable(user, _pipelines())
 
 
 @app.get("/api/{pipeline}/checkpoints")
-def api_history(pipeline: str, limit: int = Query(100, ge=1, le=1000)) -> list[dict[str, Any]]:
-    return _history(_control(pipeline), limit)
+def api_history(pipeline: str, user: GetUserDep, limit: int = Query(100, ge=1, le=1000)) -> list[dict[str, Any]]:
+    return _history(_control(_pipeline(pipeline, user)), limit)
 
 
 @app.get("/api/{pipeline}/checkpoints/{checkpoint_id}/acks")
-def api_acks(pipeline: str, checkpoint_id: str) -> list[dict[str, Any]]:
-    return _acks(_control(pipeline), _checkpoint_id(checkpoint_id))
+def api_acks(pipeline: str, checkpoint_id: str, user: GetUserDep) -> list[dict[str, Any]]:
+    control = _control(_pipeline(pipeline, user))
+    return _acks(control, _checkpoint_id(checkpoint_id))
 
 
 # --- files of the data-quality report -------------------------------------------------------
 
 
 @app.get("/quality/{pipeline}/{path:path}")
-def quality_file(pipeline: str, path: str) -> FileResponse:
-    _control(pipeline)
-    root = _quality_dir(pipeline)
+def quality_file(pipeline: str, path: str, user: GetUserDep) -> FileResponse:
+    root = _quality_dir(_pipeline(pipeline, user))
     target = (root / (path or "index.html")).resolve()
     if not target.is_relative_to(root.resolve()) or not target.is_file():
         raise HTTPException(status_code=404, detail="no such file in the data-quality report")
@@ -165,13 +250,18 @@ nav a{margin-right:1rem}
 
 
 @app.get("/", response_class=HTMLResponse)
-def page(pipeline: str | None = None, checkpoint: str | None = None) -> str:
-    pipelines = _pipelines()
-    pipeline = pipeline or (pipelines[0] if pipelines else None)
+def page(user: GetUserDep, pipeline: str | None = None, checkpoint: str | None = None) -> str:
+    pipelines = _readable(user, _pipelines())
+    if pipeline:
+        pipeline = _pipeline(pipeline, user)
+    else:  # the first this user may read
+        pipeline = pipelines[0] if pipelines else None
     nav = "".join(f'<a href="?pipeline={p}">{p}</a>' for p in pipelines)
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Checkpoints</title><style>{STYLE}</style>"
              f"</head><body><h1>Checkpoints</h1><nav>{nav}</nav>"]
-    if pipeline is not None:
+    if pipeline is None:
+        parts.append("<p><em>No pipeline whose DAGs you may read.</em></p>")
+    else:
         control = _control(pipeline)
         parts.append(f"<h2>{html.escape(pipeline)}</h2>")
         docs = _quality_dir(pipeline) / "index.html"

@@ -1,10 +1,29 @@
 """docker-compose.yml, kept honest without Docker: every service's command must be one the
 project runs natively (parsed by the real CLI parsers, executables present in the venv), its ports
-must match the ports in its command, and its volumes/paths must match the repo and the env."""
+must match the ports in its command, and its volumes/paths must match the repo and the env.
+
+Security (checked statically, and the image's entry point by running it): Spark is reachable only
+on the compose network (7077 is never published; the master's web UI only on 127.0.0.1), every
+Spark process - master, workers, and the drivers of the scheduler's tasks and the demo - runs with
+``spark.authenticate`` and a secret from ``.env`` (``docker/entrypoint.sh`` writes it to
+``$SPARK_CONF_DIR/spark-defaults.conf``, never to a command line), and every service runs as a
+non-root user (the Dockerfile's, owning exactly what it writes). ``-m slow`` starts a master and
+workers natively through the entry point and checks that Spark refuses a worker and a driver
+without the secret."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import secrets
+import shlex
+import signal
+import stat
+import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -12,6 +31,9 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
+ENTRYPOINT = REPO / "docker" / "entrypoint.sh"
+SPARK_SECRET = "SPARK_AUTH_SECRET"
+REPO_IMAGE = "checkpoint-lib:dev"
 
 
 @pytest.fixture(scope="module")
@@ -21,6 +43,75 @@ def compose():
 
 def _flag(command, name):
     return command[command.index(name) + 1] if name in command else None
+
+
+def _dockerfile() -> list[tuple[str, str]]:
+    """The Dockerfile's instructions as (keyword, arguments), continuation lines joined."""
+    text = re.sub(r"\\\n", " ", (REPO / "Dockerfile").read_text())
+    out = []
+    for line in text.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            keyword, _, rest = line.strip().partition(" ")
+            out.append((keyword.upper(), rest.strip()))
+    return out
+
+
+def _docker_env() -> dict[str, str]:
+    env = {}
+    for keyword, rest in _dockerfile():
+        if keyword == "ENV":
+            env.update(w.split("=", 1) for w in shlex.split(rest))
+    return env
+
+
+def _image_user() -> str:
+    """The image's user, ``uid:gid``, from its last USER instruction (numeric, so that Kubernetes'
+    runAsNonRoot and compose's ``user:`` can check it)."""
+    users = [rest for keyword, rest in _dockerfile() if keyword == "USER"]
+    assert users, "the Dockerfile never leaves root (no USER)"
+    assert re.fullmatch(r"\d+:\d+", users[-1]), f"USER {users[-1]} must be numeric uid:gid"
+    return users[-1]
+
+
+def _owned_dirs(user: str) -> set[str]:
+    """Directories the Dockerfile creates owned by ``user`` (``install -d -o U -g G ...``)."""
+    uid, gid = user.split(":")
+    names = {uid, "ckpt"}
+    dirs: set[str] = set()
+    for keyword, rest in _dockerfile():
+        for command in rest.split("&&") if keyword == "RUN" else []:
+            args = command.split()
+            if args[:2] == ["install", "-d"] and _flag(args, "-o") in names and _flag(args, "-g") in names | {gid}:
+                dirs.update(a for a in args[2:] if a.startswith("/"))
+    return dirs
+
+
+def _ports(service) -> list[tuple[str | None, str | None, str]]:
+    """(host ip, host port, container port) of every published port, short or long syntax."""
+    out = []
+    for entry in service.get("ports", []):
+        if isinstance(entry, dict):
+            out.append((entry.get("host_ip"), str(entry.get("published")) if entry.get("published") else None,
+                        str(entry["target"])))
+            continue
+        parts = str(entry).split("/")[0].split(":")
+        parts = [None] * (3 - len(parts)) + parts
+        out.append((parts[0], parts[1], parts[2]))
+    return out
+
+
+def _runs_spark(name, service, env) -> bool:
+    """Whether the service starts a Spark process: the master and workers (spark-class), ``ckpt``
+    (a driver), and the Airflow scheduler (LocalExecutor: the tasks, and so their Spark drivers or
+    spark-submit children, run in its container)."""
+    program = (service.get("command") or [""])[0]
+    if program in ("spark-class", "ckpt"):
+        return True
+    if service.get("command", [None, None])[:2] == ["airflow", "scheduler"]:
+        assert env.get("AIRFLOW__CORE__EXECUTOR") == "LocalExecutor", (
+            f"{name}: with another executor, tasks (Spark drivers) run elsewhere: give those the secret")
+        return True
+    return False
 
 
 def test_every_service_has_a_known_native_command(compose):
@@ -75,8 +166,8 @@ def test_ports_match_the_commands(compose):
     api = s["airflow-api-server"]
     assert api["ports"] == [f"{_flag(api['command'], '--port')}:{_flag(api['command'], '--port')}"]
     master = s["spark-master"]
-    assert set(master["ports"]) == {f"{_flag(master['command'], p)}:{_flag(master['command'], p)}"
-                                    for p in ("--port", "--webui-port")}
+    ui = _flag(master["command"], "--webui-port")
+    assert _ports(master) == [("127.0.0.1", ui, ui)]  # the web UI, for this machine only
     port = _flag(master["command"], "--port")
     for name in ("spark-worker-1", "spark-worker-2"):
         assert s[name]["command"][-1] == f"spark://spark-master:{port}"
@@ -110,3 +201,209 @@ def test_the_secrets_git_ignores_never_enter_the_image(compose):
     for name in secret_files | {".airflow"}:
         assert name in ignored, f"{name} would be copied into the image"
         assert name in git_ignored, f"{name} would be committed"
+
+
+# --- security ------------------------------------------------------------------------------------
+
+
+def test_spark_is_reachable_only_on_the_compose_network(compose):
+    services = compose["services"]
+    master = services["spark-master"]["command"]
+    assert _flag(master, "--host") == "spark-master"  # binds to its address on the compose network
+    port, ui = _flag(master, "--port"), _flag(master, "--webui-port")
+    for name, service in services.items():
+        assert service.get("network_mode") != "host", f"{name}: host networking bypasses the compose network"
+        for host_ip, published, target in _ports(service):
+            assert target != port and published != port, f"{name} publishes the Spark master port {port}"
+            if (service.get("command") or [""])[0] == "spark-class":
+                assert host_ip == "127.0.0.1", f"{name}: a Spark port published beyond this machine"
+                assert name == "spark-master" and target == ui, f"{name}: only the master's web UI may be published"
+
+
+def test_every_spark_process_authenticates_with_a_secret_from_env(compose):
+    """Master, workers and every driver get SPARK_AUTH_SECRET (``${VAR:?...}``: compose refuses to
+    start without it) and the image's entry point, which turns it into ``spark.authenticate`` for
+    Spark; services that run no Spark do not get it. The secret never appears in a command."""
+    entrypoints = [rest for keyword, rest in _dockerfile() if keyword == "ENTRYPOINT"]
+    assert entrypoints, "the Dockerfile has no ENTRYPOINT"
+    entry = json.loads(entrypoints[-1])  # exec form: the script execs the service's command
+    assert entry == ["/bin/sh", "/opt/checkpoint_lib/docker/entrypoint.sh"], entry
+    assert ("COPY", ". .") in _dockerfile() and ENTRYPOINT.is_file()  # WORKDIR /opt/checkpoint_lib
+    assert "SPARK_CONF_DIR" in _docker_env()
+    spark_services = set()
+    for name, service in compose["services"].items():
+        assert "entrypoint" not in service, f"{name} must keep the image's entry point"
+        env = service.get("environment") or {}
+        text = json.dumps(service)
+        assert "spark.authenticate" not in text, f"{name}: Spark's auth settings belong to the entry point"
+        if _runs_spark(name, service, env):
+            spark_services.add(name)
+            assert service.get("image") == REPO_IMAGE, f"{name} runs Spark outside this repo's image"
+            value = str(env.get(SPARK_SECRET, ""))
+            assert value.startswith("${" + SPARK_SECRET + ":?"), f"{name}: {SPARK_SECRET} must come from .env"
+        else:
+            assert SPARK_SECRET not in env, f"{name} runs no Spark: it must not hold {SPARK_SECRET}"
+    assert {"spark-master", "spark-worker-1", "spark-worker-2", "demo", "airflow-scheduler"} <= spark_services
+    assert SPARK_SECRET not in json.dumps([s.get("command") for s in compose["services"].values()])
+
+
+def test_every_service_runs_as_a_non_root_user(compose):
+    user = _image_user()
+    assert not user.startswith("0:") and not user.endswith(":0")
+    useradd = [c.split() for k, rest in _dockerfile() if k == "RUN" for c in rest.split("&&") if "useradd" in c]
+    assert useradd and _flag(useradd[0], "--uid") == user.split(":")[0], useradd
+    for name, service in compose["services"].items():
+        assert "user" in service, f"{name} runs as the image's default user; give it a user:"
+        who = str(service["user"])
+        assert who.split(":")[0] not in ("0", "root") and who != "", f"{name} runs as root"
+        assert not service.get("privileged"), name
+        if service.get("image") == REPO_IMAGE:
+            assert who == user, f"{name}: user {who} is not the image's user {user}"
+        else:
+            assert name == "postgres" and who == "postgres", name  # the official image's own user
+    # what that user writes, the Dockerfile creates owned by it: the warehouse (a new named volume
+    # takes its mount point's owner), each AIRFLOW_HOME, Spark's conf (the secret) and work dirs
+    owned = _owned_dirs(user)
+    docker_env = _docker_env()
+    must_own = {"/warehouse", docker_env["SPARK_CONF_DIR"], docker_env["SPARK_WORKER_DIR"], docker_env["HOME"]}
+    for name, service in compose["services"].items():
+        env = service.get("environment") or {}
+        if "AIRFLOW_HOME" in env:
+            must_own.add(env["AIRFLOW_HOME"])
+        for volume in service.get("volumes", []):
+            source, target = volume.split(":")[:2]
+            if not source.startswith((".", "/")) and service.get("image") == REPO_IMAGE:
+                must_own.add(target)  # a named volume
+    assert must_own <= owned, f"not owned by {user}: {sorted(must_own - owned)}"
+
+
+def test_every_secret_compose_needs_from_env_is_documented(compose):
+    text = (REPO / "docker-compose.yml").read_text()
+    body = "\n".join(line.split(" #")[0] for line in text.splitlines() if not line.lstrip().startswith("#"))
+    needed = set(re.findall(r"\$\{([A-Z0-9_]+):\?", body))
+    assert SPARK_SECRET in needed
+    header = "\n".join(line for line in text.splitlines() if line.startswith("#"))
+    readme = (REPO / "README.md").read_text()
+    for name in needed:
+        assert f"{name}=" in header, f"the header of docker-compose.yml does not say to put {name} in .env"
+        assert f"`{name}`" in readme, f"README does not say to put {name} in .env"
+
+
+def _entrypoint(tmp_path, secret, command):
+    env = {"PATH": os.environ["PATH"], "SPARK_CONF_DIR": str(tmp_path / "conf")}
+    if secret is not None:
+        env[SPARK_SECRET] = secret
+    return subprocess.run(["sh", str(ENTRYPOINT), "sh", "-c", command], env=env, capture_output=True, text=True,
+                          timeout=30)
+
+
+def test_the_entrypoint_gives_spark_the_secret_in_a_private_file_only(tmp_path):
+    secret = secrets.token_hex(32)
+    show = 'printf "%s|" "${SPARK_AUTH_SECRET-unset}"; cat "$SPARK_CONF_DIR/spark-defaults.conf"'
+    r = _entrypoint(tmp_path, secret, show)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"unset|spark.authenticate true\nspark.authenticate.secret {secret}\n"  # not passed on
+    conf = tmp_path / "conf" / "spark-defaults.conf"
+    assert stat.S_IMODE(conf.stat().st_mode) == 0o600 and stat.S_IMODE(conf.parent.stat().st_mode) == 0o700
+    assert not list(conf.parent.glob("*.tmp"))
+    again = secrets.token_hex(32)
+    assert _entrypoint(tmp_path, again, "true").returncode == 0
+    assert conf.read_text().endswith(f" {again}\n")  # rewritten at every start
+
+    for bad in ("with space " + secret, secret + "\\n", "abc123"):
+        fresh = tmp_path / "bad"
+        r = _entrypoint(fresh, bad, "echo ran")
+        assert r.returncode == 64 and "ran" not in r.stdout and "SPARK_AUTH_SECRET" in r.stderr, bad
+        assert not (fresh / "conf").exists()
+        assert bad not in r.stderr
+
+    r = _entrypoint(tmp_path / "none", None, "echo ran")  # outside compose (no secret): Spark as before
+    assert r.returncode == 0 and r.stdout == "ran\n" and not (tmp_path / "none" / "conf").exists()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_spark_refuses_a_worker_and_a_driver_without_the_secret(tmp_path):
+    """The compose Spark services, natively: a master and workers started through the entry point
+    as compose starts them (spark-class, SPARK_CONF_DIR, SPARK_AUTH_SECRET). A worker with the
+    secret registers and runs a driver's job; a worker without it, or with another, is refused, and
+    so is a driver without it. The secret reaches no log."""
+    from checkpoint_lib.submit import spark_home
+
+    secret = secrets.token_hex(32)
+    port, ui = _free_port(), _free_port()
+    procs: list[subprocess.Popen] = []
+
+    def env(name, key):
+        out = {k: v for k, v in os.environ.items() if k != SPARK_SECRET}
+        out.update({"SPARK_HOME": str(spark_home()), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_NO_DAEMONIZE": "1",
+                    "SPARK_CONF_DIR": str(tmp_path / f"conf-{name}"), "PYSPARK_PYTHON": sys.executable})
+        if key:
+            out[SPARK_SECRET] = key
+        return out
+
+    def spark_class(name, key, *args):
+        log = open(tmp_path / f"{name}.log", "w")
+        procs.append(subprocess.Popen(["sh", str(ENTRYPOINT), str(spark_home() / "bin" / "spark-class"), *args],
+                                      env=env(name, key), stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        log.close()
+
+    def alive():
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=5) as r:
+                return [w for w in json.loads(r.read())["workers"] if w["state"] == "ALIVE"]
+        except OSError:
+            return []
+
+    workers = {"good": secret, "none": None, "other": secrets.token_hex(32)}
+    try:
+        spark_class("master", secret, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                    "--port", str(port), "--webui-port", str(ui))
+        for name, key in workers.items():
+            (tmp_path / f"work-{name}").mkdir()
+            spark_class(f"worker-{name}", key, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+                        "--cores", "1", "--memory", "512m", "--webui-port", str(_free_port()),
+                        "--work-dir", str(tmp_path / f"work-{name}"), f"spark://127.0.0.1:{port}")
+        deadline = time.monotonic() + 120
+        while not alive():
+            assert time.monotonic() < deadline, (tmp_path / "master.log").read_text()[-3000:]
+            time.sleep(1)
+        for name in ("none", "other"):  # refused at their first attempt; give them time to try
+            deadline = time.monotonic() + 60
+            while "sasl" not in (tmp_path / f"worker-{name}.log").read_text().lower():
+                assert time.monotonic() < deadline, (tmp_path / f"worker-{name}.log").read_text()[-3000:]
+                time.sleep(1)
+        assert len(alive()) == 1
+
+        job = ("from pyspark.sql import SparkSession\n"
+               f"s = SparkSession.builder.master('spark://127.0.0.1:{port}').config('spark.driver.host', '127.0.0.1')"
+               ".config('spark.executor.memory', '512m').getOrCreate()\n"
+               "print('SUM', s.sparkContext.parallelize(range(100), 2).sum())\ns.stop()\n")
+        good = subprocess.run(["sh", str(ENTRYPOINT), sys.executable, "-c", job], env=env("driver-good", secret),
+                              capture_output=True, text=True, timeout=300)
+        assert "SUM 4950" in good.stdout, good.stderr[-3000:]
+        bad = subprocess.run(["sh", str(ENTRYPOINT), sys.executable, "-c", job], env=env("driver-none", None),
+                             capture_output=True, text=True, timeout=300)
+        assert bad.returncode != 0 and "SUM" not in bad.stdout
+        assert "sasl" in (bad.stderr + bad.stdout).lower(), bad.stderr[-3000:]
+    finally:
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    logs = "".join(f.read_text() for f in tmp_path.glob("*.log")) + good.stdout + good.stderr + bad.stderr
+    assert secret not in logs

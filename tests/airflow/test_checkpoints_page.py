@@ -1,0 +1,237 @@
+"""The Checkpoints page and its JSON API (``plugins/ckpt_airflow/ui.py``) through the real api-server
+app: Airflow's ``create_app()`` mounts the plugin at ``/checkpoints`` as ``airflow api-server`` does,
+users log in at ``/auth/token`` (SimpleAuthManager, users and roles from the config, passwords from
+a file) and every request carries the token Airflow issued (a bearer header, or the UI's cookie).
+Nothing about authentication or authorization is overridden: what a user sees is what the
+configured auth manager says about the pipeline's DAGs.
+
+The rule under test: a user sees pipeline P only with read access to every one of ``P_run``,
+``P_snapshot`` and ``P_recover``; any other pipeline answers 403 with no data, whether it is
+registered or not. And no GET creates anything under the warehouse.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
+
+from checkpoint_lib.control import PipelineControl
+from checkpoint_lib.delta.store import DeltaCheckpointStore
+from helpers import AIRFLOW
+
+SIMPLE = f"{SimpleAuthManager.__module__}.SimpleAuthManager"
+TOKEN_COOKIE = "_token"  # airflow.api_fastapi.auth.managers.base_auth_manager.COOKIE_NAME_JWT_TOKEN
+
+
+class PerDagAuthManager(SimpleAuthManager):
+    """SimpleAuthManager with per-DAG read grants for the users in ``GRANTS`` (SimpleAuthManager's
+    roles are all-or-nothing over DAGs, so they cannot tell "some DAGs of a pipeline" from "all")."""
+
+    GRANTS = {
+        "payments_reader": {"payments_run", "payments_snapshot", "payments_recover"},
+        "payments_run_reader": {"payments_run", "payments_snapshot"},  # not payments_recover
+    }
+
+    def is_authorized_dag(self, *, method, user, access_entity=None, details=None):
+        if user.username in self.GRANTS:
+            return method == "GET" and details is not None and details.id in self.GRANTS[user.username]
+        return super().is_authorized_dag(method=method, user=user, access_entity=access_entity, details=details)
+
+
+@pytest.fixture(scope="module")
+def migrated_db():
+    """This session's AIRFLOW_HOME (tests/airflow/conftest.py) with its SQLite database migrated:
+    the api-server checks every token against the revoked-token table."""
+    if not Path(os.environ["AIRFLOW_HOME"]).name.startswith("ckpt-airflow-home-"):
+        pytest.skip("AIRFLOW_HOME is set outside the tests: not migrating a database the tests do not own")
+    subprocess.run([AIRFLOW, "db", "migrate"], env=dict(os.environ), check=True, capture_output=True, timeout=300)
+
+
+class Api:
+    """The api-server app with a token per user."""
+
+    def __init__(self, client: TestClient, passwords: dict[str, str]):
+        self.client = client
+        self.tokens: dict[str, str] = {}
+        for user, password in passwords.items():
+            r = client.post("/auth/token", json={"username": user, "password": password})
+            assert r.status_code == 201, r.text
+            self.tokens[user] = r.json()["access_token"]
+
+    def get(self, user: str | None, path: str, *, cookie: bool = False):
+        if user is None:
+            return self.client.get(path)
+        if cookie:
+            self.client.cookies.set(TOKEN_COOKIE, self.tokens[user])
+            try:
+                return self.client.get(path)
+            finally:
+                self.client.cookies.clear()
+        return self.client.get(path, headers={"Authorization": f"Bearer {self.tokens[user]}"})
+
+
+@contextmanager
+def api_server(tmp_path: Path, users: dict[str, str], auth_manager: str = SIMPLE):
+    """``users``: name -> role ("" = no role: the user logs in but may read nothing)."""
+    from airflow.api_fastapi.app import create_app, purge_cached_app
+
+    passwords = {user: secrets.token_hex(8) for user in users}
+    (tmp_path / "passwords.json").write_text(json.dumps(passwords))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AIRFLOW__CORE__AUTH_MANAGER", auth_manager)
+        mp.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", ",".join(f"{u}:{r}" for u, r in users.items()))
+        mp.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", str(tmp_path / "passwords.json"))
+        mp.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "False")
+        mp.setenv("AIRFLOW__API_AUTH__JWT_SECRET", secrets.token_hex(32))
+        purge_cached_app()  # a fresh auth manager of this class and config
+        try:
+            yield Api(TestClient(create_app(apps="core")), passwords)
+        finally:
+            purge_cached_app()
+
+
+def _store_with_a_checkpoint(warehouse: Path) -> int:
+    store = PipelineControl(warehouse, "payments").store
+    store.begin_epoch()
+    cid = store.get_and_increment()
+    store.record_pending(cid, trigger_time=1.0, epoch=1)
+    docs = warehouse / "_quality" / "payments" / "data_docs"
+    docs.mkdir(parents=True)
+    (docs / "index.html").write_text("<h1>GX of payments</h1>")
+    return cid
+
+
+def test_only_users_who_may_read_a_pipelines_dags_see_it(tmp_path, monkeypatch, migrated_db):
+    warehouse = tmp_path / "warehouse"
+    cid = _store_with_a_checkpoint(warehouse)
+    monkeypatch.setenv("CKPT_WAREHOUSE", str(warehouse))
+    data_routes = ["/checkpoints/?pipeline=payments", f"/checkpoints/?pipeline=payments&checkpoint={cid}",
+                   "/checkpoints/api/payments/checkpoints", f"/checkpoints/api/payments/checkpoints/{cid}/acks",
+                   "/checkpoints/quality/payments/index.html"]
+    with api_server(tmp_path, {"admin": "admin", "viewer": "viewer", "nobody": ""}) as api:
+        for path in ["/checkpoints/", "/checkpoints/api/pipelines", *data_routes]:
+            assert api.get(None, path).status_code == 401, path
+        # Airflow itself agrees on who may read the DAGs (the DAGs need not be parsed for that)
+        assert api.get("nobody", "/api/v2/dags/payments_run").status_code == 403
+        assert api.get("viewer", "/api/v2/dags/payments_run").status_code == 404
+
+        for user in ("admin", "viewer"):
+            assert api.get(user, "/checkpoints/api/pipelines").json() == ["payments", "transfers"]
+            page = api.get(user, "/checkpoints/")
+            assert page.status_code == 200 and 'href="?pipeline=transfers"' in page.text
+            assert f">{cid}<" in page.text and "data-quality report" in page.text
+            assert api.get(user, "/checkpoints/api/payments/checkpoints").json()[0]["checkpoint_id"] == cid
+            assert api.get(user, f"/checkpoints/api/payments/checkpoints/{cid}/acks").json() == []  # pending: none yet
+            assert api.get(user, "/checkpoints/quality/payments/index.html").text == "<h1>GX of payments</h1>"
+            assert api.get(user, "/checkpoints/api/transfers/checkpoints").json() == []
+            assert api.get(user, "/checkpoints/api/nope/checkpoints").status_code == 404  # allowed to ask: unknown
+        assert api.get("admin", "/checkpoints/?pipeline=payments", cookie=True).status_code == 200
+
+        # a user with no DAG access: an empty index, and 403 with no data for every pipeline
+        assert api.get("nobody", "/checkpoints/api/pipelines").json() == []
+        page = api.get("nobody", "/checkpoints/")
+        assert page.status_code == 200 and "payments" not in page.text and "transfers" not in page.text
+        assert "No pipeline whose DAGs you may read" in page.text
+        for path in [*data_routes, "/checkpoints/api/transfers/checkpoints", "/checkpoints/?pipeline=transfers",
+                     "/checkpoints/api/nope/checkpoints", "/checkpoints/?pipeline=nope"]:
+            for cookie in (False, True):
+                r = api.get("nobody", path, cookie=cookie)
+                assert r.status_code == 403, (path, cookie, r.status_code)
+                assert r.json() == {"detail": "Forbidden"}, path  # nothing of the pipeline, not even whether it exists
+
+
+def test_a_pipeline_needs_read_access_to_every_one_of_its_dags(tmp_path, monkeypatch, migrated_db):
+    warehouse = tmp_path / "warehouse"
+    cid = _store_with_a_checkpoint(warehouse)
+    monkeypatch.setenv("CKPT_WAREHOUSE", str(warehouse))
+    users = {"payments_reader": "viewer", "payments_run_reader": "viewer", "admin": "admin"}
+    with api_server(tmp_path, users, f"{__name__}.PerDagAuthManager") as api:
+        assert api.get("admin", "/checkpoints/api/pipelines").json() == ["payments", "transfers"]
+
+        assert api.get("payments_reader", "/checkpoints/api/pipelines").json() == ["payments"]
+        page = api.get("payments_reader", "/checkpoints/")
+        assert page.status_code == 200 and f">{cid}<" in page.text and "transfers" not in page.text
+        assert api.get("payments_reader", "/checkpoints/api/payments/checkpoints").json()[0]["checkpoint_id"] == cid
+        assert api.get("payments_reader", "/checkpoints/quality/payments/index.html").status_code == 200
+        for path in ("/checkpoints/api/transfers/checkpoints", "/checkpoints/?pipeline=transfers"):
+            assert api.get("payments_reader", path).status_code == 403, path
+
+        # reading payments_run and payments_snapshot but not payments_recover is not enough
+        assert api.get("payments_run_reader", "/checkpoints/api/pipelines").json() == []
+        for path in ("/checkpoints/api/payments/checkpoints", f"/checkpoints/api/payments/checkpoints/{cid}/acks",
+                     "/checkpoints/?pipeline=payments", "/checkpoints/quality/payments/index.html"):
+            assert api.get("payments_run_reader", path).status_code == 403, path
+
+
+def test_the_page_stays_inside_the_warehouse(tmp_path, monkeypatch, migrated_db):
+    warehouse = tmp_path / "warehouse"
+    _store_with_a_checkpoint(warehouse)
+    (warehouse / "secret.txt").write_text("no")
+    monkeypatch.setenv("CKPT_WAREHOUSE", str(warehouse))
+    with api_server(tmp_path, {"admin": "admin"}) as api:
+        def status(path):
+            return api.get("admin", "/checkpoints" + path).status_code
+
+        assert status("/quality/payments/..%2F..%2F..%2Fsecret.txt") == 404
+        assert status("/api/..%2Fetc/checkpoints") in (400, 404)
+        assert status("/api/Payments/checkpoints") == 400
+        assert status("/api/nope/checkpoints") == 404
+        assert status("/api/payments/checkpoints/..%2F1/acks") in (400, 404)
+        assert status("/api/payments/checkpoints/9999999999999999999999/acks") == 400
+        assert status("/?pipeline=payments&checkpoint=abc") == 400
+        for path in ("/openapi.json", "/docs", "/redoc"):  # FastAPI serves these without the app's dependencies
+            assert status(path) == 404, path
+
+
+def _tree(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.exists() else ["<absent>"]
+
+
+def test_no_get_creates_anything_under_the_warehouse(tmp_path, monkeypatch, migrated_db):
+    from ckpt_airflow.ui import app as ui_app
+
+    get_routes = {r.path for r in ui_app.routes if "GET" in getattr(r, "methods", ()) and getattr(r, "endpoint", None)
+                  and r.path not in ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")}
+    params = {"{pipeline}": "payments", "{checkpoint_id}": "1", "{path:path}": "index.html"}
+    urls = []
+    for route in sorted(get_routes):
+        url = route
+        for name, value in params.items():
+            url = url.replace(name, value)
+        assert "{" not in url, f"a new route parameter in {route}: give it a value here"
+        urls.append("/checkpoints" + url)
+    urls += ["/checkpoints/?pipeline=payments", "/checkpoints/?pipeline=payments&checkpoint=1",
+             "/checkpoints/?pipeline=transfers&checkpoint=1", "/checkpoints/api/transfers/checkpoints/1/acks",
+             "/checkpoints/api/payments/checkpoints?limit=5"]
+    assert len(get_routes) == 5, sorted(get_routes)  # the page, pipelines, history, acks, quality files
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    only_checkpoints = tmp_path / "partial"  # a store with only its checkpoints table (no epochs, acks, sessions)
+    DeltaCheckpointStore(only_checkpoints / "_checkpoints" / "payments").record_pending(1, trigger_time=1.0, epoch=0)
+    warehouses = [empty, tmp_path / "absent", only_checkpoints]
+    (tmp_path / "auth").mkdir()
+    with api_server(tmp_path / "auth", {"admin": "admin"}) as api:
+        for warehouse in warehouses:
+            monkeypatch.setenv("CKPT_WAREHOUSE", str(warehouse))
+            before = _tree(warehouse)
+            for url in urls:
+                r = api.get("admin", url)
+                assert r.status_code in (200, 404), (warehouse.name, url, r.status_code, r.text[:300])
+                assert _tree(warehouse) == before, f"GET {url} wrote under the {warehouse.name} warehouse"
+            if warehouse is not only_checkpoints:
+                assert api.get("admin", "/checkpoints/api/payments/checkpoints").json() == []
+                assert api.get("admin", "/checkpoints/api/payments/checkpoints/1/acks").status_code == 404
+                page = api.get("admin", "/checkpoints/?pipeline=payments")
+                assert page.status_code == 200 and "none yet" in page.text and "No data-quality report" in page.text
+            else:
+                assert [r["checkpoint_id"] for r in api.get("admin", "/checkpoints/api/payments/checkpoints").json()] == [1]
