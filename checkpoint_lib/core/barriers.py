@@ -200,6 +200,11 @@ class BarrierHandler:
         return len(self._held)
 
     @property
+    def held_records(self) -> list[Any]:
+        """The records held (aligned mode), in arrival order: still to be delivered."""
+        return [payload for _, kind, payload in self._held if kind == _RECORD]
+
+    @property
     def finished(self) -> bool:
         return len(self.ended) == self.num_channels
 

@@ -1001,21 +1001,34 @@ class PipelineRunner:
         acks = self.store.pending_acks(cid, self.epoch)
         self._on_coordinator(self.coordinator.adopt(cid, row["trigger_time"], CheckpointKind(row["kind"]), acks))
 
+    # Depth of the _execute calls under way (an abort inside one runs another), and whether a
+    # clean-up is owed: a checkpoint completes in the middle of _execute (at the last CheckpointDone),
+    # while deliveries, channel state and held records of this very step still point into the
+    # channel logs; the clean-up waits until the outermost _execute has flushed them.
+    _executing = 0
+    _cleanup_due = False
+
     def _execute(self, effects: dict[int, list]) -> None:
         """Carry out the handlers' effects in order per subtask, batching Spark work: deliveries
-        up to the next snapshot of every subtask are applied in one flush."""
-        queues = {r: deque(es) for r, es in effects.items()}
-        while any(queues.values()):
-            for r, q in queues.items():
-                while q and not isinstance(q[0], TakeSnapshot):
-                    self._effect(r, q.popleft())
-            snapping = [r for r, q in queues.items() if q and isinstance(q[0], TakeSnapshot)]
-            if snapping:
-                self._flush()
-                for r in snapping:
-                    self._snapshot(r, queues[r].popleft())
-        self._flush()
-        self._write_feedback()
+        up to the next snapshot of every subtask are applied in one flush. A clean-up that a
+        completion made due runs after the last flush, never in the middle."""
+        self._executing += 1
+        try:
+            queues = {r: deque(es) for r, es in effects.items()}
+            while any(queues.values()):
+                for r, q in queues.items():
+                    while q and not isinstance(q[0], TakeSnapshot):
+                        self._effect(r, q.popleft())
+                snapping = [r for r, q in queues.items() if q and isinstance(q[0], TakeSnapshot)]
+                if snapping:
+                    self._flush()
+                    for r in snapping:
+                        self._snapshot(r, queues[r].popleft())
+            self._flush()
+            self._write_feedback()
+        finally:
+            self._executing -= 1
+        self._cleanup_if_due()
 
     def _effect(self, r: int, e: Any) -> None:
         if isinstance(e, Deliver):
@@ -1267,22 +1280,47 @@ class PipelineRunner:
         self.completions += 1
         self.last_completed = cid
         if self.completions % TRUNCATE_EVERY == 0:  # every DELETE is a Delta commit: batch them
+            self._cleanup_due = True
+        self._cleanup_if_due()
+
+    def _cleanup_if_due(self) -> None:
+        """Run the owed clean-up, unless an _execute is under way (it runs it when it ends)."""
+        if self._cleanup_due and not self._executing:
             self._cleanup()
 
     def _cleanup(self) -> None:
-        """Delete the staged rows of committed transactions and the channel data no retained
-        checkpoint needs (at or before the latest completed barrier). Idempotent."""
+        """Delete the staged rows of committed transactions and the channel data that is consumed
+        for good: at or before the latest completed checkpoint's barriers, read by the keyed stage
+        (the cursors), and not pointed at by anything still in memory - deliveries not flushed,
+        channel state of a checkpoint still logging, records an aligning handler holds. Those are
+        read from the log later (at the flush, at the ack, at the release), so what they need stays
+        until a later clean-up. Idempotent. Never called inside _execute (see _cleanup_if_due)."""
+        self._cleanup_due = False
         for name, sink in self.sinks.items():
             sink.discard(self.committed.pop(name, []))
-        if self.last_completed is not None:
-            self.channel.truncate_upto(min(self.cursor, self._barrier_seq(self.last_completed)))
-            if self.feedback_log is not None:
-                acks = self.store.get(self.last_completed).acks
-                fb = [int(a.state["feedback_barrier_seq"]) for s, a in acks.items()
-                      if s.operator == self.pipeline.operator_uid and "feedback_barrier_seq" in a.state]
-                if len(fb) == self.P:
-                    self.feedback_log.truncate_upto(min(self.fcursor, *fb))
-            self.last_completed = None
+        if self.last_completed is None:
+            return
+        source_in_use, feedback_in_use = self._lowest_unconsumed()
+        self.channel.truncate_upto(min(self.cursor, self._barrier_seq(self.last_completed), source_in_use - 1))
+        if self.feedback_log is not None:
+            acks = self.store.get(self.last_completed).acks
+            fb = [int(a.state["feedback_barrier_seq"]) for s, a in acks.items()
+                  if s.operator == self.pipeline.operator_uid and "feedback_barrier_seq" in a.state]
+            if len(fb) == self.P:
+                self.feedback_log.truncate_upto(min(self.fcursor, *fb, feedback_in_use - 1))
+        self.last_completed = None
+
+    def _lowest_unconsumed(self) -> tuple[float, float]:
+        """The lowest position of (the source channel log, the feedback log) that a segment held in
+        memory still has to read (infinity: none). Feedback channels are numbered from S."""
+        segments = [e for es in self.pending.values() for e in es]
+        segments += [e for es in self.channel_state.values() for e in es]
+        segments += [e for h in self.handlers for e in h.held_records]
+        lowest = [float("inf"), float("inf")]
+        for e in segments:
+            log = 0 if e.sender < self.S else 1
+            lowest[log] = min(lowest[log], e.seq)
+        return lowest[0], lowest[1]
 
     def _barrier_seq(self, cid: int) -> int:
         return int(self.store.get(cid).acks[self.sources[0]].state["barrier_seq"])
