@@ -502,6 +502,9 @@ class PipelineControl:
         Idempotent: a transaction is committed exactly when its epoch's Delta stamp reached its
         checkpoint; what is committed is skipped, and when everything is (the usual case: the stage
         process that completed the checkpoint committed it) no Spark session is started.
+        A pipeline that validates its checkpoints commits only a validated one: a checkpoint not
+        validated yet (its stage process died between completion and verdict) is validated first,
+        and a failure discards it and raises :class:`~checkpoint_lib.quality.QualityCheckFailed`.
         Raises :class:`UnknownCheckpointError` (no such id), :class:`CheckpointError` (not
         completed: pending, aborted or discarded) and :class:`FencedError` (a newer epoch took over:
         this checkpoint's attempt is a zombie, recovery owns its sinks).
@@ -530,6 +533,11 @@ class PipelineControl:
             from .spark.session import get_spark
 
             spark = get_spark(app_name=f"ckpt-commit-{self.pipeline_name}")
+        if self.pipeline().validate_checkpoints and not self.store.validated(cid):
+            # the gate: validated first (the stage process may have died before its verdict)
+            from .quality import validate_before_commit
+
+            validate_before_commit(spark, self.pipeline_name, str(self.warehouse), self.store, cid)
         sinks = self._sinks(spark)
         committed: dict[str, list[str]] = {}
         for name, txns in todo.items():

@@ -152,9 +152,13 @@ CHECKPOINTS_SCHEMA = pa.schema(
         pa.field("alignment_ms", pa.float64(), nullable=False),
         pa.field("unaligned", pa.bool_(), nullable=False),
         pa.field("recorded_at", pa.float64(), nullable=False),
+        pa.field("validated_at", pa.float64()),
     ]
 )
-"""The ``checkpoints`` table: append-only, one row per status change of a checkpoint."""
+"""The ``checkpoints`` table: append-only, one row per status change of a checkpoint.
+``validated_at`` (added later: older tables gain it on their next write) is set only on the
+``completed`` row :meth:`DeltaCheckpointStore.record_validation` appends when the per-checkpoint
+validation passed."""
 
 EPOCHS_SCHEMA = pa.schema(
     [
@@ -447,6 +451,8 @@ class _View:
     kept: list[CompletedCheckpoint] = field(default_factory=list)
     evicted: list[CompletedCheckpoint] = field(default_factory=list)
     corrupt: set[int] = field(default_factory=set)
+    validated: dict[int, float] = field(default_factory=dict)
+    """id -> when its per-checkpoint validation passed (first record)."""
     file_count: int = 0
 
 
@@ -601,7 +607,7 @@ class DeltaCheckpointStore:
                 )
                 write_deltalake(
                     dt, pa.Table.from_pylist(list(rows), schema=_SCHEMAS[name]), mode="append",
-                    commit_properties=properties,
+                    commit_properties=properties, schema_mode="merge",  # a table of an older version
                 )
                 return len(dt.file_uris())
             except CommitFailedError:
@@ -673,6 +679,9 @@ class DeltaCheckpointStore:
                 self._warn_corrupt(row["checkpoint_id"], f"unknown status {row['status']!r}")
                 continue
             view.rows_by_id.setdefault(row["checkpoint_id"], []).append(row)
+            if row["status"] == COMPLETED and row.get("validated_at") is not None:
+                at = view.validated.get(row["checkpoint_id"], row["validated_at"])
+                view.validated[row["checkpoint_id"]] = min(at, row["validated_at"])
         completed: list[CompletedCheckpoint] = []
         for checkpoint_id in sorted(view.rows_by_id):
             row = _effective_row(view.rows_by_id[checkpoint_id])
@@ -731,6 +740,7 @@ class DeltaCheckpointStore:
             "alignment_ms": 0.0,
             "unaligned": False,
             "recorded_at": float(self._now()),
+            "validated_at": None,
         }
         if completed is not None:
             row.update(
@@ -928,6 +938,45 @@ class DeltaCheckpointStore:
         if rows:
             self._commit("checkpoints", lambda dt: rows, fence=self.epoch)
 
+    def validated(self, checkpoint_id: CheckpointId) -> bool:
+        """Whether the per-checkpoint validation of ``checkpoint_id`` passed and was recorded."""
+        return checkpoint_id in self._view().validated
+
+    def record_validation(self, checkpoint_id: CheckpointId, passed: bool, message: str | None = None) -> bool:
+        """Record the verdict of ``checkpoint_id``'s per-checkpoint validation, decided on the
+        snapshot it lands on, so exactly one verdict stands however many attempts validate it at
+        once: passed appends a copy of its ``completed`` row with ``validated_at`` (the commit gate:
+        a pipeline that validates commits only a validated checkpoint), failed appends
+        ``discarded`` (never committed, recovery falls back to the previous one).
+
+        Returns True when the verdict stands (also when the same verdict was recorded before).
+        Returns False, writing nothing, when the other verdict won: a failed validation of a
+        checkpoint already validated (it may be committed: it stays), or a passed one of a
+        checkpoint discarded meanwhile (it must not commit). Raises
+        :class:`UnknownCheckpointError` if ``checkpoint_id`` was never completed."""
+        outcome: list[bool] = []
+
+        def build(dt: DeltaTable) -> list[dict[str, Any]] | None:
+            outcome.clear()
+            view = self._view(dt)
+            row = view.effective.get(checkpoint_id)
+            if row is None or row["status"] not in (COMPLETED, DISCARDED) or checkpoint_id in view.corrupt:
+                raise UnknownCheckpointError(
+                    f"checkpoint {checkpoint_id} is not a readable completed checkpoint: nothing to validate"
+                )
+            if row["status"] == DISCARDED or checkpoint_id in view.validated:
+                outcome.append((row["status"] == COMPLETED) == passed)
+                return None
+            outcome.append(True)
+            now = float(self._now())
+            if passed:
+                return [{**row, "recorded_at": now, "validated_at": now, "message": message}]
+            return [{**row, "status": DISCARDED, "epoch": self._epoch_of(None), "recorded_at": now,
+                     "message": message}]
+
+        self._commit("checkpoints", build, fence=self.epoch)
+        return outcome[0]
+
     def unreadable(self) -> list[CheckpointId]:
         """Ids of checkpoints recorded as completed whose row does not decode (see the module doc):
         they cannot be restored, but their sinks may have committed."""
@@ -986,7 +1035,8 @@ class DeltaCheckpointStore:
         view = self._view()
         kept = {c.checkpoint_id for c in view.kept}
         return [
-            {**view.effective[i], "retained": i in kept, "corrupt": i in view.corrupt}
+            {**view.effective[i], "retained": i in kept, "corrupt": i in view.corrupt,
+             "validated_at": view.validated.get(i)}
             for i in sorted(view.effective, reverse=True)
         ]
 

@@ -48,6 +48,18 @@ def validate_checkpoint(
     return run(spark, pipeline_name, warehouse, checkpoint_id, raise_on_failure=raise_on_failure)
 
 
+def validate_before_commit(
+    spark: "SparkSession", pipeline_name: str, warehouse: str, store: Any, checkpoint_id: int,
+    progress: Any = None, *, kill_point: Any = None,
+) -> QualityResult | None:
+    """Validate and record the verdict (the commit gate); see
+    :func:`checkpoint_lib.quality.validate.validate_before_commit`."""
+    from .validate import validate_before_commit as run
+
+    return run(spark, pipeline_name, warehouse, store, checkpoint_id, progress or (lambda line: None),
+               kill_point=kill_point)
+
+
 def write_report(pipeline_name: str, warehouse: str, out: str | None = None) -> Any:
     """Write the self-contained HTML report; see :func:`checkpoint_lib.quality.report.write_report`."""
     from .report import write_report as write
@@ -57,5 +69,5 @@ def write_report(pipeline_name: str, warehouse: str, out: str | None = None) -> 
 
 __all__ = [
     "QualityCheckError", "QualityCheckFailed", "QualityResult", "data_docs_index", "quality_root",
-    "report_path", "validate_checkpoint", "validate_restore", "write_report",
+    "report_path", "validate_before_commit", "validate_checkpoint", "validate_restore", "write_report",
 ]

@@ -125,3 +125,38 @@ def validate_checkpoint(
     """The per-checkpoint suite: every subtask acked with sizes, channel state consistent with the
     barrier positions, conservation over state + channel state. Recorded; raises on failure."""
     return _run(CHECKPOINT, spark, pipeline_name, warehouse, checkpoint_id, _checkpoint_build, raise_on_failure)
+
+
+def validate_before_commit(
+    spark: SparkSession, pipeline_name: str, warehouse: str, store: Any, checkpoint_id: int,
+    progress: Callable[[str], None] = lambda line: None, *, kill_point: Callable[[str], None] | None = None,
+) -> QualityResult | None:
+    """The per-checkpoint suite on completed checkpoint ``checkpoint_id`` and its verdict recorded in
+    ``store`` (a :class:`~checkpoint_lib.delta.store.DeltaCheckpointStore`), the gate every commit of
+    a validating pipeline passes: the runner after completion, the snapshot DAG's commit task and a
+    recovery all call this for a checkpoint not validated yet. The verdict is a compare-and-swap, so
+    attempts validating the same checkpoint at once agree on one outcome:
+
+    - passed, and it stands: returns the result (the caller may commit);
+    - failed (or could not run), and it stands: ``checkpoint_id`` is discarded, raises the
+      :class:`QualityCheckError`; nothing may commit it;
+    - failed here but another attempt recorded a pass first: returns None (it stays validated);
+    - passed here but another attempt discarded it first: raises :class:`QualityCheckFailed`.
+    """
+    if kill_point is not None:
+        kill_point("validate")
+    try:
+        result = validate_checkpoint(spark, pipeline_name, warehouse, checkpoint_id)
+    except QualityCheckError as exc:
+        if store.record_validation(checkpoint_id, False, f"failed its per-checkpoint validation: {str(exc)[:500]}"):
+            progress(f"checkpoint {checkpoint_id} FAILED validation: discarded, not committed")
+            raise
+        progress(f"checkpoint {checkpoint_id} failed validation here, but another attempt had validated it: it stands")
+        return None
+    if not store.record_validation(checkpoint_id, True, result.headline()[:500]):
+        raise QualityCheckFailed(
+            f"checkpoint {checkpoint_id} passed validation here, but another attempt's validation failed "
+            "first and discarded it: it is never committed", result,
+        )
+    progress(result.headline())
+    return result

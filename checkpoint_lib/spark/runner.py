@@ -34,6 +34,7 @@ flushed), so a kill from outside at a random instant can be attributed to the ph
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -377,6 +378,7 @@ class PipelineRunner:
             self.progress(f"checkpoint {cid} completed but its record is unreadable: it cannot be restored")
         # (an owed rollback is one an earlier recovery began and a crash interrupted)
         plan = self.store.recovery_plan(self.restore_checkpoint, current_epoch=self.epoch - 1, open_transactions=open_txns)
+        plan = self._validated(plan, open_txns)
         if plan.checkpoint is not None:
             self._check_compatible(plan)
         self._checkpoint("recover")
@@ -390,6 +392,29 @@ class PipelineRunner:
             self.progress(f"restored checkpoint {plan.checkpoint_id} as epoch {self.epoch}")
         else:
             self.progress(f"no completed checkpoint: starting from scratch as epoch {self.epoch}")
+        return plan
+
+    def _validated(self, plan: RecoveryPlan, open_txns: list[Transaction]) -> RecoveryPlan:
+        """A validating pipeline restores and re-commits only a validated checkpoint. One that
+        completed but was never validated (its process died in between) is validated now, before
+        anything is written; if it fails it is discarded and the previous one is planned instead,
+        with a rollback of the sinks to what that one committed (a no-op unless a run without
+        validation committed the failed one). A checkpoint the user chose must pass."""
+        from ..quality import QualityCheckError, validate_before_commit
+
+        fell_back = False
+        while self.validate_checkpoints and plan.checkpoint is not None and not self.store.validated(plan.checkpoint_id):
+            self.progress(f"checkpoint {plan.checkpoint_id} completed but was never validated: validating it first")
+            try:
+                validate_before_commit(self.spark, self.pipeline.name, self.warehouse, self.store,
+                                       plan.checkpoint_id, self.progress)
+            except QualityCheckError:
+                if self.restore_checkpoint is not None:
+                    raise
+                plan = self.store.recovery_plan(None, current_epoch=self.epoch - 1, open_transactions=open_txns)
+                fell_back = True
+        if fell_back and plan.rollback_after is None:
+            plan = dataclasses.replace(plan, rollback_after=plan.checkpoint_id or 0)
         return plan
 
     def _rollback(self, cid: int) -> None:
@@ -1248,20 +1273,16 @@ class PipelineRunner:
                 )
 
     def _validate_before_commit(self, cid: int) -> None:
-        """The per-checkpoint GX suite on ``cid`` (durable, not committed yet). A failure (or a
-        validation that cannot run) is recorded, marks ``cid`` discarded and stops the run: its
-        transactions never commit, and the next start restores the last checkpoint that passed."""
-        from ..quality import QualityCheckError, validate_checkpoint
+        """The per-checkpoint GX suite on ``cid`` (durable, not committed yet), and its verdict
+        recorded (:meth:`~checkpoint_lib.delta.store.DeltaCheckpointStore.record_validation`):
+        nothing commits ``cid`` before it is validated - not this runner, the snapshot DAG's commit
+        task or a recovery. A failure (or a validation that cannot run) discards ``cid`` and stops
+        the run: its transactions never commit, the next start restores the last checkpoint that
+        passed. A verdict that lost to another attempt's (it validated ``cid`` too) follows theirs."""
+        from ..quality import validate_before_commit
 
-        self._checkpoint("validate")
-        try:
-            result = validate_checkpoint(self.spark, self.pipeline.name, self.warehouse, cid)
-        except QualityCheckError as exc:
-            self._fence()
-            self.store.mark_discarded([self.store.get(cid)], f"failed its per-checkpoint validation: {str(exc)[:500]}")
-            self.progress(f"checkpoint {cid} FAILED validation: discarded, not committed")
-            raise
-        self.progress(result.headline())
+        validate_before_commit(self.spark, self.pipeline.name, self.warehouse, self.store, cid, self.progress,
+                               kill_point=self._checkpoint)
 
     def _commit_up_to(self, cid: int) -> None:
         """Checkpoint ``cid`` is complete: commit every sink's transactions up to it (one Delta

@@ -339,6 +339,7 @@ def test_history_and_acks_round_trip_every_ack_field(root):
         "alignment_ms": 12.5,
         "unaligned": True,
         "recorded_at": 1005.0,
+        "validated_at": None,
         "retained": True,
         "corrupt": False,
     }

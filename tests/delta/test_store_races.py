@@ -195,3 +195,67 @@ def test_an_abort_loses_cleanly_to_a_completion_that_landed_first(root, monkeypa
     monkeypatch.undo()
     assert store.status(1)["status"] == "completed"
     assert statuses_in_order(store) == ["pending", "completed"]
+
+
+# --- the per-checkpoint validation's verdict (item 2): exactly one stands -----------------------
+
+
+def test_a_passed_validation_is_the_commit_gate_and_survives_a_reopen(root):
+    store = DeltaCheckpointStore.open(root, retained=3)
+    store.begin_epoch("stage")
+    store.add(checkpoint(1))
+    assert not store.validated(1)
+    assert store.record_validation(1, True, "per_checkpoint suite passed")
+    assert store.record_validation(1, True)  # the same verdict again: idempotent, nothing written
+    reader = DeltaCheckpointStore.open(root)
+    assert reader.validated(1) and ids(reader.all()) == [1]
+    assert reader.latest() == checkpoint(1)  # the validated copy does not change what is restored
+    [h] = reader.history()
+    assert h["status"] == "completed" and h["validated_at"] is not None
+    assert statuses_in_order(reader) == ["completed", "completed"]
+
+
+def test_a_failed_validation_discards_and_a_late_pass_cannot_revive_it(root):
+    store = DeltaCheckpointStore.open(root, retained=3)
+    store.begin_epoch("stage")
+    store.add(checkpoint(1))
+    store.add(checkpoint(2))
+    assert store.record_validation(2, False, "failed its per-checkpoint validation: conservation")
+    assert ids(store.all()) == [1] and store.status(2)["status"] == "discarded"
+    assert store.record_validation(2, True) is False  # the other verdict won: must not commit
+    assert not store.validated(2)
+
+
+def test_racing_verdicts_exactly_one_stands(root, monkeypatch):
+    """A validation that errored (discard) racing one that passed: whichever lands first stands,
+    the other learns it lost and writes nothing."""
+    store = DeltaCheckpointStore.open(root, retained=3)
+    store.begin_epoch("stage")
+    store.add(checkpoint(1))
+    dag = DeltaCheckpointStore.open(root)
+    interleave(monkeypatch, "checkpoints", lambda: dag.record_validation(1, True))
+    assert store.record_validation(1, False, "validation could not run") is False
+    monkeypatch.undo()
+    assert store.validated(1) and store.status(1)["status"] == "completed"
+    assert statuses_in_order(store) == ["completed", "completed"]
+
+
+def test_a_zombie_cannot_record_a_verdict_after_a_newer_epoch_began(root, monkeypatch):
+    zombie, epoch, successor = _zombie_and_successor(root)
+    zombie.add(checkpoint(1))
+    interleave(monkeypatch, "checkpoints", lambda: successor.begin_epoch("recover"))
+    with pytest.raises(FencedError):
+        zombie.record_validation(1, False, "late")
+    monkeypatch.undo()
+    assert ids(successor.all()) == [1]
+
+
+def test_a_checkpoint_table_of_an_older_version_gains_the_column_on_its_next_write(root):
+    import pyarrow as pa
+
+    old = pa.schema([f for f in store_module.CHECKPOINTS_SCHEMA if f.name != "validated_at"])
+    store = DeltaCheckpointStore.open(root, retained=3)
+    store_module.DeltaTable.create(store._uri("checkpoints"), old, mode="overwrite")
+    store.add(checkpoint(1))
+    assert store.record_validation(1, True) and store.validated(1)
+    assert "validated_at" in store._load("checkpoints").schema().to_arrow().names

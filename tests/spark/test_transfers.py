@@ -133,6 +133,72 @@ def test_a_checkpoint_failing_validation_is_discarded_never_committed_and_the_ne
     assert check.ok, check.summary()
 
 
+class Died(BaseException):
+    """The process dies at a kill point (nothing after it runs, nothing is cleaned up)."""
+
+
+def die_before_validating(runner, w, spark, *, at: int, tamper: bool):
+    """Run ``runner`` until checkpoint ``at`` completed and its validation is about to start, then
+    die: ``at`` is completed, durable and not validated. With ``tamper``, its in-flight credits are
+    lost first (a broken snapshot its validation would have caught)."""
+    validating = []
+
+    def kill_point(phase):
+        if phase == "validate":
+            validating.append(phase)
+            if len(validating) == at:
+                if tamper:
+                    spark.sql(f"DELETE FROM delta.`{w}/_checkpoints/transfers/channel_state` WHERE checkpoint_id = {at}")
+                raise Died()
+
+    runner._checkpoint = kill_point
+    with pytest.raises(Died):
+        runner.run()
+    assert store(w).latest().checkpoint_id == at and not store(w).validated(at)
+
+
+def test_recovery_validates_a_checkpoint_that_was_never_validated_before_it_commits_it(spark, tmp_path):
+    """Item 2 of issue 24: the process died between checkpoint 2's completion and its validation.
+    Recovery must not restore and re-commit it unvalidated: it validates it first, the broken
+    snapshot fails, is discarded, and checkpoint 1 is restored instead."""
+    landing(spark, tmp_path, seed=3)
+    runner = PipelineRunner(get("transfers"), str(tmp_path), spark, mode="unaligned", rows_per_checkpoint=ROWS)
+    die_before_validating(runner, tmp_path, spark, at=2, tamper=True)
+    recovered = run(spark, tmp_path, validate_checkpoints=None)
+    assert recovered.restored == 1
+    history = {r["checkpoint_id"]: r for r in store(tmp_path).history()}
+    assert history[2]["status"] == "discarded" and "validation" in history[2]["message"]
+    assert all(store(tmp_path).validated(c.checkpoint_id) for c in store(tmp_path).all())
+    check = check_transfers(str(tmp_path))
+    assert check.ok, check.summary()
+
+
+@pytest.mark.parametrize("tamper", [False, True], ids=["sound", "broken"])
+def test_the_commit_phase_commits_only_a_validated_checkpoint(spark, tmp_path, tamper):
+    """The snapshot DAG's commit task (``PipelineControl.commit``) on a checkpoint whose stage
+    process died before validating it: it validates first; a sound one commits, a broken one is
+    discarded and nothing of it becomes visible."""
+    from checkpoint_lib.control import PipelineControl
+
+    landing(spark, tmp_path, seed=3)  # checkpoint 2 holds credits in flight (see the test above)
+    runner = PipelineRunner(get("transfers"), str(tmp_path), spark, mode="unaligned", rows_per_checkpoint=ROWS)
+    die_before_validating(runner, tmp_path, spark, at=2, tamper=tamper)
+    control = PipelineControl(str(tmp_path), "transfers")
+    sinks = control._sinks(None)
+    assert any(not sinks[n].is_committed(t) for n, ts in control._owned_transactions(2).items() for t in ts)
+    if tamper:
+        with pytest.raises(QualityCheckFailed, match="conservation"):
+            control.commit(2, spark=spark)
+        assert store(tmp_path).status(2)["status"] == "discarded"
+        stamps = {n: s.committed_checkpoint(runner.epoch) for n, s in control._sinks(None).items()}
+        assert all(stamp < 2 for stamp in stamps.values()), stamps  # nothing of checkpoint 2 is visible
+    else:
+        outcome = control.commit(2, spark=spark)
+        assert outcome.committed and store(tmp_path).validated(2)
+        sinks = control._sinks(None)
+        assert all(sinks[n].is_committed(t) for n, ts in control._owned_transactions(2).items() for t in ts)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode,kw", [("unaligned", {}), ("aligned_with_timeout", {"alignment_timeout": 0.5})])
 def test_restoring_each_older_checkpoint_of_the_cycle_ends_exact(spark, tmp_path, mode, kw):
