@@ -103,18 +103,22 @@ def ckpt_run_argv(pipeline: str, warehouse: str | os.PathLike, *options: str) ->
 
 
 def ckpt_run_env(master: str, *, kill_at: str | None = None, trace: str | os.PathLike | None = None,
-                 base: Mapping[str, str] | None = None) -> dict[str, str]:
+                 base: Mapping[str, str] | None = None, pause_at: str | None = None) -> dict[str, str]:
     """The environment of a ``ckpt run`` child process (crash tests, chaos runs, the recovery
     benchmark): its Spark master, no Spark UI, this checkout first on ``PYTHONPATH``, and the fault
     switches of :mod:`checkpoint_lib.spark.runner` only when given, never inherited from ``base``
     (default ``os.environ``): ``kill_at`` (``CKPT_KILL_AT``, ``phase:n``), ``trace``
-    (``CKPT_PHASE_TRACE``, the file the kill points passed are appended to)."""
+    (``CKPT_PHASE_TRACE``, the file the kill points passed are appended to), ``pause_at``
+    (``CKPT_PAUSE_AT``, ``phase:n``: SIGSTOP there, a stalled zombie until SIGCONT)."""
     env = dict(os.environ if base is None else base)
     env.pop("CKPT_KILL_AT", None)
     env.pop("CKPT_PHASE_TRACE", None)
+    env.pop("CKPT_PAUSE_AT", None)
     env.update({"CKPT_SPARK_MASTER": master, "CKPT_SPARK_UI": "0", "PYTHONPATH": _python_path(env)})
     if kill_at:
         env["CKPT_KILL_AT"] = kill_at
     if trace is not None:
         env["CKPT_PHASE_TRACE"] = str(trace)
+    if pause_at:
+        env["CKPT_PAUSE_AT"] = pause_at
     return env

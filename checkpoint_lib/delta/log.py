@@ -82,12 +82,16 @@ def added_files(table: str | os.PathLike, after: int, upto: int) -> list[AddedFi
     return sorted(files)
 
 
+_SEQUENCE = (1 << 32) - 1
+
+
 def version_before_txn_above(table: str | os.PathLike, app_prefix: str, checkpoint_id: int) -> int | None:
     """The table version just before the first commit stamped by an app id starting with
     ``app_prefix`` with a transaction version above ``checkpoint_id`` (what the table held when
     checkpoint ``checkpoint_id`` was the latest one committed to it). None: no such commit.
 
-    Stamps of one pipeline only grow along the log (checkpoint ids grow, and recovery re-commits
+    A stamp's checkpoint is its low 32 bits (the high ones name the writer's epoch: see
+    :func:`checkpoint_lib.spark.tables.fenced_version`). Stamps of one pipeline only grow along the log (checkpoint ids grow, and recovery re-commits
     only the latest completed checkpoint), so the log is walked back from the end and the walk
     stops at the first commit of ours stamped at or below ``checkpoint_id``."""
     latest = latest_version(table)
@@ -95,7 +99,7 @@ def version_before_txn_above(table: str | os.PathLike, app_prefix: str, checkpoi
         return None
     first_above: int | None = None
     for version in range(latest, -1, -1):
-        stamps = [a["txn"]["version"] for a in _actions(table, version)
+        stamps = [int(a["txn"]["version"]) & _SEQUENCE for a in _actions(table, version)
                   if "txn" in a and str(a["txn"].get("appId", "")).startswith(app_prefix)]
         if not stamps:
             continue

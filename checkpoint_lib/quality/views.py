@@ -189,7 +189,9 @@ def sink_at(ctx: Context, sink: str, checkpoint_id: int) -> DataFrame:
     path = ctx.path(spec.path)
     if not delta_log.is_delta_table(path):
         raise QualityCheckError(f"sink {sink!r} has no table at {path}")
-    version = delta_log.version_before_txn_above(path, f"checkpoint_lib/{ctx.pipeline.name}/{sink}/e", checkpoint_id)
+    from ..spark.sinks import stamp_prefix
+
+    version = delta_log.version_before_txn_above(path, stamp_prefix(ctx.pipeline.name, sink), checkpoint_id)
     reader = ctx.spark.read.format("delta")
     if version is not None and version < 0:
         return reader.load(path).limit(0)

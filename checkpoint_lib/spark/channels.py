@@ -155,10 +155,17 @@ class DeltaChannelLog:
         key_df = self.spark.createDataFrame(keys, "sender int, receiver int, seq long")
         return df.join(F.broadcast(key_df), ["sender", "receiver", "seq"])
 
-    def truncate_after(self, seq: int) -> None:
-        """Delete every event after position ``seq`` (recovery: the senders will write them again)."""
-        tables.delete_where(self.spark, self.path, F.col("seq") > seq)
+    def truncate_after(self, seq: int, epoch: int) -> None:
+        """Delete every event after position ``seq`` written by ``epoch`` or an older one (recovery:
+        the senders will write them again). Never a newer epoch's: a stalled older attempt that
+        wakes up cannot delete what the attempt that took over wrote."""
+        tables.delete_where(self.spark, self.path, (F.col("seq") > seq) & (F.col("epoch") <= epoch))
 
-    def truncate_upto(self, seq: int) -> None:
-        """Delete every event at or before ``seq`` (no retained checkpoint needs them)."""
-        tables.delete_where(self.spark, self.path, F.col("seq") <= seq)
+    def truncate_upto(self, seq: int, epoch: int) -> None:
+        """Delete every event at or before ``seq`` written by ``epoch`` or an older one (no retained
+        checkpoint needs them); never a newer epoch's (see :meth:`truncate_after`)."""
+        tables.delete_where(self.spark, self.path, (F.col("seq") <= seq) & (F.col("epoch") <= epoch))
+
+    def clear(self, epoch: int) -> None:
+        """Delete every event of ``epoch`` and older ones (never a newer epoch's)."""
+        tables.delete_where(self.spark, self.path, F.col("epoch") <= epoch)

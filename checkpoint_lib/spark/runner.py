@@ -29,7 +29,8 @@ Kill points: with ``CKPT_KILL_AT=phase:n`` the process SIGKILLs itself the n-th 
 ``phase`` (see :data:`KILL_PHASES`); the crash tests use it to hit every phase precisely. With
 ``CKPT_PHASE_TRACE=file`` every kill point reached is appended to ``file`` (``phase n`` per line,
 flushed), so a kill from outside at a random instant can be attributed to the phase it interrupted
-(tests/chaos).
+(tests/chaos). With ``CKPT_PAUSE_AT=phase:n`` the process SIGSTOPs itself there instead: a stalled
+zombie that keeps everything in memory and goes on when it gets SIGCONT (tests/crash).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ from .state import KEY_GROUP, KeyedStateTable
 KILL_PHASES = (
     "source_read", "dlq", "channel_write", "source_ack", "flush_stage", "flush_merge",
     "snapshot", "ack", "channel_state", "complete", "commit", "sink_commit", "recover", "rollback",
-    "restore", "feedback_write", "validate",
+    "restore", "feedback_write", "validate", "fence",
 )
 TRUNCATE_EVERY = 5
 STAGES = ("source", "keyed")
@@ -184,6 +185,7 @@ class PipelineRunner:
         # MERGEs add small files and deletion vectors, which every later read of the state pays for
         self.state_compact_every = state_compact_every
         self._kill_at = _parse_kill(os.environ.get("CKPT_KILL_AT"))
+        self._pause_at = _parse_kill(os.environ.get("CKPT_PAUSE_AT"))
         self._kill_counts: dict[str, int] = defaultdict(int)
         self._trace = os.environ.get("CKPT_PHASE_TRACE") or None
         self._ignored_columns: list[str] = []
@@ -228,7 +230,8 @@ class PipelineRunner:
         self.state: KeyedStateTable | None = None  # a stateless operator (not key_by) has none
         if p.keyed:
             self.state = KeyedStateTable(
-                spark, f"{self.root}/state/{p.operator_uid}", p.key, _struct(p.operator.state_schema)
+                spark, f"{self.root}/state/{p.operator_uid}", p.key, _struct(p.operator.state_schema),
+                app_id=f"checkpoint_lib/{p.name}/state/{p.operator_uid}",
             )
         self.dlq_path = self._path(p.dlq_path)
         self.sinks = {
@@ -248,7 +251,7 @@ class PipelineRunner:
     def _checkpoint(self, phase: str) -> None:
         """A kill point: SIGKILL ourselves when CKPT_KILL_AT names this phase and hit count; with
         CKPT_PHASE_TRACE, first append the point to the trace file (one open+write: test use only)."""
-        if self._kill_at is None and self._trace is None:
+        if self._kill_at is None and self._trace is None and self._pause_at is None:
             return
         self._kill_counts[phase] += 1
         if self._trace is not None:
@@ -256,12 +259,27 @@ class PipelineRunner:
                 f.write(f"{phase} {self._kill_counts[phase]}\n")
         if self._kill_at == (phase, self._kill_counts[phase]):
             os.kill(os.getpid(), signal.SIGKILL)
+        if self._pause_at == (phase, self._kill_counts[phase]):
+            os.kill(os.getpid(), signal.SIGSTOP)  # a stalled zombie until SIGCONT
 
     def _fence(self) -> None:
-        """Refuse to write once a newer attempt began (FencedError): checked before every
-        data-plane write. What remains is the instant between this check and the write; a newer
-        attempt's restore then wipes such a write (see docs/architecture.md)."""
+        """Refuse to write once a newer attempt began (FencedError): the early, cheap check before
+        a data-plane write. It is not the fence: a process may stall between this check and its
+        write. The fence is inside each write's commit (:meth:`_fence_data_plane`)."""
         self.store.check_epoch(self.epoch)
+
+    def _fence_data_plane(self) -> None:
+        """A recovery's first act on the data, before it reads or rolls back anything: raise this
+        epoch's fence on every table an older attempt could still write with effect (each sink and
+        the keyed state). From each fence commit on, Delta refuses a write of an older epoch inside
+        its own commit (its idempotent-write version is below the fence), however long that writer
+        stalled after its last check. The channel logs need none: their deletes are scoped to the
+        writer's epoch and older, their readers read only their own epoch's rows."""
+        for sink in self.sinks.values():
+            sink.fence(self.epoch)
+        if self.state is not None:
+            self.state.fence(self.epoch)
+        self._checkpoint("fence")
 
     # opening: join the current epoch, or recover -------------------------------------------
 
@@ -372,6 +390,7 @@ class PipelineRunner:
     def _recover(self) -> RecoveryPlan:
         """Begin a new epoch and restore the latest (or the chosen) completed checkpoint."""
         self.epoch = self.store.begin_epoch(f"{socket.gethostname()}:{os.getpid()}", f"recover ({self.stage})")
+        self._fence_data_plane()
         self._abort_stale_pending()
         open_txns = [t for sink in self.sinks.values() for t in sink.open_transactions()]
         for cid in self.store.unreadable():  # completed, so maybe committed, but not restorable
@@ -581,19 +600,22 @@ class PipelineRunner:
         self.next_seq = int(source_state.get("next_seq", 0))
         self.cursor = self.next_seq - 1
         # Everything the old attempt wrote after the cut is rewritten by this one.
-        self.channel.truncate_after(self.cursor)
+        # (Deletes of the channel logs touch this epoch's and older rows only; readers read their
+        # own epoch's: a stalled older attempt cannot delete or add anything this one reads.)
+        self.channel.truncate_after(self.cursor, self.epoch)
         if self.feedback_log is not None:
             # What was in flight on the feedback edge at the checkpoint is in the receivers' state
             # or channel state; what came after it is sent again by the replay.
-            tables.delete_where(self.spark, self.feedback_log.path, F.lit(True))
+            self.feedback_log.clear(self.epoch)
             self.fseq, self.fcursor = 0, -1
         if self.state is None:
             pass  # a stateless operator: its position is the channel cursor, nothing else
         elif plan.checkpoint and any(s.operator == self.pipeline.operator_uid for s in acks):
             # the snapshot's own subtasks (any parallelism): together they cover every key group
-            self.state.restore([a.state for s, a in acks.items() if s.operator == self.pipeline.operator_uid])
+            self.state.restore([a.state for s, a in acks.items() if s.operator == self.pipeline.operator_uid],
+                               epoch=self.epoch)
         else:  # nothing to restore, or a new operator (uid not in the snapshot): it starts empty
-            tables.delete_where(self.spark, self.state.path, F.lit(True))
+            self.state.clear(epoch=self.epoch)
         self._checkpoint("restore")
         # Sinks: re-commit what the checkpoint owns (a no-op for what was committed), then
         # discard the staged rows of everything else and of what is now committed.
@@ -1142,9 +1164,9 @@ class PipelineRunner:
             self._write_feedback(back.select("sender", "receiver", *self.payload.fieldNames()))
         if self.state is None:
             return
-        self._checkpoint("flush_merge")
         self._fence()
-        self.state_version = self.state.add(deltas, before_retry=self._fence)
+        self._checkpoint("flush_merge")  # past its epoch check, the MERGE not yet committed
+        self.state_version = self.state.add(deltas, before_retry=self._fence, epoch=self.epoch)
         if self.state_compact_every and self.flushes % self.state_compact_every == 0:
             self._fence()
             # same rows, fewer files: a snapshot of this flush may pin either version
@@ -1322,13 +1344,13 @@ class PipelineRunner:
         if self.last_completed is None:
             return
         source_in_use, feedback_in_use = self._lowest_unconsumed()
-        self.channel.truncate_upto(min(self.cursor, self._barrier_seq(self.last_completed), source_in_use - 1))
+        self.channel.truncate_upto(min(self.cursor, self._barrier_seq(self.last_completed), source_in_use - 1), self.epoch)
         if self.feedback_log is not None:
             acks = self.store.get(self.last_completed).acks
             fb = [int(a.state["feedback_barrier_seq"]) for s, a in acks.items()
                   if s.operator == self.pipeline.operator_uid and "feedback_barrier_seq" in a.state]
             if len(fb) == self.P:
-                self.feedback_log.truncate_upto(min(self.fcursor, *fb, feedback_in_use - 1))
+                self.feedback_log.truncate_upto(min(self.fcursor, *fb, feedback_in_use - 1), self.epoch)
         self.last_completed = None
 
     def _lowest_unconsumed(self) -> tuple[float, float]:

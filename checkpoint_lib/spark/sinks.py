@@ -7,19 +7,23 @@
 - **commit** (a global committer, as Flink's Sink V2 and Iceberg's committer): when checkpoint
   ``c`` completes, the staged rows of every subtask's transactions up to ``c`` go into the target in
   ONE Delta commit, an append (``append`` mode) or a MERGE on ``keys`` (``upsert`` mode), stamped
-  with Delta's idempotent-write transaction ``(txnAppId = sink + epoch, txnVersion = c)``. Delta
-  records the stamp atomically with the data, and commits are cumulative, so "committed" is
-  exactly "the stamp of its epoch reached its checkpoint": a repeated commit is a no-op and no
-  transaction is ever committed twice.
+  with Delta's idempotent-write transaction ``(txnAppId = <pipeline>/<sink>/stamp, txnVersion =
+  writer epoch << 32 | c)``. Delta records the stamp atomically with the data, and checkpoint ids
+  grow across epochs and commits are cumulative, so "committed" is exactly "the stamp's checkpoint
+  reached its checkpoint": a repeated commit is a no-op and no transaction is committed twice.
 - **abort**: the staged rows are deleted; committed transactions' staged rows are deleted lazily.
 
-Before committing, the writer's epoch is checked against the store: a zombie of an older attempt
-is refused (:class:`~checkpoint_lib.core.errors.FencedError`).
+The fence is inside the commit: Delta skips a write whose version is not above the table's, and a
+recovery (epoch F) first raises every sink's stamp to ``F << 32 | its checkpoint`` (:meth:`fence`).
+From then on a zombie's commit (epoch < F) is skipped by Delta itself, however long it stalled after
+its last check, and one racing the fence conflicts on the application id and is skipped on retry;
+the zombie reads the stamp after its write and stops with
+:class:`~checkpoint_lib.core.errors.FencedError`. Tables stamped before this scheme (one application
+id per epoch, ``.../e<epoch>``) are still read.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Callable, Iterable
 
 from pyspark.sql import DataFrame, SparkSession
@@ -39,7 +43,24 @@ _TXN_COLUMNS = [
     T.StructField("sink_subtask", T.IntegerType(), False),
     T.StructField("flush", T.LongType(), False),
 ]
-_SESSION_CONF_LOCK = threading.Lock()
+
+
+def stamp_prefix(pipeline: str, sink: str) -> str:
+    """What every commit stamp of ``pipeline``'s sink ``sink`` starts with (the current application
+    id and the older per-epoch ones): the one definition, for the sink and for readers of its log."""
+    return f"checkpoint_lib/{pipeline}/{sink}/"
+
+
+TXN_RETENTION = "delta.setTransactionRetentionDuration"
+SINK_TABLE_PROPERTIES = {"delta.logRetentionDuration": "interval 365 days"}
+"""Set on the sink tables the pipeline creates: a rollback to a savepoint walks the target's log
+back to the savepoint's commit and RESTOREs that version, so the log is kept a year (Delta's
+default is 30 days). A table the user created keeps its own setting."""
+
+
+class SinkConfigurationError(ValueError):
+    """A sink table is configured against the commit protocol (see
+    :meth:`DeltaTwoPhaseSink.check_configuration`)."""
 
 
 class DeltaTwoPhaseSink:
@@ -73,11 +94,33 @@ class DeltaTwoPhaseSink:
         self.check_epoch = check_epoch
 
     def create(self) -> None:
-        tables.create_if_missing(self.spark, self.target, self.schema)
+        """Create the target (with :data:`SINK_TABLE_PROPERTIES`) and the staging table if missing,
+        and refuse a target configured against what the commit protocol needs
+        (:meth:`check_configuration`)."""
+        tables.create_if_missing(self.spark, self.target, self.schema, properties=SINK_TABLE_PROPERTIES)
+        self.check_configuration()
         tables.create_if_missing(
             self.spark, self.staging, T.StructType(_TXN_COLUMNS + list(self.schema.fields)),
             partition_by=["sink_subtask"],
         )
+
+    def check_configuration(self) -> None:
+        """What we own on a sink table is its commit stamps (Delta application transactions): they
+        say what is committed, and they are the fence. A table with
+        ``delta.setTransactionRetentionDuration`` set lets Delta drop them, after which a committed
+        checkpoint reads as uncommitted and is committed again: refused, clearly, before any write."""
+        from deltalake import DeltaTable
+
+        if not is_delta_table(self.target):
+            return
+        configuration = DeltaTable(self.target).metadata().configuration
+        if configuration.get(TXN_RETENTION):
+            raise SinkConfigurationError(
+                f"sink {self.name}: {self.target} sets {TXN_RETENTION}={configuration[TXN_RETENTION]!r}. Delta "
+                "would then expire the commit stamps exactly-once depends on (what is committed, and the fence "
+                f"against older attempts), and a committed checkpoint would be committed again. Unset it: "
+                f"ALTER TABLE delta.`{self.target}` UNSET TBLPROPERTIES ('{TXN_RETENTION}')"
+            )
 
     # writing ---------------------------------------------------------------------------------
 
@@ -97,64 +140,97 @@ class DeltaTwoPhaseSink:
 
     # committing ----------------------------------------------------------------------------
 
-    def app_id(self, epoch: int) -> str:
-        """Delta's idempotent-write application id of this sink's commits for one epoch."""
+    @property
+    def app_id(self) -> str:
+        """Delta's idempotent-write application id of this sink's commits (every epoch's)."""
+        return f"{self.app_prefix}/{self.name}/stamp"
+
+    def legacy_app_id(self, epoch: int) -> str:
+        """The application id of one epoch's commits before the fence was part of the stamp."""
         return f"{self.app_prefix}/{self.name}/e{epoch}"
 
-    def committed_checkpoint(self, epoch: int) -> int:
-        """The highest checkpoint whose transactions of ``epoch`` the target holds (-1: none)."""
+    def stamp(self) -> tuple[int, int]:
+        """``(epoch, checkpoint)`` of the target's latest stamp (``(-1, -1)``: none)."""
+        return tables.split_version(tables.stamp_of(self.target, self.app_id))
+
+    def _committed(self, epochs: Iterable[int]) -> dict[int, int]:
+        """Per epoch of a transaction, the highest checkpoint of it the target holds (-1: none), from
+        one read of the table: the stamp, or for a table stamped by the older scheme (one
+        application id per epoch) that epoch's stamp."""
         from deltalake import DeltaTable
 
+        epochs = set(epochs)
         if not is_delta_table(self.target):
-            return -1
-        version = DeltaTable(self.target).transaction_version(self.app_id(epoch))
-        return -1 if version is None else int(version)
+            return {e: -1 for e in epochs}
+        dt = DeltaTable(self.target)
+        committed = tables.split_version(dt.transaction_version(self.app_id))[1]
+        out = {}
+        for e in epochs:
+            legacy = dt.transaction_version(self.legacy_app_id(e))
+            out[e] = max(committed, -1 if legacy is None else int(legacy))
+        return out
+
+    def committed_checkpoint(self, epoch: int | None = None) -> int:
+        """The highest checkpoint whose transactions (of ``epoch``, for a table stamped by the older
+        scheme) the target holds (-1: none)."""
+        return self._committed([epoch if epoch is not None else -1])[epoch if epoch is not None else -1]
+
+    def uncommitted(self, txns: Iterable[Transaction]) -> list[Transaction]:
+        """``txns`` the target does not hold yet (one read of the table)."""
+        txns = list(txns)
+        committed = self._committed(t.epoch for t in txns)
+        return [t for t in txns if t.checkpoint_id is None or committed[t.epoch] < t.checkpoint_id]
 
     def is_committed(self, txn: Transaction) -> bool:
-        return txn.checkpoint_id is not None and self.committed_checkpoint(txn.epoch) >= txn.checkpoint_id
+        return txn.checkpoint_id is not None and not self.uncommitted([txn])
+
+    def fence(self, epoch: int) -> None:
+        """Recovery by ``epoch``, before it reads or rolls back anything: from this commit on, every
+        commit of an older epoch to this sink is refused inside its own Delta commit. Idempotent;
+        :class:`~checkpoint_lib.core.errors.FencedError` if a newer epoch fenced it first."""
+        self.create()
+        tables.raise_fence(self.spark, self.target, self.app_id, epoch)
 
     def commit(self, txns: list[Transaction], checkpoint_id: int, writer_epoch: int) -> list[Transaction]:
         """Commit ``txns`` (every subtask's, all pre-committed at checkpoints <= ``checkpoint_id``)
-        as ONE Delta commit per epoch they were written in, stamped ``(app_id(epoch),
-        checkpoint_id)``. Commits are cumulative, so a transaction is committed exactly when its
-        epoch's stamp reached its checkpoint: those are skipped, which makes a repeated commit (a
-        retry, a recovery, a late notification) a no-op. Returns what this call committed."""
+        as ONE Delta commit stamped ``(app_id, writer_epoch << 32 | checkpoint_id)``. Commits are
+        cumulative, so a transaction is committed exactly when the stamp reached its checkpoint:
+        those are skipped, which makes a repeated commit (a retry, a recovery, a late notification)
+        a no-op. A writer of an older epoch than the table's fence is refused by Delta inside the
+        commit (:class:`~checkpoint_lib.core.errors.FencedError`, nothing landed). Returns what this
+        call committed."""
         if self.check_epoch is not None:
-            self.check_epoch(writer_epoch)
-        done: list[Transaction] = []
-        for epoch in sorted({t.epoch for t in txns}):
-            done += tables.retry_conflicts(
-                lambda: self._commit_epoch(txns, epoch, checkpoint_id),
-                f"sink {self.name}: commit of checkpoint {checkpoint_id} to {self.target}",
-                before_retry=None if self.check_epoch is None else lambda: self.check_epoch(writer_epoch),
-            )
-        return done
+            self.check_epoch(writer_epoch)  # the early, cheap refusal; the fence is in the commit
+        return tables.retry_conflicts(
+            lambda: self._commit_once(txns, checkpoint_id, writer_epoch),
+            f"sink {self.name}: commit of checkpoint {checkpoint_id} to {self.target}",
+            before_retry=None if self.check_epoch is None else lambda: self.check_epoch(writer_epoch),
+        )
 
-    def _commit_epoch(self, txns: list[Transaction], epoch: int, checkpoint_id: int) -> list[Transaction]:
-        """One Delta commit of what ``txns`` of ``epoch`` the target does not hold yet (re-read on
-        every attempt: after a conflict, the stamp says whether a retry has anything left to do)."""
-        stamp = self.committed_checkpoint(epoch)
-        todo = [t for t in txns if t.epoch == epoch and (t.checkpoint_id or 0) > stamp]
+    def _commit_once(self, txns: list[Transaction], checkpoint_id: int, writer_epoch: int) -> list[Transaction]:
+        """One Delta commit of what ``txns`` the target does not hold yet (re-read on every attempt:
+        after a conflict, the stamp says whether a retry has anything left to do)."""
+        todo = self.uncommitted(txns)
         if not todo:
             return []
-        version = max(checkpoint_id, *(t.checkpoint_id or 0 for t in todo))
+        version = tables.fenced_version(writer_epoch, max(checkpoint_id, *(t.checkpoint_id or 0 for t in todo)))
         staged = (
             self.spark.read.format("delta").load(self.staging)
             .where(F.col("txn_handle").isin([t.handle for t in todo]))
         )
-        app = self.app_id(epoch)
         if self.mode == "append":
             (
                 staged.select(*self.schema.fieldNames())
                 .write.format("delta").mode("append")
-                .option("txnAppId", app).option("txnVersion", str(version))
+                .option("txnAppId", self.app_id).option("txnVersion", str(version))
                 .save(self.target)
             )
         else:
-            self._merge(staged, app, str(version))
+            self._merge(staged, self.app_id, version)
+        tables.check_not_fenced(self.target, self.app_id, writer_epoch)
         return todo
 
-    def _merge(self, staged: DataFrame, app: str, version: str) -> None:
+    def _merge(self, staged: DataFrame, app: str, version: int) -> None:
         from delta.tables import DeltaTable
 
         latest = Window.partitionBy(*self.keys).orderBy(F.col("txn_seq").desc(), F.col("flush").desc())
@@ -163,21 +239,14 @@ class DeltaTwoPhaseSink:
             .select(*self.schema.fieldNames())
         )
         cond = " AND ".join(f"t.{k} = s.{k}" for k in self.keys)
-        with _SESSION_CONF_LOCK:  # the idempotent-DML stamp is a session setting
-            conf = self.spark.conf
-            conf.set("spark.databricks.delta.write.txnAppId", app)
-            conf.set("spark.databricks.delta.write.txnVersion", version)
-            try:
-                (
-                    DeltaTable.forPath(self.spark, self.target).alias("t")
-                    .merge(rows.alias("s"), cond)
-                    .whenMatchedUpdateAll()
-                    .whenNotMatchedInsertAll()
-                    .execute()
-                )
-            finally:
-                conf.unset("spark.databricks.delta.write.txnAppId")
-                conf.unset("spark.databricks.delta.write.txnVersion")
+        with tables.stamped(self.spark, app, version):
+            (
+                DeltaTable.forPath(self.spark, self.target).alias("t")
+                .merge(rows.alias("s"), cond)
+                .whenMatchedUpdateAll()
+                .whenNotMatchedInsertAll()
+                .execute()
+            )
 
     def rollback_to(self, checkpoint_id: int) -> int | None:
         """Make the target hold exactly what it held when checkpoint ``checkpoint_id`` was the
@@ -191,7 +260,8 @@ class DeltaTwoPhaseSink:
 
         if not is_delta_table(self.target):
             return None
-        version = version_before_txn_above(self.target, f"{self.app_prefix}/{self.name}/e", checkpoint_id)
+        version = version_before_txn_above(self.target, f"{self.app_prefix}/{self.name}/", checkpoint_id)
+        # (== stamp_prefix(pipeline, name): app_prefix is "checkpoint_lib/<pipeline>")
         if version is None:
             return None
         if version < 0:  # our first commit created the table: before it, the table held nothing

@@ -11,6 +11,8 @@ stay readable until the table is vacuumed, which must therefore keep what retain
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 from typing import Callable, Mapping, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
@@ -53,9 +55,13 @@ def subtask_column(key_group: F.Column, parallelism: int, max_parallelism: int =
 
 
 class KeyedStateTable:
-    def __init__(self, spark: SparkSession, path: str, key: str, values: T.StructType):
+    def __init__(self, spark: SparkSession, path: str, key: str, values: T.StructType, *, app_id: str | None = None):
         self.spark = spark
         self.path = path
+        self.app_id = app_id
+        """Delta idempotent-write application id of the fence: with it, every write by an epoch is
+        stamped ``epoch << 32 | next table version`` and refused inside its commit once a newer
+        epoch fenced the table (:meth:`fence`)."""
         self.key = key
         self.values = values
         self.schema = T.StructType(
@@ -75,27 +81,47 @@ class KeyedStateTable:
             reader = reader.option("versionAsOf", version)
         return reader.load(self.path)
 
-    def add(self, deltas: DataFrame, before_retry: Callable[[], None] | None = None) -> int:
+    def _stamp(self, epoch: int | None):
+        """The fence of a write by ``epoch`` (nothing without an epoch or an application id)."""
+        if epoch is None or self.app_id is None:
+            return nullcontext()
+        return tables.stamped(self.spark, self.app_id, tables.fenced_version(epoch, self.version() + 1))
+
+    def _fenced(self, epoch: int | None) -> None:
+        if epoch is not None and self.app_id is not None:
+            tables.check_not_fenced(self.path, self.app_id, epoch)
+
+    def fence(self, epoch: int) -> None:
+        """Recovery by ``epoch``, before it restores: from this commit on, every write of an older
+        epoch to the state is refused inside its own Delta commit. Idempotent; FencedError if a
+        newer epoch fenced it first."""
+        assert self.app_id is not None, "a fenced state table needs an application id"
+        tables.raise_fence(self.spark, self.path, self.app_id, epoch, self.version() + 1)
+
+    def add(self, deltas: DataFrame, before_retry: Callable[[], None] | None = None, *, epoch: int | None = None) -> int:
         """Add ``deltas`` (key, key_group and one column per value) to the state; new keys are
-        inserted. Returns the table version after the MERGE."""
+        inserted. Returns the table version after the MERGE. With ``epoch``, the MERGE is fenced
+        inside its commit (FencedError after it if a newer epoch fenced the table: nothing landed)."""
         from delta.tables import DeltaTable
 
         names = self.values.fieldNames()
 
         def merge() -> None:
-            (
-                DeltaTable.forPath(self.spark, self.path).alias("s")
-                .merge(deltas.alias("d"), f"s.{self.key} = d.{self.key}")
-                .whenMatchedUpdate(set={n: F.col(f"s.{n}") + F.col(f"d.{n}") for n in names})
-                .whenNotMatchedInsert(
-                    values={KEY_GROUP: F.col(f"d.{KEY_GROUP}"), self.key: F.col(f"d.{self.key}"),
-                            **{n: F.col(f"d.{n}") for n in names}}
+            with self._stamp(epoch):
+                (
+                    DeltaTable.forPath(self.spark, self.path).alias("s")
+                    .merge(deltas.alias("d"), f"s.{self.key} = d.{self.key}")
+                    .whenMatchedUpdate(set={n: F.col(f"s.{n}") + F.col(f"d.{n}") for n in names})
+                    .whenNotMatchedInsert(
+                        values={KEY_GROUP: F.col(f"d.{KEY_GROUP}"), self.key: F.col(f"d.{self.key}"),
+                                **{n: F.col(f"d.{n}") for n in names}}
+                    )
+                    .execute()
                 )
-                .execute()
-            )
 
         # a conflicting MERGE committed nothing, so adding the deltas again adds them once
         tables.retry_conflicts(merge, f"state {self.path}: MERGE of a flush", before_retry=before_retry)
+        self._fenced(epoch)
         return self.version()
 
     def compact(self, before_retry: Callable[[], None] | None = None) -> int:
@@ -112,15 +138,20 @@ class KeyedStateTable:
         tables.retry_conflicts(optimize, f"state {self.path}: OPTIMIZE", before_retry=before_retry)
         return self.version()
 
-    def restore(self, snapshots: Sequence[Mapping]) -> None:
+    def restore(self, snapshots: Sequence[Mapping], *, epoch: int | None = None) -> None:
         """Make the table hold, for every snapshot ``{"table_version", "key_groups"}``, exactly its
-        key groups as of its version. Idempotent: running it twice gives the same table."""
+        key groups as of its version. Idempotent: running it twice gives the same table.
+
+        With ``epoch`` (a recovery, after :meth:`fence`) the rows are rewritten by one stamped
+        overwrite, so a stalled older recovery's restore landing later is refused inside its
+        commit; a Delta RESTORE cannot carry the stamp. Without, a RESTORE when one snapshot
+        covers every key group (no data rewritten)."""
         from delta.tables import DeltaTable
 
         versions = {int(s["table_version"]) for s in snapshots}
         covered = sorted(tuple(s["key_groups"]) for s in snapshots)
         full = len(versions) == 1 and _covers_all(covered)
-        if full:
+        if full and epoch is None:
             (version,) = versions
             if self.version() != version:
                 DeltaTable.forPath(self.spark, self.path).restoreToVersion(version)
@@ -134,7 +165,20 @@ class KeyedStateTable:
         df = parts[0]
         for p in parts[1:]:
             df = df.unionByName(p)
-        df.write.format("delta").mode("overwrite").save(self.path)
+        self._overwrite(df, epoch)
+
+    def clear(self, *, epoch: int | None = None) -> None:
+        """Empty the table (an operator new to the restored snapshot starts empty); fenced like
+        :meth:`restore`."""
+        self._overwrite(self.spark.createDataFrame([], self.schema), epoch)
+
+    def _overwrite(self, df: DataFrame, epoch: int | None) -> None:
+        writer = df.write.format("delta").mode("overwrite")
+        if epoch is not None and self.app_id is not None:
+            writer = writer.option("txnAppId", self.app_id).option(
+                "txnVersion", str(tables.fenced_version(epoch, self.version() + 1)))
+        writer.save(self.path)
+        self._fenced(epoch)
 
 
 def _covers_all(ranges: list[tuple[int, int]]) -> bool:

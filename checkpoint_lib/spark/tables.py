@@ -5,8 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import random
+import threading
 import time
-from typing import Callable, TypeVar
+from contextlib import contextmanager
+from typing import Callable, Iterator, TypeVar
 
 from pyspark.sql import Column, SparkSession
 from pyspark.sql import types as T
@@ -16,6 +18,93 @@ from ..delta.log import is_delta_table
 log = logging.getLogger(__name__)
 R = TypeVar("R")
 CONFLICT_ATTEMPTS = 6
+
+EPOCH_SHIFT = 32
+"""A fenced write's Delta transaction version is ``epoch << EPOCH_SHIFT | sequence``."""
+_SEQUENCE = (1 << EPOCH_SHIFT) - 1
+_SESSION_CONF_LOCK = threading.Lock()
+
+
+def fenced_version(epoch: int, sequence: int) -> int:
+    """The Delta idempotent-write version of a write by ``epoch``: Delta skips a write whose
+    version is not above the table's version for the same application id, so once an epoch's
+    write (or fence) landed, every write of an older epoch is skipped INSIDE its own commit (and one
+    racing it conflicts on the application id, retries, and is skipped then)."""
+    if not 0 <= sequence <= _SEQUENCE or epoch < 0:
+        raise ValueError(f"cannot stamp epoch {epoch}, sequence {sequence}")
+    return epoch << EPOCH_SHIFT | sequence
+
+
+def split_version(version: int | None) -> tuple[int, int]:
+    """``(epoch, sequence)`` of a stamp (``(-1, -1)``: none). A stamp below ``1 << EPOCH_SHIFT``
+    (one written before epochs were part of it) is epoch 0."""
+    if version is None:
+        return -1, -1
+    return int(version) >> EPOCH_SHIFT, int(version) & _SEQUENCE
+
+
+def stamp_of(path: str, app_id: str) -> int | None:
+    """The table's Delta transaction version for ``app_id`` (None: no table, or never stamped)."""
+    from deltalake import DeltaTable
+
+    if not is_delta_table(path):
+        return None
+    version = DeltaTable(path).transaction_version(app_id)
+    return None if version is None else int(version)
+
+
+@contextmanager
+def stamped(spark: SparkSession, app_id: str, version: int) -> Iterator[None]:
+    """Stamp the DML commands (MERGE, DELETE) run inside with Delta's idempotent-write transaction
+    ``(app_id, version)``: a session setting, so one stamped command at a time per session."""
+    with _SESSION_CONF_LOCK:
+        conf = spark.conf
+        conf.set("spark.databricks.delta.write.txnAppId", app_id)
+        conf.set("spark.databricks.delta.write.txnVersion", str(version))
+        try:
+            yield
+        finally:
+            conf.unset("spark.databricks.delta.write.txnAppId")
+            conf.unset("spark.databricks.delta.write.txnVersion")
+
+
+def raise_fence(spark: SparkSession, path: str, app_id: str, epoch: int, sequence: int | None = None) -> int:
+    """Fence table ``path`` for ``epoch``: one empty commit stamped ``(app_id, fenced_version(epoch,
+    s))`` (``s``: ``sequence``, default the current stamp's), after which every write of an older
+    epoch stamped with ``app_id`` is refused inside its commit. Idempotent. Raises
+    :class:`~checkpoint_lib.core.errors.FencedError` if a newer epoch fenced it first. Returns the
+    stamp's sequence. The table must exist."""
+    from ..core.errors import FencedError
+
+    def once() -> int:
+        have_epoch, have_seq = split_version(stamp_of(path, app_id))
+        if have_epoch > epoch:
+            raise FencedError(f"{path}: epoch {epoch} is fenced: epoch {have_epoch} has taken over")
+        seq = max(have_seq, 0) if sequence is None else sequence
+        if have_epoch == epoch and have_seq >= seq:
+            return have_seq
+        schema = spark.read.format("delta").load(path).schema
+        (
+            spark.createDataFrame([], schema).write.format("delta").mode("append")
+            .option("txnAppId", app_id).option("txnVersion", str(fenced_version(epoch, seq))).save(path)
+        )
+        check_not_fenced(path, app_id, epoch)
+        return seq
+
+    return retry_conflicts(once, f"fence of {path} for epoch {epoch}")
+
+
+def check_not_fenced(path: str, app_id: str, epoch: int) -> None:
+    """After a stamped write by ``epoch``: raise :class:`~checkpoint_lib.core.errors.FencedError`
+    if the table's stamp names a newer epoch (Delta then skipped our write: nothing of it landed)."""
+    from ..core.errors import FencedError
+
+    have_epoch, _ = split_version(stamp_of(path, app_id))
+    if have_epoch > epoch:
+        raise FencedError(
+            f"{path}: epoch {epoch} is fenced: epoch {have_epoch} has taken over (this is a zombie of an "
+            "older attempt; Delta refused its write inside the commit, nothing of it landed)"
+        )
 
 
 class ConcurrentWriterError(RuntimeError):

@@ -173,7 +173,7 @@ def test_recovery_validates_a_checkpoint_that_was_never_validated_before_it_comm
     assert check.ok, check.summary()
 
 
-@pytest.mark.parametrize("tamper", [False, True], ids=["sound", "broken"])
+@pytest.mark.parametrize("tamper", [pytest.param(False, marks=pytest.mark.slow), True], ids=["sound", "broken"])
 def test_the_commit_phase_commits_only_a_validated_checkpoint(spark, tmp_path, tamper):
     """The snapshot DAG's commit task (``PipelineControl.commit``) on a checkpoint whose stage
     process died before validating it: it validates first; a sound one commits, a broken one is

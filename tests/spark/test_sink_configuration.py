@@ -1,0 +1,40 @@
+"""What we own on a sink table (issue 24, item 8): its commit stamps. A table configured to
+expire them is refused clearly before anything is written; tables we create keep their log a year
+so a rollback to an old savepoint can walk it."""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.sql import types as T
+
+from checkpoint_lib.delta.store import DeltaCheckpointStore
+from checkpoint_lib.pipelines import get
+from checkpoint_lib.spark.runner import PipelineRunner
+from checkpoint_lib.spark.sinks import SINK_TABLE_PROPERTIES, DeltaTwoPhaseSink, SinkConfigurationError
+
+pytestmark = pytest.mark.spark
+SCHEMA = T.StructType([T.StructField("account", T.StringType()), T.StructField("amount_cents", T.LongType())])
+
+
+def _sink(spark, tmp_path) -> DeltaTwoPhaseSink:
+    return DeltaTwoPhaseSink(spark, "ledger", str(tmp_path / "ledger"), str(tmp_path / "staging"), SCHEMA,
+                             app_prefix="checkpoint_lib/p")
+
+
+def test_a_sink_table_we_create_keeps_its_log_for_rollbacks(spark, tmp_path):
+    from deltalake import DeltaTable
+
+    sink = _sink(spark, tmp_path)
+    sink.create()
+    configuration = DeltaTable(sink.target).metadata().configuration
+    assert configuration["delta.logRetentionDuration"] == SINK_TABLE_PROPERTIES["delta.logRetentionDuration"]
+
+
+def test_a_sink_table_that_would_expire_our_stamps_is_refused_before_any_write(spark, tmp_path):
+    payments = get("payments")
+    ledger = str(tmp_path / payments.sinks["ledger"].path)
+    spark.sql(f"CREATE TABLE delta.`{ledger}` (x INT) USING delta "
+              "TBLPROPERTIES ('delta.setTransactionRetentionDuration' = 'interval 1 days')")
+    with pytest.raises(SinkConfigurationError, match="setTransactionRetentionDuration.*UNSET TBLPROPERTIES"):
+        PipelineRunner(payments, str(tmp_path), spark, rows_per_checkpoint=10).open()
+    assert DeltaCheckpointStore(tmp_path / "_checkpoints" / "payments").current_epoch() == 0  # no attempt began
