@@ -525,8 +525,8 @@ class PipelineControl:
         todo: dict[str, list] = {}
         done: dict[str, list[str]] = {}
         for name, txns in owned.items():
-            todo[name] = [t for t in txns if not sinks[name].is_committed(t)]
-            done[name] = [t.handle for t in txns if sinks[name].is_committed(t)]
+            todo[name] = sinks[name].uncommitted(txns)  # one read of the sink's stamps
+            done[name] = [t.handle for t in txns if t not in todo[name]]
         if not any(todo.values()):
             return CommitOutcome(cid, epoch, {}, done)
         if spark is None:
