@@ -7,7 +7,7 @@ PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test demo bench bench-quick chaos airflow clean distclean
+.PHONY: setup test demo bench bench-quick bench-growth chaos airflow clean distclean
 
 # Reinstall only when the venv is missing or the pins changed.
 $(STAMP): pyproject.toml constraints.txt
@@ -40,6 +40,11 @@ bench: setup
 
 bench-quick: setup
 	$(PY) bench/compare.py --quick $(BENCH_ARGS)
+
+# Growth over 1,000 simulated hourly checkpoints, with and without `ckpt maintain` (bench/growth.py,
+# no Spark, about 15 min): the Growth table of docs/reliability.md, regenerated.
+bench-growth: setup
+	$(PY) bench/growth.py --docs docs/reliability.md
 
 # The chaos suite and hostile inputs (tests/chaos/run_chaos.py): the figures of docs/reliability.md,
 # regenerated. 3-6 min per run on 2 cores (24 by default); an interrupted run continues where it stopped.

@@ -15,8 +15,7 @@ from __future__ import annotations
 import argparse
 import threading
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -67,22 +66,6 @@ def _apply_account(key: tuple[Any, ...], chunks: Iterator[pd.DataFrame], state: 
         yield good[_STEP_COLUMNS]
     if bad.any():
         yield rows[bad].assign(amount_cents=None, balance_after_cents=None, count_after=None)[_STEP_COLUMNS]
-
-
-@contextmanager
-def _session_confs(spark: SparkSession, confs: Mapping[str, str]) -> Iterator[None]:
-    """Set ``confs`` for the query's lifetime, then restore the caller's."""
-    previous = {key: spark.conf.get(key, None) for key in confs}
-    for key, value in confs.items():
-        spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        for key, value in previous.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
 
 
 def _create_outputs(spark: SparkSession, out: str) -> dict[str, str]:
@@ -150,6 +133,8 @@ def run_peer(
     valid and bad input rows, from the query progress)."""
     from pyspark.sql import functions as F
 
+    from checkpoint_lib.spark.tables import session_confs
+
     out = out.rstrip("/")
     checkpoint = checkpoint_location or f"{out}/_checkpoints/peer"
     paths = _create_outputs(spark, out)
@@ -169,7 +154,7 @@ def run_peer(
     t0 = time.monotonic()
     # Both are read from the session while the query runs; the provider is also recorded in the
     # checkpoint, so later runs of it keep RocksDB whatever the session says.
-    with _session_confs(spark, {STATE_STORE_CONF: ROCKSDB_PROVIDER, PROGRESS_RETENTION_CONF: "1000000"}):
+    with session_confs(spark, {STATE_STORE_CONF: ROCKSDB_PROVIDER, PROGRESS_RETENTION_CONF: "1000000"}):
         query = (
             steps.writeStream.foreachBatch(_batch_writer(paths, query_id, started))
             .option("checkpointLocation", checkpoint).trigger(availableNow=True).start()

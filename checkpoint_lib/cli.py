@@ -233,6 +233,30 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_maintain(args: argparse.Namespace) -> int:
+    from .maintenance import RetentionPolicy, maintain
+    from .quality.paths import check_pipeline_name, warehouse_root
+
+    check_pipeline_name(args.pipeline)  # bad input fails before Spark starts
+    warehouse_root(args.warehouse)
+    policy = RetentionPolicy(request_days=args.request_days, result_days=args.result_days,
+                             file_retention_hours=args.file_retention_hours)
+    report = maintain(args.warehouse, args.pipeline, None if args.no_spark else _spark(), dry_run=args.dry_run,
+                      policy=policy)
+    print(json.dumps(report.to_dict(), indent=2, default=str) if args.json else report.describe())
+    return 0
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+    return value
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -278,6 +302,8 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .maintenance import RetentionPolicy
+
     parser = argparse.ArgumentParser(
         prog="ckpt",
         description="Exactly-once checkpoints, replay and recovery for Spark pipelines.",
@@ -362,6 +388,28 @@ def build_parser() -> argparse.ArgumentParser:
     _add_warehouse(p)
     p.add_argument("--out", default=None, help="output file (default W/_quality/<pipeline>/report.html)")
     p.set_defaults(func=_cmd_report)
+
+    p = sub.add_parser(
+        "maintain",
+        help="delete what no retained checkpoint or savepoint needs (old control rows, markers, requests, "
+             "validation results, channel state, removed files); safe while the pipeline runs",
+    )
+    p.add_argument("pipeline")
+    _add_warehouse(p)
+    p.add_argument("--dry-run", action="store_true", help="decide and report, delete nothing")
+    p.add_argument("--no-spark", action="store_true",
+                   help="control plane only: skip the rules that need Spark (channel state, VACUUM of the "
+                        "channel logs, staging and state tables)")
+    defaults = RetentionPolicy()
+    p.add_argument("--request-days", type=_non_negative, default=defaults.request_days,
+                   help="keep decided checkpoint requests this many days (default %(default)g)")
+    p.add_argument("--result-days", type=_non_negative, default=defaults.result_days,
+                   help="keep validation results that name no checkpoint this many days (default %(default)g)")
+    p.add_argument("--file-retention-hours", type=_non_negative, default=defaults.file_retention_hours,
+                   help="keep files a commit removed this many hours in every table (default %(default)g); the "
+                        "state tables also keep every file a retained checkpoint's version needs")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_maintain)
 
     p = sub.add_parser("demo", help="the end-to-end demo: generate, run, kill -9, recover, verify")
     _add_warehouse(p)

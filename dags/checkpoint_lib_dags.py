@@ -1,4 +1,4 @@
-"""The DAG factory: three DAGs for every pipeline registered in ``checkpoint_lib.pipelines``.
+"""The DAG factory: four DAGs for every pipeline registered in ``checkpoint_lib.pipelines``.
 
 - ``<pipeline>_run``: the stages as separate tasks (``source`` then ``keyed``), on a schedule;
   each run reads what landed since the previous one (incremental) and ends with a checkpoint.
@@ -10,6 +10,10 @@
   ``dry_run``. validate (fails fast, touching nothing) -> plan is printed; unless a dry run:
   pause the pipeline and its DAGs -> recover (new epoch, restore, re-commit/abort, replay) ->
   consistency checks -> unpause (always).
+- ``<pipeline>_maintenance``: daily, one task ``maintain``: the retention rules of
+  ``checkpoint_lib.maintenance`` (old control-table rows, reservation markers, request files,
+  validation results, channel state, removed files), each tied to what the retained checkpoints
+  and savepoints still need; safe while the pipeline runs, skipped while a recovery holds it.
 
 Settings per pipeline from the JSON environment variable ``CKPT_DAG_SETTINGS``, e.g.
 ``{"payments": {"snapshot_every_s": 300, "min_pause_s": 30}}`` (keys: :data:`DEFAULTS`).
@@ -30,6 +34,7 @@ from checkpoint_lib.pipelines import REGISTRY
 from ckpt_airflow.operators import (
     AbortCheckpointOperator,
     CommitCheckpointOperator,
+    MaintainPipelineOperator,
     PausePipelineOperator,
     RecoverPipelineOperator,
     RunStageOperator,
@@ -51,6 +56,7 @@ DEFAULTS: dict[str, Any] = {
     "mode": "aligned",
     "rows_per_checkpoint": 10_000,
     "launcher": None,            # None: the hook's default ("session"), or "spark-submit"
+    "maintenance_every_s": 86_400,  # <pipeline>_maintenance schedule (daily)
     "retries": 2,
 }
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -76,17 +82,17 @@ def _default_args(s: dict[str, Any]) -> dict[str, Any]:
             "on_failure_callback": log_failure, "on_retry_callback": log_failure}
 
 
+def _dag(pipeline: str, kind: str, description: str, s: dict[str, Any], **kwargs: Any) -> DAG:
+    """One of the pipeline's DAGs, ``<pipeline>_<kind>``: never catching up, one run at a time (with
+    the idempotent commit: never two commit phases of one checkpoint), tagged with the pipeline."""
+    kwargs.setdefault("default_args", _default_args(s))
+    return DAG(dag_id=f"{pipeline}_{kind}", description=f"{pipeline}: {description}", start_date=START,
+               catchup=False, max_active_runs=1, tags=["checkpoint_lib", pipeline], **kwargs)
+
+
 def build_run_dag(pipeline: str, s: dict[str, Any]) -> DAG:
-    with DAG(
-        dag_id=f"{pipeline}_run",
-        description=f"{pipeline}: source and keyed stages, incremental, each run ends with a checkpoint",
-        schedule=timedelta(seconds=s["run_every_s"]),
-        start_date=START,
-        catchup=False,
-        max_active_runs=1,
-        default_args=_default_args(s),
-        tags=["checkpoint_lib", pipeline],
-    ) as dag:
+    with _dag(pipeline, "run", "source and keyed stages, incremental, each run ends with a checkpoint", s,
+              schedule=timedelta(seconds=s["run_every_s"])) as dag:
         common = dict(pipeline=pipeline, mode=s["mode"], rows_per_checkpoint=s["rows_per_checkpoint"],
                       launcher=s["launcher"])
         RunStageOperator(task_id="source", stage="source", **common) >> RunStageOperator(
@@ -95,16 +101,8 @@ def build_run_dag(pipeline: str, s: dict[str, Any]) -> DAG:
 
 
 def build_snapshot_dag(pipeline: str, s: dict[str, Any]) -> DAG:
-    with DAG(
-        dag_id=f"{pipeline}_snapshot",
-        description=f"{pipeline}: periodic global snapshot (trigger, wait for acks, commit or abort)",
-        schedule=timedelta(seconds=s["snapshot_every_s"]),
-        start_date=START,
-        catchup=False,
-        max_active_runs=1,  # with the idempotent commit: never two commit phases of one checkpoint
-        default_args=_default_args(s),
-        tags=["checkpoint_lib", pipeline],
-    ) as dag:
+    with _dag(pipeline, "snapshot", "periodic global snapshot (trigger, wait for acks, commit or abort)", s,
+              schedule=timedelta(seconds=s["snapshot_every_s"])) as dag:
         trigger = TriggerCheckpointOperator(task_id="trigger", pipeline=pipeline, min_pause=s["min_pause_s"],
                                             max_concurrent=s["max_concurrent"])
         wait = CheckpointAcksSensor(
@@ -123,15 +121,10 @@ def build_snapshot_dag(pipeline: str, s: dict[str, Any]) -> DAG:
 
 
 def build_recover_dag(pipeline: str, s: dict[str, Any]) -> DAG:
-    with DAG(
-        dag_id=f"{pipeline}_recover",
-        description=f"{pipeline}: restore a checkpoint and replay (manual, with a form)",
+    with _dag(
+        pipeline, "recover", "restore a checkpoint and replay (manual, with a form)", s,
         schedule=None,
-        start_date=START,
-        catchup=False,
-        max_active_runs=1,
         default_args={**_default_args(s), "retries": 0},
-        tags=["checkpoint_lib", pipeline],
         render_template_as_native_obj=True,  # XCom dicts and lists reach operators as such
         params={
             "checkpoint_id": Param(
@@ -163,6 +156,13 @@ def build_recover_dag(pipeline: str, s: dict[str, Any]) -> DAG:
     return dag
 
 
+def build_maintenance_dag(pipeline: str, s: dict[str, Any]) -> DAG:
+    with _dag(pipeline, "maintenance", "delete what no retained checkpoint or savepoint needs (bounded growth)", s,
+              schedule=timedelta(seconds=s["maintenance_every_s"])) as dag:
+        MaintainPipelineOperator(task_id="maintain", pipeline=pipeline, launcher=s["launcher"])
+    return dag
+
+
 def _dry_run_gate(validated: Any):
     from airflow.sdk import task
 
@@ -176,7 +176,8 @@ def _dry_run_gate(validated: Any):
 
 def build_dags(pipeline: str) -> dict[str, DAG]:
     s = settings_for(pipeline)
-    dags = (build_run_dag(pipeline, s), build_snapshot_dag(pipeline, s), build_recover_dag(pipeline, s))
+    dags = (build_run_dag(pipeline, s), build_snapshot_dag(pipeline, s), build_recover_dag(pipeline, s),
+            build_maintenance_dag(pipeline, s))
     return {d.dag_id: d for d in dags}
 
 

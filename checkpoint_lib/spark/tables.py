@@ -7,8 +7,9 @@ import os
 import random
 import threading
 import time
+import contextlib
 from contextlib import contextmanager
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, Iterator, Mapping, TypeVar
 
 from pyspark.sql import Column, SparkSession
 from pyspark.sql import types as T
@@ -22,7 +23,7 @@ CONFLICT_ATTEMPTS = 6
 EPOCH_SHIFT = 32
 """A fenced write's Delta transaction version is ``epoch << EPOCH_SHIFT | sequence``."""
 _SEQUENCE = (1 << EPOCH_SHIFT) - 1
-_SESSION_CONF_LOCK = threading.Lock()
+_SESSION_CONF_LOCK = threading.RLock()
 
 
 def fenced_version(epoch: int, sequence: int) -> int:
@@ -54,18 +55,29 @@ def stamp_of(path: str, app_id: str) -> int | None:
 
 
 @contextmanager
-def stamped(spark: SparkSession, app_id: str, version: int) -> Iterator[None]:
-    """Stamp the DML commands (MERGE, DELETE) run inside with Delta's idempotent-write transaction
-    ``(app_id, version)``: a session setting, so one stamped command at a time per session."""
+def session_confs(spark: SparkSession, confs: Mapping[str, str]) -> Iterator[None]:
+    """Set the session settings ``confs`` for the commands run inside, then put back the caller's.
+    Session settings are shared by every thread of the session: one such block at a time."""
     with _SESSION_CONF_LOCK:
         conf = spark.conf
-        conf.set("spark.databricks.delta.write.txnAppId", app_id)
-        conf.set("spark.databricks.delta.write.txnVersion", str(version))
+        previous = {key: conf.get(key, None) for key in confs}
+        for key, value in confs.items():
+            conf.set(key, value)
         try:
             yield
         finally:
-            conf.unset("spark.databricks.delta.write.txnAppId")
-            conf.unset("spark.databricks.delta.write.txnVersion")
+            for key, value in previous.items():
+                if value is None:
+                    conf.unset(key)
+                else:
+                    conf.set(key, value)
+
+
+def stamped(spark: SparkSession, app_id: str, version: int) -> "contextlib.AbstractContextManager[None]":
+    """Stamp the DML commands (MERGE, DELETE) run inside with Delta's idempotent-write transaction
+    ``(app_id, version)``: a session setting, so one stamped command at a time per session."""
+    return session_confs(spark, {"spark.databricks.delta.write.txnAppId": app_id,
+                                 "spark.databricks.delta.write.txnVersion": str(version)})
 
 
 def raise_fence(spark: SparkSession, path: str, app_id: str, epoch: int, sequence: int | None = None) -> int:

@@ -241,6 +241,22 @@ class CheckpointHook(BaseHook):
         )
         return _summary(runner.run(until_caught_up=True))
 
+    def maintain(self, *, dry_run: bool = False, with_spark: bool = True) -> dict[str, Any]:
+        """Apply the pipeline's retention rules (:func:`checkpoint_lib.maintenance.maintain`): safe
+        while the pipeline runs. ``with_spark=False``: the control plane only (no JVM). Returns the
+        report as a JSON-able dict (what the operator pushes to XCom)."""
+        if with_spark and self.launcher == "spark-submit":
+            self._submit("maintain.py", [self.pipeline, "--warehouse", self.warehouse, *(["--dry-run"] if dry_run else [])])
+            return {"pipeline": self.pipeline, "dry_run": dry_run, "launcher": "spark-submit"}
+        from checkpoint_lib.maintenance import maintain
+
+        root = Path(self.warehouse) / "_checkpoints" / self.pipeline
+        data_plane = any((root / d).is_dir() for d in ("channels", "state", "staging", "channel_state"))
+        spark = self.spark() if with_spark and data_plane else None  # no JVM for a pipeline that never ran
+        report = maintain(self.warehouse, self.pipeline, spark, dry_run=dry_run)
+        self.log.info("%s", report.describe())
+        return json.loads(json.dumps(report.to_dict(), default=str))
+
     def _submit(self, job: str, args: Sequence[str]) -> None:
         """spark-submit a ``jobs/`` entry point, streaming its output into the task log."""
         from checkpoint_lib.spark.jars import ensure_jars

@@ -266,3 +266,28 @@ class ValidateRestoreOperator(CheckpointBaseOperator):
             raise AirflowFailException(f"restore validation of {self.pipeline} failed: {result}")
         self.log.info("restore validation of %s passed: %s", self.pipeline, result)
         return None if result is None else str(result)
+
+
+class MaintainPipelineOperator(CheckpointBaseOperator):
+    """Apply the pipeline's retention rules (``ckpt maintain``): delete what no retained checkpoint
+    or savepoint needs, safe while the pipeline runs. Skipped while a recovery holds the pipeline
+    (nothing is lost by waiting a day). ``dry_run`` only reports; ``with_spark=False`` runs the
+    control-plane rules alone (no JVM). Returns the report (a dict)."""
+
+    template_fields: Sequence[str] = ("pipeline", "dry_run")
+
+    def __init__(self, *, dry_run: Any = False, with_spark: bool = True, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.dry_run, self.with_spark = dry_run, with_spark
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        self.check_not_paused()
+        if self.dry_run not in (True, False, "True", "False", "true", "false"):
+            raise AirflowFailException(f"invalid dry_run {str(self.dry_run)[:40]!r}: true or false")
+        report = self.hook.maintain(dry_run=self.dry_run in (True, "True", "true"), with_spark=self.with_spark)
+        rules = report.get("rules", [])
+        skipped = [f"{r['rule']} {r['target']}: {r['skipped']}" for r in rules if r.get("skipped")]
+        self.log.info("maintenance of %s: %s %s by %d rules; skipped: %s", self.pipeline,
+                      "would delete" if report.get("dry_run") else "deleted",
+                      sum(r.get("deleted", 0) for r in rules), len(rules), skipped or "none")
+        return report

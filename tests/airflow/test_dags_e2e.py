@@ -90,3 +90,18 @@ def test_recover_dag_dry_run_bad_params_and_real_recovery(world):
     check = check_payments(str(world["warehouse"]))
     assert check.ok, check.summary()
     assert check.valid_rows > 290
+
+
+def test_maintenance_dag_drops_what_no_retained_checkpoint_needs_and_changes_no_output(world):
+    from checkpoint_lib.delta.store import DeltaCheckpointStore
+    from checkpoint_lib.maintenance import read_needs
+
+    control = PipelineControl(world["warehouse"], "payments")
+    retained = [c.checkpoint_id for c in control.store.all()]
+    needs = read_needs(DeltaCheckpointStore(control.root))
+    _dags_test(world["a"], "payments_maintenance")
+    store = DeltaCheckpointStore(control.root)
+    assert [c.checkpoint_id for c in store.all()] == retained
+    assert {h["checkpoint_id"] for h in store.history()} <= needs.protected | set(range(needs.floor, needs.max_id + 1))
+    check = check_payments(str(world["warehouse"]))
+    assert check.ok, check.summary()

@@ -43,6 +43,53 @@ def test_dagbag_imports_every_pipeline_dag(dagbag):
     assert rec.schedule is None and rec.get_task("unpause").is_teardown
 
 
+def test_every_pipeline_has_a_daily_maintenance_dag_with_one_task(dagbag):
+    from datetime import timedelta
+
+    from checkpoint_lib.pipelines import REGISTRY
+    from ckpt_airflow.operators import MaintainPipelineOperator
+
+    for p in REGISTRY:
+        dag = dagbag.dags[f"{p}_maintenance"]
+        assert dag.max_active_runs == 1 and not dag.catchup
+        assert dag.schedule == timedelta(days=1)
+        (task,) = dag.tasks
+        assert task.task_id == "maintain" and isinstance(task, MaintainPipelineOperator) and task.pipeline == p
+        assert task.dry_run is False and task.with_spark
+
+
+def test_maintain_task_reports_what_it_deleted_and_skips_while_a_recovery_holds_the_pipeline(tmp_path):
+    from airflow.sdk.exceptions import AirflowSkipException
+    from ckpt_airflow.operators import MaintainPipelineOperator
+
+    from checkpoint_lib.core.types import CheckpointKind, SubtaskAck, SubtaskId
+    from checkpoint_lib.core.checkpoints import CompletedCheckpoint
+
+    control = PipelineControl(tmp_path, "payments")
+    store = control.store
+    store.retained = 2
+    store.begin_epoch()
+    for _ in range(5):
+        cid = store.get_and_increment()
+        store.record_pending(cid, trigger_time=float(cid), epoch=1)
+        src = SubtaskId("source", 0)
+        store.add(CompletedCheckpoint(cid, CheckpointKind.CHECKPOINT, float(cid), cid + 0.5,
+                                      {src: SubtaskAck(state={"version": cid})}, {src: cid + 0.5}))
+    op = MaintainPipelineOperator(task_id="maintain", pipeline="payments", warehouse=str(tmp_path), with_spark=False,
+                                  dry_run="true")
+    report = op.execute({})
+    assert report["dry_run"] and report["needs"]["retained"] == [4, 5]
+    rows = {r["rule"]: r for r in report["rules"] if r["target"].endswith("checkpoints")}
+    assert rows["checkpoints rows"]["deleted"] > 0 and len(store.history()) == 5  # a dry run deletes nothing
+    report = MaintainPipelineOperator(task_id="m2", pipeline="payments", warehouse=str(tmp_path),
+                                      with_spark=False).execute({})
+    assert not report["dry_run"] and [h["checkpoint_id"] for h in store.history()] == [5, 4]
+    assert any(r["skipped"] and "Spark" in r["skipped"] for r in report["rules"])  # said, not silently passed
+    control.pause("recover-run", "recovery")
+    with pytest.raises(AirflowSkipException, match="paused"):
+        op.execute({})
+
+
 def test_trigger_serialize_round_trip():
     from ckpt_airflow.triggers import CheckpointAcksTrigger
 
@@ -148,7 +195,7 @@ def test_spark_submit_argv_is_exact():
         "payments", "--warehouse", "/w", "--stage", "source", "--mode", "aligned", "--rows-per-checkpoint", "500",
         "--until-caught-up",
     ]
-    for job in ("run_stage.py", "recover.py", "generate.py"):
+    for job in ("run_stage.py", "recover.py", "generate.py", "maintain.py"):
         assert (JOBS_DIR / job).is_file()
     with pytest.raises(ValueError, match="stage"):
         stage_args("payments", "/w", stage="sink")
@@ -160,6 +207,7 @@ def test_spark_submit_argv_is_exact():
     from checkpoint_lib.cli import build_parser
 
     build_parser().parse_args(["run", *args])
+    build_parser().parse_args(["maintain", "payments", "--warehouse", "/w", "--dry-run"])
 
 
 def test_warehouse_resolution_order(monkeypatch, tmp_path):

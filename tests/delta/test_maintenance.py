@@ -1,0 +1,377 @@
+"""checkpoint_lib.maintenance, the delta-rs parts (no Spark): every rule keeps what the retained
+checkpoints, savepoints, an owed rollback, the newest restore and the live sessions need, drops the
+rest, a dry run deletes nothing, and a write that lands while a rule rewrites a table is never lost.
+The data-plane rules (channel state, VACUUM of the Spark tables) are in tests/spark/test_maintenance.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from checkpoint_lib import maintenance
+from checkpoint_lib.control import CheckpointRequests
+from checkpoint_lib.core.checkpoints import CompletedCheckpoint
+from checkpoint_lib.core.errors import FailureReason
+from checkpoint_lib.core.types import CheckpointKind, SubtaskAck, SubtaskId
+from checkpoint_lib.delta.store import DeltaCheckpointStore
+from checkpoint_lib.maintenance import RetentionPolicy, maintain, sessions_to_keep
+from checkpoint_lib.quality.records import ValidationLog
+from checkpoint_lib.quality.result import QualityResult
+
+DAY = 86400.0
+T0 = 1_800_000_000.0  # the simulated clock: one checkpoint an hour from here
+SRC, OP = SubtaskId("source", 0), SubtaskId("balance", 0)
+NOW_POLICY = RetentionPolicy(file_retention_hours=0.0, pinned_margin_hours=0.0, control_log_hours=0.0)
+
+
+def completed(cid: int, kind: CheckpointKind = CheckpointKind.CHECKPOINT) -> CompletedCheckpoint:
+    acks = {SRC: SubtaskAck(state={"version": cid, "barrier_seq": cid}),
+            OP: SubtaskAck(state={"table_version": 10 + cid, "key_groups": [0, 127], "cursor": cid})}
+    t = T0 + 3600 * cid
+    return CompletedCheckpoint(cid, kind, t, t + 1, acks, {s: t + 1 for s in acks})
+
+
+class Pipeline:
+    """Drives one pipeline's control plane as the runner and the snapshot DAG do."""
+
+    def __init__(self, warehouse: Path, retained: int = 3):
+        self.warehouse = warehouse
+        self.root = warehouse / "_checkpoints" / "payments"
+        self.store = DeltaCheckpointStore.open(self.root, retained=retained)
+        self.requests = CheckpointRequests(self.root)
+        self.epoch = self.store.begin_epoch()
+        self.store.record_restored(self.epoch, None, {"source": {}, "keyed": {}})
+        self.sessions = {"source": 0, "keyed": 0}
+
+    def run(self, kind: CheckpointKind = CheckpointKind.CHECKPOINT, *, abort: bool = False,
+            complete: bool = True) -> int:
+        """One hourly run: a request, both stages' sessions, a checkpoint (completed, aborted or
+        left pending), validation rows."""
+        store = self.store
+        cid = store.peek()
+        t = T0 + 3600 * cid
+        self.requests.create(f"run-{cid}", "payments_snapshot", now=t)
+        for stage in ("source", "keyed"):
+            self.sessions[stage] = store.begin_session(self.epoch, stage, after=self.sessions[stage])
+        assert store.get_and_increment() == cid
+        self.requests.honour(self.requests.open(), cid, self.epoch)
+        store.record_pending(cid, kind, t, self.epoch)
+        c = completed(cid, kind)
+        store.record_acks(cid, {SRC: c.acks[SRC]}, self.epoch, t)
+        if abort:
+            store.record_aborted(cid, FailureReason.DECLINED, "declined", self.epoch)
+        elif complete:
+            store.record_acks(cid, {OP: c.acks[OP]}, self.epoch, t + 1)
+            store.add(c)
+            ValidationLog(self.root).record(QualityResult(
+                pipeline="payments", kind="checkpoint", checkpoint_id=cid, epoch=self.epoch,
+                restored_checkpoint_id=None, run_name=f"payments-checkpoint-c{cid}-e{self.epoch}-x",
+                data_docs="", started_at=t, finished_at=t + 1, validation_id=f"v{cid}"))
+        for stage in ("source", "keyed"):
+            store.end_session(self.epoch, stage, self.sessions[stage], {"at": cid})
+        return cid
+
+
+def gx_run(warehouse: Path, cid: int | None, when: float, view: str = "subtasks") -> list[Path]:
+    """A fake GX result and its Data Docs page, laid out as GX 1.x writes them."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(when))
+    name = f"payments-checkpoint-c{cid}-e1-{stamp}Z" if cid is not None else f"payments-checkpoint-error-{stamp}Z"
+    q = warehouse / "_quality" / "payments"
+    out = []
+    for base, suffix in ((q / "gx" / "uncommitted" / "validations", ".json"), (q / "data_docs" / "validations", ".html")):
+        f = base / "payments" / "per_checkpoint" / view / name / f"{stamp}.000000Z" / f"warehouse-x{suffix}"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("{}")
+        out.append(f)
+    return out
+
+
+def files_under(*roots: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns)
+            for r in roots if r.exists() for p in r.rglob("*") if p.is_file()}
+
+
+def resume_points(store: DeltaCheckpointStore, epoch: int) -> dict:
+    """What PipelineRunner._resume_points reads: per stage, live sessions and the last end's point."""
+    rows = store.sessions(epoch)
+    out = {"restored": [r["checkpoint_id"] for r in rows if r["event"] == "restored"][:1]}
+    for stage in ("source", "keyed"):
+        mine = [r for r in rows if r["stage"] == stage]
+        started = {r["session"] for r in mine if r["event"] == "start"}
+        ended = {r["session"]: r for r in mine if r["event"] == "end"}
+        out[stage] = (sorted(started - set(ended)), max(ended, default=0),
+                      ended[max(ended)]["resume_json"] if ended else None, max(started, default=0))
+    return out
+
+
+@pytest.fixture
+def world(tmp_path):
+    p = Pipeline(tmp_path)
+    savepoint = None
+    for i in range(14):
+        if i == 2:
+            savepoint = p.run(CheckpointKind.SAVEPOINT)
+        elif i == 5:
+            p.run(abort=True)
+        else:
+            p.run()
+    p.savepoint = savepoint
+    p.run(complete=False)  # a checkpoint in flight (pending, its source ack recorded)
+    return p
+
+
+def test_every_rule_keeps_what_is_needed_and_drops_the_rest(world):
+    p, store = world, world.store
+    # a request still open, GX runs old and new, a request decided long ago
+    p.requests.create("open-one", now=T0)
+    for cid in (1, p.savepoint, 4, 12, 13):
+        gx_run(p.warehouse, cid, T0 + 3600 * cid)
+    gx_run(p.warehouse, None, T0)  # a validation that failed before it knew its checkpoint
+    reader = DeltaCheckpointStore(p.root)
+    before = {
+        "all": [c.checkpoint_id for c in reader.all()], "latest": reader.latest().checkpoint_id,
+        "plan": reader.recovery_plan().describe(), "owed": reader.owed_rollback(),
+        "fences": {t: reader.fence(t) for t in ("checkpoints", "acks", "sessions")},
+        "resume": resume_points(reader, p.epoch), "pending": [r["checkpoint_id"] for r in reader.pending()],
+        "pending_acks": reader.pending_acks(reader.pending()[0]["checkpoint_id"], p.epoch),
+        "max": max(h["checkpoint_id"] for h in reader.history()),
+    }
+    retained = before["all"]
+    assert p.savepoint in retained and len(retained) == 4  # three checkpoints and the savepoint
+
+    fresh, stale = p.requests.directory / ".r.request.host.1.2.tmp", p.requests.directory / ".r.request.host.1.1.tmp"
+    fresh.write_text("{}")  # a request being written right now: its link is next
+    stale.write_text("{}")  # one whose writer was killed a month ago
+    os.utime(stale, (time.time() - 30 * DAY, time.time() - 30 * DAY))
+    now = T0 + 3600 * 15 + 30 * DAY  # a month later: every decided request is old
+    report = maintain(p.warehouse, "payments", now=now, policy=NOW_POLICY)
+    needs = report.needs
+    assert needs.retained == retained and needs.floor == min(c for c in retained if c != p.savepoint)
+    assert needs.savepoints == [p.savepoint] and needs.pending == before["pending"]
+
+    reader = DeltaCheckpointStore(p.root)
+    kept_ids = {h["checkpoint_id"] for h in reader.history()}
+    assert kept_ids == {*retained, *before["pending"]} | {i for i in range(needs.floor, before["max"] + 1)}
+    assert p.savepoint in kept_ids and 1 not in kept_ids and 6 not in kept_ids  # the aborted one went
+    # everything a recovery, a resume, a rollback and the id counter read is unchanged
+    assert [c.checkpoint_id for c in reader.all()] == before["all"]
+    assert reader.latest().checkpoint_id == before["latest"]
+    assert reader.recovery_plan().describe() == before["plan"] and reader.owed_rollback() == before["owed"]
+    assert {t: reader.fence(t) for t in ("checkpoints", "acks", "sessions")} == before["fences"]
+    assert resume_points(reader, p.epoch) == before["resume"]
+    assert [r["checkpoint_id"] for r in reader.pending()] == before["pending"]
+    assert reader.pending_acks(before["pending"][0], p.epoch) == before["pending_acks"]
+    assert reader.get(p.savepoint).kind is CheckpointKind.SAVEPOINT
+    acks_left = set(DeltaTable(str(p.root / "acks")).to_pyarrow_table()["checkpoint_id"].to_pylist())
+    assert acks_left == set(before["pending"])  # a completed row repeats its acks
+    sessions = DeltaTable(str(p.root / "sessions")).to_pyarrow_table().to_pylist()
+    assert len(sessions) == 1 + 2 * 2  # the restored row and each stage's last session
+    # markers: only below the floor went; the counter never goes back
+    markers = sorted(int(n) for n in os.listdir(p.root / "_ids"))
+    assert markers == list(range(needs.floor, before["max"] + 1))
+    assert store.get_and_increment() == before["max"] + 1
+    # requests: decided and old ones went, the open one stays
+    left = {r.request_id: r.state for r in p.requests.all()}
+    assert left == {"open-one": "requested"}
+    assert fresh.exists() and not stale.exists()  # ages of files on disk go by the clock, not by now
+    # validations: rows of dropped ids went; retained ones and the newest stay
+    vals = {r["checkpoint_id"] for r in ValidationLog(p.root).rows()}
+    assert p.savepoint in vals and 1 not in vals and vals <= kept_ids
+    # GX runs: results and pages of dropped ids (and the old error run) went, the rest stay
+    runs = {d.name for d in (p.warehouse / "_quality/payments/gx/uncommitted/validations/payments/per_checkpoint/subtasks").iterdir()}
+    pages = {d.name for d in (p.warehouse / "_quality/payments/data_docs/validations/payments/per_checkpoint/subtasks").iterdir()}
+    assert runs == pages and {n.split("-e1-")[0] for n in runs} == {
+        f"payments-checkpoint-c{c}" for c in (p.savepoint, 12, 13)}
+    assert report.rule("gx results").deleted == report.rule("data docs pages").deleted == 3
+    # the control tables' removed files are gone: what remains is what the log references
+    for name in ("checkpoints", "acks", "sessions", "validations"):
+        dt = DeltaTable(str(p.root / name))
+        on_disk = {f.name for f in (p.root / name).glob("*.parquet")}
+        assert on_disk == {Path(u).name for u in dt.file_uris()}, name
+    # the control tables' logs start at their latest log checkpoint; the fences are in it
+    log_dir = p.root / "checkpoints" / "_delta_log"
+    assert report.rule("delta log", "_checkpoints/payments/checkpoints/_delta_log").deleted > 0
+    assert not (log_dir / f"{0:020d}.json").exists()
+    config = DeltaTable(str(p.root / "checkpoints")).metadata().configuration
+    assert config["delta.logRetentionDuration"] == config["delta.deletedFileRetentionDuration"] == "interval 0 minutes"
+    # the data-plane rules said why they did nothing
+    assert all(r.skipped for r in report.rules if r.rule in ("channel_state rows",))
+    assert report.bytes_after < report.bytes_before
+    assert "DRY RUN" not in report.describe() and "checkpoints rows" in report.describe()
+
+    # and the pipeline goes on: a second maintenance after more checkpoints keeps the same promises
+    store.record_aborted(before["pending"][0], FailureReason.EXPIRED, "late", p.epoch)
+    for _ in range(4):
+        p.run()
+    again = maintain(p.warehouse, "payments", now=now + DAY, policy=NOW_POLICY)
+    reader = DeltaCheckpointStore(p.root)
+    assert [c.checkpoint_id for c in reader.all()] == again.needs.retained
+    assert p.savepoint in again.needs.retained and min(reader.history(), key=lambda h: h["checkpoint_id"])[
+        "checkpoint_id"] == p.savepoint
+
+
+def test_a_dry_run_deletes_nothing(world):
+    p = world
+    for cid in (1, 3, 13):
+        gx_run(p.warehouse, cid, T0 + 3600 * cid)
+    before = files_under(p.warehouse)
+    report = maintain(p.warehouse, "payments", dry_run=True, now=T0 + 60 * DAY, policy=NOW_POLICY)
+    assert files_under(p.warehouse) == before
+    assert report.dry_run and "DRY RUN" in report.describe()
+    for rule in ("checkpoints rows", "acks rows", "sessions rows", "id markers", "requests", "gx results", "delta log"):
+        assert report.rule(rule).deleted > 0, rule
+    assert report.rule("vacuum", "_checkpoints/payments/checkpoints").deleted > 0  # the compactions' leftovers
+    real = maintain(p.warehouse, "payments", now=T0 + 60 * DAY, policy=NOW_POLICY)
+    for rule in ("checkpoints rows", "acks rows", "sessions rows", "id markers", "requests", "gx results"):
+        assert real.rule(rule).deleted == report.rule(rule).deleted, rule
+
+
+def test_a_write_landing_during_a_rewrite_is_never_lost(world, monkeypatch):
+    """Each rewrite decided on snapshot v; another process commits v+1 before the overwrite: the
+    overwrite is refused, the rule reads again and decides again, and the write survives."""
+    p = world
+    other = DeltaCheckpointStore(p.root, retained=3)  # another process of the pipeline
+    pending = other.pending()[0]["checkpoint_id"]
+    raced: dict[str, int] = {}
+
+    def race(table: str) -> None:
+        raced[table] = raced.get(table, 0) + 1
+        if raced[table] > 1:
+            return
+        if table == "checkpoints":
+            new = other.get_and_increment()
+            other.record_pending(new, trigger_time=T0, epoch=p.epoch)
+            raced["new_id"] = new
+        elif table == "acks":
+            other.record_acks(pending, {OP: completed(pending).acks[OP]}, p.epoch)
+        elif table == "sessions":
+            raced["session"] = other.begin_session(p.epoch, "source", after=p.sessions["source"])
+        elif table == "validations":
+            ValidationLog(p.root).record(QualityResult(
+                pipeline="payments", kind="restore", checkpoint_id=1, epoch=p.epoch, restored_checkpoint_id=None,
+                run_name="payments-restore-c1-e1-raced", data_docs="", started_at=T0, finished_at=T0,
+                validation_id="raced"))
+
+    monkeypatch.setattr(maintenance, "_before_commit", race)
+    report = maintain(p.warehouse, "payments", now=T0 + 60 * DAY, policy=NOW_POLICY)
+    assert {t: n for t, n in raced.items() if t in ("checkpoints", "acks", "sessions", "validations")} == {
+        "checkpoints": 2, "acks": 2, "sessions": 2, "validations": 2}  # refused once, then landed
+    reader = DeltaCheckpointStore(p.root)
+    assert reader.status(raced["new_id"])["status"] == "pending"
+    assert OP in reader.pending_acks(pending, p.epoch) and SRC in reader.pending_acks(pending, p.epoch)
+    live = [r for r in reader.sessions(p.epoch) if r["stage"] == "source" and r["session"] == raced["session"]]
+    assert [r["event"] for r in live] == ["start"]  # the live session the racing start began
+    assert reader.begin_session(p.epoch, "source", after=p.sessions["source"]) is None  # still live: no second one
+    assert "raced" in {r["validation_id"] for r in ValidationLog(p.root).rows()}  # the newest restore row
+    assert report.rule("checkpoints rows").deleted > 0 and report.rule("sessions rows").deleted > 0
+    assert all(report.rule(f"{t} rows").retries == 1 for t in ("checkpoints", "acks", "sessions", "validations"))
+
+
+def test_maintenance_racing_a_running_pipeline_loses_nothing(tmp_path):
+    """A pipeline thread keeps checkpointing (requests, sessions, pending, acks, completion,
+    validation rows) while maintenance runs again and again: every checkpoint the pipeline
+    completed is there unless it was below the floor, every status is the one the pipeline wrote,
+    and the sessions still resume where the last run ended."""
+    p = Pipeline(tmp_path)
+    for _ in range(3):
+        p.run()
+    done: dict[int, str] = {}
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def pipeline() -> None:
+        try:
+            i = 0
+            while not stop.is_set() and i < 40:
+                abort = i % 7 == 3
+                cid = p.run(abort=abort)
+                done[cid] = "aborted" if abort else "completed"
+                i += 1
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    worker = threading.Thread(target=pipeline)
+    worker.start()
+    reports = []
+    try:
+        while worker.is_alive() and len(reports) < 25:
+            reports.append(maintain(tmp_path, "payments", now=T0 + 400 * DAY,
+                                    policy=RetentionPolicy(file_retention_hours=1.0)))
+    finally:
+        stop.set()
+        worker.join()
+    assert not errors, errors
+    assert len(reports) >= 2
+    print("maintenance runs:", len(reports), "rewrites refused by a concurrent commit:",
+          sum(r.retries for rep in reports for r in rep.rules))
+    final = maintain(tmp_path, "payments", now=T0 + 400 * DAY, policy=RetentionPolicy(file_retention_hours=1.0))
+    reader = DeltaCheckpointStore(p.root)
+    statuses = {h["checkpoint_id"]: h["status"] for h in reader.history()}
+    floor = final.needs.floor
+    for cid, status in done.items():
+        if cid >= floor:
+            assert statuses.get(cid) in (status, "discarded"), (cid, status, statuses.get(cid))
+    retained = [c.checkpoint_id for c in DeltaCheckpointStore(p.root, retained=3).all()]
+    assert retained == sorted(c for c, s in done.items() if s == "completed")[-3:]
+    points = resume_points(reader, p.epoch)
+    assert points["source"][0] == [] and json.loads(points["source"][2]) == {"at": max(done)}
+    assert reader.get_and_increment() == max(done) + 1
+
+
+def test_an_owed_rollback_and_the_newest_restore_keep_what_they_read(tmp_path):
+    p = Pipeline(tmp_path)
+    for _ in range(8):
+        p.run()
+    store = p.store
+    # epoch 2 restored checkpoint 6 (older than the latest: 7 and 8 discarded), then ran on
+    epoch = store.begin_epoch()
+    store.record_rollback(epoch, 6)
+    store.mark_discarded([store.get(7), store.get(8)], "rolled back")
+    store.record_restored(epoch, 6, {"source": {}, "keyed": {}})
+    p.epoch, p.sessions = epoch, {"source": 0, "keyed": 0}
+    for _ in range(5):
+        p.run()
+    # epoch 3 began a rollback to checkpoint 12 and died before it finished restoring: owed
+    dead = store.begin_epoch()
+    store.record_rollback(dead, 12)
+    before_plan = DeltaCheckpointStore(p.root).recovery_plan().describe()
+    report = maintain(tmp_path, "payments", now=T0 + 60 * DAY, policy=NOW_POLICY)
+    assert report.needs.owed_rollback == 12 and report.needs.restored == 6 and 6 < report.needs.floor
+    reader = DeltaCheckpointStore(p.root)
+    assert reader.owed_rollback() == 12 and reader.recovery_plan().describe() == before_plan
+    assert reader.acks(6)  # the after-restore suite reads the restored checkpoint's acks
+    assert 5 not in {h["checkpoint_id"] for h in reader.history()}
+    rows = DeltaTable(str(p.root / "sessions")).to_pyarrow_table().to_pylist()
+    assert {r["epoch"] for r in rows} == {epoch, dead}  # epoch 1 finished long ago
+    assert any(r["event"] == "rollback" and r["epoch"] == dead for r in rows)
+
+
+def test_sessions_to_keep_keeps_what_resuming_reads():
+    def row(epoch, stage, session, event):
+        return {"epoch": epoch, "stage": stage, "session": session, "event": event, "recorded_at": float(session)}
+
+    rows = [row(1, "*", 0, "restored"), row(1, "source", 1, "start"), row(1, "source", 1, "end"),
+            row(2, "*", 0, "restored")]
+    rows += [row(2, "source", s, e) for s in range(1, 6) for e in ("start", "end")]
+    rows += [row(2, "keyed", s, e) for s in range(1, 4) for e in ("start", "end")] + [row(2, "keyed", 4, "start")]
+    kept = {(r["epoch"], r["stage"], r["session"], r["event"]) for r in sessions_to_keep(rows)}
+    assert kept == {(2, "*", 0, "restored"), (2, "source", 5, "start"), (2, "source", 5, "end"),
+                    (2, "keyed", 3, "start"), (2, "keyed", 3, "end"), (2, "keyed", 4, "start")}
+    assert sessions_to_keep(rows[1:3]) == rows[1:3]  # no epoch finished restoring: everything stays
+
+
+def test_a_pipeline_that_never_ran_is_left_alone(tmp_path):
+    report = maintain(tmp_path, "payments")
+    assert not (tmp_path / "_checkpoints").exists()
+    assert report.rules[0].skipped and "never ran" in report.rules[0].skipped
+    with pytest.raises(ValueError, match="pipeline name"):
+        maintain(tmp_path, "../etc")
+    with pytest.raises(ValueError, match="must be a number"):
+        RetentionPolicy(request_days=-1)
