@@ -1,7 +1,7 @@
 """checkpoint_lib.maintenance, the delta-rs parts (no Spark): every rule keeps what the retained
 checkpoints, savepoints, an owed rollback, the newest restore and the live sessions need, drops the
 rest, a dry run deletes nothing, and a write that lands while a rule rewrites a table is never lost.
-The data-plane rules (channel state, VACUUM of the Spark tables) are in tests/spark/test_maintenance.py.
+The data-plane rules (channel state, VACUUM of the Spark tables) are in tests/spark/test_maintenance_restore.py.
 """
 
 from __future__ import annotations
