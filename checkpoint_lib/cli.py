@@ -139,6 +139,23 @@ def _cmd_savepoint(args: argparse.Namespace) -> int:
 
     if args.stage == "keyed":
         raise ValueError("a savepoint is injected by the source stage: use --stage source or all")
+    from .control import PipelineControl
+
+    control = PipelineControl(os.path.abspath(args.warehouse), args.pipeline)
+    if args.request_timeout > 0 and control.source_running():
+        # a running pipeline takes it at its next step, as Flink's savepoint of a running job:
+        # nothing is stopped or replayed
+        request_id = f"savepoint-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+        checkpoint_id, state = control.savepoint_from_running(request_id, timeout=args.request_timeout,
+                                                              requested_by="ckpt savepoint")
+        if checkpoint_id is not None:
+            done = "taken by the running pipeline" if state == "completed" else \
+                "injected into the running pipeline (it completes when its keyed stage runs)"
+            print(f"savepoint {checkpoint_id} {done}; retention never deletes it; "
+                  f"start from it with: ckpt run {args.pipeline} --checkpoint {checkpoint_id}")
+            return 0
+        _progress(f"no running source step took the savepoint request within {args.request_timeout:g} s: "
+                  "its process is gone; recovering and taking the savepoint here")
     checkpoint_id = _runner(args).run(max_steps=0, final_kind=CheckpointKind.SAVEPOINT).final
     done = "taken" if args.stage == "all" else "injected (it completes when the keyed stage runs)"
     print(f"savepoint {checkpoint_id} {done}; retention never deletes it; "
@@ -354,6 +371,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("savepoint", help="take a savepoint: a checkpoint the user owns")
     _add_run_options(p)
+    p.add_argument("--request-timeout", type=_non_negative, default=120.0,
+                   help="a running pipeline is asked to take it at its next step; if none does within this "
+                        "many seconds (its process is gone), recover and take it here (0: never ask, default 120)")
     p.set_defaults(func=_cmd_savepoint)
 
     p = sub.add_parser("checkpoints", help="list checkpoints or show one")

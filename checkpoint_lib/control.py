@@ -152,6 +152,9 @@ class Request:
     honoured_at: float | None = None
     cancelled: str | None = None
     """Why it was cancelled before any source step honoured it."""
+    kind: str = "checkpoint"
+    """``checkpoint``, or ``savepoint`` (``ckpt savepoint`` on a running pipeline): answered by a
+    savepoint, which also answers every checkpoint request waiting with it."""
 
     @property
     def state(self) -> str:
@@ -199,6 +202,9 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
+REQUEST_KINDS = ("checkpoint", "savepoint")
+
+
 class CheckpointRequests:
     """The request files of one pipeline (``<root>/requests``). No I/O in the constructor."""
 
@@ -209,11 +215,15 @@ class CheckpointRequests:
         rid = validate_request_id(request_id)
         return self.directory / f"{rid}.request", self.directory / f"{rid}.outcome"
 
-    def create(self, request_id: str, requested_by: str = "", now: float | None = None) -> tuple[Request, bool]:
+    def create(self, request_id: str, requested_by: str = "", now: float | None = None,
+               kind: str = "checkpoint") -> tuple[Request, bool]:
         """Write the request (idempotent: an existing one is returned). True if this call made it."""
+        if kind not in REQUEST_KINDS:
+            raise ValueError(f"a request asks for one of {REQUEST_KINDS}, not {kind!r}")
         req, _ = self._paths(request_id)
         when = time.time() if now is None else now
-        made = _write_once(req, {"request_id": request_id, "requested_at": when, "requested_by": requested_by})
+        made = _write_once(req, {"request_id": request_id, "requested_at": when, "requested_by": requested_by,
+                                 "kind": kind})
         request = self.get(request_id)
         assert request is not None
         return request, made
@@ -229,7 +239,7 @@ class CheckpointRequests:
             request_id=doc["request_id"], requested_at=float(doc["requested_at"]),
             requested_by=doc.get("requested_by", ""), checkpoint_id=outcome.get("checkpoint_id"),
             epoch=outcome.get("epoch"), honoured_at=outcome.get("honoured_at"),
-            cancelled=outcome.get("cancelled"),
+            cancelled=outcome.get("cancelled"), kind=doc.get("kind", "checkpoint"),
         )
 
     def all(self) -> list[Request]:
@@ -381,6 +391,50 @@ class PipelineControl:
         return get(self.pipeline_name)
 
     # --- requesting a checkpoint -----------------------------------------------------------------
+
+    def source_running(self) -> bool:
+        """Whether a source session of the current epoch started and has not ended: a running
+        pipeline (or one whose process died, which only a recovery can tell apart)."""
+        from .delta.store import END, START
+
+        epoch = self.store.current_epoch()
+        events: dict[int, set[str]] = {}
+        for r in self.store.sessions(epoch):
+            if r["stage"] == "source":
+                events.setdefault(r["session"], set()).add(r["event"])
+        return any(START in ev and END not in ev for ev in events.values())
+
+    def savepoint_from_running(
+        self, request_id: str, *, timeout: float, poll: float = 0.5, requested_by: str = "",
+    ) -> tuple[int | None, str]:
+        """Ask the running pipeline's next source step for a savepoint (Flink's ``savepoint`` on a
+        running job: nothing stops, nothing is replayed) and wait up to ``timeout`` seconds for a
+        step to take it, then as long again for it to complete. Returns ``(savepoint id, state)``:
+        ``completed``, ``injected`` (taken, not complete yet: the keyed stage completes it when it
+        runs), or ``(None, "unanswered")`` when no step took it (the process is gone, not merely
+        slow: the request is cancelled, race-free against a late honour, and the caller takes the
+        savepoint itself). Raises :class:`CheckpointError` if the savepoint was aborted."""
+        request, _ = self.requests.create(request_id, requested_by, kind="savepoint")
+        deadline = time.monotonic() + timeout
+        while request.state == "requested" and time.monotonic() < deadline:
+            time.sleep(poll)
+            request = self.requests.get(request_id) or request
+        if request.state == "requested":
+            request = self.requests.cancel(request_id, f"no source step took it within {timeout:g} s")
+        if request.state == "cancelled":
+            return None, "unanswered"
+        checkpoint_id = int(request.checkpoint_id)  # type: ignore[arg-type]
+        deadline = time.monotonic() + timeout
+        while True:
+            row = self.store.status(checkpoint_id)
+            status = None if row is None else row["status"]
+            if status == "completed":
+                return checkpoint_id, "completed"
+            if status in ("aborted", "discarded"):
+                raise CheckpointError(f"savepoint {checkpoint_id} was {status}: {row.get('message') or ''}".rstrip(": "))
+            if time.monotonic() >= deadline:
+                return checkpoint_id, "injected"
+            time.sleep(poll)
 
     def request_checkpoint(
         self,

@@ -103,3 +103,7 @@ class CommitError(CheckpointError):
 
 class TooManyFailedCheckpointsError(CheckpointError):
     """More consecutive checkpoint failures than ``tolerable_failed_checkpoints``: fail the job."""
+
+
+class SnapshotIncompatibleError(CheckpointError, ValueError):
+    """The checkpoint to restore does not fit the pipeline (operators or state changed)."""

@@ -4,10 +4,11 @@ re-committed and aborted. Pure: the adapters list what exists and carry the plan
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections import Counter
 from typing import Any, Iterable, Mapping, Sequence
 
 from .checkpoints import CompletedCheckpoint
-from .errors import NoCheckpointError, UnknownCheckpointError
+from .errors import NoCheckpointError, SnapshotIncompatibleError, UnknownCheckpointError
 from .twophase import SinkRecovery, SinkSnapshot, Transaction, recover
 from .types import CheckpointId, SubtaskId
 
@@ -127,3 +128,61 @@ def plan_recovery(
         latest = max(latest, above)
     rollback = chosen.checkpoint_id if chosen.checkpoint_id < latest else None
     return RecoveryPlan(chosen, new_epoch, restore, replay, sinks, orphans, rollback)
+
+
+def check_fits(
+    checkpoint: CompletedCheckpoint,
+    subtasks: Iterable[SubtaskId],
+    *,
+    keyed_operator: str,
+    max_parallelism: int,
+    partitioning: str,
+    allow_non_restored_state: bool = False,
+) -> list[str]:
+    """Whether ``checkpoint`` can be restored into a pipeline of ``subtasks``: operators must match
+    by stable uid (a new one starts empty; state of a removed one is dropped only when allowed).
+    Parallelism may differ: restoring then *rescales* (keyed state is redistributed by key group, as
+    Flink does; the sources' offsets are shared by all their subtasks; sink transactions of every
+    old subtask are re-committed), unless the key-group count changed, the snapshot's key groups do
+    not cover ``0..max_parallelism - 1`` (keys would restore without state), or in-flight channel
+    state cannot be re-routed (broadcast and forward edges). Returns the rescalings (``"op 5 -> 3"``)
+    and the new operators; raises :class:`SnapshotIncompatibleError` listing every problem."""
+    have = Counter(s.operator for s in checkpoint.acks)
+    want = Counter(s.operator for s in subtasks)
+    problems, notes, rescaled = [], [], []
+    for op, n in sorted(want.items()):
+        if op not in have:
+            notes.append(f"operator {op!r} is not in the snapshot (new operator: starts empty)")
+        elif have[op] != n:
+            rescaled.append(f"{op} {have[op]} -> {n}")
+    removed = sorted(set(have) - set(want))
+    if removed and not allow_non_restored_state:
+        problems.append(
+            f"the snapshot holds state of removed operators {removed}: pass --allow-non-restored-state to drop it"
+        )
+    spans = [ack.state["key_groups"] for sid, ack in checkpoint.acks.items()
+             if sid.operator == keyed_operator and "key_groups" in ack.state]
+    if spans:
+        top = max(int(hi) for _lo, hi in spans)
+        if top >= max_parallelism:
+            problems.append(
+                f"operator {keyed_operator!r} was snapshotted with more key groups than max parallelism "
+                f"{max_parallelism}: its state cannot be split that way"
+            )
+        elif top < max_parallelism - 1:
+            problems.append(
+                f"operator {keyed_operator!r}: the snapshot's key groups end at {top}, not at "
+                f"{max_parallelism - 1} (max parallelism {max_parallelism}): the keys of groups "
+                f"{top + 1}..{max_parallelism - 1} would restore without state"
+            )
+    if rescaled and any(checkpoint.acks[s].channel_state_rows > 0 for s in checkpoint.acks) \
+            and partitioning in ("broadcast", "forward"):
+        problems.append(
+            f"checkpoint {checkpoint.checkpoint_id} holds in-flight channel state on a {partitioning} edge, "
+            "which cannot be re-routed to a new parallelism: restore it at its own parallelism first"
+        )
+    if problems:
+        raise SnapshotIncompatibleError(
+            f"checkpoint {checkpoint.checkpoint_id} does not fit the pipeline:\n  - " + "\n  - ".join(problems + notes)
+        )
+    return rescaled + notes

@@ -114,11 +114,11 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, Union
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, QueryBuilder, write_deltalake
 from deltalake import Transaction as AppTransaction
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from ..core.checkpoints import CompletedCheckpoint
 from ..core.clock import Clock
-from ..core.errors import CheckpointAbortedError, FailureReason, FencedError, UnknownCheckpointError
+from ..core.errors import CheckpointAbortedError, CheckpointError, FailureReason, FencedError, UnknownCheckpointError
 from ..core.recovery import SINK_STATE_KEY, RecoveryPlan, plan_recovery
 from ..core.twophase import SinkSnapshot, Transaction
 from ..core.stores import apply_retention
@@ -227,6 +227,49 @@ class CorruptCheckpointWarning(UserWarning):
 
 class _Corrupt(ValueError):
     pass
+
+
+class CorruptControlTableError(CheckpointError):
+    """A control table (``checkpoints``, ``acks``, ``sessions``, ``epochs``) cannot be read: a data
+    file or a commit of its Delta log is damaged. Not something a kill leaves (Delta makes a file
+    visible only once it is whole), so nothing is decided on it: every reader stops, before writing
+    anything, naming the file."""
+
+
+def diagnose_table(path: str) -> str:
+    """Which file of the Delta table at ``path`` is damaged, as precisely as can be found: a commit
+    file that is not JSON lines, or a data file whose Parquet footer does not read."""
+    import pyarrow.parquet as pq
+
+    log_dir = Path(path) / "_delta_log"
+    for commit in sorted(log_dir.glob("*.json")):
+        try:
+            for n, line in enumerate(commit.read_text().splitlines(), 1):
+                if line.strip():
+                    json.loads(line)
+        except (ValueError, UnicodeDecodeError) as exc:
+            return f"commit file {commit} is damaged (line {n}: {exc})"
+    try:
+        uris = DeltaTable(path).file_uris()
+    except Exception as exc:  # noqa: BLE001 - the log itself: say what delta-rs says
+        return f"its Delta log cannot be read ({str(exc).splitlines()[0]})"
+    for uri in uris:
+        local = uri[len("file://"):] if uri.startswith("file://") else uri
+        try:
+            pq.read_metadata(local)
+        except Exception as exc:  # noqa: BLE001 - truncated, not Parquet, or gone
+            return f"data file {local} is damaged or missing ({str(exc).splitlines()[0]})"
+    return "no damaged file found (the error above is all there is)"
+
+
+def _corrupt_table(uri: str, exc: BaseException) -> CorruptControlTableError:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return CorruptControlTableError(
+        f"the control table {uri} cannot be read: {diagnose_table(uri)}. Nothing was written and nothing "
+        f"was decided on it. A crash does not leave this (Delta shows a file only once it is whole): the "
+        f"disk or a tool damaged it. Put the file back from a copy of the warehouse, then run again. "
+        f"(delta-rs: {first})"
+    )
 
 
 # --- reservations ------------------------------------------------------------------------------
@@ -558,6 +601,8 @@ class DeltaCheckpointStore:
             return DeltaTable(self._uri(name), storage_options=self._storage_options)
         except TableNotFoundError:
             return None
+        except (DeltaError, OSError, ValueError) as exc:  # a damaged commit file
+            raise _corrupt_table(self._uri(name), exc) from exc
 
     def _read(self, name: str, select: str = "*", dt: DeltaTable | None = None) -> tuple[pa.Table, int]:
         """``select <select> from`` one snapshot of the table (``dt``'s, or the latest), and its
@@ -566,8 +611,17 @@ class DeltaCheckpointStore:
             dt = self._load(name)
         if dt is None:
             return _SCHEMAS[name].empty_table(), 0
-        table = pa.table(QueryBuilder().register("t", dt).execute(f"select {select} from t"))
+        try:
+            table = pa.table(QueryBuilder().register("t", dt).execute(f"select {select} from t"))
+        except (DeltaError, OSError, pa.ArrowException) as exc:  # a damaged or missing data file
+            raise _corrupt_table(self._uri(name), exc) from exc
         return table, len(dt.file_uris())
+
+    def check_readable(self) -> None:
+        """Read every control table whole: :class:`CorruptControlTableError` naming the damaged
+        file if one cannot be read. A recovery calls it before it writes anything."""
+        for name in _SCHEMAS:
+            self._read(name)
 
     def _max(self, name: str, column: str) -> int:
         table, _ = self._read(name, f"max({column}) as m")

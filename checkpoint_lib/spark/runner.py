@@ -42,7 +42,7 @@ import signal
 import socket
 import threading
 import time
-from collections import Counter, defaultdict, deque
+from collections import defaultdict, deque
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
@@ -72,9 +72,9 @@ from ..core.coordinator import (
     TriggerCheckpoint,
 )
 from ..core.decider import CheckpointConfig
-from ..core.errors import CheckpointError, FailureReason, TooManyFailedCheckpointsError
+from ..core.errors import CheckpointError, FailureReason, SnapshotIncompatibleError, TooManyFailedCheckpointsError
 from ..core.keygroups import range_for_subtask
-from ..core.recovery import SINK_STATE_KEY, RecoveryPlan
+from ..core.recovery import SINK_STATE_KEY, RecoveryPlan, check_fits
 from ..core.twophase import SinkSnapshot, Transaction, TransactionIdPool, TwoPhaseCommitSink
 from ..core.types import Barrier, BarrierMode, CheckpointKind, SubtaskAck, SubtaskId
 from ..delta import log as delta_log
@@ -103,10 +103,6 @@ OFFSET_COLUMNS = (("src_version", "long"), ("src_file", "string"), ("src_row", "
 
 class SchemaMismatchError(ValueError):
     """The landing table's schema does not have the columns and types the pipeline needs."""
-
-
-class SnapshotIncompatibleError(ValueError):
-    """The checkpoint to restore does not fit the pipeline (operators or state changed)."""
 
 
 @dataclass
@@ -389,6 +385,7 @@ class PipelineRunner:
 
     def _recover(self) -> RecoveryPlan:
         """Begin a new epoch and restore the latest (or the chosen) completed checkpoint."""
+        self.store.check_readable()  # a damaged control table: refused before anything is written
         self.epoch = self.store.begin_epoch(f"{socket.gethostname()}:{os.getpid()}", f"recover ({self.stage})")
         self._fence_data_plane()
         self._abort_stale_pending()
@@ -400,6 +397,9 @@ class PipelineRunner:
         plan = self._validated(plan, open_txns)
         if plan.checkpoint is not None:
             self._check_compatible(plan)
+        if plan.rollback_after is not None:  # refused here, before anything is discarded or restored
+            for sink in self.sinks.values():
+                sink.rollback_version(plan.rollback_after)
         self._checkpoint("recover")
         if plan.rollback_after is not None:
             self._rollback(plan.rollback_after)
@@ -524,45 +524,16 @@ class PipelineRunner:
         self._closed = True
 
     def _check_compatible(self, plan: RecoveryPlan) -> None:
-        """Operators of the snapshot must match the pipeline by stable uid. Parallelism may differ:
-        restoring then *rescales* (keyed state is redistributed by key group, as Flink does; the
-        sources' offsets are shared by all their subtasks; sink transactions of every old subtask
-        are re-committed), unless the key-group count changed or in-flight channel state cannot be
-        re-routed (broadcast and forward edges)."""
+        """The snapshot must fit the pipeline (:func:`core.recovery.check_fits`)."""
         assert plan.checkpoint is not None
-        have = Counter(s.operator for s in plan.checkpoint.acks)
-        want = Counter(s.operator for s in self.tasks)
-        problems, rescaled = [], []
-        for op, n in sorted(want.items()):
-            if op not in have:
-                problems.append(f"operator {op!r} is not in the snapshot (new operator: starts empty)")
-            elif have[op] != n:
-                rescaled.append(f"{op} {have[op]} -> {n}")
-        removed = sorted(set(have) - set(want))
-        if removed and not self.allow_non_restored_state:
-            problems.append(
-                f"the snapshot holds state of removed operators {removed}: pass --allow-non-restored-state to drop it"
-            )
         p = self.pipeline
-        for sid, ack in plan.checkpoint.acks.items():
-            kg = ack.state.get("key_groups") if sid.operator == p.operator_uid else None
-            if kg is not None and int(kg[1]) >= p.max_parallelism:
-                problems.append(
-                    f"operator {sid.operator!r} was snapshotted with more key groups than max parallelism "
-                    f"{p.max_parallelism}: its state cannot be split that way"
-                )
-                break
-        if rescaled and plan.replay_channel_state and p.partitioning in ("broadcast", "forward"):
-            problems.append(
-                f"checkpoint {plan.checkpoint_id} holds in-flight channel state on a {p.partitioning} edge, "
-                "which cannot be re-routed to a new parallelism: restore it at its own parallelism first"
-            )
-        fatal = [m for m in problems if "new operator" not in m]
-        if fatal:
-            raise SnapshotIncompatibleError(
-                f"checkpoint {plan.checkpoint_id} does not fit pipeline {self.pipeline.name!r}:\n  - "
-                + "\n  - ".join(problems)
-            )
+        try:
+            changes = check_fits(plan.checkpoint, self.tasks, keyed_operator=p.operator_uid,
+                                 max_parallelism=p.max_parallelism, partitioning=p.partitioning,
+                                 allow_non_restored_state=self.allow_non_restored_state)
+        except SnapshotIncompatibleError as exc:
+            raise SnapshotIncompatibleError(str(exc).replace("the pipeline", f"pipeline {p.name!r}", 1)) from None
+        rescaled = [c for c in changes if "new operator" not in c]
         if rescaled:
             self.progress(f"rescaling from checkpoint {plan.checkpoint_id}: {', '.join(rescaled)}")
 
@@ -787,8 +758,11 @@ class PipelineRunner:
         if not waiting:
             return trigger
         self._fence()
+        savepoint = any(r.kind == "savepoint" for r in waiting)
         if trigger is None:
-            trigger = self.coordinator.trigger(CheckpointKind.CHECKPOINT)
+            trigger = self.coordinator.trigger(CheckpointKind.SAVEPOINT if savepoint else CheckpointKind.CHECKPOINT)
+        if trigger.barrier.kind is not CheckpointKind.SAVEPOINT:  # a savepoint request waits for the next step
+            waiting = [r for r in waiting if r.kind != "savepoint"]
         honoured = requests.honour(waiting, trigger.checkpoint_id, self.epoch)
         if honoured:
             self.progress(f"checkpoint {trigger.checkpoint_id} answers requests {[r.request_id for r in honoured]}")

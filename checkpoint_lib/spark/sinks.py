@@ -24,6 +24,9 @@ id per epoch, ``.../e<epoch>``) are still read.
 
 from __future__ import annotations
 
+import os
+from collections import defaultdict
+
 from typing import Callable, Iterable
 
 from pyspark.sql import DataFrame, SparkSession
@@ -61,6 +64,11 @@ default is 30 days). A table the user created keeps its own setting."""
 class SinkConfigurationError(ValueError):
     """A sink table is configured against the commit protocol (see
     :meth:`DeltaTwoPhaseSink.check_configuration`)."""
+
+
+class RollbackUnavailableError(SinkConfigurationError):
+    """A sink can no longer be rolled back to what an older checkpoint committed: the commits of
+    its log back to that point were deleted (log retention) or that version's files vacuumed."""
 
 
 class DeltaTwoPhaseSink:
@@ -192,9 +200,10 @@ class DeltaTwoPhaseSink:
         tables.raise_fence(self.spark, self.target, self.app_id, epoch)
 
     def commit(self, txns: list[Transaction], checkpoint_id: int, writer_epoch: int) -> list[Transaction]:
-        """Commit ``txns`` (every subtask's, all pre-committed at checkpoints <= ``checkpoint_id``)
-        as ONE Delta commit stamped ``(app_id, writer_epoch << 32 | checkpoint_id)``. Commits are
-        cumulative, so a transaction is committed exactly when the stamp reached its checkpoint:
+        """Commit ``txns`` (every subtask's, all pre-committed at checkpoints <= ``checkpoint_id``):
+        one Delta commit per checkpoint they belong to (normally one), stamped ``(app_id,
+        writer_epoch << 32 | that checkpoint)``. Commits are cumulative and in checkpoint order, so
+        a transaction is committed exactly when the stamp reached its checkpoint:
         those are skipped, which makes a repeated commit (a retry, a recovery, a late notification)
         a no-op. A writer of an older epoch than the table's fence is refused by Delta inside the
         commit (:class:`~checkpoint_lib.core.errors.FencedError`, nothing landed). Returns what this
@@ -208,15 +217,26 @@ class DeltaTwoPhaseSink:
         )
 
     def _commit_once(self, txns: list[Transaction], checkpoint_id: int, writer_epoch: int) -> list[Transaction]:
-        """One Delta commit of what ``txns`` the target does not hold yet (re-read on every attempt:
-        after a conflict, the stamp says whether a retry has anything left to do)."""
+        """What ``txns`` the target does not hold yet (re-read on every attempt: after a conflict,
+        the stamp says whether a retry has anything left to do), as one Delta commit per checkpoint,
+        oldest first, each stamped with its own checkpoint. A late notification that commits
+        several checkpoints at once so still leaves a version holding exactly what each of them
+        committed: a rollback to one of them RESTOREs that version and keeps its rows (one commit of
+        them all would be undone whole, and the stamp, which RESTORE keeps, would call them
+        committed)."""
         todo = self.uncommitted(txns)
-        if not todo:
-            return []
-        version = tables.fenced_version(writer_epoch, max(checkpoint_id, *(t.checkpoint_id or 0 for t in todo)))
+        by_checkpoint: dict[int, list[Transaction]] = defaultdict(list)
+        for t in todo:
+            by_checkpoint[checkpoint_id if t.checkpoint_id is None else t.checkpoint_id].append(t)
+        for cid in sorted(by_checkpoint):
+            self._commit_checkpoint(by_checkpoint[cid], tables.fenced_version(writer_epoch, cid))
+            tables.check_not_fenced(self.target, self.app_id, writer_epoch)
+        return todo
+
+    def _commit_checkpoint(self, txns: list[Transaction], version: int) -> None:
         staged = (
             self.spark.read.format("delta").load(self.staging)
-            .where(F.col("txn_handle").isin([t.handle for t in todo]))
+            .where(F.col("txn_handle").isin([t.handle for t in txns]))
         )
         if self.mode == "append":
             (
@@ -227,8 +247,6 @@ class DeltaTwoPhaseSink:
             )
         else:
             self._merge(staged, self.app_id, version)
-        tables.check_not_fenced(self.target, self.app_id, writer_epoch)
-        return todo
 
     def _merge(self, staged: DataFrame, app: str, version: int) -> None:
         from delta.tables import DeltaTable
@@ -248,20 +266,52 @@ class DeltaTwoPhaseSink:
                 .execute()
             )
 
-    def rollback_to(self, checkpoint_id: int) -> int | None:
-        """Make the target hold exactly what it held when checkpoint ``checkpoint_id`` was the
-        latest committed to it (Delta RESTORE to the version before the first commit stamped above
-        it); returns that version, or None when nothing after it was committed. Idempotent until
-        the sink commits again. Writes of others to the target after that version are undone too:
-        the target belongs to the pipeline."""
-        from delta.tables import DeltaTable
+    def rollback_version(self, checkpoint_id: int) -> int | None:
+        """The version :meth:`rollback_to` restores: the one before the first commit stamped above
+        ``checkpoint_id`` (-1: before our first commit, which created the table; None: nothing after
+        it was committed). Raises :class:`RollbackUnavailableError` when that version cannot be
+        restored any more (its commits fell out of the log retention, or its files were vacuumed):
+        a recovery asks before it writes anything."""
+        from deltalake import DeltaTable
 
-        from ..delta.log import version_before_txn_above
+        from ..delta.log import MissingLogError, version_before_txn_above
 
         if not is_delta_table(self.target):
             return None
-        version = version_before_txn_above(self.target, f"{self.app_prefix}/{self.name}/", checkpoint_id)
-        # (== stamp_prefix(pipeline, name): app_prefix is "checkpoint_lib/<pipeline>")
+        # (app_prefix/name/ == stamp_prefix(pipeline, name): app_prefix is "checkpoint_lib/<pipeline>")
+        try:
+            version = version_before_txn_above(self.target, f"{self.app_prefix}/{self.name}/", checkpoint_id)
+        except MissingLogError as exc:
+            raise self._unavailable(checkpoint_id, f"a commit on the way back to it is gone: {exc}") from None
+        if version is None or version < 0:
+            return version
+        try:
+            files = DeltaTable(self.target, version=version).file_uris()
+        except Exception as exc:  # noqa: BLE001 - delta-rs cannot rebuild that version
+            raise self._unavailable(checkpoint_id, f"version {version} cannot be read ({str(exc).splitlines()[0]})") from None
+        missing = [f for f in files if not os.path.exists(f.removeprefix("file://"))]
+        if missing:
+            raise self._unavailable(checkpoint_id, f"version {version} lost {len(missing)} data files to VACUUM "
+                                                   f"(e.g. {missing[0]})")
+        return version
+
+    def _unavailable(self, checkpoint_id: int, why: str) -> RollbackUnavailableError:
+        return RollbackUnavailableError(
+            f"sink {self.name}: {self.target} cannot be rolled back to what checkpoint {checkpoint_id} committed: "
+            f"{why}. Nothing was written. Restore a newer checkpoint (ckpt recover --checkpoint N), or, to keep "
+            "older savepoints restorable, keep the table's history longer (delta.logRetentionDuration and "
+            "delta.deletedFileRetentionDuration; tables the pipeline creates keep a year of log)"
+        )
+
+    def rollback_to(self, checkpoint_id: int) -> int | None:
+        """Make the target hold exactly what it held when checkpoint ``checkpoint_id`` was the
+        latest committed to it (Delta RESTORE to :meth:`rollback_version`); returns that version,
+        or None when nothing after it was committed. Idempotent until the sink commits again.
+        Writes of others to the target after that version are undone too: the target belongs to
+        the pipeline."""
+        from delta.tables import DeltaTable
+
+        version = self.rollback_version(checkpoint_id)
         if version is None:
             return None
         if version < 0:  # our first commit created the table: before it, the table held nothing

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from checkpoint_lib.core.checkpoints import CompletedCheckpoint
-from checkpoint_lib.core.errors import NoCheckpointError, UnknownCheckpointError
-from checkpoint_lib.core.recovery import SINK_STATE_KEY, RecoveryPlan, choose_checkpoint, plan_recovery
+from checkpoint_lib.core.errors import NoCheckpointError, SnapshotIncompatibleError, UnknownCheckpointError
+from checkpoint_lib.core.recovery import SINK_STATE_KEY, RecoveryPlan, check_fits, choose_checkpoint, plan_recovery
 from checkpoint_lib.core.twophase import SinkRecovery, SinkSnapshot, Transaction
 from checkpoint_lib.core.types import CheckpointKind, SubtaskAck, SubtaskId
 
@@ -245,3 +245,42 @@ def test_describe_savepoint_kind():
 def test_describe_fresh_start():
     plan = plan_recovery([], current_epoch=0, open_transactions=[t(0, 0)])
     assert plan.describe() == "no completed checkpoint: start from scratch as epoch 1\n  abort out-0-0.e1.s0"
+
+
+# --- whether a snapshot fits the pipeline ---------------------------------------------------------
+
+
+def keyed(*spans: tuple[int, int], rows: int = 0) -> dict[SubtaskId, SubtaskAck]:
+    return {SubtaskId("op", i): SubtaskAck(state={"key_groups": list(span)}, channel_state_rows=rows)
+            for i, span in enumerate(spans)}
+
+
+def fits(acks: dict, subtasks, **kw):
+    kw = {"keyed_operator": "op", "max_parallelism": 128, "partitioning": "hash", **kw}
+    return check_fits(completed(7, acks), subtasks, **kw)
+
+
+def test_a_snapshot_at_another_parallelism_rescales_and_a_new_operator_starts_empty():
+    acks = {SRC: SubtaskAck(), **keyed((0, 63), (64, 127))}
+    subtasks = [SRC, *(SubtaskId("op", i) for i in range(3)), SINK0]
+    assert fits(acks, subtasks) == ["op 2 -> 3", "operator 'sink' is not in the snapshot (new operator: starts empty)"]
+
+
+def test_key_groups_that_stop_short_of_max_parallelism_are_refused():
+    """Tiling 0..95 passes the store's structure check, but keys of groups 96..127 would restore
+    without state (their running totals silently reset)."""
+    acks = keyed((0, 47), (48, 95))
+    with pytest.raises(SnapshotIncompatibleError, match=r"key groups end at 95, not at 127.*96\.\.127 would restore without state"):
+        fits(acks, list(acks))
+    with pytest.raises(SnapshotIncompatibleError, match="more key groups than max parallelism 64"):
+        fits(keyed((0, 63), (64, 127)), [SubtaskId("op", 0), SubtaskId("op", 1)], max_parallelism=64)
+
+
+def test_removed_operators_and_unroutable_channel_state_are_refused_with_every_reason():
+    acks = {**keyed((0, 127), rows=5), SubtaskId("dedup", 0): SubtaskAck()}
+    with pytest.raises(SnapshotIncompatibleError) as err:
+        fits(acks, [SubtaskId("op", 0), SubtaskId("op", 1)], partitioning="forward")
+    message = str(err.value)
+    assert "removed operators ['dedup']: pass --allow-non-restored-state" in message
+    assert "in-flight channel state on a forward edge" in message
+    assert fits(acks, [SubtaskId("op", 0)], allow_non_restored_state=True) == []

@@ -24,7 +24,7 @@ from checkpoint_lib.verify import check_payments
 
 from test_payments_crash import ROWS, TIMEOUT, landing
 
-pytestmark = [pytest.mark.crash, pytest.mark.spark]
+pytestmark = [pytest.mark.crash, pytest.mark.spark, pytest.mark.race]
 
 
 def _start(warehouse, *args: str, pause_at: str | None = None) -> subprocess.Popen:
@@ -57,6 +57,24 @@ def _report(warehouse, what: str) -> None:
     assert check.ok, f"{what}: tried, and {check.summary()}"
 
 
+def _zombie_then(warehouse, pause_at: str, newer: list[str], what: str) -> tuple[int, str]:
+    """Attempt 1 (``ckpt run``) stops itself at ``pause_at``; the ``newer`` attempt runs to the end
+    and leaves exact outputs; then attempt 1 wakes up. Its exit code and output."""
+    zombie = _start(warehouse, pause_at=pause_at)
+    try:
+        _wait_stopped(zombie)
+        done = subprocess.run([*newer, "--rows-per-checkpoint", str(ROWS)], env=ckpt_run_env("local[2]"),
+                              capture_output=True, text=True, timeout=TIMEOUT)
+        assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+        _report(warehouse, what)
+        zombie.send_signal(signal.SIGCONT)
+        out, err = zombie.communicate(timeout=TIMEOUT)
+    finally:
+        if zombie.poll() is None:
+            zombie.kill()
+    return zombie.returncode, out + err[-3000:]
+
+
 def test_a_stalled_zombie_released_after_a_newer_restore_lands_nothing(spark, tmp_path):
     """Attempt 1 stalls right before the MERGE of its second flush - after its epoch check, with
     the flush's deltas in hand. Attempt 2 (``ckpt recover --checkpoint 1``: an older checkpoint,
@@ -64,23 +82,10 @@ def test_a_stalled_zombie_released_after_a_newer_restore_lands_nothing(spark, tm
     refused inside the commit by the fence attempt 2 raised, it exits fenced, and the outputs are
     exact."""
     landing(spark, tmp_path)
-    zombie = _start(tmp_path, pause_at="flush_merge:2")
-    try:
-        _wait_stopped(zombie)
-        newer = subprocess.run(
-            [*_ckpt("recover", "payments", "--warehouse", str(tmp_path), "--checkpoint", "1"),
-             "--rows-per-checkpoint", str(ROWS)],
-            env=ckpt_run_env("local[2]"), capture_output=True, text=True, timeout=TIMEOUT,
-        )
-        assert newer.returncode == 0, newer.stdout + newer.stderr[-3000:]
-        _report(tmp_path, "the newer attempt alone")
-        zombie.send_signal(signal.SIGCONT)
-        out, err = zombie.communicate(timeout=TIMEOUT)
-    finally:
-        if zombie.poll() is None:
-            zombie.kill()
-    assert zombie.returncode != 0, f"the zombie finished as if nothing happened:\n{out}\n{err[-3000:]}"
-    assert "fenced" in (out + err).lower(), out + err[-3000:]
+    code, out = _zombie_then(tmp_path, "flush_merge:2", _ckpt("recover", "payments", "--warehouse", str(tmp_path),
+                                                             "--checkpoint", "1"), "the newer attempt alone")
+    assert code != 0, f"the zombie finished as if nothing happened:\n{out}"
+    assert "fenced" in out.lower(), out
     _report(tmp_path, "a stalled zombie released after a newer restore")  # not duplicated, not lost
 
 
@@ -104,3 +109,52 @@ def test_two_recoveries_started_together_leave_one_owner_and_exact_outputs(spark
                           env=ckpt_run_env("local[2]"), capture_output=True, text=True, timeout=TIMEOUT)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     _report(tmp_path, "two recoveries at once")
+
+
+@pytest.mark.slow  # ~3 min of two real processes (make chaos runs it with the race rows)
+def test_a_recovery_while_a_sink_commit_is_in_flight_lands_each_record_once(spark, tmp_path):
+    """Attempt 1 stalls in the middle of its first commit phase: the ledger committed, the balances
+    not yet. ``ckpt recover`` (attempt 2) fences both sinks, re-commits what the restored checkpoint
+    owns and replays. Attempt 1 wakes up and commits the balances: refused inside the commit, it
+    exits fenced, and each record is in the outputs exactly once."""
+    landing(spark, tmp_path)
+    code, out = _zombie_then(tmp_path, "sink_commit:1", _ckpt("recover", "payments", "--warehouse", str(tmp_path)),
+                             "the recovery alone")
+    assert code != 0 and "fenced" in out.lower(), out
+    _report(tmp_path, "a recovery during an in-flight commit")
+
+
+@pytest.mark.slow  # ~3 min (make chaos runs it with the race rows)
+def test_a_savepoint_of_a_running_pipeline_is_taken_by_it_without_stopping_it(spark, tmp_path):
+    """``ckpt savepoint`` while ``ckpt run --follow`` runs: the running pipeline's next step takes
+    the savepoint (no new epoch, nothing replayed, the run goes on), the savepoint restores exactly."""
+    from checkpoint_lib.delta.store import DeltaCheckpointStore
+
+    landing(spark, tmp_path)
+    store = DeltaCheckpointStore(tmp_path / "_checkpoints" / "payments")
+    running = _start(tmp_path, "--follow", "--poll", "0.5")
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not store.all():  # the run is under way: its first checkpoint completed
+            assert running.poll() is None and time.monotonic() < deadline, running.communicate()
+            time.sleep(0.5)
+        epoch = store.current_epoch()
+        taken = subprocess.run([*_ckpt("savepoint", "payments", "--warehouse", str(tmp_path))],
+                               env=ckpt_run_env("local[2]"), capture_output=True, text=True, timeout=TIMEOUT)
+        assert taken.returncode == 0 and "taken by the running pipeline" in taken.stdout, taken.stdout + taken.stderr[-3000:]
+        assert running.poll() is None, "the savepoint stopped the running pipeline"
+        assert store.current_epoch() == epoch  # no recovery
+        savepoint = store.latest()
+        assert savepoint.kind.value == "savepoint"
+        running.send_signal(signal.SIGTERM)
+        out, err = running.communicate(timeout=TIMEOUT)
+    finally:
+        if running.poll() is None:
+            running.kill()
+    assert running.returncode == 0, out + err[-3000:]
+    _report(tmp_path, "a savepoint of a running pipeline")
+    again = subprocess.run([*_ckpt("recover", "payments", "--warehouse", str(tmp_path), "--checkpoint",
+                                   str(savepoint.checkpoint_id)), "--rows-per-checkpoint", str(ROWS)],
+                           env=ckpt_run_env("local[2]"), capture_output=True, text=True, timeout=TIMEOUT)
+    assert again.returncode == 0, again.stdout + again.stderr[-3000:]
+    _report(tmp_path, "restoring that savepoint")

@@ -82,6 +82,7 @@ def test_constructor_does_no_io(tmp_path):
 # --- requests ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.race
 def test_request_is_idempotent_and_honoured_once(tmp_path):
     requests = CheckpointRequests(tmp_path)
     first, made = requests.create("run-1", "dag")
@@ -97,6 +98,7 @@ def test_request_is_idempotent_and_honoured_once(tmp_path):
     assert not list((tmp_path / "requests").glob(".*tmp"))  # no temporary files left
 
 
+@pytest.mark.race
 def test_cancel_and_honour_race_has_exactly_one_winner(tmp_path):
     for i in range(20):
         requests = CheckpointRequests(tmp_path / str(i))
@@ -295,3 +297,52 @@ def test_pause_flag_is_owned(control):
     assert not control.unpause("recover-2")
     assert control.unpause("recover-1") and control.paused() is None
     assert control.unpause("anyone")  # idempotent
+
+
+# --- a savepoint of a running pipeline ------------------------------------------------------------
+
+
+def test_a_running_pipeline_takes_a_requested_savepoint_without_stopping(control):
+    """``ckpt savepoint`` on a running pipeline asks its next source step (as Flink's savepoint of
+    a running job) and waits for the savepoint to complete; nothing begins a new epoch."""
+    store = control.store
+    epoch = store.begin_epoch()
+    store.record_restored(epoch, None, {})
+    assert not control.source_running()
+    session = store.begin_session(epoch, "source")
+    assert control.source_running()
+
+    def running_source_step():  # what the runner's next step does with the open request
+        while not control.requests.open():
+            time.sleep(0.01)
+        (request,) = control.requests.open()
+        assert request.kind == "savepoint"
+        cid = store.get_and_increment()
+        honour_requests(control.root, cid, epoch)
+        store.record_pending(cid, trigger_time=1.0, epoch=epoch, kind=CheckpointKind.SAVEPOINT)
+        store.epoch = epoch
+        c = _completed(cid, 2.0)
+        store.add(CompletedCheckpoint(cid, CheckpointKind.SAVEPOINT, 1.0, 2.0, c.acks, c.ack_times))
+
+    step = threading.Thread(target=running_source_step)
+    step.start()
+    cid, state = control.savepoint_from_running("sp-1", timeout=30, poll=0.02)
+    step.join()
+    assert state == "completed" and store.latest().kind is CheckpointKind.SAVEPOINT and store.latest().checkpoint_id == cid
+    assert store.current_epoch() == epoch
+    store.end_session(epoch, "source", session, {})
+    assert not control.source_running()
+
+
+def test_a_savepoint_request_nobody_takes_is_cancelled_for_the_caller_to_take_it(control):
+    """The source's process died without ending its session: no step answers. The request is
+    cancelled (a late honour would win the race instead, and be waited for), and the caller
+    recovers and takes the savepoint itself."""
+    store = control.store
+    epoch = store.begin_epoch()
+    store.begin_session(epoch, "source")
+    assert control.savepoint_from_running("sp-2", timeout=0.2, poll=0.05) == (None, "unanswered")
+    request = control.requests.get("sp-2")
+    assert request.state == "cancelled" and request.kind == "savepoint" and not control.requests.open()
+    with pytest.raises(ValueError, match="one of"):
+        control.requests.create("sp-3", kind="full")

@@ -233,6 +233,7 @@ def test_a_dry_run_deletes_nothing(world):
         assert real.rule(rule).deleted == report.rule(rule).deleted, rule
 
 
+@pytest.mark.race
 def test_a_write_landing_during_a_rewrite_is_never_lost(world, monkeypatch):
     """Each rewrite decided on snapshot v; another process commits v+1 before the overwrite: the
     overwrite is refused, the rule reads again and decides again, and the write survives."""
@@ -274,6 +275,7 @@ def test_a_write_landing_during_a_rewrite_is_never_lost(world, monkeypatch):
     assert all(report.rule(f"{t} rows").retries == 1 for t in ("checkpoints", "acks", "sessions", "validations"))
 
 
+@pytest.mark.race
 def test_maintenance_racing_a_running_pipeline_loses_nothing(tmp_path):
     """A pipeline thread keeps checkpointing (requests, sessions, pending, acks, completion,
     validation rows) while maintenance runs again and again: every checkpoint the pipeline

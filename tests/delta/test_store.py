@@ -28,8 +28,8 @@ from checkpoint_lib.core.types import CheckpointKind, SubtaskAck, SubtaskId
 from checkpoint_lib.delta.store import (
     CHECKPOINTS_SCHEMA,
     CorruptCheckpointWarning,
+    CorruptControlTableError,
     DeltaCheckpointStore,
-    LocalReservations,
 )
 
 # The shared contract lives in tests/core, which (like every test directory here) is not a package.
@@ -163,6 +163,7 @@ _RACER = textwrap.dedent(
 )
 
 
+@pytest.mark.race
 def test_concurrent_get_and_increment_from_two_processes_gives_distinct_ids(root, tmp_path):
     go = tmp_path / "go"
     n = 12
@@ -269,6 +270,7 @@ def test_epochs_increase_and_fence_older_writers(root):
     ]
 
 
+@pytest.mark.race
 def test_concurrent_begin_epoch_is_unique_and_old_reservation_markers_do_not_matter(root):
     stores = [DeltaCheckpointStore(root) for _ in range(4)]
     got: list[int] = []
@@ -700,3 +702,24 @@ def test_a_rollback_is_owed_until_an_epoch_at_or_after_it_finishes_restoring(roo
     store.record_rollback(second, 3)
     store.record_restored(second, 3, {})
     assert store.owed_rollback() is None
+
+
+@pytest.mark.parametrize("damage", ["data file", "commit file"])
+def test_a_damaged_control_table_file_is_refused_naming_the_file(root, damage):
+    """Truncated by the disk or a tool (a kill never leaves this: Delta shows a file only whole):
+    every read refuses with a message naming the file, and nothing is decided on it."""
+    store = DeltaCheckpointStore(root, retained=2)
+    for i in (1, 2):
+        store.add(checkpoint(i))
+    if damage == "data file":
+        victim = max((root / "checkpoints").glob("*.parquet"), key=lambda f: f.stat().st_mtime)
+        victim.write_bytes(victim.read_bytes()[:50])
+    else:
+        victim = max((root / "checkpoints" / "_delta_log").glob("*.json"))
+        text = victim.read_text()
+        victim.write_text(text[: len(text) // 2])
+    reader = DeltaCheckpointStore(root)
+    for read in (reader.latest, reader.check_readable, lambda: reader.recovery_plan(None, current_epoch=0)):
+        with pytest.raises(CorruptControlTableError, match=f"{damage} {victim} is damaged") as err:
+            read()
+        assert "Nothing was written" in str(err.value)

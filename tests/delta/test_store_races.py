@@ -72,6 +72,7 @@ WRITES = {
 }
 
 
+@pytest.mark.race
 @pytest.mark.parametrize("write", sorted(WRITES))
 def test_a_write_checked_before_a_newer_epoch_began_never_lands(root, monkeypatch, write):
     table, do = WRITES[write]
@@ -100,6 +101,7 @@ def test_begin_epoch_fences_every_control_table_before_it_returns(root):
         zombie.record_pending(5, epoch=epoch)
 
 
+@pytest.mark.race
 def test_a_starter_that_lost_the_epoch_race_is_fenced_not_a_second_owner(root, monkeypatch):
     slow = DeltaCheckpointStore.open(root)
     fast = DeltaCheckpointStore.open(root)
@@ -129,6 +131,7 @@ def test_a_stage_has_at_most_one_live_session_per_epoch(root):
     assert other.begin_session(epoch, "source", after=1) == 2
 
 
+@pytest.mark.race
 def test_racing_starters_of_one_stage_get_exactly_one_session(root, monkeypatch):
     store = DeltaCheckpointStore.open(root)
     epoch = store.begin_epoch("a")
@@ -170,6 +173,7 @@ def test_a_session_is_ended_once_and_only_by_a_live_session(root):
 # --- item 7: abort racing completion: exactly one wins ----------------------------------------------
 
 
+@pytest.mark.race
 def test_completion_loses_cleanly_to_an_abort_that_landed_first(root, monkeypatch):
     store = DeltaCheckpointStore.open(root, retained=3)
     epoch = store.begin_epoch("stage")
@@ -184,6 +188,7 @@ def test_completion_loses_cleanly_to_an_abort_that_landed_first(root, monkeypatc
     assert statuses_in_order(store) == ["pending", "aborted"]
 
 
+@pytest.mark.race
 def test_an_abort_loses_cleanly_to_a_completion_that_landed_first(root, monkeypatch):
     store = DeltaCheckpointStore.open(root, retained=3)
     epoch = store.begin_epoch("stage")
@@ -226,6 +231,7 @@ def test_a_failed_validation_discards_and_a_late_pass_cannot_revive_it(root):
     assert not store.validated(2)
 
 
+@pytest.mark.race
 def test_racing_verdicts_exactly_one_stands(root, monkeypatch):
     """A validation that errored (discard) racing one that passed: whichever lands first stands,
     the other learns it lost and writes nothing."""
@@ -240,6 +246,7 @@ def test_racing_verdicts_exactly_one_stands(root, monkeypatch):
     assert statuses_in_order(store) == ["completed", "completed"]
 
 
+@pytest.mark.race
 def test_a_zombie_cannot_record_a_verdict_after_a_newer_epoch_began(root, monkeypatch):
     zombie, epoch, successor = _zombie_and_successor(root)
     zombie.add(checkpoint(1))

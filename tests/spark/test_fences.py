@@ -23,7 +23,7 @@ from checkpoint_lib.spark.sinks import DeltaTwoPhaseSink
 from checkpoint_lib.spark.state import KeyedStateTable
 from checkpoint_lib.verify import read_delta
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.race]
 SCHEMA = T.StructType([T.StructField("account", T.StringType()), T.StructField("amount_cents", T.LongType())])
 STATE_APP = "checkpoint_lib/p/state/op"
 
@@ -199,3 +199,24 @@ def test_a_zombies_channel_deletes_never_touch_a_newer_epochs_rows(spark, tmp_pa
     log.clear(epoch=1)
     left = read_delta(log.path)
     assert sorted(zip(left["epoch"], left["seq"])) == [(2, 0), (2, 1), (2, 2), (2, 3)]
+
+
+@pytest.mark.parametrize("mode", ["append", "upsert"])
+def test_a_rollback_to_a_checkpoint_committed_together_with_the_next_keeps_its_rows(spark, tmp_path, mode):
+    """Checkpoint 2's notification was late, so checkpoint 3's commit also committed 2's transaction.
+    A recovery to checkpoint 2 (epoch 2: fence, roll the sink back to what 2 committed, re-commit
+    what 2 owns) must leave exactly 2's rows: 3's undone, 2's neither lost nor doubled."""
+    sink = _sink(spark, tmp_path, mode)
+    t1, t2, t3 = (Transaction(i, "a", 1, checkpoint_id=i) for i in (1, 2, 3))
+    for t, row in ((t1, ("w", 5)), (t2, ("x", 10)), (t3, ("y", 20))):
+        _stage(spark, sink, t, [row])
+    sink.commit([t1], 1, writer_epoch=1)
+    sink.commit([t2, t3], 3, writer_epoch=1)  # the late notification: cumulative
+    assert sorted(read_delta(sink.target).itertuples(index=False, name=None)) == [("w", 5), ("x", 10), ("y", 20)]
+
+    recovery = _sink(spark, tmp_path, mode)
+    recovery.fence(2)
+    recovery.rollback_to(2)
+    recovery.commit([t2], 2, writer_epoch=2)  # what checkpoint 2 owns: re-committed if missing
+    assert sorted(read_delta(sink.target).itertuples(index=False, name=None)) == [("w", 5), ("x", 10)]
+    assert recovery.uncommitted([t1, t2]) == []

@@ -69,6 +69,7 @@ def test_checkpoint_history_records_acks_and_sizes(healthy):
     assert all(a.state["table_version"] >= 0 for s, a in latest.acks.items() if s.operator == "balance")
 
 
+@pytest.mark.race
 def test_commit_repeated_after_success_is_a_no_op(spark, healthy):
     from checkpoint_lib.core.recovery import SINK_STATE_KEY
     from checkpoint_lib.core.twophase import SinkSnapshot
@@ -98,6 +99,7 @@ def test_dead_letters_have_reason_and_offset(healthy):
     assert check.ok and check.dlq_rows == check.bad_rows > 0, check.summary()
 
 
+@pytest.mark.race
 def test_zombie_of_an_older_epoch_is_fenced_and_its_writes_ignored(spark, tmp_path):
     generate(spark, str(tmp_path), ROWS, accounts=10, seed=5)
     zombie = runner(spark, tmp_path)
@@ -283,6 +285,19 @@ def test_restoring_an_older_checkpoint_rolls_sinks_back_even_across_a_crash(spar
     first = runner(spark, tmp_path).run()
     assert len(first.completed) >= 3
     oldest, later = first.completed[0], first.completed[1:]
+    store = DeltaCheckpointStore.open(f"{tmp_path}/_checkpoints/payments")
+
+    # the ledger's history back to the oldest checkpoint's commit is gone (log retention): the
+    # recovery is refused before it discards or restores anything
+    from checkpoint_lib.spark.sinks import RollbackUnavailableError
+    from delta_history import expire_log_through, unexpire
+
+    ledger = tmp_path / "gold" / "ledger"
+    aside = expire_log_through(ledger, runner(spark, tmp_path).sinks["ledger"].rollback_version(oldest))
+    with pytest.raises(RollbackUnavailableError, match=f"sink ledger: .* cannot be rolled back to what checkpoint {oldest}"):
+        runner(spark, tmp_path, restore_checkpoint=oldest).run()
+    assert store.owed_rollback() is None and store.latest().checkpoint_id == later[-1]
+    unexpire(ledger, aside)
 
     def die_mid_rollback(phase):  # the process dies after discarding, before the sinks roll back
         if phase == "rollback":
@@ -292,7 +307,6 @@ def test_restoring_an_older_checkpoint_rolls_sinks_back_even_across_a_crash(spar
     doomed._checkpoint = die_mid_rollback
     with pytest.raises(RuntimeError, match="killed"):
         doomed.run()
-    store = DeltaCheckpointStore.open(f"{tmp_path}/_checkpoints/payments")
     assert store.latest().checkpoint_id == oldest and store.owed_rollback() == oldest
     assert {r["checkpoint_id"]: r["status"] for r in store.history()}[later[-1]] == "discarded"
 
@@ -339,6 +353,19 @@ def test_an_unreadable_latest_checkpoint_whose_commit_landed_is_rolled_back_not_
     assert check.ledger_rows == check.valid_rows
     row = next(h for h in store.history() if h["checkpoint_id"] == latest)
     assert row["status"] == "discarded" and not row["corrupt"] and "unreadable" in row["message"]
+
+    # a damaged control-table FILE (not a row: the disk or a tool) is refused, naming the file,
+    # before anything is written: no epoch begins, no fence, no sink or state commit
+    from checkpoint_lib.delta.store import CorruptControlTableError
+
+    root = tmp_path / "_checkpoints" / "payments"
+    tables = [root / "epochs", root / "state" / "balance", tmp_path / "gold" / "ledger", tmp_path / "gold" / "balances"]
+    versions = [DeltaTable(str(t)).version() for t in tables]
+    damaged = max((root / "sessions").glob("*.parquet"), key=lambda f: f.stat().st_mtime)
+    damaged.write_bytes(damaged.read_bytes()[:100])
+    with pytest.raises(CorruptControlTableError, match=f"data file {damaged} is damaged"):
+        runner(spark, tmp_path).run()
+    assert [DeltaTable(str(t)).version() for t in tables] == versions
 
 
 def test_rescaling_3_to_5_to_2_restores_state_by_key_group_and_recommits_every_old_subtask(spark, tmp_path):

@@ -19,7 +19,7 @@ from checkpoint_lib.spark import tables
 from checkpoint_lib.spark.state import KeyedStateTable
 from checkpoint_lib.verify import read_delta
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.race]
 
 
 def _state(spark, path) -> KeyedStateTable:
