@@ -60,6 +60,12 @@ The rules (each says in the report what it kept, what it deleted, or why it skip
   the duration check off and without VACUUM's own log commits (a new state version would make a
   stopped keyed stage recover). A table with no file outside its latest version older than the
   window gets no VACUUM (no Spark job).
+- the state tables' Delta logs: they keep the 100-year log retention that time travel to an old
+  savepoint needs (lowering it would take a metadata commit, which fails a running MERGE and moves
+  the version a stopped keyed stage resumes at), so Delta never cleans them. The rule does what
+  Delta's clean-up would, below what is pinned, without a commit: the log files of versions below
+  the newest complete log checkpoint at or before the oldest pinned version, once older than
+  ``file_retention_hours``. Every version from that checkpoint on stays reproducible.
 - the control tables' removed files (delta-rs VACUUM, ``full``: also files of commits that lost a
   race), older than ``file_retention_hours``.
 - the control tables' Delta logs: their ``delta.logRetentionDuration`` is set to
@@ -70,11 +76,8 @@ The rules (each says in the report what it kept, what it deleted, or why it skip
   lists the whole log.
 
 Not touched: sink tables and the dead-letter table (the user's), the source manifest (append-only),
-``epochs`` (a row per recovery), and the Delta logs of the Spark tables: the channel logs' and
-staging's are cleaned by Delta after 30 days; the state table's keeps the 100-year retention that
-time travel to an old savepoint needs, and lowering it to the pinned window would take a metadata
-commit, which fails a running MERGE and moves the version a stopped keyed stage resumes at. That
-log (small JSON commits, a log checkpoint every 10) still grows with the number of flushes.
+``epochs`` (a row per recovery), and the Delta logs of the channel logs and staging (cleaned by
+Delta after 30 days).
 
 ``dry_run=True`` decides everything the same way and deletes nothing. Spark (``spark=``) is needed
 for the data-plane rules only; without it they are reported as skipped.
@@ -317,6 +320,7 @@ def maintain(
         lambda: _delete_requests(ctx),
         lambda: _delete_gx_runs(ctx),
         lambda: _data_plane(ctx, spark),
+        lambda: _state_logs(ctx),
         lambda: _vacuum_control_tables(ctx),
         lambda: _control_logs(ctx),
     ]
@@ -961,6 +965,68 @@ def _vacuum_state(ctx: _Context, spark: "SparkSession", table: Path, cutoff: flo
     _vacuum_spark(ctx, spark, table, hours,
                   "every file of every version from the oldest one a protected or pending checkpoint pins "
                   f"({ctx.policy.pinned_margin_hours:g} h before its commit) and the newest restore on")
+
+
+# --- the state tables' Delta logs ----------------------------------------------------------------
+
+_LOG_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d+)\.(\d+))?\.parquet$")
+
+
+def log_checkpoints(table: Path) -> list[int]:
+    """Versions of ``table`` with a complete Delta log checkpoint (one file, or every part of a
+    multi-part one), ascending. V2 checkpoints are not counted (never treated as a start)."""
+    single: set[int] = set()
+    parts: dict[tuple[int, int], set[int]] = defaultdict(set)
+    for name in os.listdir(table / "_delta_log"):
+        m = _LOG_CHECKPOINT.match(name)
+        if m is None:
+            continue
+        if m.group(2) is None:
+            single.add(int(m.group(1)))
+        else:
+            parts[(int(m.group(1)), int(m.group(3)))].add(int(m.group(2)))
+    complete = single | {v for (v, n), got in parts.items() if got == set(range(1, n + 1))}
+    return sorted(complete)
+
+
+def _state_logs(ctx: _Context) -> None:
+    """Each state table's Delta log keeps its 100-year retention (time travel to a savepoint needs
+    it, and changing it is a commit on the table), so Delta never cleans it up. This rule does what
+    Delta's clean-up would, below what is pinned: with P the oldest version a protected or pending
+    checkpoint pins, and C the newest complete log checkpoint at or before P, every log file of a
+    version below C goes (once older than the VACUUM window, for readers in flight). Every version
+    from C on stays reproducible (C's checkpoint and the commits after it), so a restore of any
+    retained checkpoint or savepoint, a running MERGE and a stopped stage resuming read what they
+    read before; no commit is made on the table."""
+    cutoff = ctx.file_cutoff
+    for table in _delta_tables(ctx.root / "state"):
+        outcome = ctx.add(RuleOutcome("delta log", ctx.rel(table / "_delta_log"), FILES))
+        pinned = pinned_state_versions(ctx.store, ctx.needs, table.name)
+        if not pinned:
+            outcome.skipped = "no protected or pending checkpoint pins a version of it"
+            continue
+        oldest = min(pinned.values())
+        start = max((v for v in log_checkpoints(table) if v <= oldest), default=None)
+        if start is None:
+            outcome.skipped = f"no log checkpoint at or before version {oldest}, the oldest pinned"
+            continue
+        outcome.keeps = (f"the log checkpoint of version {start} and every commit after it (version {oldest} is "
+                         "the oldest a protected or pending checkpoint pins)")
+        doomed, kept = [], 0
+        for f in (table / "_delta_log").iterdir():
+            m = _LOG_FILE.match(f.name)
+            try:
+                if m and int(m.group(1)) < start and f.stat().st_mtime < cutoff:
+                    doomed.append(f)
+                else:
+                    kept += 1
+            except FileNotFoundError:
+                continue
+        outcome.deleted, outcome.kept = len(doomed), kept
+        outcome.bytes_freed = sum(_size(str(f)) for f in doomed)
+        if not ctx.dry_run:
+            for f in sorted(doomed):  # oldest first: a gap never opens above what is left
+                _unlink(f, False)
 
 
 # --- the control tables' removed files ----------------------------------------------------------

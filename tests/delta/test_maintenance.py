@@ -233,6 +233,56 @@ def test_a_dry_run_deletes_nothing(world):
         assert real.rule(rule).deleted == report.rule(rule).deleted, rule
 
 
+def state_table(p: Pipeline, versions: int, log_checkpoints_at: tuple[int, ...]) -> Path:
+    """The keyed operator's state table as Delta lays it out (one commit per flush, a log
+    checkpoint now and then), every log file an hour old."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    table = p.root / "state" / OP.operator
+    for v in range(versions):
+        write_deltalake(str(table), pa.table({"key_group": [v % 128], "balance_cents": [v]}), mode="append")
+        if v in log_checkpoints_at:
+            DeltaTable(str(table)).create_checkpoint()
+    for f in (table / "_delta_log").iterdir():
+        os.utime(f, (time.time() - 3600, time.time() - 3600))
+    return table
+
+
+def test_a_state_tables_log_is_cleaned_below_the_oldest_pinned_version_and_every_pinned_one_stays(world):
+    """The state table keeps a 100-year log retention (time travel to a savepoint), so Delta never
+    cleans its log: maintenance deletes what lies below the newest log checkpoint at or before the
+    oldest pinned version, and every retained checkpoint's and the savepoint's version still reads."""
+    p = world
+    table = state_table(p, 31, log_checkpoints_at=(10, 20, 30))
+    pinned = maintenance.pinned_state_versions(p.store, maintenance.read_needs(DeltaCheckpointStore(p.root)),
+                                               OP.operator)
+    assert min(pinned.values()) == 10 + p.savepoint == 13  # checkpoint c pins version 10 + c
+    before = {v: DeltaTable(str(table), version=v).to_pyarrow_table().num_rows for v in (*pinned.values(), 30)}
+
+    dry = maintain(p.warehouse, "payments", dry_run=True, now=T0 + 60 * DAY, policy=NOW_POLICY)
+    target = "_checkpoints/payments/state/balance/_delta_log"
+    assert dry.rule("delta log", target).deleted == 10 and (table / "_delta_log" / f"{0:020d}.json").exists()
+    report = maintain(p.warehouse, "payments", now=T0 + 60 * DAY, policy=NOW_POLICY)
+    outcome = report.rule("delta log", target)
+    assert outcome.deleted == 10 and "log checkpoint of version 10" in outcome.keeps
+    left = sorted(int(f.name[:20]) for f in (table / "_delta_log").iterdir() if f.name[:20].isdigit())
+    assert left[0] == 10  # versions 0-9 went; the checkpoint of 10 and the commits after it stay
+    assert {v: DeltaTable(str(table), version=v).to_pyarrow_table().num_rows for v in before} == before
+    with pytest.raises(Exception):
+        DeltaTable(str(table), version=9)  # below what anything pins: no longer reproducible
+    again = maintain(p.warehouse, "payments", now=T0 + 61 * DAY, policy=NOW_POLICY)
+    assert again.rule("delta log", target).deleted == 0  # the savepoint still pins version 13
+
+
+def test_a_state_log_without_a_log_checkpoint_below_the_oldest_pinned_version_is_left_alone(world):
+    table = state_table(world, 31, log_checkpoints_at=(20, 30))
+    before = files_under(table / "_delta_log")
+    report = maintain(world.warehouse, "payments", now=T0 + 60 * DAY, policy=NOW_POLICY)
+    assert "no log checkpoint at or before version 13" in report.rule("delta log", "_checkpoints/payments/state/balance/_delta_log").skipped
+    assert files_under(table / "_delta_log") == before
+
+
 @pytest.mark.race
 def test_a_write_landing_during_a_rewrite_is_never_lost(world, monkeypatch):
     """Each rewrite decided on snapshot v; another process commits v+1 before the overwrite: the
