@@ -7,7 +7,7 @@ PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test demo bench bench-quick bench-growth chaos airflow clean distclean
+.PHONY: setup test test-all demo bench bench-quick bench-growth chaos airflow clean distclean
 
 # Reinstall only when the venv is missing or the pins changed.
 $(STAMP): pyproject.toml constraints.txt
@@ -25,6 +25,10 @@ setup: $(STAMP)
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Every test, the ones marked slow included (CI runs `make test`).
+test-all: setup
+	$(PY) -m pytest -m '' $(PYTEST_ARGS)
 
 demo: setup
 	$(VENV)/bin/ckpt demo

@@ -92,6 +92,7 @@ def test_recover_dag_dry_run_bad_params_and_real_recovery(world):
     assert check.valid_rows > 290
 
 
+@pytest.mark.slow  # CI tier: CI runs the maintain task in tests/airflow/test_provider.py
 def test_maintenance_dag_drops_what_no_retained_checkpoint_needs_and_changes_no_output(world):
     from checkpoint_lib.delta.store import DeltaCheckpointStore
     from checkpoint_lib.maintenance import read_needs

@@ -75,6 +75,7 @@ def _zombie_then(warehouse, pause_at: str, newer: list[str], what: str) -> tuple
     return zombie.returncode, out + err[-3000:]
 
 
+@pytest.mark.slow  # ~4.5 min of two real processes; CI keeps the in-process zombies of tests/spark/test_fences.py
 def test_a_stalled_zombie_released_after_a_newer_restore_lands_nothing(spark, tmp_path):
     """Attempt 1 stalls right before the MERGE of its second flush - after its epoch check, with
     the flush's deltas in hand. Attempt 2 (``ckpt recover --checkpoint 1``: an older checkpoint,
@@ -89,7 +90,7 @@ def test_a_stalled_zombie_released_after_a_newer_restore_lands_nothing(spark, tm
     _report(tmp_path, "a stalled zombie released after a newer restore")  # not duplicated, not lost
 
 
-@pytest.mark.slow  # ~5 min of three real processes; CI keeps the stalled zombie above
+@pytest.mark.slow  # ~5 min of three real processes (make chaos runs it with the race rows)
 def test_two_recoveries_started_together_leave_one_owner_and_exact_outputs(spark, tmp_path):
     """After a crash, both stages' processes (or a DAG task and the runner) recover at once: one
     epoch wins, the other attempt is fenced wherever it is, and a following run ends exact."""

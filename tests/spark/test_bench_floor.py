@@ -49,6 +49,7 @@ def test_floor_is_exact_and_the_comparison_catches_a_wrong_contender(spark, tmp_
     assert diff_outputs(spark, w, other, ledger_order=False)[0].startswith("dlq/payments")
 
 
+@pytest.mark.slow  # CI tier: make bench-quick runs it
 def test_ours_contender_matches_the_floor_and_reports_its_checkpoints(spark, tmp_path):
     """bench/ours.py as the benchmark runs it: a checkpoint every version, outputs equal to the
     floor's, and the figures the tables print (the interval trend included)."""

@@ -84,6 +84,7 @@ def test_a_sink_commit_by_a_zombie_that_stalled_past_its_check_is_refused_in_the
     assert sink.stamp() == (2, 2) and newer.is_committed(t2) and not newer.is_committed(t3)
 
 
+@pytest.mark.slow  # CI tier: CI keeps the stalled zombies of this module
 def test_a_sink_commit_racing_the_fence_inside_its_own_job_is_refused(spark, tmp_path, monkeypatch):
     """The fence lands while the zombie's append job runs (after it read the staged rows and the
     table's stamp): Delta finds the conflict on the application id, the retry sees the fence and
@@ -159,6 +160,7 @@ def test_a_state_merge_by_a_zombie_after_the_fence_lands_nothing(spark, tmp_path
     assert read_delta(path)["balance_cents"].tolist() == [115]
 
 
+@pytest.mark.slow  # CI tier: CI keeps the stalled zombies of this module
 def test_a_state_merge_racing_the_fence_inside_its_own_job_is_refused(spark, tmp_path):
     path = str(tmp_path / "state")
     state = _state(spark, path)
@@ -170,6 +172,7 @@ def test_a_state_merge_racing_the_fence_inside_its_own_job_is_refused(spark, tmp
     assert read_delta(path)["balance_cents"].tolist() == [100]
 
 
+@pytest.mark.slow  # CI tier: a full run and two recoveries
 def test_a_stalled_older_recovery_cannot_restore_over_the_newer_one(spark, tmp_path):
     path = str(tmp_path / "state")
     state = _state(spark, path)

@@ -80,6 +80,7 @@ def test_unaligned_snapshots_hold_real_in_flight_records_and_conserve_money(spar
     assert result.success and any(o.view == "channel_state" for o in result.outcomes), result.summary(verbose=True)
 
 
+@pytest.mark.slow  # CI tier: several runs at three parallelisms
 def test_restoring_channel_state_rescaled_3_to_5_then_5_to_2_is_exactly_once(spark, skewed):
     """Restore the first checkpoint (with channel state) at parallelism 5, finish; then restore a
     checkpoint of that run (with channel state logged by 5 subtasks) at parallelism 2, finish."""
@@ -102,6 +103,7 @@ def test_restoring_channel_state_rescaled_3_to_5_then_5_to_2_is_exactly_once(spa
 
 
 # aligned under a lagging source: also tests/spark/test_long_runs.py (12+ checkpoints), so slow here
+@pytest.mark.slow  # CI tier: every mode a full run; CI keeps the unaligned one above
 @pytest.mark.parametrize("mode", [pytest.param("aligned", marks=pytest.mark.slow), "aligned_with_timeout", "at_least_once"])
 def test_every_mode_is_exact_without_failures_under_skew(spark, tmp_path, mode):
     for v in range(2):

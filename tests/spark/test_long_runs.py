@@ -82,6 +82,7 @@ def read_back(spark, w, name: str, completed: list[int], state_sums: dict, in_fl
     return states, flying
 
 
+@pytest.mark.slow  # ~5 min each on 2 cores; CI keeps the transfers run below (the item that lost money)
 @pytest.mark.parametrize("mode", ["aligned", "unaligned"])
 def test_payments_with_a_lagging_source_stays_exact_over_many_checkpoints_in_one_process(spark, tmp_path, mode):
     for v in range(VERSIONS):

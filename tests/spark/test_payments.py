@@ -130,6 +130,7 @@ def test_schema_drift_stops_before_writing_anything(spark, tmp_path):
     assert len(read_delta(f"{tmp_path}/gold/ledger")) == 0
 
 
+@pytest.mark.slow  # CI tier: tests/chaos/test_hostile.py runs the same case (rewritten_in_place) in CI
 def test_landing_rewritten_in_place_is_refused(spark, tmp_path):
     generate(spark, str(tmp_path), ROWS, accounts=10, seed=10)
     runner(spark, tmp_path).run()
@@ -139,6 +140,7 @@ def test_landing_rewritten_in_place_is_refused(spark, tmp_path):
         runner(spark, tmp_path).run()
 
 
+@pytest.mark.slow  # CI tier: ~100 s
 def test_state_read_back_equals_balances_and_savepoints_survive_retention(spark, tmp_path):
     from checkpoint_lib.spark import inspect
 
@@ -180,6 +182,7 @@ def test_restore_checks_the_snapshot_fits_the_pipeline(spark, tmp_path):
     assert "operator 'sink_ledger' is not in the snapshot (new operator: starts empty)" in message
 
 
+@pytest.mark.slow  # CI tier: ~100 s of real processes
 def test_stages_run_as_separate_processes_resume_where_they_stopped(spark, tmp_path):
     """The source and keyed stages in separate runs (sessions of one epoch), joined by the
     channel log: the source's final barrier completes when the keyed stage processes it."""
@@ -229,6 +232,7 @@ def test_stages_run_as_separate_processes_resume_where_they_stopped(spark, tmp_p
     assert check.ledger_rows == check.valid_rows
 
 
+@pytest.mark.slow  # CI tier: ~200 s; tests/spark/test_state.py checks compaction in CI
 def test_the_state_table_is_compacted_every_n_flushes_and_resume_and_restore_still_fit(spark, tmp_path):
     small = ROWS // 2  # a flush per landing version: four flushes, OPTIMIZE after the 2nd and the 4th
     # (an OPTIMIZE with nothing to pack commits nothing, hence "at least one" below)
@@ -259,6 +263,7 @@ def test_the_state_table_is_compacted_every_n_flushes_and_resume_and_restore_sti
     assert check.ledger_rows == check.valid_rows
 
 
+@pytest.mark.slow  # CI tier: ~80 s; tests/chaos/test_chaos.py kills and recovers in CI
 def test_a_stage_whose_last_process_died_recovers_the_pipeline(spark, tmp_path):
     generate(spark, str(tmp_path), ROWS, accounts=25, seed=31)
     first = runner(spark, tmp_path).run()
@@ -279,6 +284,7 @@ def test_a_stage_whose_last_process_died_recovers_the_pipeline(spark, tmp_path):
         dead.close()
 
 
+@pytest.mark.slow  # CI tier: ~150 s; CI rolls back in tests/spark/test_fences.py
 def test_restoring_an_older_checkpoint_rolls_sinks_back_even_across_a_crash(spark, tmp_path):
     for seed in (41, 42, 43):
         generate(spark, str(tmp_path), ROWS, bad_fraction=0.02, accounts=20, seed=seed)
@@ -317,6 +323,7 @@ def test_restoring_an_older_checkpoint_rolls_sinks_back_even_across_a_crash(spar
     assert check.ledger_rows == check.valid_rows
 
 
+@pytest.mark.slow  # CI tier: ~100 s; CI keeps tests/delta/test_store.py's corrupt rows
 def test_an_unreadable_latest_checkpoint_whose_commit_landed_is_rolled_back_not_replayed_twice(spark, tmp_path):
     """The latest completed checkpoint committed its sinks, then its metadata row went corrupt:
     recovery falls back to the previous one and must roll the sinks back to it before replaying,
@@ -368,6 +375,7 @@ def test_an_unreadable_latest_checkpoint_whose_commit_landed_is_rolled_back_not_
     assert [DeltaTable(str(t)).version() for t in tables] == versions
 
 
+@pytest.mark.slow  # CI tier: several runs at three parallelisms
 def test_rescaling_3_to_5_to_2_restores_state_by_key_group_and_recommits_every_old_subtask(spark, tmp_path):
     """Restore at another parallelism (Flink's rescaling): state split by key group, the source's
     offsets shared, and the pre-committed transactions of *every* old sink subtask re-committed

@@ -63,6 +63,7 @@ def banked(spark, tmp_path_factory):
     return w, run(spark, w, validate_checkpoints=None)  # the pipeline's default: validated
 
 
+@pytest.mark.slow  # CI tier: the long transfers run of tests/spark/test_long_runs.py covers it in CI
 def test_unaligned_checkpoints_of_the_cycle_conserve_money_exactly(spark, banked):
     w, summary = banked
     check = check_transfers(str(w))
@@ -106,6 +107,7 @@ def test_transfers_rescaled_3_to_5_then_5_to_2_from_checkpoints_with_channel_sta
     assert result.success and result.restored_checkpoint_id == logged[0], result.summary(verbose=True)
 
 
+@pytest.mark.slow  # CI tier: CI keeps the commit phase's validation gate
 def test_a_checkpoint_failing_validation_is_discarded_never_committed_and_the_next_run_recovers(spark, tmp_path):
     """Money goes missing from checkpoint 2's channel state (a broken snapshot): its validation
     fails before the commit, so it is discarded, nothing of it becomes visible, the run stops with
@@ -157,6 +159,7 @@ def die_before_validating(runner, w, spark, *, at: int, tamper: bool):
     assert store(w).latest().checkpoint_id == at and not store(w).validated(at)
 
 
+@pytest.mark.slow  # CI tier: CI keeps the commit phase's validation gate
 def test_recovery_validates_a_checkpoint_that_was_never_validated_before_it_commits_it(spark, tmp_path):
     """Item 2 of issue 24: the process died between checkpoint 2's completion and its validation.
     Recovery must not restore and re-commit it unvalidated: it validates it first, the broken
