@@ -6,6 +6,7 @@ pure-core tests never import pyspark or pay the JVM start-up.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -13,6 +14,11 @@ import pytest
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+# The tests' data is tiny: two shuffle partitions (one per core) instead of the default eight make a
+# Delta MERGE about a third cheaper, and every Spark test here is a chain of small MERGEs. Set in the
+# environment, so the `ckpt` processes and Airflow tasks the tests start inherit it.
+os.environ.setdefault("CKPT_SHUFFLE_PARTITIONS", "2")
 
 
 @pytest.fixture(scope="session")

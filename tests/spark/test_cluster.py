@@ -22,6 +22,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.crash]
 ROWS = 3000
 
 
+@pytest.mark.slow  # CI tier: a standalone cluster of two workers; CI's crash-and-recover is tests/chaos
 def test_an_executor_killed_mid_run_on_a_standalone_cluster_changes_nothing(spark, tmp_path):
     for v in range(2):
         generate(spark, str(tmp_path), ROWS, bad_fraction=0.02, accounts=50, seed=40 + v)
