@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from .core.decider import CheckpointConfig, Verdict, decide
-from .core.errors import CheckpointError, FailureReason, FencedError, UnknownCheckpointError
+from .core.errors import CheckpointError, FailureReason, UnknownCheckpointError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
