@@ -45,6 +45,7 @@ from checkpoint_lib.core.recovery import SINK_STATE_KEY  # noqa: E402
 from checkpoint_lib.core.twophase import SinkSnapshot, Transaction  # noqa: E402
 from checkpoint_lib.core.types import CheckpointKind, SubtaskAck, SubtaskId  # noqa: E402
 from checkpoint_lib.delta.store import DeltaCheckpointStore  # noqa: E402
+from checkpoint_lib.layout import checkpoint_root  # noqa: E402
 from checkpoint_lib.maintenance import RetentionPolicy, maintain  # noqa: E402
 from checkpoint_lib.quality.records import ValidationLog  # noqa: E402
 from checkpoint_lib.quality.result import QualityResult  # noqa: E402
@@ -76,7 +77,7 @@ def acks_of(cid: int, epoch: int) -> dict[SubtaskId, SubtaskAck]:
 class Simulation:
     def __init__(self, warehouse: Path, *, retained: int = 5, savepoint_every: int = 200):
         self.warehouse = warehouse
-        self.root = warehouse / "_checkpoints" / PIPELINE
+        self.root = checkpoint_root(warehouse, PIPELINE)
         self.quality = warehouse / "_quality" / PIPELINE
         self.store = DeltaCheckpointStore.open(self.root, retained=retained)
         self.requests = CheckpointRequests(self.root)

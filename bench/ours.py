@@ -23,6 +23,7 @@ def run_ours(spark: Any, warehouse: str, *, mode: str, rows_per_checkpoint: int,
     ``mode`` is a barrier mode or :data:`OFF`. Returns the run's figures."""
     from checkpoint_lib.core.decider import CheckpointConfig
     from checkpoint_lib.delta.store import DeltaCheckpointStore
+    from checkpoint_lib.layout import checkpoint_root
     from checkpoint_lib.pipelines import get
     from checkpoint_lib.spark.runner import PipelineRunner
 
@@ -35,7 +36,7 @@ def run_ours(spark: Any, warehouse: str, *, mode: str, rows_per_checkpoint: int,
     )
     summary = runner.run()
     seconds = time.monotonic() - started
-    history = DeltaCheckpointStore.open(f"{warehouse}/_checkpoints/payments").history()
+    history = DeltaCheckpointStore.open(checkpoint_root(warehouse, "payments")).history()
     done = [r for r in history if r["completion_time"] and r["checkpoint_id"] != summary.final]
     durations = [(r["completion_time"] - r["trigger_time"]) * 1000 for r in done]
     return {

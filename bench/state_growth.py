@@ -113,10 +113,11 @@ def checkpoint_figures(spark, warehouse: str, pipeline: str = "payments") -> dic
     from deltalake import DeltaTable
 
     from checkpoint_lib.delta.store import DeltaCheckpointStore
+    from checkpoint_lib.layout import checkpoint_root
     from checkpoint_lib.pipelines import get
 
     operator = get(pipeline).operator_uid
-    root = f"{warehouse}/_checkpoints/{pipeline}"
+    root = str(checkpoint_root(warehouse, pipeline))
     store = DeltaCheckpointStore.open(root)
     done = sorted((r for r in store.history() if r["status"] == "completed"), key=lambda r: r["checkpoint_id"])
     pinned = {}

@@ -123,9 +123,10 @@ def _cmd_run(args: argparse.Namespace, recover: bool = False) -> int:
 
 def _cmd_recover(args: argparse.Namespace) -> int:
     from .delta.store import DeltaCheckpointStore
+    from .layout import checkpoint_root
 
     if args.dry_run:
-        store = DeltaCheckpointStore.open(f"{os.path.abspath(args.warehouse)}/_checkpoints/{args.pipeline}")
+        store = DeltaCheckpointStore.open(checkpoint_root(args.warehouse, args.pipeline))
         print(store.recovery_plan(args.checkpoint).describe())
         return 0
     code = _cmd_run(args, recover=True)
@@ -166,8 +167,9 @@ def _cmd_savepoint(args: argparse.Namespace) -> int:
 def _cmd_checkpoints(args: argparse.Namespace) -> int:
     from .delta.store import DeltaCheckpointStore
     from .history import format_table, with_durations
+    from .layout import checkpoint_root
 
-    store = DeltaCheckpointStore.open(f"{os.path.abspath(args.warehouse)}/_checkpoints/{args.pipeline}")
+    store = DeltaCheckpointStore.open(checkpoint_root(args.warehouse, args.pipeline))
     if args.action == "list":
         rows = with_durations(store.history()[: args.limit])
         if args.json:

@@ -48,6 +48,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from .core.decider import CheckpointConfig, Verdict, decide
 from .core.errors import CheckpointError, FailureReason, UnknownCheckpointError
+from .layout import check_pipeline_name as validate_pipeline_name
+from .layout import checkpoint_root
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -60,8 +62,6 @@ __all__ = [
     "Request", "RequestOutcome", "parse_checkpoint_id", "validate_pipeline_name", "validate_request_id",
 ]
 
-PIPELINE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
-"""The same rule as :class:`checkpoint_lib.pipeline.Pipeline` names."""
 REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,199}$")
 MAX_ID_DIGITS = 18
 """A checkpoint id fits in a Delta ``long``; longer input is refused before any int() of it."""
@@ -70,17 +70,6 @@ DONE_STATUSES = frozenset({"completed", "aborted", "discarded", "cancelled"})
 
 
 # --- validation ---------------------------------------------------------------------------------
-
-
-def validate_pipeline_name(name: Any) -> str:
-    """``name`` if it is a well-formed pipeline name (``^[a-z][a-z0-9_]{0,62}$``), else ValueError.
-
-    Well-formed only; :func:`checkpoint_lib.pipelines.get` says whether it is registered.
-    """
-    if not isinstance(name, str) or not PIPELINE_NAME.match(name):
-        shown = repr(name) if len(repr(name)) <= 80 else repr(name)[:77] + "..."
-        raise ValueError(f"pipeline name {shown} must be lower-case letters, digits and _ (at most 63)")
-    return name
 
 
 def parse_checkpoint_id(value: Any) -> int | None:
@@ -124,11 +113,6 @@ def validate_request_id(request_id: Any) -> str:
     if not isinstance(request_id, str) or not REQUEST_ID.match(request_id) or ".." in request_id:
         raise ValueError(f"request id {str(request_id)[:80]!r} must be 1-200 of A-Z a-z 0-9 _ . : + - (no '..')")
     return request_id
-
-
-def checkpoint_root(warehouse: str | os.PathLike[str], pipeline: str) -> Path:
-    """``<warehouse>/_checkpoints/<pipeline>`` (absolute), for a validated pipeline name."""
-    return Path(os.path.abspath(warehouse)) / "_checkpoints" / validate_pipeline_name(pipeline)
 
 
 def expected_acks(pipeline: "Pipeline") -> int:

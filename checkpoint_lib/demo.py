@@ -47,6 +47,7 @@ def run_demo(warehouse: str, rows: int = 200_000) -> int:
     from .spark.session import get_spark
     from .verify import check_payments
     from .delta.store import DeltaCheckpointStore
+    from .layout import checkpoint_root
 
     w = Path(warehouse).resolve() / "demo"
     if w.exists():
@@ -74,7 +75,7 @@ def run_demo(warehouse: str, rows: int = 200_000) -> int:
     print(f"  read {summary.rows_in} rows in {summary.seconds:.1f} s ({rate:,.0f} rows/s)")
 
     _say("checkpoint history (ckpt checkpoints list payments)")
-    store = DeltaCheckpointStore.open(f"{w}/_checkpoints/payments")
+    store = DeltaCheckpointStore.open(checkpoint_root(w, "payments"))
     print(format_table(with_durations(store.history()[:12]), ["checkpoint_id", "kind", "status", "epoch", "duration_ms",
                                                "state_bytes", "alignment_ms", "failure_reason"]))
 

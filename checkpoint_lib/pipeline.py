@@ -31,15 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol
 
 from .core.keygroups import DEFAULT_MAX_PARALLELISM, check_parallelism
+from .layout import check_name as _check_name
 
-_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 _REL_PATH = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]*$")
-
-
-def _check_name(kind: str, value: str) -> str:
-    if not isinstance(value, str) or not _NAME.match(value):
-        raise ValueError(f"{kind} {value!r} must match {_NAME.pattern} (lower-case letters, digits, _)")
-    return value
 
 
 def check_relative_path(value: str) -> str:

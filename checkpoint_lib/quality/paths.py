@@ -11,18 +11,12 @@ Layout for pipeline ``p`` in warehouse ``W``::
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
-_PIPELINE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+from ..layout import check_pipeline_name, checkpoint_root
 
-
-def check_pipeline_name(name: str) -> str:
-    """The same rule as pipeline names (``checkpoint_lib.pipeline``): it becomes a path segment."""
-    if not isinstance(name, str) or not _PIPELINE.match(name):
-        raise ValueError(f"pipeline name {name!r} must match {_PIPELINE.pattern} (lower-case letters, digits, _)")
-    return name
-
+__all__ = ["check_checkpoint_id", "check_pipeline_name", "checkpoint_root", "data_docs_index", "inside", "quality_root",
+           "report_path", "warehouse_root"]
 
 def check_checkpoint_id(value: int | None) -> int | None:
     if value is None:
@@ -62,6 +56,3 @@ def report_path(warehouse: str | os.PathLike, pipeline_name: str) -> Path:
     """Default output of ``ckpt report``: ``W/_quality/<pipeline>/report.html``."""
     return quality_root(warehouse, pipeline_name) / "report.html"
 
-
-def checkpoint_root(warehouse: str | os.PathLike, pipeline_name: str) -> Path:
-    return Path(warehouse).expanduser().resolve() / "_checkpoints" / check_pipeline_name(pipeline_name)

@@ -48,6 +48,7 @@ from pyspark.sql import types as T
 
 from ..delta import log as delta_log
 from ..delta.store import RESTORED, DeltaCheckpointStore
+from ..layout import checkpoint_root
 from ..pipeline import DeltaSource, Pipeline
 from .paths import inside
 from .result import QualityCheckError
@@ -94,7 +95,7 @@ class Context:
 
     @property
     def root(self) -> Path:
-        return self.warehouse / "_checkpoints" / self.pipeline.name
+        return checkpoint_root(self.warehouse, self.pipeline.name)
 
     def path(self, relative: str) -> str:
         return str(inside(self.warehouse, relative))
@@ -117,7 +118,7 @@ class Context:
 
 
 def open_store(warehouse: Path, pipeline_name: str) -> DeltaCheckpointStore:
-    root = warehouse / "_checkpoints" / pipeline_name
+    root = checkpoint_root(warehouse, pipeline_name)
     if not (root / "checkpoints").is_dir():
         raise QualityCheckError(f"pipeline {pipeline_name!r} has no checkpoint store in {warehouse} (run it first)")
     return DeltaCheckpointStore(root)  # a reader: no retention of its own, creates nothing

@@ -18,12 +18,13 @@ from ..core.checkpoints import CompletedCheckpoint
 from ..core.recovery import SINK_STATE_KEY, choose_checkpoint
 from ..core.errors import NoCheckpointError
 from ..delta.store import DeltaCheckpointStore
+from ..layout import checkpoint_root
 from ..pipeline import Pipeline
 from .state import KEY_GROUP
 
 
 def _root(warehouse: str, pipeline: Pipeline) -> str:
-    return f"{warehouse.rstrip('/')}/_checkpoints/{pipeline.name}"
+    return str(checkpoint_root(warehouse, pipeline.name))
 
 
 def checkpoint(warehouse: str, pipeline: Pipeline, checkpoint_id: int | None = None) -> CompletedCheckpoint:

@@ -80,6 +80,7 @@ from ..core.types import Barrier, BarrierMode, CheckpointKind, SubtaskAck, Subta
 from ..delta import log as delta_log
 from ..delta.store import END as SESSION_END
 from ..delta.store import RESTORED, START, DeltaCheckpointStore
+from ..layout import checkpoint_root
 from ..pipeline import FEEDBACK, FolderSource, Pipeline
 from . import tables
 from .landing import LandingFolderSource
@@ -188,7 +189,7 @@ class PipelineRunner:
         self._stop_requested = False
 
         p = pipeline
-        self.root = self._path(f"_checkpoints/{p.name}")
+        self.root = str(checkpoint_root(self.warehouse, p.name))
         self.store = DeltaCheckpointStore.open(self.root, retained=self.config.retained)
         self.S, self.P = p.source_parallelism, p.keyed_parallelism
         if not 0 <= lagging_sources < self.S:

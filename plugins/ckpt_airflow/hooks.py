@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from airflow.sdk.bases.hook import BaseHook
 
+from checkpoint_lib.layout import checkpoint_root
 from checkpoint_lib.submit import build_submit_argv, stage_args, submit_env
 
 if TYPE_CHECKING:
@@ -250,7 +251,7 @@ class CheckpointHook(BaseHook):
             return {"pipeline": self.pipeline, "dry_run": dry_run, "launcher": "spark-submit"}
         from checkpoint_lib.maintenance import maintain
 
-        root = Path(self.warehouse) / "_checkpoints" / self.pipeline
+        root = checkpoint_root(self.warehouse, self.pipeline)
         data_plane = any((root / d).is_dir() for d in ("channels", "state", "staging", "channel_state"))
         spark = self.spark() if with_spark and data_plane else None  # no JVM for a pipeline that never ran
         report = maintain(self.warehouse, self.pipeline, spark, dry_run=dry_run)

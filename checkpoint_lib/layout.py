@@ -1,0 +1,39 @@
+"""Where a pipeline's checkpoint data lives in a warehouse, and the rule for the names that become
+path segments: the one definition every module, the CLI, the DAGs and the Airflow plugin use.
+
+Pure: no Spark, no Delta. ::
+
+    <warehouse>/_checkpoints/<pipeline>/   the checkpoint store (delta/store.py), channel logs, state,
+                                           sink staging, validations (see docs/architecture.md)
+    <warehouse>/_quality/<pipeline>/       GX context, Data Docs, report (quality/paths.py)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+"""Pipeline, operator and sink names: each becomes a path segment and part of a Delta app id."""
+CHECKPOINTS = "_checkpoints"
+
+
+def check_name(kind: str, value: Any) -> str:
+    """``value`` if it is a well-formed name (``^[a-z][a-z0-9_]{0,62}$``), else ValueError naming ``kind``."""
+    if not isinstance(value, str) or not NAME.match(value):
+        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+        raise ValueError(f"{kind} {shown} must be lower-case letters, digits and _, starting with a letter "
+                         "(at most 63)")
+    return value
+
+
+def check_pipeline_name(name: Any) -> str:
+    """A well-formed pipeline name; :func:`checkpoint_lib.pipelines.get` says whether it is registered."""
+    return check_name("pipeline name", name)
+
+
+def checkpoint_root(warehouse: str | os.PathLike[str], pipeline: str) -> Path:
+    """``<warehouse>/_checkpoints/<pipeline>``, absolute, for a well-formed pipeline name."""
+    return Path(os.path.abspath(os.path.expanduser(warehouse))) / CHECKPOINTS / check_pipeline_name(pipeline)

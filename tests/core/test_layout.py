@@ -1,0 +1,74 @@
+"""One definition of the warehouse layout and of the name rule (checkpoint_lib/layout.py)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from checkpoint_lib import control, layout
+from checkpoint_lib.pipeline import Pipeline
+from checkpoint_lib.quality import paths
+
+ROOT = Path(__file__).resolve().parents[2]
+# bench/peer.py is plain Spark Structured Streaming: "_checkpoints/peer" is its own checkpointLocation.
+ALLOWED = {"checkpoint_lib/layout.py", "bench/peer.py"}
+SEGMENT = re.compile(r"(?:^|/)_checkpoints(?:/|$)")  # as a path segment; prose and other names do not count
+
+
+@pytest.mark.parametrize("name", ["payments", "a", "a" * 63, "gold_v2", "x1"])
+def test_well_formed_names_pass(name):
+    assert layout.check_pipeline_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["", "Payments", "1st", "_x", "a-b", "a/b", "../etc", "a b", "a" * 64, "é", None, 3])
+def test_a_name_that_cannot_be_a_path_segment_is_refused_naming_its_kind(name):
+    with pytest.raises(ValueError, match="^pipeline name .* must be lower-case letters, digits and _"):
+        layout.check_pipeline_name(name)
+    with pytest.raises(ValueError, match="^sink name "):
+        layout.check_name("sink name", name)
+
+
+def test_a_long_bad_name_is_shortened_in_the_message():
+    with pytest.raises(ValueError) as err:
+        layout.check_pipeline_name("A" * 10_000)
+    assert len(str(err.value)) < 200
+
+
+def test_the_checkpoint_root_is_absolute_and_refuses_a_bad_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert layout.checkpoint_root("w", "payments") == tmp_path / "w" / "_checkpoints" / "payments"
+    assert layout.checkpoint_root("~/w", "p") == Path(os.path.expanduser("~")) / "w" / "_checkpoints" / "p"
+    with pytest.raises(ValueError, match="pipeline name"):
+        layout.checkpoint_root(tmp_path, "../../etc")
+
+
+def test_every_layer_uses_the_one_definition():
+    assert control.checkpoint_root is paths.checkpoint_root is layout.checkpoint_root
+    assert control.validate_pipeline_name is paths.check_pipeline_name is layout.check_pipeline_name
+    with pytest.raises(ValueError, match="^pipeline name 'Bad' must be lower-case"):
+        Pipeline("Bad")
+
+
+def _spelled_out(path: Path) -> list[int]:
+    """Lines of ``path`` whose code (not a docstring) spells the ``_checkpoints`` folder."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)}
+    return sorted(node.lineno for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+                  and SEGMENT.search(node.value))
+
+
+def test_no_module_spells_the_checkpoint_folder_itself():
+    found = {}
+    for folder in ("checkpoint_lib", "plugins", "dags", "jobs", "bench"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel not in ALLOWED and (lines := _spelled_out(path)):
+                found[rel] = lines
+    assert not found, f"use checkpoint_lib.layout.checkpoint_root instead: {found}"
