@@ -39,7 +39,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: the repository root on the path
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from checkpoint_lib.control import CheckpointRequests  # noqa: E402
+from checkpoint_lib.checkpoint_requests import CheckpointRequests  # noqa: E402
 from checkpoint_lib.core.checkpoints import CompletedCheckpoint  # noqa: E402
 from checkpoint_lib.core.recovery import SINK_STATE_KEY  # noqa: E402
 from checkpoint_lib.core.twophase import SinkSnapshot, Transaction  # noqa: E402

@@ -37,15 +37,24 @@ Every name and id that reaches a path is validated first (:func:`validate_pipeli
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
+from .checkpoint_requests import (
+    REQUEST_ID,
+    REQUEST_KINDS,
+    CheckpointRequests,
+    Request,
+    fsync_dir,
+    has_open_requests,
+    honour_requests,
+    read_json,
+    validate_request_id,
+    write_once,
+)
 from .core.decider import CheckpointConfig, Verdict, decide
 from .core.errors import CheckpointError, FailureReason, UnknownCheckpointError
 from .layout import check_pipeline_name as validate_pipeline_name
@@ -59,10 +68,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AbortOutcome", "CheckpointProgress", "CheckpointRequests", "CommitOutcome", "PipelineControl",
-    "Request", "RequestOutcome", "parse_checkpoint_id", "validate_pipeline_name", "validate_request_id",
+    "REQUEST_ID", "REQUEST_KINDS", "Request", "RequestOutcome", "has_open_requests", "honour_requests",
+    "parse_checkpoint_id", "validate_pipeline_name", "validate_request_id",
 ]
 
-REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,199}$")
 MAX_ID_DIGITS = 18
 """A checkpoint id fits in a Delta ``long``; longer input is refused before any int() of it."""
 LATEST_WORDS = frozenset({"", "latest"})
@@ -108,165 +117,9 @@ def parse_checkpoint_id(value: Any) -> int | None:
     return number
 
 
-def validate_request_id(request_id: Any) -> str:
-    """A request id safe as a file name: 1-200 of ``A-Z a-z 0-9 _ . : + -``, no ``..``."""
-    if not isinstance(request_id, str) or not REQUEST_ID.match(request_id) or ".." in request_id:
-        raise ValueError(f"request id {str(request_id)[:80]!r} must be 1-200 of A-Z a-z 0-9 _ . : + - (no '..')")
-    return request_id
-
-
 def expected_acks(pipeline: "Pipeline") -> int:
     """How many subtasks acknowledge each checkpoint: sources, operator subtasks, sink subtasks."""
     return pipeline.source_parallelism + pipeline.keyed_parallelism * (1 + len(pipeline.sinks))
-
-
-# --- requests -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Request:
-    """A durable "checkpoint now" request and, once decided, what became of it."""
-
-    request_id: str
-    requested_at: float
-    requested_by: str = ""
-    checkpoint_id: int | None = None
-    """The checkpoint that honoured it (set by the source stage)."""
-    epoch: int | None = None
-    honoured_at: float | None = None
-    cancelled: str | None = None
-    """Why it was cancelled before any source step honoured it."""
-    kind: str = "checkpoint"
-    """``checkpoint``, or ``savepoint`` (``ckpt savepoint`` on a running pipeline): answered by a
-    savepoint, which also answers every checkpoint request waiting with it."""
-
-    @property
-    def state(self) -> str:
-        """'requested', 'honoured' or 'cancelled'."""
-        if self.cancelled is not None:
-            return "cancelled"
-        return "requested" if self.checkpoint_id is None else "honoured"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "state": self.state}
-
-
-def _write_once(path: Path, doc: Mapping[str, Any]) -> bool:
-    """Create ``path`` with ``doc`` as JSON, complete or not at all; False if it already exists.
-
-    Written to a unique temporary file, fsynced, then ``link``ed to ``path`` (atomic, and refused
-    if ``path`` exists), then the directory is fsynced: a crash leaves either no file or all of it.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-    with open(tmp, "x", encoding="utf-8") as fh:
-        json.dump(dict(doc), fh, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        return False
-    finally:
-        tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
-    return True
-
-
-def _fsync_dir(directory: Path) -> None:
-    from .delta.store import _fsync_dir as fsync_dir  # one implementation (delta-rs imported lazily)
-
-    fsync_dir(directory)
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-
-
-REQUEST_KINDS = ("checkpoint", "savepoint")
-
-
-class CheckpointRequests:
-    """The request files of one pipeline (``<root>/requests``). No I/O in the constructor."""
-
-    def __init__(self, root: str | os.PathLike[str]):
-        self.directory = Path(root) / "requests"
-
-    def _paths(self, request_id: str) -> tuple[Path, Path]:
-        rid = validate_request_id(request_id)
-        return self.directory / f"{rid}.request", self.directory / f"{rid}.outcome"
-
-    def create(self, request_id: str, requested_by: str = "", now: float | None = None,
-               kind: str = "checkpoint") -> tuple[Request, bool]:
-        """Write the request (idempotent: an existing one is returned). True if this call made it."""
-        if kind not in REQUEST_KINDS:
-            raise ValueError(f"a request asks for one of {REQUEST_KINDS}, not {kind!r}")
-        req, _ = self._paths(request_id)
-        when = time.time() if now is None else now
-        made = _write_once(req, {"request_id": request_id, "requested_at": when, "requested_by": requested_by,
-                                 "kind": kind})
-        request = self.get(request_id)
-        assert request is not None
-        return request, made
-
-    def get(self, request_id: str) -> Request | None:
-        """The request with its outcome, or None if it was never made."""
-        req, out = self._paths(request_id)
-        doc = _read_json(req)
-        if doc is None:
-            return None
-        outcome = _read_json(out) or {}
-        return Request(
-            request_id=doc["request_id"], requested_at=float(doc["requested_at"]),
-            requested_by=doc.get("requested_by", ""), checkpoint_id=outcome.get("checkpoint_id"),
-            epoch=outcome.get("epoch"), honoured_at=outcome.get("honoured_at"),
-            cancelled=outcome.get("cancelled"), kind=doc.get("kind", "checkpoint"),
-        )
-
-    def all(self) -> list[Request]:
-        """Every request, oldest first."""
-        if not self.directory.is_dir():
-            return []
-        ids = [p.name[: -len(".request")] for p in self.directory.glob("*.request")]
-        requests = [r for r in (self.get(i) for i in ids if REQUEST_ID.match(i)) if r is not None]
-        return sorted(requests, key=lambda r: (r.requested_at, r.request_id))
-
-    def open(self) -> list[Request]:
-        """Requests no source step honoured and nobody cancelled yet, oldest first. One directory
-        listing; only the open requests' files are read (the source stage calls this every step)."""
-        try:
-            names = set(os.listdir(self.directory))
-        except FileNotFoundError:
-            return []
-        ids = [n[: -len(".request")] for n in names if n.endswith(".request")]
-        waiting = [i for i in ids if f"{i}.outcome" not in names and REQUEST_ID.match(i)]
-        requests = [r for r in (self.get(i) for i in waiting) if r is not None and r.state == "requested"]
-        return sorted(requests, key=lambda r: (r.requested_at, r.request_id))
-
-    def honour(self, requests: list[Request], checkpoint_id: int, epoch: int) -> list[Request]:
-        """Record that ``checkpoint_id`` (triggered by a source step of ``epoch``) answers these
-        requests; returns those this call decided (a request cancelled meanwhile is not)."""
-        won = []
-        for r in requests:
-            _, out = self._paths(r.request_id)
-            doc = {"checkpoint_id": int(checkpoint_id), "epoch": int(epoch), "honoured_at": time.time()}
-            if _write_once(out, doc):
-                won.append(r)
-        return won
-
-    def cancel(self, request_id: str, reason: str) -> Request:
-        """Cancel a request nobody honoured; returns it as it now stands (it may have been
-        honoured first, then ``checkpoint_id`` is set and the caller must abort that instead)."""
-        _, out = self._paths(request_id)
-        if self.get(request_id) is None:
-            raise UnknownCheckpointError(f"no checkpoint request {request_id!r}")
-        _write_once(out, {"cancelled": reason or "cancelled"})
-        request = self.get(request_id)
-        assert request is not None
-        return request
 
 
 # --- outcomes -------------------------------------------------------------------------------------
@@ -602,21 +455,11 @@ class PipelineControl:
 
     def _sinks(self, spark: "SparkSession | None") -> dict[str, Any]:
         """The pipeline's sinks as :class:`~checkpoint_lib.spark.sinks.DeltaTwoPhaseSink` (the same
-        construction as the runner's). With ``spark=None`` only the delta-rs reads work (the commit
+        construction as the runner's: :func:`~checkpoint_lib.spark.sinks.pipeline_sinks`). With ``spark=None`` only the delta-rs reads work (the commit
         stamps): parsing the schema needs a running Spark context."""
-        from .pipeline import check_relative_path
-        from .spark.runner import _struct
-        from .spark.sinks import DeltaTwoPhaseSink
+        from .spark.sinks import pipeline_sinks
 
-        p = self.pipeline()
-        return {
-            name: DeltaTwoPhaseSink(
-                spark, name, f"{self.warehouse}/{check_relative_path(s.path)}", f"{self.root}/staging/{name}",
-                _struct(s.schema) if spark is not None else None, app_prefix=f"checkpoint_lib/{p.name}", mode=s.mode, keys=s.keys,
-                check_epoch=self.store.check_epoch,
-            )
-            for name, s in p.sinks.items()
-        }
+        return pipeline_sinks(spark, self.pipeline(), self.warehouse, str(self.root), check_epoch=self.store.check_epoch)
 
     # --- aborting ---------------------------------------------------------------------------------
 
@@ -662,12 +505,12 @@ class PipelineControl:
 
     def paused(self) -> dict[str, Any] | None:
         """The pause flag (``by``, ``reason``, ``since``), or None when the pipeline runs freely."""
-        return _read_json(self._pause_path)
+        return read_json(self._pause_path)
 
     def pause(self, by: str, reason: str) -> bool:
         """Take the pipeline's pause flag for ``by`` (e.g. a recovery run id). True if taken (or
         already held by ``by``); False if someone else holds it."""
-        if _write_once(self._pause_path, {"by": by, "reason": reason, "since": time.time()}):
+        if write_once(self._pause_path, {"by": by, "reason": reason, "since": time.time()}):
             return True
         return (self.paused() or {}).get("by") == by
 
@@ -679,18 +522,5 @@ class PipelineControl:
         if current.get("by") != by and not force:
             return False
         self._pause_path.unlink(missing_ok=True)
-        _fsync_dir(self._pause_path.parent)
+        fsync_dir(self._pause_path.parent)
         return True
-
-
-def honour_requests(root: str | os.PathLike[str], trigger_checkpoint: Any, epoch: int) -> list[Request]:
-    """For the source stage: record that the checkpoint now being triggered answers every open
-    request of the pipeline at ``root``. ``trigger_checkpoint`` is its id. Returns what it honoured."""
-    requests = CheckpointRequests(root)
-    open_requests = requests.open()
-    return requests.honour(open_requests, int(trigger_checkpoint), epoch) if open_requests else []
-
-
-def has_open_requests(root: str | os.PathLike[str]) -> bool:
-    """Whether a "checkpoint now" request waits for the next source step (one directory listing)."""
-    return bool(CheckpointRequests(root).open())

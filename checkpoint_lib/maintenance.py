@@ -99,7 +99,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
-from .control import checkpoint_root, validate_pipeline_name
+from .layout import check_pipeline_name as validate_pipeline_name
+from .layout import checkpoint_root
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -653,7 +654,7 @@ def _delete_markers(ctx: _Context) -> None:
 
 
 def _delete_requests(ctx: _Context) -> None:
-    from .control import REQUEST_ID, CheckpointRequests
+    from .checkpoint_requests import REQUEST_ID, CheckpointRequests
 
     requests = CheckpointRequests(ctx.root)
     cutoff = ctx.now - ctx.policy.request_days * 86400

@@ -50,6 +50,7 @@ from ..delta import log as delta_log
 from ..delta.store import RESTORED, DeltaCheckpointStore
 from ..layout import checkpoint_root
 from ..pipeline import DeltaSource, Pipeline
+from ..spark.tables import struct_type
 from .paths import inside
 from .result import QualityCheckError
 from .spec import QualitySpec
@@ -165,10 +166,6 @@ def _empty(spark: SparkSession, schema: T.StructType) -> DataFrame:
     return spark.createDataFrame([], schema)
 
 
-def _struct(columns: dict[str, str]) -> T.StructType:
-    return T.StructType([T.StructField(c, T._parse_datatype_string(t), True) for c, t in columns.items()])
-
-
 def source_rows(ctx: Context, version: int) -> DataFrame:
     """The landing table as of ``version`` (the checkpoint's offset) with ``_error`` (null: valid)."""
     src = ctx.pipeline.source_spec
@@ -176,7 +173,7 @@ def source_rows(ctx: Context, version: int) -> DataFrame:
         raise QualityCheckError(f"the quality suites read Delta sources only; {ctx.pipeline.name!r} has {type(src).__name__}")
     cols = list(src.schema)
     if version < 0:
-        df = _empty(ctx.spark, _struct(dict(src.schema)))
+        df = _empty(ctx.spark, struct_type(src.schema))
     else:
         df = ctx.spark.read.format("delta").option("versionAsOf", version).load(ctx.path(src.path)).select(*cols)
     error = src.validate(df) if src.validate is not None else F.lit(None).cast("string")

@@ -51,6 +51,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from ..checkpoint_requests import CheckpointRequests
 from ..core.barriers import (
     ChannelStateComplete,
     CheckpointDone,
@@ -85,7 +86,7 @@ from ..pipeline import FEEDBACK, FolderSource, Pipeline
 from . import tables
 from .landing import LandingFolderSource
 from .channels import BARRIER, DATA, END, ChannelEvent, DeltaChannelLog
-from .sinks import DeltaTwoPhaseSink
+from .sinks import app_prefix, pipeline_sinks
 from .partitioning import route
 from .state import KEY_GROUP, KeyedStateTable
 
@@ -116,10 +117,6 @@ class RunSummary:
     final: int | None = None
     steps: int = 0
     seconds: float = 0.0
-
-
-def _struct(columns) -> T.StructType:
-    return T.StructType([T.StructField(n, T._parse_datatype_string(t), True) for n, t in columns])
 
 
 class PipelineRunner:
@@ -213,7 +210,7 @@ class PipelineRunner:
                 spark, self.source_path, f"{self.root}/sources/manifest", src.schema,
                 format=src.format, options=src.options,
             )
-        self.payload = _struct(
+        self.payload = tables.struct_type(
             [(c, t) for c, t in p.record_schema.items()] + [(KEY_GROUP, "int"), *OFFSET_COLUMNS]
         )
         self.channel = DeltaChannelLog(spark, f"{self.root}/channels/source_{p.operator_uid}", self.payload)
@@ -227,18 +224,11 @@ class PipelineRunner:
         self.state: KeyedStateTable | None = None  # a stateless operator (not key_by) has none
         if p.keyed:
             self.state = KeyedStateTable(
-                spark, f"{self.root}/state/{p.operator_uid}", p.key, _struct(p.operator.state_schema),
-                app_id=f"checkpoint_lib/{p.name}/state/{p.operator_uid}",
+                spark, f"{self.root}/state/{p.operator_uid}", p.key, tables.struct_type(p.operator.state_schema),
+                app_id=f"{app_prefix(p.name)}/state/{p.operator_uid}",
             )
         self.dlq_path = self._path(p.dlq_path)
-        self.sinks = {
-            name: DeltaTwoPhaseSink(
-                spark, name, self._path(s.path), f"{self.root}/staging/{name}", _struct(s.schema),
-                app_prefix=f"checkpoint_lib/{p.name}", mode=s.mode, keys=s.keys,
-                check_epoch=self.store.check_epoch,
-            )
-            for name, s in p.sinks.items()
-        }
+        self.sinks = pipeline_sinks(spark, p, self.warehouse, self.root, check_epoch=self.store.check_epoch)
 
     # helpers ---------------------------------------------------------------------------------
 
@@ -752,8 +742,6 @@ class PipelineRunner:
         checkpoint this step triggers anyway answers them, else a forced one is triggered. The
         request records the checkpoint id before the barrier is written; a crash in between leaves
         an id that never completes, which the requester sees time out and aborts."""
-        from ..control import CheckpointRequests
-
         requests = CheckpointRequests(self.root)
         waiting = requests.open()
         if not waiting:
@@ -929,7 +917,7 @@ class PipelineRunner:
         paths = [f"{self.source_path}/{unquote(f.path)}" for f in step]
         names = [(os.path.basename(unquote(f.path)), f.version, i % self.S) for i, f in enumerate(step)]
         files = self.spark.createDataFrame(names, "src_base string, src_version long, sender int")
-        schema = _struct(list(p.source_spec.schema.items()))
+        schema = tables.struct_type(p.source_spec.schema)
         return (
             self.spark.read.schema(schema).parquet(*paths)
             .select(
@@ -949,7 +937,7 @@ class PipelineRunner:
         whatever the step boundaries are now)."""
         from deltalake import DeltaTable
 
-        app = f"checkpoint_lib/{self.pipeline.name}/dlq"
+        app = f"{app_prefix(self.pipeline.name)}/dlq"
         stamp = DeltaTable(self.dlq_path).transaction_version(app)
         stamp = -1 if stamp is None else int(stamp)
         if end_version <= stamp:

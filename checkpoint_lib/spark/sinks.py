@@ -36,6 +36,7 @@ from pyspark.sql import types as T
 
 from ..core.twophase import Transaction
 from ..delta.log import is_delta_table
+from ..pipeline import Pipeline, check_relative_path
 from . import tables
 
 _TXN_COLUMNS = [
@@ -48,10 +49,32 @@ _TXN_COLUMNS = [
 ]
 
 
+def app_prefix(pipeline: str) -> str:
+    """What every Delta application id of ``pipeline`` starts with (sink stamps, the state table's fence)."""
+    return f"checkpoint_lib/{pipeline}"
+
+
 def stamp_prefix(pipeline: str, sink: str) -> str:
     """What every commit stamp of ``pipeline``'s sink ``sink`` starts with (the current application
     id and the older per-epoch ones): the one definition, for the sink and for readers of its log."""
-    return f"checkpoint_lib/{pipeline}/{sink}/"
+    return f"{app_prefix(pipeline)}/{sink}/"
+
+
+def pipeline_sinks(
+    spark: SparkSession | None, pipeline: Pipeline, warehouse: str, root: str,
+    check_epoch: Callable[[int], None] | None = None,
+) -> dict[str, DeltaTwoPhaseSink]:
+    """The sinks of ``pipeline`` (warehouse ``warehouse``, checkpoint root ``root``): the one
+    construction, for the runner and for :class:`~checkpoint_lib.control.PipelineControl`. With
+    ``spark=None`` only the delta-rs reads work (the commit stamps, the rollback version)."""
+    return {
+        name: DeltaTwoPhaseSink(
+            spark, name, f"{warehouse}/{check_relative_path(s.path)}", f"{root}/staging/{name}",
+            tables.struct_type(s.schema) if spark is not None else None, app_prefix=app_prefix(pipeline.name),
+            mode=s.mode, keys=s.keys, check_epoch=check_epoch,
+        )
+        for name, s in pipeline.sinks.items()
+    }
 
 
 TXN_RETENTION = "delta.setTransactionRetentionDuration"

@@ -9,7 +9,7 @@ import threading
 import time
 import contextlib
 from contextlib import contextmanager
-from typing import Callable, Iterator, Mapping, TypeVar
+from typing import Callable, Iterable, Iterator, Mapping, TypeVar
 
 from pyspark.sql import Column, SparkSession
 from pyspark.sql import types as T
@@ -24,6 +24,13 @@ EPOCH_SHIFT = 32
 """A fenced write's Delta transaction version is ``epoch << EPOCH_SHIFT | sequence``."""
 _SEQUENCE = (1 << EPOCH_SHIFT) - 1
 _SESSION_CONF_LOCK = threading.RLock()
+
+
+def struct_type(columns: Mapping[str, str] | Iterable[tuple[str, str]]) -> T.StructType:
+    """A Spark schema from ``{name: "type"}`` (or ``(name, type)`` pairs) as pipelines declare them
+    (Spark SQL type strings: ``"string"``, ``"long"``, ``"decimal(18,2)"``); every field nullable."""
+    pairs = columns.items() if isinstance(columns, Mapping) else columns
+    return T.StructType([T.StructField(n, T._parse_datatype_string(t), True) for n, t in pairs])
 
 
 def fenced_version(epoch: int, sequence: int) -> int:
