@@ -55,7 +55,7 @@ def cluster(spark: Any, base: str, args: argparse.Namespace, log, local: list[di
     """One run on the cluster, on the landing table of that size (the one the local contenders
     used when the size was among ``--sizes``, else generated alike). ``local``: the throughput
     rows, for the ratio to the local ``ours, aligned`` of the same size."""
-    from bench.compare import check, generate_landing
+    from bench.outputs import check, generate_landing
     from bench.floor import run_floor
     from bench.ours import copy_landing
     from checkpoint_lib.spark.standalone import StandaloneCluster
@@ -104,7 +104,7 @@ def cluster(spark: Any, base: str, args: argparse.Namespace, log, local: list[di
 
 
 def render_cluster(rows: list[dict]) -> str:
-    from bench.compare import table
+    from bench.markdown import table
 
     return table(
         ["events", "workers x cores", "spark-submit (s)", "run (s)", "events/s", "run / local ours aligned",

@@ -55,50 +55,14 @@ from bench import recovery as recovery_bench  # noqa: E402
 from bench import results as results_log  # noqa: E402
 from bench import state_growth as state_bench  # noqa: E402
 from bench.floor import run_floor  # noqa: E402
+from bench.markdown import table  # noqa: E402
 from bench.ours import OFF, copy_landing, run_ours  # noqa: E402
+from bench.outputs import FILES_PER_VERSION, check, generate_landing  # noqa: E402
 
 MODES = (OFF, "aligned", "unaligned", "at_least_once")
-FILES_PER_VERSION = 2
 SECTIONS = (recovery_bench, state_bench, cluster_bench)  # each: add_arguments, QUICK, its run and render
 QUICK = {"sizes": "100000", "rows_per_checkpoint": 25_000, "accounts": 2_000,
          "results": ""}  # a quick run's figures are a smoke test: they stay out of the results log
-
-
-class WrongOutputs(AssertionError):
-    pass
-
-
-def diff_outputs(spark: Any, want: str, got: str, *, ledger_order: bool = True) -> list[str]:
-    """How the outputs under ``got`` differ from those under ``want`` (empty: equal). Runs in
-    Spark; only counts reach the driver. ``ledger_order=False`` ignores ``balance_after_cents``
-    (records in flight from a lagging source reach an account in another, equally valid order)."""
-    from pyspark.sql import functions as F
-
-    def load(root: str, name: str):
-        return spark.read.format("delta").load(f"{root}/{name}")
-
-    problems = []
-    ledger_cols = ["event_id", "account", "amount_cents"] + (["balance_after_cents"] if ledger_order else [])
-    for name, cols in (("gold/ledger", ledger_cols), ("gold/balances", ["account", "balance_cents", "event_count"])):
-        a, b = load(want, name).select(*cols), load(got, name).select(*cols)
-        missing, extra = a.exceptAll(b).count(), b.exceptAll(a).count()
-        if missing or extra:
-            problems.append(f"{name}: {missing} rows missing, {extra} rows extra")
-    a, b = load(want, "dlq/payments"), load(got, "dlq/payments")
-    by_error = lambda df: {r["error"]: r["n"] for r in df.groupBy("error").agg(F.count("*").alias("n")).collect()}  # noqa: E731
-    if by_error(a) != by_error(b):
-        problems.append(f"dlq/payments: {by_error(b)} rows by error, expected {by_error(a)}")
-    return problems
-
-
-def generate_landing(spark: Any, warehouse: str, rows: int, rows_per_version: int, accounts: int) -> int:
-    from checkpoint_lib.pipelines.payments import generate
-
-    versions = max(1, -(-rows // rows_per_version))
-    for v in range(versions):
-        n = min(rows_per_version, rows - v * rows_per_version)
-        generate(spark, warehouse, n, bad_fraction=0.001, accounts=accounts, seed=v, files=FILES_PER_VERSION)
-    return versions
 
 
 def throughput(spark: Any, base: str, size: int, args: argparse.Namespace, log, results=None) -> list[dict]:
@@ -235,19 +199,7 @@ def skew(spark: Any, base: str, size: int, args: argparse.Namespace, log) -> lis
     return rows
 
 
-def check(spark: Any, floor_out: str, got: str, who: str, *, ledger_order: bool = True) -> None:
-    problems = diff_outputs(spark, floor_out, got, ledger_order=ledger_order)
-    if problems:
-        raise WrongOutputs(f"{who}: outputs differ from the floor's, its time does not count:\n  - "
-                           + "\n  - ".join(problems))
-
-
 # --- rendering ---------------------------------------------------------------------------------
-
-def table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
-
 
 def render_throughput(rows: list[dict]) -> str:
     return table(

@@ -64,7 +64,7 @@ def kill_points(args: argparse.Namespace) -> list[int]:
 
 def recovery(spark: Any, base: str, args: argparse.Namespace, log) -> list[dict]:
     """One row per kill point: the kill, the recovery timed in parts, the outputs checked."""
-    from bench.compare import check, generate_landing
+    from bench.outputs import check, generate_landing
     from bench.floor import run_floor
     from bench.ours import copy_landing
 
@@ -157,7 +157,7 @@ def recover(spark: Any, warehouse: str, per_version: int, n: int) -> dict:
 
 
 def render_recovery(rows: list[dict]) -> str:
-    from bench.compare import table
+    from bench.markdown import table
 
     return table(
         ["kill at", "rows replayed", "restore (s)", "replay (s)", "replay (µs/row)", "recovery total (s)",

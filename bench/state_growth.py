@@ -75,7 +75,7 @@ def state_sizes(args: argparse.Namespace) -> list[int]:
 
 
 def state_growth(spark: Any, base: str, args: argparse.Namespace, log) -> list[dict]:
-    from bench.compare import check
+    from bench.outputs import check
     from bench.floor import run_floor
     from bench.ours import copy_landing, run_ours
 
@@ -153,7 +153,7 @@ def checkpoint_figures(spark, warehouse: str, pipeline: str = "payments") -> dic
 
 
 def render_state(rows: list[dict]) -> str:
-    from bench.compare import table
+    from bench.markdown import table
 
     return table(
         ["accounts in state", "events per checkpoint", "median checkpoint (ms)", "max checkpoint (ms)",

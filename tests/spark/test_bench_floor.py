@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from bench.compare import diff_outputs
+from bench.outputs import diff_outputs
 from bench.floor import run_floor
 from checkpoint_lib.pipelines.payments import generate
 from checkpoint_lib.verify import expected_payments, landing_in_offset_order, read_delta
