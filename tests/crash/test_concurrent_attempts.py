@@ -3,7 +3,8 @@
 One process killed at a time is what the other crash suites prove. Here an older attempt is still
 alive while a newer one takes over: a stalled zombie (``CKPT_PAUSE_AT=phase:n`` makes the process
 SIGSTOP itself there - it keeps everything in memory, past every check it made, and goes on when
-the test sends SIGCONT), and two recoveries started at the same instant. Each test reports the
+the test sends SIGCONT), two recoveries started at the same instant, and an abort landing while a
+running pipeline is about to complete the checkpoint. Each test reports the
 outcome as tried / lost / duplicated: the outputs are compared with the independent computation of
 :mod:`checkpoint_lib.verify` (nothing lost, nothing twice), and the older attempt must stop with
 its fence error, having landed nothing.
@@ -159,3 +160,32 @@ def test_a_savepoint_of_a_running_pipeline_is_taken_by_it_without_stopping_it(sp
                            env=ckpt_run_env("local[2]"), capture_output=True, text=True, timeout=TIMEOUT)
     assert again.returncode == 0, again.stdout + again.stderr[-3000:]
     _report(tmp_path, "restoring that savepoint")
+
+
+@pytest.mark.slow  # ~2 min of a real process (make chaos runs it with the race rows)
+def test_an_abort_landing_before_the_completion_of_a_running_pipeline_is_not_a_job_failure(spark, tmp_path):
+    """The snapshot DAG's timeout aborts a checkpoint while the running pipeline (no tolerable
+    failure: the default) holds its acknowledgements and is about to complete it: the abort stands,
+    the pipeline's completion loses cleanly (not counted as a failure, no crash loop), the run goes
+    on to complete later checkpoints and exits 0, and each record is in the outputs exactly once."""
+    from checkpoint_lib.control import PipelineControl
+
+    landing(spark, tmp_path)
+    running = _start(tmp_path, pause_at="ack:4")  # an acknowledgement of a checkpoint after the first
+    try:
+        _wait_stopped(running)
+        control = PipelineControl(str(tmp_path), "payments")
+        [pending] = [h["checkpoint_id"] for h in control.store.history() if h["status"] == "pending"]
+        outcome = control.abort(checkpoint_id=pending, reason="expired", message="the snapshot DAG's ack timeout")
+        assert outcome.aborted, outcome
+        running.send_signal(signal.SIGCONT)
+        out, err = running.communicate(timeout=TIMEOUT)
+    finally:
+        if running.poll() is None:
+            running.kill()
+    assert running.returncode == 0, out + err[-3000:]
+    statuses = {h["checkpoint_id"]: h["status"] for h in control.store.history()}
+    assert statuses[pending] == "aborted", statuses  # the abort stood: completion lost
+    assert f"checkpoint {pending} aborted" in out + err, out + err[-3000:]  # the runner met the race and went on
+    assert any(cid > pending and s == "completed" for cid, s in statuses.items()), statuses  # and the run went on
+    _report(tmp_path, "an abort racing the completion of a running pipeline")
