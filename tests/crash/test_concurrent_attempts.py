@@ -53,6 +53,18 @@ def _wait_stopped(proc: subprocess.Popen, timeout: float = TIMEOUT) -> None:
     raise AssertionError("the pause point was not reached in time")
 
 
+def _finish(proc: subprocess.Popen, sig: int) -> str:
+    """Send ``sig`` (SIGCONT: wake a stalled attempt; SIGTERM: stop a following run) and wait for
+    the end: its output. A process still alive when the test leaves (an assertion failed) is killed."""
+    try:
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return out + err[-3000:]
+
+
 def _report(warehouse, what: str) -> None:
     check = check_payments(str(warehouse))
     assert check.ok, f"{what}: tried, and {check.summary()}"
@@ -148,12 +160,9 @@ def test_a_savepoint_of_a_running_pipeline_is_taken_by_it_without_stopping_it(sp
         assert store.current_epoch() == epoch  # no recovery
         savepoint = store.latest()
         assert savepoint.kind.value == "savepoint"
-        running.send_signal(signal.SIGTERM)
-        out, err = running.communicate(timeout=TIMEOUT)
     finally:
-        if running.poll() is None:
-            running.kill()
-    assert running.returncode == 0, out + err[-3000:]
+        out = _finish(running, signal.SIGTERM)
+    assert running.returncode == 0, out
     _report(tmp_path, "a savepoint of a running pipeline")
     again = subprocess.run([*_ckpt("recover", "payments", "--warehouse", str(tmp_path), "--checkpoint",
                                    str(savepoint.checkpoint_id)), "--rows-per-checkpoint", str(ROWS)],
@@ -178,14 +187,11 @@ def test_an_abort_landing_before_the_completion_of_a_running_pipeline_is_not_a_j
         [pending] = [h["checkpoint_id"] for h in control.store.history() if h["status"] == "pending"]
         outcome = control.abort(checkpoint_id=pending, reason="expired", message="the snapshot DAG's ack timeout")
         assert outcome.aborted, outcome
-        running.send_signal(signal.SIGCONT)
-        out, err = running.communicate(timeout=TIMEOUT)
     finally:
-        if running.poll() is None:
-            running.kill()
-    assert running.returncode == 0, out + err[-3000:]
+        out = _finish(running, signal.SIGCONT)
+    assert running.returncode == 0, out
     statuses = {h["checkpoint_id"]: h["status"] for h in control.store.history()}
     assert statuses[pending] == "aborted", statuses  # the abort stood: completion lost
-    assert f"checkpoint {pending} aborted" in out + err, out + err[-3000:]  # the runner met the race and went on
+    assert f"checkpoint {pending} aborted" in out, out  # the runner met the race and went on
     assert any(cid > pending and s == "completed" for cid, s in statuses.items()), statuses  # and the run went on
     _report(tmp_path, "an abort racing the completion of a running pipeline")
