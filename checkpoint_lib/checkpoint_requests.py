@@ -5,21 +5,20 @@ temporary file), so a request and its outcome are never half-written and two wri
 exactly one outcome (honoured or cancelled) wins.
 
 Shared by :mod:`checkpoint_lib.control` (the asking side) and the runner (the answering side),
-so neither imports the other. Pure standard library.
+so neither imports the other. Pure standard library (files written by :mod:`checkpoint_lib.files`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import socket
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from .core.errors import UnknownCheckpointError
+from .files import read_json, write_once
 
 REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,199}$")
 
@@ -57,41 +56,6 @@ class Request:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "state": self.state}
-
-
-def write_once(path: Path, doc: Mapping[str, Any]) -> bool:
-    """Create ``path`` with ``doc`` as JSON, complete or not at all; False if it already exists.
-
-    Written to a unique temporary file, fsynced, then ``link``ed to ``path`` (atomic, and refused
-    if ``path`` exists), then the directory is fsynced: a crash leaves either no file or all of it.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-    with open(tmp, "x", encoding="utf-8") as fh:
-        json.dump(dict(doc), fh, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        return False
-    finally:
-        tmp.unlink(missing_ok=True)
-    fsync_dir(path.parent)
-    return True
-
-
-def fsync_dir(directory: Path) -> None:
-    from .delta.store import _fsync_dir  # one implementation (delta-rs imported lazily)
-
-    _fsync_dir(directory)
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
 
 
 REQUEST_KINDS = ("checkpoint", "savepoint")

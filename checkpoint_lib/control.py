@@ -48,15 +48,13 @@ from .checkpoint_requests import (
     REQUEST_KINDS,
     CheckpointRequests,
     Request,
-    fsync_dir,
     has_open_requests,
     honour_requests,
-    read_json,
     validate_request_id,
-    write_once,
 )
 from .core.decider import CheckpointConfig, Verdict, decide
 from .core.errors import CheckpointError, FailureReason, UnknownCheckpointError
+from .files import fsync_dir, read_json, write_once
 from .layout import check_pipeline_name as validate_pipeline_name
 from .layout import checkpoint_root
 

@@ -100,6 +100,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from .layout import check_pipeline_name as validate_pipeline_name
+from .files import fsync_dir
 from .layout import checkpoint_root
 
 if TYPE_CHECKING:
@@ -636,9 +637,7 @@ def _delete_markers(ctx: _Context) -> None:
             kept += 1
     outcome.kept = kept
     if not ctx.dry_run and outcome.deleted:
-        from .delta.store import _fsync_dir
-
-        _fsync_dir(ids_dir)
+        fsync_dir(ids_dir)
     legacy = ctx.add(RuleOutcome("legacy markers", ctx.rel(ctx.root), MARKERS, kept=0,
                                  keeps="none: epochs and sessions are no longer reserved with marker files"))
     for namespace in ("_epochs", "_sessions"):
@@ -687,9 +686,7 @@ def _delete_requests(ctx: _Context) -> None:
             except FileNotFoundError:
                 pass
     if not ctx.dry_run and outcome.deleted:
-        from .delta.store import _fsync_dir
-
-        _fsync_dir(requests.directory)
+        fsync_dir(requests.directory)
 
 
 def _gx_runs(base: Path, suffix: str) -> dict[tuple[str, ...], list[tuple[str, str, Path]]]:

@@ -96,7 +96,6 @@ child deadlocks): use the ``spawn`` start method for worker processes.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import hashlib
 import json
 import logging
@@ -123,6 +122,7 @@ from ..core.recovery import SINK_STATE_KEY, RecoveryPlan, plan_recovery
 from ..core.twophase import SinkSnapshot, Transaction
 from ..core.stores import apply_retention
 from ..core.types import CheckpointId, CheckpointKind, SubtaskAck, SubtaskId
+from ..files import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -310,25 +310,11 @@ class LocalReservations:
             os.write(fd, f"{socket.gethostname()}:{os.getpid()} {time.time():.6f}\n".encode())
         finally:
             os.close(fd)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
         return True
 
     def exists(self, namespace: str, number: int) -> bool:
         return self._path(namespace, number).exists()
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError as exc:  # pragma: no cover - some filesystems refuse fsync on directories
-        if exc.errno not in (errno.EINVAL, errno.EBADF):
-            raise
-    finally:
-        os.close(fd)
 
 
 def _reserve_from(reservations: Reservations, namespace: str, start: int) -> int:

@@ -18,6 +18,7 @@ from ..layout import check_pipeline_name, checkpoint_root
 __all__ = ["check_checkpoint_id", "check_pipeline_name", "checkpoint_root", "data_docs_index", "inside", "quality_root",
            "report_path", "warehouse_root"]
 
+
 def check_checkpoint_id(value: int | None) -> int | None:
     if value is None:
         return None

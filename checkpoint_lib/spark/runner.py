@@ -210,9 +210,7 @@ class PipelineRunner:
                 spark, self.source_path, f"{self.root}/sources/manifest", src.schema,
                 format=src.format, options=src.options,
             )
-        self.payload = tables.struct_type(
-            [(c, t) for c, t in p.record_schema.items()] + [(KEY_GROUP, "int"), *OFFSET_COLUMNS]
-        )
+        self.payload = tables.struct_type([*p.record_schema.items(), (KEY_GROUP, "int"), *OFFSET_COLUMNS])
         self.channel = DeltaChannelLog(spark, f"{self.root}/channels/source_{p.operator_uid}", self.payload)
         # a cycle: what the operator sends to itself, a log per (sending subtask, receiving subtask)
         self.feedback_log: DeltaChannelLog | None = None
