@@ -105,7 +105,8 @@ def _runner(args: argparse.Namespace, **kw: Any):
         rows_per_checkpoint=args.rows_per_checkpoint, config=config, progress=_progress,
         alignment_timeout=args.alignment_timeout, stage=args.stage,
         poll_interval=getattr(args, "poll", 1.0), lagging_sources=getattr(args, "lagging_sources", 0),
-        state_compact_every=getattr(args, "state_compact_every", 32), **kw,
+        state_compact_every=getattr(args, "state_compact_every", 32),
+        chaining=not getattr(args, "no_chaining", False), **kw,
     )
 
 
@@ -315,6 +316,10 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-compact-every", type=int, default=32, metavar="N",
                    help="OPTIMIZE the keyed state table every N flushes (its MERGEs add small files and "
                         "deletion vectors; the rows do not change). 0: never. Default 32")
+    p.add_argument("--no-chaining", action="store_true",
+                   help="with both stages in one process, still pass records through the persisted channel "
+                        "log (as separate stage processes do) instead of chaining the source into the operator "
+                        "in one Spark plan (the default when nothing lags and there is no cycle)")
     p.add_argument("--stage", choices=("all", "source", "keyed"), default="all",
                    help="run one stage as its own process (source: landing table -> channel log; keyed: "
                         "channel log -> state and sinks), or both (all, the default)")

@@ -140,6 +140,7 @@ class PipelineRunner:
         lagging_sources: int = 0,
         validate_checkpoints: bool | None = None,
         state_compact_every: int = 32,
+        chaining: bool = True,
     ):
         self.pipeline = pipeline.validate()
         if stage not in ("all", *STAGES):
@@ -197,6 +198,11 @@ class PipelineRunner:
         # The last ``lagging_sources`` source subtasks are slow: each step's records and barrier
         # reach the channel one step after the others' (see _write_source_step).
         self.lagging = list(range(self.S - lagging_sources, self.S))
+        # Chained stages (Flink's operator chaining): with both stages in this process, no cycle
+        # and no lagging source subtask, a step's records go from the landing read to the keyed
+        # operator in one Spark plan, and its barrier reaches every channel at the same instant
+        # with nothing in flight, so the channel log holds nothing worth writing (see _chained_step).
+        self.chained = chaining and stage == "all" and not lagging_sources and not p.feedback
         self.sources = [SubtaskId("source", i) for i in range(self.S)]
         self.keyed = [SubtaskId(p.operator_uid, i) for i in range(self.P)]
         self.sink_ids = {name: [SubtaskId(f"sink_{name}", i) for i in range(self.P)] for name in p.sinks}
@@ -331,6 +337,8 @@ class PipelineRunner:
         self.coordinator.all_running()
         self.summary.epoch = self.epoch
         self._opened = True
+        if self.chained and self.cursor < self.next_seq - 1:
+            self.keyed_step()  # what a process of the unchained stages left in the channel log, first
         if plan is None:
             self.progress(
                 f"{'+'.join(self._stages())} joined epoch {self.epoch} "
@@ -546,6 +554,7 @@ class PipelineRunner:
         self.last_completed: int | None = None
         self.committed: dict[str, list[Transaction]] = defaultdict(list)
         self._table_bytes: tuple[int, int] | None = None
+        self._truncated: tuple[int | None, int] | None = None  # (channel log version, position) after the last truncation
         self.snapshots: dict[tuple[int, int], dict[str, Any]] = {}
         self.schema_checked_at = -1
         self.summary = RunSummary(0, None)
@@ -624,7 +633,7 @@ class PipelineRunner:
             while (max_steps is None or steps < max_steps) and not self._stop_requested:
                 steps += 1
                 moved = self.source_step() if self.runs_source else False
-                consumed = self.keyed_step() if self.runs_keyed else False
+                consumed = self.keyed_step() if self.runs_keyed and not self.chained else False
                 if not (moved or consumed) and self.runs_keyed and self._aligning_with_timeout():
                     self._idle_briefly()  # an alignment will time out: wait for it, then go on
                     continue
@@ -663,12 +672,12 @@ class PipelineRunner:
             raise CheckpointError("only a process running the source stage can inject a checkpoint barrier")
         self._sync_pending()
         trigger = self.coordinator.trigger(kind)
-        self._write_source_step(None, [], trigger)
+        self._send_step(None, [], trigger)
         if not self.runs_keyed:
             self.progress(f"{kind.value} {trigger.checkpoint_id} injected: it completes when the keyed stage runs")
             return trigger.checkpoint_id
         deadline = time.monotonic() + self.config.timeout
-        while self.coordinator.status_of(trigger.checkpoint_id) == "pending":
+        while not self.chained and self.coordinator.status_of(trigger.checkpoint_id) == "pending":
             if self.keyed_step():
                 continue  # a cycle: the feedback barriers come back in later steps
             if self._aligning_with_timeout() and time.monotonic() < deadline:
@@ -717,7 +726,7 @@ class PipelineRunner:
             requested = self._requested_trigger(None)  # ...unless someone asked for a checkpoint
             if requested is None and self._deferred is None:
                 return False
-            self._write_source_step(None, [], requested)
+            self._send_step(None, [], requested)
             return True
         if self.folder is not None:
             files = self.folder.added_files(self.offset, latest)
@@ -732,7 +741,7 @@ class PipelineRunner:
         effects = self.coordinator.tick()
         triggers = [e for e in effects if isinstance(e, TriggerCheckpoint)]  # at most one
         self._on_coordinator([e for e in effects if not isinstance(e, TriggerCheckpoint)])
-        self._write_source_step(end_version, step, self._requested_trigger(triggers[0] if triggers else None))
+        self._send_step(end_version, step, self._requested_trigger(triggers[0] if triggers else None))
         return True
 
     def _requested_trigger(self, trigger: TriggerCheckpoint | None) -> TriggerCheckpoint | None:
@@ -781,6 +790,49 @@ class PipelineRunner:
                 f"{self.source_path} at version {version} has columns pipeline {self.pipeline.name!r} does not "
                 f"declare: {extra} (ignored; declare them in the source schema to use them)"
             )
+
+    def _send_step(self, end_version: int | None, step: list, trigger: TriggerCheckpoint | None) -> None:
+        """Send one source step (the landing files ``step``, up to ``end_version``; then the barrier
+        of ``trigger``) downstream: chained into the operator, or through the channel log."""
+        if self.chained:
+            self._chained_step(end_version, step, trigger)
+        else:
+            self._write_source_step(end_version, step, trigger)
+
+    def _chained_step(self, end_version: int | None, step: list, trigger: TriggerCheckpoint | None) -> None:
+        """One source step chained into the keyed operator, with no channel in between: the step's
+        records go from the landing read to the operator in one Spark plan (state MERGEd, sink
+        rows staged into the open transactions: one flush), then the barrier of ``trigger`` reaches
+        every channel of every keyed subtask at once. A step boundary is thus an aligned barrier
+        with nothing in flight, in every mode: no record is in the channel log to cut, replay or
+        log as channel state, and the channel positions do not move (the sources' ack names the
+        positions a later unchained process resumes from). The kill points are the source's
+        (``source_read``, ``dlq``, ``source_ack``) and the keyed stage's (``flush_stage``,
+        ``flush_merge``, ``snapshot``, ``ack``, ...); ``channel_write`` is never reached."""
+        if trigger is not None:
+            self.store.record_pending(trigger.checkpoint_id, trigger.barrier.kind, trigger.barrier.timestamp, self.epoch)
+        if step:
+            self._checkpoint("source_read")
+            data = self._read_step(step, end_version)
+            self.summary.rows_in += sum(max(f.rows, 0) for f in step)
+            self._apply(data, list(range(self.P)))
+        if end_version is not None:
+            self.offset = end_version
+        if trigger is None:
+            return
+        cid, last = trigger.checkpoint_id, self.next_seq - 1
+        state = {"version": self.offset, "next_seq": self.next_seq, "barrier_seq": last,
+                 "barrier_seqs": {str(s): last for s in range(self.S)}}
+        acks = {sid: SubtaskAck(state=state) for sid in self.sources}
+        self._checkpoint("source_ack")
+        self.store.record_acks(cid, acks, self.epoch)
+        for sid, ack in acks.items():
+            self._on_coordinator(self.coordinator.acknowledge(cid, sid, ack).effects)
+        if self.coordinator.status_of(cid) != "pending":
+            return  # declined or aborted meanwhile
+        barrier = trigger.barrier
+        self._execute({r: [e for s in range(self.S) for e in h.on_barrier(s, barrier)]
+                       for r, h in enumerate(self.handlers)})
 
     def _write_source_step(self, end_version: int | None, step: list, trigger: TriggerCheckpoint | None) -> None:
         """Write one source step into the channel log in ONE commit, at positions from
@@ -1305,7 +1357,11 @@ class PipelineRunner:
         if self.last_completed is None:
             return
         source_in_use, feedback_in_use = self._lowest_unconsumed()
-        self.channel.truncate_upto(min(self.cursor, self._barrier_seq(self.last_completed), source_in_use - 1), self.epoch)
+        upto = min(self.cursor, self._barrier_seq(self.last_completed), source_in_use - 1)
+        truncation = (delta_log.latest_version(self.channel.path), upto)
+        if truncation != self._truncated:  # the log moved, or more of it is consumed (chained: never)
+            self.channel.truncate_upto(upto, self.epoch)
+            self._truncated = (delta_log.latest_version(self.channel.path), upto)
         if self.feedback_log is not None:
             acks = self.store.get(self.last_completed).acks
             fb = [int(a.state["feedback_barrier_seq"]) for s, a in acks.items()

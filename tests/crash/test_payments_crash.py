@@ -52,9 +52,12 @@ def landing(spark, warehouse, seed: int = 0) -> None:
 def crash_and_recover(spark, warehouse, kill_at: str, *, recovery_kill: str | None = None,
                       mode: str = "aligned", lagging: int = 0):
     """Crash at ``kill_at`` (and again at ``recovery_kill``), run again, compare. In ``mode``, with
-    ``lagging`` slow source subtasks (records in flight: channel state in unaligned modes)."""
+    ``lagging`` slow source subtasks (records in flight: channel state in unaligned modes). A kill
+    in the channel log's write runs unchained (the default chains both stages, with no log)."""
     landing(spark, warehouse)
     extra = ("--mode", mode, "--lagging-sources", str(lagging))
+    if kill_at.startswith("channel_write"):
+        extra += ("--no-chaining",)
     crashed = ckpt_run(warehouse, kill_at, extra=extra)
     assert crashed.returncode == -signal.SIGKILL, f"{kill_at} was not reached:\n{crashed.stdout}\n{crashed.stderr[-3000:]}"
     if recovery_kill:  # a second crash, during the recovery itself

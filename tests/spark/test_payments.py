@@ -24,10 +24,23 @@ def runner(spark, w, **kw) -> PipelineRunner:
     return PipelineRunner(get("payments"), str(w), spark, **kw)
 
 
+def channel_writes(r: PipelineRunner) -> list:
+    """Every write ``r`` makes to its channel log, from now on."""
+    calls, write = [], r.channel.write
+    r.channel.write = lambda *a, **kw: calls.append(a) or write(*a, **kw)
+    return calls
+
+
 def test_exactly_once_across_runs_and_appends(spark, tmp_path):
+    """Both stages in one process are chained: the records go from the landing read to the operator
+    with no channel log. A later source-only process writes the channel log; the next chained
+    process applies what it left first, then goes on chained, exactly once and in order."""
     for seed in (1, 2):
         generate(spark, str(tmp_path), ROWS, bad_fraction=0.05, accounts=40, seed=seed)
-    first = runner(spark, tmp_path).run()
+    r = runner(spark, tmp_path)
+    writes = channel_writes(r)
+    first = r.run()
+    assert r.chained and writes == []
     assert first.restored is None and len(first.completed) >= 2
     check = check_payments(str(tmp_path))
     assert check.ok, check.summary()
@@ -38,8 +51,14 @@ def test_exactly_once_across_runs_and_appends(spark, tmp_path):
     assert check_payments(str(tmp_path)).ok
 
     generate(spark, str(tmp_path), ROWS, bad_fraction=0.05, accounts=40, seed=3)
-    third = runner(spark, tmp_path).run()
-    assert third.rows_in == ROWS
+    source = runner(spark, tmp_path, stage="source").run()  # into the channel log, with its final barrier
+    assert source.rows_in == ROWS and source.completed == []
+    generate(spark, str(tmp_path), ROWS, bad_fraction=0.05, accounts=40, seed=4)
+    r = runner(spark, tmp_path)
+    writes = channel_writes(r)
+    third = r.run()
+    assert writes == [] and third.epoch == first.epoch and third.rows_in == ROWS
+    assert source.final in third.completed  # the barrier the source process left, completed from the log
     check = check_payments(str(tmp_path))
     assert check.ok, check.summary()
     assert check.ledger_rows == check.valid_rows
