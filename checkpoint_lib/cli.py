@@ -14,6 +14,8 @@ import sys
 import time
 from typing import Any, Sequence
 
+from .core.decider import DEFAULT_ROWS_PER_STEP
+
 DEFAULT_WAREHOUSE = os.environ.get("CKPT_WAREHOUSE", "warehouse")
 MODES = ("aligned", "unaligned", "aligned_with_timeout", "at_least_once")
 
@@ -296,8 +298,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     _add_warehouse(p)
     p.add_argument("--mode", choices=MODES, default=None,
                    help="barrier handling (default aligned; unaligned for a pipeline with a cycle)")
-    p.add_argument("--rows-per-checkpoint", type=_positive_int, default=10_000,
-                   help="source rows between checkpoints, in whole table versions (default 10000)")
+    p.add_argument("--rows-per-checkpoint", type=_positive_int, default=DEFAULT_ROWS_PER_STEP, metavar="N",
+                   help="source rows a step reads, in whole table versions; with --interval 0 each step ends with "
+                        f"a checkpoint (default {DEFAULT_ROWS_PER_STEP:,})")
     p.add_argument("--interval", type=float, default=0.0, help="minimum seconds between checkpoints (default 0)")
     p.add_argument("--min-pause", type=float, default=0.0, help="seconds between a checkpoint's end and the next")
     p.add_argument("--timeout", type=float, default=3600.0, help="abort a checkpoint pending this long (s)")

@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from .core.decider import DEFAULT_ROWS_PER_STEP
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 JOBS_DIR = REPO_ROOT / "jobs"
 STAGES = ("source", "keyed", "all")
@@ -51,7 +53,7 @@ def build_submit_argv(
 
 
 def stage_args(
-    pipeline: str, warehouse: str, *, stage: str, mode: str = "aligned", rows_per_checkpoint: int = 10_000,
+    pipeline: str, warehouse: str, *, stage: str, mode: str = "aligned", rows_per_checkpoint: int = DEFAULT_ROWS_PER_STEP,
     max_steps: int | None = None,
 ) -> list[str]:
     """The CLI arguments of ``ckpt run`` (and ``jobs/run_stage.py``) for one stage, run until caught up."""

@@ -30,6 +30,7 @@ from typing import Any
 
 from airflow.sdk import DAG, Param, TriggerRule
 
+from checkpoint_lib.core.decider import DEFAULT_ROWS_PER_STEP
 from checkpoint_lib.pipelines import REGISTRY
 from ckpt_airflow.operators import (
     AbortCheckpointOperator,
@@ -54,7 +55,7 @@ DEFAULTS: dict[str, Any] = {
     "ack_timeout_s": 900,        # a requested checkpoint not completed by then is aborted
     "poll_s": 10,                # how often the trigger reads the store
     "mode": "aligned",
-    "rows_per_checkpoint": 10_000,
+    "rows_per_checkpoint": DEFAULT_ROWS_PER_STEP,
     "launcher": None,            # None: the hook's default ("session"), or "spark-submit"
     "maintenance_every_s": 86_400,  # <pipeline>_maintenance schedule (daily)
     "retries": 2,

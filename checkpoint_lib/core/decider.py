@@ -12,6 +12,11 @@ from dataclasses import dataclass
 from .errors import FailureReason
 
 
+DEFAULT_ROWS_PER_STEP = 1_000_000
+"""Source rows a step reads (in whole landing-table versions), the default of the runner, the CLI and
+the DAGs: with a checkpoint at every step (interval 0), a checkpoint every million rows, so a step's
+fixed cost (a few Delta commits) is spread over enough rows for an hourly batch."""
+
 @dataclass(frozen=True)
 class CheckpointConfig:
     """Checkpointing settings (names follow Flink's ``execution.checkpointing.*``).

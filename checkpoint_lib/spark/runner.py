@@ -10,7 +10,7 @@ stage, or both (``stage="all"``). Within an epoch (an attempt) each run of a sta
    the sink transactions the checkpoint owns and abort every other open one, and publish every
    stage's starting point. A stage whose last process died therefore recovers by itself.
 2. **source steps**: the source subtasks read the next versions of the landing table (whole
-   versions, about ``rows_per_checkpoint`` rows), send bad rows to the dead-letter table (a MERGE
+   versions, about ``rows_per_checkpoint`` rows: a million by default), send bad rows to the dead-letter table (a MERGE
    on the source offset: idempotent), apply the pipeline's ``map()`` steps and append the records
    to the Delta channel log, routed to the operator's subtasks by the pipeline's partitioner
    (hash by key group, rebalance, broadcast or forward: :mod:`.partitioning`). When the coordinator triggers a checkpoint, the barrier goes
@@ -72,7 +72,7 @@ from ..core.coordinator import (
     NotifyCheckpointComplete,
     TriggerCheckpoint,
 )
-from ..core.decider import CheckpointConfig
+from ..core.decider import DEFAULT_ROWS_PER_STEP, CheckpointConfig
 from ..core.errors import CheckpointError, FailureReason, SnapshotIncompatibleError, TooManyFailedCheckpointsError
 from ..core.keygroups import range_for_subtask
 from ..core.recovery import SINK_STATE_KEY, RecoveryPlan, check_fits
@@ -127,7 +127,7 @@ class PipelineRunner:
         spark: SparkSession,
         *,
         mode: BarrierMode | str = BarrierMode.ALIGNED,
-        rows_per_checkpoint: int = 10_000,
+        rows_per_checkpoint: int = DEFAULT_ROWS_PER_STEP,
         config: CheckpointConfig | None = None,
         clock: Clock | None = None,
         progress: Callable[[str], None] | None = None,
@@ -265,11 +265,13 @@ class PipelineRunner:
         the keyed state). From each fence commit on, Delta refuses a write of an older epoch inside
         its own commit (its idempotent-write version is below the fence), however long that writer
         stalled after its last check. The channel logs need none: their deletes are scoped to the
-        writer's epoch and older, their readers read only their own epoch's rows."""
-        for sink in self.sinks.values():
-            sink.fence(self.epoch)
-        if self.state is not None:
-            self.state.fence(self.epoch)
+        writer's epoch and older, their readers read only their own epoch's rows. The first epoch
+        has no older attempt to fence out (a racing first start is a newer epoch, and fences it)."""
+        if self.epoch > 1:
+            for sink in self.sinks.values():
+                sink.fence(self.epoch)
+            if self.state is not None:
+                self.state.fence(self.epoch)
         self._checkpoint("fence")
 
     # opening: join the current epoch, or recover -------------------------------------------
@@ -298,7 +300,8 @@ class PipelineRunner:
         or None when the stage(s) joined the current epoch."""
         if self._opened or self._closed:
             raise RuntimeError("this runner was already opened: use a new one")
-        self.channel.create()
+        if not self.chained:  # a chained process reads the log only if an unchained one left it
+            self.channel.create()
         if self.feedback_log is not None:
             self.feedback_log.create()
         if self.state is not None:
@@ -337,7 +340,7 @@ class PipelineRunner:
         self.coordinator.all_running()
         self.summary.epoch = self.epoch
         self._opened = True
-        if self.chained and self.cursor < self.next_seq - 1:
+        if self.chained and self.cursor < self.next_seq - 1 and delta_log.is_delta_table(self.channel.path):
             self.keyed_step()  # what a process of the unchained stages left in the channel log, first
         if plan is None:
             self.progress(
@@ -593,7 +596,8 @@ class PipelineRunner:
             if owned:
                 sink.commit(owned, int(plan.checkpoint_id), self.epoch)
                 self._checkpoint("restore")  # between two sinks' re-commits
-            sink.discard([*owned, *plan.abort])
+            sink.discard(owned)
+            sink.abort(plan.abort)
         # Bookkeeping resumes in the new epoch.
         self.sink_books: dict[str, list[TwoPhaseCommitSink]] = {}
         for name in self.sinks:

@@ -1,30 +1,38 @@
-"""Two-phase-commit sinks into Delta tables (the I/O half of ``core.twophase``).
+"""Two-phase-commit sinks into Delta tables (the I/O half of ``core.twophase``). Each record is
+written once.
 
-- **write**: records of the open transaction are appended to a staging Delta table, tagged with
-  the transaction's handle. Staged rows are durable but invisible in the target table.
-- **pre-commit** (at the barrier): nothing left to flush, the rows are already staged; the core
-  moves the transaction to pending and the snapshot records it.
+- **write**: at a flush Spark writes the open transactions' rows as Parquet files, once
+  (:mod:`checkpoint_lib.delta.pending`): an ``append`` sink writes them inside the target table's
+  folder (``<target>/ckpt/``), where no commit refers to them yet, so no reader sees them; an
+  ``upsert`` sink writes them beside the checkpoint data (``_checkpoints/<p>/transactions/<sink>``).
+  Each transaction's control folder there lists what it wrote (a manifest per write).
+- **pre-commit** (at the barrier): nothing left to write, the files are complete; the core moves
+  the transaction to pending and the snapshot records it.
 - **commit** (a global committer, as Flink's Sink V2 and Iceberg's committer): when checkpoint
-  ``c`` completes, the staged rows of every subtask's transactions up to ``c`` go into the target in
-  ONE Delta commit, an append (``append`` mode) or a MERGE on ``keys`` (``upsert`` mode), stamped
-  with Delta's idempotent-write transaction ``(txnAppId = <pipeline>/<sink>/stamp, txnVersion =
-  writer epoch << 32 | c)``. Delta records the stamp atomically with the data, and checkpoint ids
-  grow across epochs and commits are cumulative, so "committed" is exactly "the stamp's checkpoint
-  reached its checkpoint": a repeated commit is a no-op and no transaction is committed twice.
-- **abort**: the staged rows are deleted; committed transactions' staged rows are deleted lazily.
+  ``c`` completes, every subtask's transactions up to ``c`` go into the target in ONE Delta commit
+  stamped with Delta's idempotent-write transaction ``(txnAppId = <pipeline>/<sink>/stamp,
+  txnVersion = writer epoch << 32 | c)``: an ``append`` sink adds the very files it wrote (a
+  delta-rs commit of add actions, with their statistics: no data is read or copied), an ``upsert``
+  sink MERGEs the changed keys' latest rows. The stamp lands atomically with the data, checkpoint
+  ids grow across epochs and commits are cumulative, so "committed" is exactly "the stamp's
+  checkpoint reached its checkpoint": a repeated commit is a no-op, nothing is committed twice.
+- **abort**: the transaction's files are deleted (never a file the table refers to).
 
-The fence is inside the commit: Delta skips a write whose version is not above the table's, and a
-recovery (epoch F) first raises every sink's stamp to ``F << 32 | its checkpoint`` (:meth:`fence`).
-From then on a zombie's commit (epoch < F) is skipped by Delta itself, however long it stalled after
-its last check, and one racing the fence conflicts on the application id and is skipped on retry;
-the zombie reads the stamp after its write and stops with
-:class:`~checkpoint_lib.core.errors.FencedError`. Tables stamped before this scheme (one application
-id per epoch, ``.../e<epoch>``) are still read.
+The fence is inside the commit. An append commit is a compare-and-swap placed exactly on the
+snapshot it checked (delta-rs, no retries): a stamp of a newer epoch on that snapshot refuses it
+(:class:`~checkpoint_lib.core.errors.FencedError`), and a fence landing after the check takes the
+version, so the commit fails, reads again and is refused. A MERGE is stamped through Spark, which
+skips a write whose version is not above the table's, and one racing the fence conflicts on the
+application id and is skipped on retry. A recovery (epoch F) first raises every sink's stamp to ``F
+<< 32 | its checkpoint`` (:meth:`fence`); the zombie reads the stamp after its write and stops.
+Tables stamped before this scheme (one application id per epoch, ``.../e<epoch>``) are still read.
 """
 
 from __future__ import annotations
 
 import os
+import random
+import time
 from collections import defaultdict
 
 from typing import Callable, Iterable
@@ -34,19 +42,20 @@ from pyspark.sql import Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from ..core.errors import FencedError
 from ..core.twophase import Transaction
 from ..delta.log import is_delta_table
+from ..delta.pending import HANDLE_COLUMN, PendingFiles
 from ..pipeline import Pipeline, check_relative_path
 from . import tables
 
-_TXN_COLUMNS = [
-    T.StructField("txn_handle", T.StringType(), False),
-    T.StructField("txn_id", T.StringType(), False),
-    T.StructField("txn_epoch", T.LongType(), False),
-    T.StructField("txn_seq", T.LongType(), False),
-    T.StructField("sink_subtask", T.IntegerType(), False),
-    T.StructField("flush", T.LongType(), False),
-]
+_ORDER_COLUMNS = [T.StructField("txn_seq", T.LongType(), False), T.StructField("flush", T.LongType(), False)]
+"""Written with an upsert sink's rows: the latest row of a key wins at the commit."""
+PENDING_FOLDER = "ckpt"
+"""Inside an append sink's table: the folder its transactions' files are written to (not hidden:
+once a file is no longer part of the table, e.g. after an OPTIMIZE, VACUUM deletes it)."""
+_DELTA_RS_WRITER_FEATURES = {"appendOnly", "invariants", "timestampNtz"}
+_COMMIT_ATTEMPTS = 20
 
 
 def app_prefix(pipeline: str) -> str:
@@ -69,7 +78,7 @@ def pipeline_sinks(
     ``spark=None`` only the delta-rs reads work (the commit stamps, the rollback version)."""
     return {
         name: DeltaTwoPhaseSink(
-            spark, name, f"{warehouse}/{check_relative_path(s.path)}", f"{root}/staging/{name}",
+            spark, name, f"{warehouse}/{check_relative_path(s.path)}", f"{root}/transactions/{name}",
             tables.struct_type(s.schema) if spark is not None else None, app_prefix=app_prefix(pipeline.name),
             mode=s.mode, keys=s.keys, check_epoch=check_epoch,
         )
@@ -102,7 +111,7 @@ class DeltaTwoPhaseSink:
         spark: SparkSession,
         name: str,
         target: str,
-        staging: str,
+        transactions: str,
         schema: T.StructType,
         *,
         app_prefix: str,
@@ -118,22 +127,21 @@ class DeltaTwoPhaseSink:
         self.spark = spark
         self.name = name
         self.target = target
-        self.staging = staging
+        self.transactions = transactions
         self.schema = schema
+        if mode == "append":  # the files go into the table's folder; the bookkeeping beside the checkpoints
+            self.pending = PendingFiles(f"{transactions}/txns", f"{target}/{PENDING_FOLDER}", table_root=target)
+        else:
+            self.pending = PendingFiles(f"{transactions}/txns", f"{transactions}/files")
         self.mode = mode
         self.app_prefix = app_prefix
         self.check_epoch = check_epoch
 
     def create(self) -> None:
-        """Create the target (with :data:`SINK_TABLE_PROPERTIES`) and the staging table if missing,
-        and refuse a target configured against what the commit protocol needs
-        (:meth:`check_configuration`)."""
+        """Create the target (with :data:`SINK_TABLE_PROPERTIES`) if missing, and refuse a target
+        configured against what the commit protocol needs (:meth:`check_configuration`)."""
         tables.create_if_missing(self.spark, self.target, self.schema, properties=SINK_TABLE_PROPERTIES)
         self.check_configuration()
-        tables.create_if_missing(
-            self.spark, self.staging, T.StructType(_TXN_COLUMNS + list(self.schema.fields)),
-            partition_by=["sink_subtask"],
-        )
 
     def check_configuration(self) -> None:
         """What we own on a sink table is its commit stamps (Delta application transactions): they
@@ -144,7 +152,10 @@ class DeltaTwoPhaseSink:
 
         if not is_delta_table(self.target):
             return
-        configuration = DeltaTable(self.target).metadata().configuration
+        dt = DeltaTable(self.target)
+        configuration = dt.metadata().configuration
+        if self.mode == "append":
+            self._check_files_can_be_added(dt)
         if configuration.get(TXN_RETENTION):
             raise SinkConfigurationError(
                 f"sink {self.name}: {self.target} sets {TXN_RETENTION}={configuration[TXN_RETENTION]!r}. Delta "
@@ -153,21 +164,76 @@ class DeltaTwoPhaseSink:
                 f"ALTER TABLE delta.`{self.target}` UNSET TBLPROPERTIES ('{TXN_RETENTION}')"
             )
 
+    @staticmethod
+    def _file_commit_problems(dt) -> list[str]:
+        """Why a commit of add actions by delta-rs cannot write table ``dt`` (empty: it can): a
+        partitioned table (not supported yet), or a writer feature such a commit cannot honour
+        (deletion vectors, column mapping, CHECK constraints, generated columns, ...)."""
+        problems = []
+        if dt.metadata().partition_columns:
+            problems.append(f"it is partitioned by {dt.metadata().partition_columns} (not supported yet for "
+                            "append sinks)")
+        protocol = dt.protocol()
+        features = set(protocol.writer_features or [])
+        if protocol.min_writer_version > 2 and protocol.min_writer_version != 7:
+            problems.append(f"its writer protocol is version {protocol.min_writer_version}")
+        elif features - _DELTA_RS_WRITER_FEATURES:
+            problems.append(f"it uses the writer features {sorted(features - _DELTA_RS_WRITER_FEATURES)}")
+        return problems
+
+    def _check_files_can_be_added(self, dt) -> None:
+        """An append sink's commit adds the files it wrote with delta-rs (:meth:`_file_commit_problems`)."""
+        problems = self._file_commit_problems(dt)
+        if problems:
+            raise SinkConfigurationError(
+                f"sink {self.name}: {self.target} cannot take an append sink's files: {'; '.join(problems)}. "
+                "Write to a plain Delta table (no partitioning, deletion vectors, column mapping or constraints)."
+            )
+
     # writing ---------------------------------------------------------------------------------
 
     def stage(self, rows: DataFrame, handles: dict[int, Transaction], flush: int) -> None:
-        """Stage ``rows`` (the target's columns plus ``sink_subtask``) into each subtask's open
-        transaction ``handles[subtask]``, in one Delta commit."""
+        """Write ``rows`` (the target's columns plus ``sink_subtask``) into each subtask's open
+        transaction ``handles[subtask]``: one Spark job writes every transaction's files, once."""
         if not handles:
             return
         txns = self.spark.createDataFrame(
-            [(s, t.handle, t.txn_id, t.epoch, t.seq) for s, t in handles.items()],
-            "sink_subtask int, txn_handle string, txn_id string, txn_epoch long, txn_seq long",
+            [(s, t.handle, t.seq) for s, t in handles.items()], f"sink_subtask int, {HANDLE_COLUMN} string, txn_seq long"
         )
-        staged = rows.join(F.broadcast(txns), "sink_subtask").withColumn("flush", F.lit(flush).cast("long"))
-        staged.select(*[f.name for f in _TXN_COLUMNS], *self.schema.fieldNames()).write.format(
-            "delta"
-        ).mode("append").save(self.staging)
+        staged = rows.join(F.broadcast(txns), "sink_subtask")
+        columns = self._target_columns(staged)
+        if self.mode == "upsert":
+            columns += [F.col("txn_seq"), F.lit(flush).cast("long").alias("flush")]
+        write_dir = self.pending.begin_write(handles.values())
+        staged.select(HANDLE_COLUMN, *columns).write.partitionBy(HANDLE_COLUMN).parquet(write_dir)
+        self.pending.seal_write(write_dir, handles.values())
+
+    def _target_columns(self, rows: DataFrame) -> list:
+        """The target's columns of ``rows``, as the table stores them: a column the target declares NOT
+        NULL fails the job on a null (what Delta's own write checks), a narrower number is widened,
+        and a missing column or another type is refused before anything is written."""
+        have = {f.name: f.dataType for f in rows.schema.fields}
+        widen = {(T.IntegerType(), T.LongType()), (T.ShortType(), T.LongType()), (T.ByteType(), T.LongType()),
+                 (T.ShortType(), T.IntegerType()), (T.ByteType(), T.IntegerType()), (T.FloatType(), T.DoubleType())}
+        problems, columns = [], []
+        for f in self.schema.fields:
+            if f.name not in have:
+                problems.append(f"column {f.name!r} is missing")
+                continue
+            col = F.col(f.name)
+            if have[f.name] != f.dataType:
+                if (have[f.name], f.dataType) not in widen:
+                    problems.append(f"column {f.name!r} is {have[f.name].simpleString()}, the table's is "
+                                    f"{f.dataType.simpleString()}")
+                    continue
+                col = col.cast(f.dataType)
+            if not f.nullable:
+                col = F.when(col.isNull(), F.raise_error(F.lit(
+                    f"sink {self.name}: NOT NULL column {f.name} of {self.target} got a null"))).otherwise(col)
+            columns.append(col.alias(f.name))
+        if problems:
+            raise ValueError(f"sink {self.name}: the operator's rows do not fit {self.target}: {'; '.join(problems)}")
+        return columns
 
     # committing ----------------------------------------------------------------------------
 
@@ -218,9 +284,34 @@ class DeltaTwoPhaseSink:
     def fence(self, epoch: int) -> None:
         """Recovery by ``epoch``, before it reads or rolls back anything: from this commit on, every
         commit of an older epoch to this sink is refused inside its own Delta commit. Idempotent;
-        :class:`~checkpoint_lib.core.errors.FencedError` if a newer epoch fenced it first."""
+        :class:`~checkpoint_lib.core.errors.FencedError` if a newer epoch fenced it first. The stamp
+        keeps the checkpoint the table holds (``epoch << 32 | that checkpoint``), read on the very
+        snapshot the fence commits on: a delta-rs compare-and-swap (milliseconds) when the table
+        allows it, else a stamped empty Spark append (a racing commit conflicts on the stamp)."""
+        from deltalake import DeltaTable
+        from deltalake.exceptions import CommitFailedError
+        from deltalake.transaction import CommitProperties
+        from deltalake.transaction import Transaction as AppTransaction
+
         self.create()
-        tables.raise_fence(self.spark, self.target, self.app_id, epoch)
+        if self._file_commit_problems(DeltaTable(self.target)):
+            tables.raise_fence(self.spark, self.target, self.app_id, epoch)
+            return
+        for attempt in range(_COMMIT_ATTEMPTS):
+            dt = DeltaTable(self.target)
+            have_epoch, have_cid = tables.split_version(dt.transaction_version(self.app_id))
+            if have_epoch > epoch:
+                raise FencedError(f"{self.target}: epoch {epoch} is fenced: epoch {have_epoch} has taken over")
+            if have_epoch == epoch:
+                return
+            stamp = AppTransaction(self.app_id, tables.fenced_version(epoch, max(have_cid, 0)))
+            try:
+                dt.create_write_transaction([], mode="append", schema=dt.schema(), commit_properties=CommitProperties(
+                    app_transactions=[stamp], max_commit_retries=0))
+                return
+            except CommitFailedError:  # a commit landed after our read: its stamp decides again
+                time.sleep(0.01 * min(attempt + 1, 10) * (0.5 + random.random()))
+        raise tables.ConcurrentWriterError(f"sink {self.name}: fence of {self.target} lost to concurrent writers")
 
     def commit(self, txns: list[Transaction], checkpoint_id: int, writer_epoch: int) -> list[Transaction]:
         """Commit ``txns`` (every subtask's, all pre-committed at checkpoints <= ``checkpoint_id``):
@@ -257,19 +348,57 @@ class DeltaTwoPhaseSink:
         return todo
 
     def _commit_checkpoint(self, txns: list[Transaction], version: int) -> None:
-        staged = (
-            self.spark.read.format("delta").load(self.staging)
-            .where(F.col("txn_handle").isin([t.handle for t in txns]))
-        )
+        files = self.pending.files(txns)
         if self.mode == "append":
-            (
-                staged.select(*self.schema.fieldNames())
-                .write.format("delta").mode("append")
-                .option("txnAppId", self.app_id).option("txnVersion", str(version))
-                .save(self.target)
-            )
+            self._add_files(files, version)
+        elif files:
+            staged_schema = T.StructType(list(self.schema.fields) + _ORDER_COLUMNS)
+            self._merge(self.spark.read.schema(staged_schema).parquet(*[f.path for f in files]), self.app_id, version)
+        else:  # nothing staged: the stamp alone, without a MERGE
+            self._stamp(version)
+
+    def _stamp(self, version: int) -> None:
+        """Commit the stamp ``version`` alone: a delta-rs commit when the table allows, else an empty
+        stamped Spark append (both refused for a fenced epoch)."""
+        from deltalake import DeltaTable
+
+        if not self._file_commit_problems(DeltaTable(self.target)):
+            self._add_files([], version)
         else:
-            self._merge(staged, self.app_id, version)
+            epoch, cid = tables.split_version(version)
+            tables.raise_fence(self.spark, self.target, self.app_id, epoch, cid)
+
+    def _add_files(self, files: list, version: int) -> None:
+        """ONE delta-rs commit adding ``files`` to the target with the stamp ``version``, placed
+        exactly on the snapshot whose stamp it checked (no retries inside delta-rs): a newer epoch's
+        stamp refuses it, an equal or higher one of ours means it landed already (a retry)."""
+        from deltalake import DeltaTable
+        from deltalake.exceptions import CommitFailedError
+        from deltalake.transaction import AddAction, CommitProperties
+        from deltalake.transaction import Transaction as AppTransaction
+
+        epoch = tables.split_version(version)[0]
+        actions = [AddAction(f.path, f.size, {}, f.modification_time, True, f.stats) for f in files]
+        for attempt in range(_COMMIT_ATTEMPTS):
+            dt = DeltaTable(self.target)
+            have = dt.transaction_version(self.app_id)
+            if have is not None and tables.split_version(have)[0] > epoch:
+                raise FencedError(f"{self.target}: epoch {epoch} is fenced: epoch {tables.split_version(have)[0]} "
+                                  "has taken over (a zombie of an older attempt: its commit was refused)")
+            if have is not None and have >= version:
+                return
+            try:
+                dt.create_write_transaction(
+                    actions, mode="append", schema=dt.schema(),
+                    commit_properties=CommitProperties(app_transactions=[AppTransaction(self.app_id, version)],
+                                                       max_commit_retries=0),
+                )
+                return
+            except CommitFailedError:  # another commit took the version: read again, decide again
+                time.sleep(0.01 * min(attempt + 1, 10) * (0.5 + random.random()))
+        raise tables.ConcurrentWriterError(
+            f"sink {self.name}: {_COMMIT_ATTEMPTS} attempts to commit to {self.target} lost to concurrent writers"
+        )
 
     def _merge(self, staged: DataFrame, app: str, version: int) -> None:
         from delta.tables import DeltaTable
@@ -346,20 +475,31 @@ class DeltaTwoPhaseSink:
     # aborting, cleaning up and recovery ----------------------------------------------------
 
     def discard(self, txns: Iterable[Transaction]) -> None:
-        """Delete the staged rows of ``txns``: an abort, or the cleanup of committed ones (both
-        idempotent: what is gone stays gone)."""
-        handles = sorted({t.handle for t in txns})
-        if handles:
-            tables.delete_where(self.spark, self.staging, F.col("txn_handle").isin(handles))
+        """After ``txns`` committed: forget them (an upsert sink also deletes the files it MERGEd;
+        an append sink's files are the table's now). Idempotent."""
+        self.pending.forget(txns, delete_data=self.mode == "upsert")
+
+    def abort(self, txns: Iterable[Transaction]) -> None:
+        """Delete what ``txns`` wrote and forget them, except files the table refers to (a
+        transaction committed before a crash kept its bookkeeping from being forgotten). Idempotent."""
+        txns = list(txns)
+        if not txns:
+            return
+        if self.mode == "upsert":
+            self.pending.forget(txns, delete_data=True)
+            return
+        from deltalake import DeltaTable
+
+        in_table = set()
+        if is_delta_table(self.target):
+            in_table = set(DeltaTable(self.target).get_add_actions(flatten=True).column("path").to_pylist())
+        files = {t.handle: [f.path for f in self.pending.files([t], missing_ok=True)] for t in txns}
+        committed = [t for t in txns if any(p in in_table for p in files[t.handle])]
+        self.pending.forget(committed, delete_data=False)
+        self.pending.forget([t for t in txns if t not in committed], delete_data=True)
 
     def open_transactions(self) -> list[Transaction]:
-        """Every transaction with staged rows, of every epoch (committed ones whose cleanup a
-        crash interrupted included): recovery re-commits those the restored checkpoint owns (a
-        no-op for committed ones) and discards the rest."""
-        if not is_delta_table(self.staging):
-            return []
-        rows = (
-            self.spark.read.format("delta").load(self.staging)
-            .select("txn_handle", "txn_id", "txn_epoch", "txn_seq").distinct().collect()
-        )
-        return sorted(Transaction(r.txn_seq, r.txn_id, r.txn_epoch) for r in rows)
+        """Every transaction that wrote something and was not forgotten, of every epoch (committed
+        ones whose clean-up a crash interrupted included): recovery re-commits those the restored
+        checkpoint owns (a no-op for committed ones) and aborts the rest."""
+        return self.pending.transactions()

@@ -169,7 +169,12 @@ class KeyedStateTable:
 
     def clear(self, *, epoch: int | None = None) -> None:
         """Empty the table (an operator new to the restored snapshot starts empty); fenced like
-        :meth:`restore`."""
+        :meth:`restore`. A table with no rows is left alone (a pipeline's first start): after the
+        recovery's fence no older attempt can add any."""
+        from deltalake import DeltaTable
+
+        if DeltaTable(self.path).get_add_actions(flatten=False).num_rows == 0:
+            return
         self._overwrite(self.spark.createDataFrame([], self.schema), epoch)
 
     def _overwrite(self, df: DataFrame, epoch: int | None) -> None:

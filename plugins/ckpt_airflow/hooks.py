@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from airflow.sdk.bases.hook import BaseHook
 
+from checkpoint_lib.core.decider import DEFAULT_ROWS_PER_STEP
 from checkpoint_lib.layout import checkpoint_root
 from checkpoint_lib.submit import build_submit_argv, stage_args, submit_env
 
@@ -197,7 +198,7 @@ class CheckpointHook(BaseHook):
 
         return get_spark(master=self.spark_master, app_name=f"ckpt-{self.pipeline}", ui=False)
 
-    def run_stage(self, stage: str, *, mode: str = "aligned", rows_per_checkpoint: int = 10_000,
+    def run_stage(self, stage: str, *, mode: str = "aligned", rows_per_checkpoint: int = DEFAULT_ROWS_PER_STEP,
                   max_steps: int | None = None) -> dict[str, Any]:
         """Run one stage of the pipeline until caught up (it recovers first if its last run died)."""
         args = stage_args(self.pipeline, self.warehouse, stage=stage, mode=mode,
@@ -220,7 +221,7 @@ class CheckpointHook(BaseHook):
         """What a recovery would do (read-only; what a dry run prints)."""
         return self.control().store.recovery_plan(checkpoint_id).describe()
 
-    def recover(self, checkpoint_id: int | None, *, mode: str = "aligned", rows_per_checkpoint: int = 10_000) -> dict[str, Any]:
+    def recover(self, checkpoint_id: int | None, *, mode: str = "aligned", rows_per_checkpoint: int = DEFAULT_ROWS_PER_STEP) -> dict[str, Any]:
         """Fence the old attempt (new epoch), restore ``checkpoint_id`` (None: the latest completed;
         an older one rolls the sinks back), re-commit what it owns, abort the rest, and replay every
         stage until caught up, ending with a completed checkpoint."""
@@ -252,7 +253,7 @@ class CheckpointHook(BaseHook):
         from checkpoint_lib.maintenance import maintain
 
         root = checkpoint_root(self.warehouse, self.pipeline)
-        data_plane = any((root / d).is_dir() for d in ("channels", "state", "staging", "channel_state"))
+        data_plane = any((root / d).is_dir() for d in ("channels", "state", "transactions", "staging", "channel_state"))
         spark = self.spark() if with_spark and data_plane else None  # no JVM for a pipeline that never ran
         report = maintain(self.warehouse, self.pipeline, spark, dry_run=dry_run)
         self.log.info("%s", report.describe())

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from checkpoint_lib.core.decider import DEFAULT_ROWS_PER_STEP
 from ckpt_airflow.hooks import CheckpointHook
 
 
@@ -65,7 +66,7 @@ class RunStageOperator(CheckpointBaseOperator):
 
     template_fields: Sequence[str] = ("pipeline", "stage", "mode")
 
-    def __init__(self, *, stage: str, mode: str = "aligned", rows_per_checkpoint: int = 10_000,
+    def __init__(self, *, stage: str, mode: str = "aligned", rows_per_checkpoint: int = DEFAULT_ROWS_PER_STEP,
                  max_steps: int | None = None, **kwargs: Any):
         super().__init__(**kwargs)
         self.stage, self.mode = stage, mode
@@ -225,7 +226,7 @@ class RecoverPipelineOperator(CheckpointBaseOperator):
     template_fields: Sequence[str] = ("pipeline", "params_in")
     skip_when_paused = False
 
-    def __init__(self, *, params_in: Any, rows_per_checkpoint: int = 10_000, **kwargs: Any):
+    def __init__(self, *, params_in: Any, rows_per_checkpoint: int = DEFAULT_ROWS_PER_STEP, **kwargs: Any):
         super().__init__(**kwargs)
         self.params_in, self.rows_per_checkpoint = params_in, rows_per_checkpoint
 

@@ -48,7 +48,7 @@ def _fence_from_another_engine(path: str, app_id: str, epoch: int, marker: str):
                         commit_properties=CommitProperties(app_transactions=[AppTxn(app_id, epoch << 32)]))
         return x
 
-    return F.udf(fence, "long")
+    return F.udf(fence, "long", useArrow=False)  # an Arrow UDF stalls inside the MERGE of staged Parquet files
 
 
 # --- sinks ------------------------------------------------------------------------------------
@@ -84,12 +84,36 @@ def test_a_sink_commit_by_a_zombie_that_stalled_past_its_check_is_refused_in_the
     assert sink.stamp() == (2, 2) and newer.is_committed(t2) and not newer.is_committed(t3)
 
 
-@pytest.mark.slow  # CI tier: CI keeps the stalled zombies of this module
-def test_a_sink_commit_racing_the_fence_inside_its_own_job_is_refused(spark, tmp_path, monkeypatch):
-    """The fence lands while the zombie's append job runs (after it read the staged rows and the
+def test_an_append_commit_racing_the_fence_between_its_check_and_its_commit_is_refused(spark, tmp_path, monkeypatch):
+    """An append sink commits the files it wrote with one delta-rs commit placed on the snapshot
+    whose stamp it checked. The newer epoch's fence lands right after that check, from another
+    Delta implementation (Spark): the commit loses the version, reads again, finds the fence and is
+    refused; nothing of it lands and the zombie is told it is fenced."""
+    from deltalake import DeltaTable
+
+    sink = _sink(spark, tmp_path)
+    t3 = Transaction(2, "a", 1, checkpoint_id=3)
+    _stage(spark, sink, t3, [("y", 20)])
+    commit, fired = DeltaTable.create_write_transaction, []
+
+    def fence_first(self, *a, **kw):
+        if not fired:
+            fired.append(1)
+            tables.raise_fence(spark, sink.target, sink.app_id, 2)
+        return commit(self, *a, **kw)
+
+    monkeypatch.setattr(DeltaTable, "create_write_transaction", fence_first)
+    with pytest.raises(FencedError):
+        sink.commit([t3], 3, writer_epoch=1)
+    assert fired and read_delta(sink.target).empty and sink.stamp() == (2, 0)
+
+
+@pytest.mark.slow  # CI tier: CI keeps the stalled zombies of this module and the append race above
+def test_an_upsert_commit_racing_the_fence_inside_its_own_job_is_refused(spark, tmp_path):
+    """The fence lands while the zombie's MERGE job runs (after it read the staged files and the
     table's stamp): Delta finds the conflict on the application id, the retry sees the fence and
     skips, and the zombie is told it is fenced."""
-    sink = _sink(spark, tmp_path)
+    sink = _sink(spark, tmp_path, "upsert")
     t3 = Transaction(2, "a", 1, checkpoint_id=3)
     _stage(spark, sink, t3, [("y", 20)])
     udf = _fence_from_another_engine(sink.target, sink.app_id, 2, str(tmp_path / "fired"))
@@ -98,12 +122,13 @@ def test_a_sink_commit_racing_the_fence_inside_its_own_job_is_refused(spark, tmp
         def __init__(self, reader):
             self.reader = reader
 
-        def format(self, f):
-            return Reader(self.reader.format(f))
+        def schema(self, schema):
+            return Reader(self.reader.schema(schema))
 
-        def load(self, path):
-            df = self.reader.load(path)
-            return df.withColumn("amount_cents", udf(F.col("amount_cents"))) if path == sink.staging else df
+        def parquet(self, *paths):
+            df = self.reader.parquet(*paths)
+            staged = all(p.startswith(sink.transactions) for p in paths)
+            return df.withColumn("amount_cents", udf(F.col("amount_cents"))) if staged else df
 
     class Session:
         def __init__(self, s):

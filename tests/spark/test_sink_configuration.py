@@ -4,6 +4,7 @@ so a rollback to an old savepoint can walk it."""
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 from pyspark.sql import types as T
 
@@ -71,3 +72,73 @@ def test_a_rollback_past_the_sinks_history_is_refused_naming_the_fix(spark, tmp_
         why = f"version {version} lost 1 data files to VACUUM"
     with pytest.raises(RollbackUnavailableError, match=f"checkpoint 1 committed: {why}.*Nothing was written.*logRetentionDuration"):
         sink.rollback_to(1)
+
+
+# --- each record written once (issue 25) -------------------------------------------------------
+
+
+def _rows(spark, rows):
+    return spark.createDataFrame([(0, *r) for r in rows], "sink_subtask int, account string, amount_cents long")
+
+
+def test_an_append_commit_adds_the_files_the_flush_wrote_and_an_abort_never_deletes_a_committed_one(spark, tmp_path):
+    """The flush writes the rows once, inside the target's folder; the commit adds those very
+    files (no copy, with statistics); the files of an aborted transaction are deleted. A crash
+    between a commit and the clean-up leaves the committed transaction listed as open: the next
+    recovery aborts it (it is not owned by a later checkpoint), and that abort keeps its files,
+    which the table refers to."""
+    from deltalake import DeltaTable
+
+    from checkpoint_lib.core.twophase import Transaction
+
+    sink = _sink(spark, tmp_path)
+    sink.create()
+    t1, t2 = Transaction(1, "a", 1, checkpoint_id=1), Transaction(2, "a", 1)
+    sink.stage(_rows(spark, [("x", 5), ("y", -2)]), {0: t1}, flush=1)
+    sink.stage(_rows(spark, [("z", 7)]), {0: t2}, flush=2)
+    written = {f.path for f in sink.pending.files([t1])}
+    assert sink.commit([t1], 1, writer_epoch=1) == [t1]
+    table = DeltaTable(sink.target)
+    added = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    assert {a["path"] for a in added} == written and table.transaction_version(sink.app_id) == (1 << 32) | 1
+    stats = sorted((a["num_records"], a["min.amount_cents"], a["max.amount_cents"]) for a in added)
+    assert sum(n for n, _, _ in stats) == 2 and min(s[1] for s in stats) == -2 and max(s[2] for s in stats) == 5
+    assert sorted(spark.read.format("delta").load(sink.target).toPandas()["account"]) == ["x", "y"]
+
+    assert sorted(sink.open_transactions()) == sorted([Transaction(1, "a", 1), Transaction(2, "a", 1)])
+    sink.abort(sink.open_transactions())  # t1: committed, its clean-up lost to a crash; t2: never committed
+    assert sink.open_transactions() == []
+    assert sorted(spark.read.format("delta").load(sink.target).toPandas()["account"]) == ["x", "y"]
+    left = [str(p.relative_to(sink.target)) for p in (tmp_path / "ledger" / "ckpt").rglob("*.parquet")]
+    assert sorted(left) == sorted(written)  # t2's file is gone, t1's stay
+
+
+def test_an_append_sink_table_its_commit_cannot_write_is_refused_before_any_write(spark, tmp_path):
+    for ddl, why in [("PARTITIONED BY (account)", "partitioned"),
+                     ("TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')", "deletionVectors")]:
+        path = tmp_path / why / "ledger"
+        spark.sql(f"CREATE TABLE delta.`{path}` (account STRING, amount_cents BIGINT) USING delta {ddl}")
+        sink = DeltaTwoPhaseSink(spark, "ledger", str(path), str(tmp_path / why / "staging"), SCHEMA,
+                                 app_prefix="checkpoint_lib/p")
+        with pytest.raises(SinkConfigurationError, match=why):
+            sink.create()
+
+
+def test_rows_that_do_not_fit_the_table_are_refused_before_they_are_written(spark, tmp_path):
+    from checkpoint_lib.core.twophase import Transaction
+
+    path = tmp_path / "ledger"
+    spark.sql(f"CREATE TABLE delta.`{path}` (account STRING NOT NULL, amount_cents BIGINT) USING delta")
+    sink = DeltaTwoPhaseSink(spark, "ledger", str(path), str(tmp_path / "staging"), SCHEMA, app_prefix="checkpoint_lib/p")
+    sink.schema = spark.read.format("delta").load(str(path)).schema
+    sink.create()
+    txn = Transaction(1, "a", 1)
+    wrong = spark.createDataFrame([(0, "x", "ten")], "sink_subtask int, account string, amount_cents string")
+    with pytest.raises(ValueError, match="amount_cents.*string.*bigint"):
+        sink.stage(wrong, {0: txn}, flush=1)
+    with pytest.raises(Exception, match="NOT NULL column account"):
+        sink.stage(_rows(spark, [(None, 3)]), {0: txn}, flush=2)
+    narrow = spark.createDataFrame([(0, "x", 3)], "sink_subtask int, account string, amount_cents int")
+    sink.stage(narrow, {0: txn}, flush=3)  # widened to the table's bigint
+    sink.commit([Transaction(1, "a", 1, checkpoint_id=1)], 1, writer_epoch=1)
+    assert spark.read.format("delta").load(str(path)).collect() == [("x", 3)]
