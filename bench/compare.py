@@ -6,10 +6,14 @@ then ours alone: recovery time, state growth, a standalone cluster.
     .venv/bin/python bench/compare.py --sizes 1000000 --rows-per-checkpoint 100000 --docs docs/benchmarks.md
     .venv/bin/python bench/compare.py --sizes '' --skip-state --skip-cluster --docs docs/benchmarks.md  # one section
 
-Contenders (bench/floor.py, bench/peer.py, bench/ours.py):
+Contenders (bench/floor.py, bench/expert_peer.py, bench/peer.py, bench/ours.py):
 - **floor**: one plain PySpark batch job, no fault tolerance;
+- **expert peer**: Spark Structured Streaming as an expert writes it: foreachBatch computes the
+  running balance with a window over the micro-batch from the balances of the touched accounts,
+  appends the ledger, then MERGEs the balances (deletion vectors), all with Delta's idempotent stamps;
 - **peer**: Spark Structured Streaming, micro-batches of one checkpoint interval, per-account state
-  in the RocksDB state store, outputs by foreachBatch with Delta idempotent writes;
+  in the RocksDB state store (``applyInPandasWithState``), outputs by foreachBatch with Delta
+  idempotent writes;
 - **ours**: checkpoint_lib with checkpointing off, aligned, unaligned and at-least-once, a
   checkpoint every ``--rows-per-checkpoint`` events.
 
@@ -73,6 +77,7 @@ def throughput(spark: Any, base: str, size: int, args: argparse.Namespace, log, 
     k = args.rows_per_checkpoint
     config = {"events": size, "rows_per_checkpoint": k, "accounts": args.accounts}
     todo = [PEER] if "peer" in args.contenders else []
+    todo += [EXPERT] if "expert" in args.contenders else []
     todo += [label_of(m) for m in args.modes]
     done = {}
     if args.resume and results is not None:
@@ -109,6 +114,15 @@ def throughput(spark: Any, base: str, size: int, args: argparse.Namespace, log, 
         check(spark, floor_out, out, "peer")
         measured(PEER, figures)
         log(f"  peer: {figures['seconds']:.1f} s, {figures['batches']} micro-batches")
+    if EXPERT in todo:
+        from bench.expert_peer import run_expert_peer
+
+        out = f"{data}/expert"
+        figures = run_expert_peer(spark, landing, out, files_per_batch=FILES_PER_VERSION,
+                                  checkpoint_location=f"{out}/_checkpoint")
+        check(spark, floor_out, out, "expert peer")
+        measured(EXPERT, figures)
+        log(f"  expert peer: {figures['seconds']:.1f} s, {figures['batches']} micro-batches")
     for mode in args.modes:
         label = label_of(mode)
         if label not in todo:
@@ -126,6 +140,7 @@ def throughput(spark: Any, base: str, size: int, args: argparse.Namespace, log, 
 
 FLOOR = "floor (plain Spark batch)"
 PEER = "peer (Structured Streaming, RocksDB)"
+EXPERT = "expert peer (foreachBatch: window + MERGE)"
 
 
 def with_ratios(rows: list[dict]) -> list[dict]:
@@ -141,7 +156,7 @@ def with_ratios(rows: list[dict]) -> list[dict]:
     return out
 
 
-ORDER = [FLOOR, PEER] + [f"ours, {m}" for m in ("checkpointing off", "aligned", "unaligned", "at-least-once")]
+ORDER = [FLOOR, EXPERT, PEER] + [f"ours, {m}" for m in ("checkpointing off", "aligned", "unaligned", "at-least-once")]
 
 
 def logged_throughput(store: results_log.ResultsLog, rows_per_checkpoint: int, accounts: int) -> list[dict]:
@@ -273,7 +288,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     ap.add_argument("--rows-per-checkpoint", type=int, default=100_000)
     ap.add_argument("--accounts", type=int, default=10_000)
     ap.add_argument("--modes", default=",".join(MODES), help=f"ours: any of {', '.join(MODES)}")
-    ap.add_argument("--contenders", default="floor,peer,ours")
+    ap.add_argument("--contenders", default="floor,expert,peer,ours",
+                    help="any of floor, expert (the expert peer), peer (the applyInPandasWithState one), ours")
     ap.add_argument("--skew-size", type=int, default=None, help="events for the aligned-vs-unaligned table "
                     "(default: the smallest size; 0 skips it)")
     ap.add_argument("--work", default=None, help="working folder (default: a temporary one, deleted)")

@@ -3,8 +3,12 @@ path segments: the one definition every module, the CLI, the DAGs and the Airflo
 
 Pure: no Spark, no Delta. ::
 
-    <warehouse>/_checkpoints/<pipeline>/   the checkpoint store (delta/store.py), channel logs, state,
-                                           sink staging, validations (see docs/architecture.md)
+    <warehouse>/_checkpoints/<pipeline>/   the checkpoint store (delta/store.py), validations, and the
+        channels/<sender>_<receiver>       data plane: the channel logs (spark/channels.py),
+        state/<operator>                   keyed state (spark/state.py),
+        channel_state                      in-flight records of unaligned checkpoints,
+        transactions/<sink>                what each sink transaction wrote (delta/pending.py),
+        sources/manifest                   the files a landing folder registered (spark/landing.py)
     <warehouse>/_quality/<pipeline>/       GX context, Data Docs, report (quality/paths.py)
 """
 
@@ -37,3 +41,32 @@ def check_pipeline_name(name: Any) -> str:
 def checkpoint_root(warehouse: str | os.PathLike[str], pipeline: str) -> Path:
     """``<warehouse>/_checkpoints/<pipeline>``, absolute, for a well-formed pipeline name."""
     return Path(os.path.abspath(os.path.expanduser(warehouse))) / CHECKPOINTS / check_pipeline_name(pipeline)
+
+
+DATA_PLANE = ("channels", "state", "channel_state", "transactions", "staging")
+"""The data plane's folders under a checkpoint root (``staging``: sink staging tables of older versions)."""
+
+
+def channel_log(root: str | os.PathLike[str], sender: str, receiver: str) -> Path:
+    """The channel log of the edge ``sender -> receiver`` (operator uids; ``source`` for the sources)."""
+    return Path(root) / "channels" / f"{sender}_{receiver}"
+
+
+def state_table(root: str | os.PathLike[str], operator: str) -> Path:
+    """The keyed state table of operator ``operator``."""
+    return Path(root) / "state" / operator
+
+
+def channel_state_table(root: str | os.PathLike[str]) -> Path:
+    """The in-flight records every unaligned checkpoint logged (by checkpoint id)."""
+    return Path(root) / "channel_state"
+
+
+def sink_transactions(root: str | os.PathLike[str], sink: str) -> Path:
+    """What the transactions of sink ``sink`` wrote and not yet committed or aborted."""
+    return Path(root) / "transactions" / sink
+
+
+def source_manifest(root: str | os.PathLike[str]) -> Path:
+    """The manifest table of a landing folder source (its version is the source offset)."""
+    return Path(root) / "sources" / "manifest"

@@ -101,7 +101,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from .layout import check_pipeline_name as validate_pipeline_name
 from .files import fsync_dir
-from .layout import checkpoint_root
+from .layout import channel_state_table, checkpoint_root
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -756,7 +756,7 @@ def _delta_tables(directory: Path) -> list[Path]:
 
 
 def _data_plane(ctx: _Context, spark: "SparkSession | None") -> None:
-    channel_state = ctx.root / "channel_state"
+    channel_state = channel_state_table(ctx.root)
     logs = _delta_tables(ctx.root / "channels")
     staging = _delta_tables(ctx.root / "staging")
     states = _delta_tables(ctx.root / "state")

@@ -48,7 +48,7 @@ from pyspark.sql import types as T
 
 from ..delta import log as delta_log
 from ..delta.store import RESTORED, DeltaCheckpointStore
-from ..layout import checkpoint_root
+from ..layout import channel_state_table, checkpoint_root, state_table
 from ..pipeline import DeltaSource, Pipeline
 from ..spark.tables import struct_type
 from .paths import inside
@@ -208,7 +208,7 @@ def dead_letters(ctx: Context, version: int) -> DataFrame | None:
 def snapshot_state(ctx: Context, acks: list[dict[str, Any]]) -> DataFrame:
     """The keyed state a checkpoint pinned: each subtask's key groups at its table version."""
     p = ctx.pipeline
-    path = str(ctx.root / "state" / p.operator_uid)
+    path = str(state_table(ctx.root, p.operator_uid))
     values = [c for c, _ in p.operator.state_schema]
     parts = []
     for a in sorted(acks, key=lambda a: a["index"]):
@@ -230,7 +230,7 @@ def snapshot_state(ctx: Context, acks: list[dict[str, Any]]) -> DataFrame:
 
 
 def channel_state_rows(ctx: Context, checkpoint_id: int) -> DataFrame | None:
-    path = str(ctx.root / "channel_state")
+    path = str(channel_state_table(ctx.root))
     if not delta_log.is_delta_table(path):
         return None
     return ctx.spark.read.format("delta").load(path).where(F.col("checkpoint_id") == checkpoint_id)
@@ -367,7 +367,7 @@ def restored_state_view(ctx: Context, restore: RestoreFacts) -> DataFrame:
     """The state table as the restore left it vs the snapshot it restored (+ the replayed channel
     state). A restore from scratch must leave the state empty."""
     key, aggs = ctx.pipeline.key, list(ctx.spec.aggregates)
-    path = str(ctx.root / "state" / ctx.pipeline.operator_uid)
+    path = str(state_table(ctx.root, ctx.pipeline.operator_uid))
     version = state_version_at(path, restore.recorded_at)
     if version is None:
         raise QualityCheckError(f"the state table has no version from before the restore of epoch {restore.epoch}")

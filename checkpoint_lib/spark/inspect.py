@@ -18,7 +18,7 @@ from ..core.checkpoints import CompletedCheckpoint
 from ..core.recovery import SINK_STATE_KEY, choose_checkpoint
 from ..core.errors import NoCheckpointError
 from ..delta.store import DeltaCheckpointStore
-from ..layout import checkpoint_root
+from ..layout import channel_state_table, checkpoint_root, state_table
 from ..pipeline import Pipeline
 from .state import KEY_GROUP
 
@@ -44,7 +44,7 @@ def operator_state(spark: SparkSession, warehouse: str, pipeline: Pipeline, chec
             f"({pipeline.partitioning} partitioning): it has no keyed state to show"
         )
     c = checkpoint(warehouse, pipeline, checkpoint_id)
-    path = f"{_root(warehouse, pipeline)}/state/{pipeline.operator_uid}"
+    path = str(state_table(_root(warehouse, pipeline), pipeline.operator_uid))
     parts = []
     for sid, ack in sorted(c.acks.items()):
         if sid.operator != pipeline.operator_uid:
@@ -66,7 +66,7 @@ def operator_state(spark: SparkSession, warehouse: str, pipeline: Pipeline, chec
 def channel_state(spark: SparkSession, warehouse: str, pipeline: Pipeline, checkpoint_id: int | None = None) -> DataFrame:
     """The records in flight at the checkpoint (logged by unaligned snapshots), per receiver."""
     c = checkpoint(warehouse, pipeline, checkpoint_id)
-    path = f"{_root(warehouse, pipeline)}/channel_state"
+    path = str(channel_state_table(_root(warehouse, pipeline)))
     return spark.read.format("delta").load(path).where(F.col("checkpoint_id") == c.checkpoint_id)
 
 

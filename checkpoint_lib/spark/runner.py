@@ -26,7 +26,7 @@ stage, or both (``stage="all"``). Within an epoch (an attempt) each run of a sta
 5. **close**: end the session(s) with their resume points.
 
 Kill points: with ``CKPT_KILL_AT=phase:n`` the process SIGKILLs itself the n-th time it reaches
-``phase`` (see :data:`KILL_PHASES`); the crash tests use it to hit every phase precisely. With
+``phase`` (see :data:`checkpoint_lib.killpoints.KILL_PHASES`); the crash tests use it to hit every phase precisely. With
 ``CKPT_PHASE_TRACE=file`` every kill point reached is appended to ``file`` (``phase n`` per line,
 flushed), so a kill from outside at a random instant can be attributed to the phase it interrupted
 (tests/chaos). With ``CKPT_PAUSE_AT=phase:n`` the process SIGSTOPs itself there instead: a stalled
@@ -49,7 +49,6 @@ from typing import Any, Callable
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from ..checkpoint_requests import CheckpointRequests
 from ..core.barriers import (
@@ -77,30 +76,24 @@ from ..core.errors import CheckpointError, FailureReason, SnapshotIncompatibleEr
 from ..core.keygroups import range_for_subtask
 from ..core.recovery import SINK_STATE_KEY, RecoveryPlan, check_fits
 from ..core.twophase import SinkSnapshot, Transaction, TransactionIdPool, TwoPhaseCommitSink
-from ..core.types import Barrier, BarrierMode, CheckpointKind, SubtaskAck, SubtaskId
+from ..core.types import Barrier, BarrierMode, CheckpointKind, SubtaskAck
 from ..delta import log as delta_log
 from ..delta.store import END as SESSION_END
 from ..delta.store import RESTORED, START, DeltaCheckpointStore
-from ..layout import checkpoint_root
-from ..pipeline import FEEDBACK, FolderSource, Pipeline
+from ..killpoints import KillPoints
+from ..pipeline import FEEDBACK, Pipeline
 from . import tables
-from .landing import LandingFolderSource
-from .channels import BARRIER, DATA, END, ChannelEvent, DeltaChannelLog
-from .sinks import app_prefix, pipeline_sinks
+from .channels import BARRIER, DATA, END, ChannelEvent
+from .sinks import app_prefix
 from .partitioning import route
-from .state import KEY_GROUP, KeyedStateTable
+from .state import KEY_GROUP
+from .topology import OFFSET_COLUMNS, Topology
 
-KILL_PHASES = (
-    "source_read", "dlq", "channel_write", "source_ack", "flush_stage", "flush_merge",
-    "snapshot", "ack", "channel_state", "complete", "commit", "sink_commit", "recover", "rollback",
-    "restore", "feedback_write", "validate", "fence",
-)
 TRUNCATE_EVERY = 5
 STAGES = ("source", "keyed")
 """The stages of a pipeline: each may run as its own process (``stage="source"`` / ``"keyed"``),
 joined by the persisted channel log; ``"all"`` runs both in one process."""
 _ROW_BYTES = 64  # channel-state size estimate per row (the Delta files are compressed; rows are exact)
-OFFSET_COLUMNS = (("src_version", "long"), ("src_file", "string"), ("src_row", "long"))
 
 
 class SchemaMismatchError(ValueError):
@@ -179,17 +172,15 @@ class PipelineRunner:
         # every N-th flush (counted across the epoch's processes) compacts the state table: the
         # MERGEs add small files and deletion vectors, which every later read of the state pays for
         self.state_compact_every = state_compact_every
-        self._kill_at = _parse_kill(os.environ.get("CKPT_KILL_AT"))
-        self._pause_at = _parse_kill(os.environ.get("CKPT_PAUSE_AT"))
-        self._kill_counts: dict[str, int] = defaultdict(int)
-        self._trace = os.environ.get("CKPT_PHASE_TRACE") or None
+        self.kills = KillPoints()
         self._ignored_columns: list[str] = []
         self._stop_requested = False
 
         p = pipeline
-        self.root = str(checkpoint_root(self.warehouse, p.name))
+        self.topology = t = Topology(p, self.warehouse, spark, check_epoch=lambda epoch: self.store.check_epoch(epoch))
+        self.root = t.root
         self.store = DeltaCheckpointStore.open(self.root, retained=self.config.retained)
-        self.S, self.P = p.source_parallelism, p.keyed_parallelism
+        self.S, self.P = t.S, t.P
         if not 0 <= lagging_sources < self.S:
             raise ValueError(
                 f"lagging_sources must be within 0..{self.S - 1} (at least one source subtask keeps pace), "
@@ -203,55 +194,16 @@ class PipelineRunner:
         # operator in one Spark plan, and its barrier reaches every channel at the same instant
         # with nothing in flight, so the channel log holds nothing worth writing (see _chained_step).
         self.chained = chaining and stage == "all" and not lagging_sources and not p.feedback
-        self.sources = [SubtaskId("source", i) for i in range(self.S)]
-        self.keyed = [SubtaskId(p.operator_uid, i) for i in range(self.P)]
-        self.sink_ids = {name: [SubtaskId(f"sink_{name}", i) for i in range(self.P)] for name in p.sinks}
-        self.tasks = self.sources + self.keyed + [s for ids in self.sink_ids.values() for s in ids]
-
-        src = p.source_spec
-        self.source_path = self._path(src.path)
-        self.folder: LandingFolderSource | None = None
-        if isinstance(src, FolderSource):
-            self.folder = LandingFolderSource(
-                spark, self.source_path, f"{self.root}/sources/manifest", src.schema,
-                format=src.format, options=src.options,
-            )
-        self.payload = tables.struct_type([*p.record_schema.items(), (KEY_GROUP, "int"), *OFFSET_COLUMNS])
-        self.channel = DeltaChannelLog(spark, f"{self.root}/channels/source_{p.operator_uid}", self.payload)
-        # a cycle: what the operator sends to itself, a log per (sending subtask, receiving subtask)
-        self.feedback_log: DeltaChannelLog | None = None
-        if p.feedback:
-            self.feedback_log = DeltaChannelLog(
-                spark, f"{self.root}/channels/{p.operator_uid}_{p.operator_uid}", self.payload
-            )
-        self.channel_state_path = f"{self.root}/channel_state"
-        self.state: KeyedStateTable | None = None  # a stateless operator (not key_by) has none
-        if p.keyed:
-            self.state = KeyedStateTable(
-                spark, f"{self.root}/state/{p.operator_uid}", p.key, tables.struct_type(p.operator.state_schema),
-                app_id=f"{app_prefix(p.name)}/state/{p.operator_uid}",
-            )
-        self.dlq_path = self._path(p.dlq_path)
-        self.sinks = pipeline_sinks(spark, p, self.warehouse, self.root, check_epoch=self.store.check_epoch)
+        self.sources, self.keyed, self.sink_ids, self.tasks = t.sources, t.keyed, t.sink_ids, t.tasks
+        self.source_path, self.folder, self.payload = t.source_path, t.folder, t.payload
+        self.channel, self.feedback_log, self.state = t.channel, t.feedback_log, t.state
+        self.channel_state_path, self.dlq_path, self.sinks = t.channel_state_path, t.dlq_path, t.sinks
 
     # helpers ---------------------------------------------------------------------------------
 
-    def _path(self, relative: str) -> str:
-        return f"{self.warehouse}/{relative}"
-
     def _checkpoint(self, phase: str) -> None:
-        """A kill point: SIGKILL ourselves when CKPT_KILL_AT names this phase and hit count; with
-        CKPT_PHASE_TRACE, first append the point to the trace file (one open+write: test use only)."""
-        if self._kill_at is None and self._trace is None and self._pause_at is None:
-            return
-        self._kill_counts[phase] += 1
-        if self._trace is not None:
-            with open(self._trace, "a") as f:
-                f.write(f"{phase} {self._kill_counts[phase]}\n")
-        if self._kill_at == (phase, self._kill_counts[phase]):
-            os.kill(os.getpid(), signal.SIGKILL)
-        if self._pause_at == (phase, self._kill_counts[phase]):
-            os.kill(os.getpid(), signal.SIGSTOP)  # a stalled zombie until SIGCONT
+        """A kill point (:mod:`checkpoint_lib.killpoints`)."""
+        self.kills.reached(phase)
 
     def _fence(self) -> None:
         """Refuse to write once a newer attempt began (FencedError): the early, cheap check before
@@ -308,8 +260,8 @@ class PipelineRunner:
             self.state.create()
         for sink in self.sinks.values():
             sink.create()
-        tables.create_if_missing(self.spark, self.dlq_path, _dlq_schema(self.pipeline))
-        tables.create_if_missing(self.spark, self.channel_state_path, _channel_state_schema(self.payload))
+        tables.create_if_missing(self.spark, self.dlq_path, self.topology.dlq_schema())
+        tables.create_if_missing(self.spark, self.channel_state_path, self.topology.channel_state_schema())
         self._init_runtime()
         epoch = self.store.current_epoch()
         points = None if (self.force_recover or self.restore_checkpoint is not None) else self._resume_points(epoch)
@@ -945,7 +897,7 @@ class PipelineRunner:
     def _read_bootstrap(self) -> DataFrame:
         """The bootstrap table's records (its latest version), before the source's first records."""
         b = self.pipeline.bootstrap_spec
-        path = self._path(b.path)
+        path = self.topology.path(b.path)
         version = delta_log.latest_version(path)
         if version is None:
             raise FileNotFoundError(f"pipeline {self.pipeline.name!r} starts from {path}, which does not exist")
@@ -1210,7 +1162,7 @@ class PipelineRunner:
             return 0, 0
         rows = sum(e.rows for e in segments)
         df = self._read(segments).withColumn("checkpoint_id", F.lit(cid).cast("long"))
-        schema = _channel_state_schema(self.payload)
+        schema = self.topology.channel_state_schema()
         df.select(*schema.fieldNames()).write.format("delta").mode("append").save(self.channel_state_path)
         return rows, rows * _ROW_BYTES
 
@@ -1230,7 +1182,7 @@ class PipelineRunner:
         if p.partitioning in ("hash", "rebalance"):
             df = route(df.drop("receiver", KEY_GROUP), p.partitioning, self.P, key=p.key,
                        max_parallelism=p.max_parallelism)
-        self._apply(df.select(*_channel_state_schema(self.payload).fieldNames()[1:]), list(range(self.P)))
+        self._apply(df.select(*self.topology.channel_state_schema().fieldNames()[1:]), list(range(self.P)))
         self.progress(f"replayed the channel state of checkpoint {plan.checkpoint_id} logged by subtasks {old}")
 
     def _snapshot(self, r: int, e: TakeSnapshot) -> None:
@@ -1411,37 +1363,3 @@ def _stop_on_signals(stop: Callable[[], None]):
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
-
-
-def _dlq_schema(p: Pipeline) -> T.StructType:
-    return T.StructType(
-        [T.StructField(c, T.StringType(), True) for c in p.source_spec.schema]
-        + [
-            T.StructField("error", T.StringType(), False),
-            T.StructField("src_version", T.LongType(), False),
-            T.StructField("src_file", T.StringType(), False),
-            T.StructField("src_row", T.LongType(), False),
-            T.StructField("epoch", T.LongType(), False),
-        ]
-    )
-
-
-def _channel_state_schema(payload: T.StructType) -> T.StructType:
-    return T.StructType(
-        [
-            T.StructField("checkpoint_id", T.LongType(), False),
-            T.StructField("receiver", T.IntegerType(), False),
-            T.StructField("sender", T.IntegerType(), False),
-            T.StructField("seq", T.LongType(), False),
-        ]
-        + list(payload.fields)
-    )
-
-
-def _parse_kill(value: str | None) -> tuple[str, int] | None:
-    if not value:
-        return None
-    phase, _, n = value.partition(":")
-    if phase not in KILL_PHASES:
-        raise ValueError(f"CKPT_KILL_AT phase must be one of {', '.join(KILL_PHASES)}, got {phase!r}")
-    return phase, int(n or 1)

@@ -46,6 +46,7 @@ from ..core.errors import FencedError
 from ..core.twophase import Transaction
 from ..delta.log import is_delta_table
 from ..delta.pending import HANDLE_COLUMN, PendingFiles
+from ..layout import sink_transactions
 from ..pipeline import Pipeline, check_relative_path
 from . import tables
 
@@ -78,7 +79,7 @@ def pipeline_sinks(
     ``spark=None`` only the delta-rs reads work (the commit stamps, the rollback version)."""
     return {
         name: DeltaTwoPhaseSink(
-            spark, name, f"{warehouse}/{check_relative_path(s.path)}", f"{root}/transactions/{name}",
+            spark, name, f"{warehouse}/{check_relative_path(s.path)}", str(sink_transactions(root, name)),
             tables.struct_type(s.schema) if spark is not None else None, app_prefix=app_prefix(pipeline.name),
             mode=s.mode, keys=s.keys, check_epoch=check_epoch,
         )

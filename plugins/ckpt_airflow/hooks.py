@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from airflow.sdk.bases.hook import BaseHook
 
 from checkpoint_lib.core.decider import DEFAULT_ROWS_PER_STEP
-from checkpoint_lib.layout import checkpoint_root
+from checkpoint_lib.layout import DATA_PLANE, checkpoint_root
 from checkpoint_lib.submit import build_submit_argv, stage_args, submit_env
 
 if TYPE_CHECKING:
@@ -253,7 +253,7 @@ class CheckpointHook(BaseHook):
         from checkpoint_lib.maintenance import maintain
 
         root = checkpoint_root(self.warehouse, self.pipeline)
-        data_plane = any((root / d).is_dir() for d in ("channels", "state", "transactions", "staging", "channel_state"))
+        data_plane = any((root / d).is_dir() for d in DATA_PLANE)
         spark = self.spark() if with_spark and data_plane else None  # no JVM for a pipeline that never ran
         report = maintain(self.warehouse, self.pipeline, spark, dry_run=dry_run)
         self.log.info("%s", report.describe())

@@ -4,7 +4,7 @@ A :class:`Scenario` is drawn from a seed: a pipeline (``payments`` or ``transfer
 mode (every mode the pipeline supports; a lagging source subtask in the non-aligned modes, so
 records are in flight and unaligned checkpoints carry channel state), a first kill and, one time
 in three, a second kill during the recovery that follows. A kill is either precise - a phase and
-hit count (``CKPT_KILL_AT``, checkpoint_lib.spark.runner.KILL_PHASES: processing, snapshot and
+hit count (``CKPT_KILL_AT``, checkpoint_lib.killpoints.KILL_PHASES: processing, snapshot and
 channel-state writing, pre-commit, commit, between two sinks' commits, checkpoint metadata writes,
 recovery and restore) - or a SIGKILL from outside after a random number of seconds, attributed to
 the phase it interrupted through the runner's phase trace (``CKPT_PHASE_TRACE``).

@@ -1,7 +1,7 @@
 """kill -9 the payments pipeline at chosen phases and at random moments, recover, compare.
 
 Each run is a real ``ckpt run`` process. With ``CKPT_KILL_AT=phase:n`` it SIGKILLs itself the n-th
-time it reaches ``phase`` (checkpoint_lib.spark.runner.KILL_PHASES), so every phase, including
+time it reaches ``phase`` (checkpoint_lib.killpoints.KILL_PHASES), so every phase, including
 "between pre-commit and commit" and "during recovery", is hit precisely; the random suite kills
 from outside at random instants. After the crash the same command runs again: it must recover by
 itself and the outputs must equal the independent pandas computation.

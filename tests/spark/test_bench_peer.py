@@ -89,3 +89,35 @@ def test_peer_matches_expected_runs_incrementally_and_skips_replays(spark, tmp_p
     assert_outputs_expected(w, out)
     write(foreign, 4)  # the same writes under a new batch id do land: the skip above was the stamp
     assert all(latest_version(out / t) == before[t] + 1 for t in TABLES)
+
+
+def test_expert_peer_matches_expected_runs_incrementally_and_skips_replays(spark, tmp_path):
+    """The expert form (bench/expert_peer.py: foreachBatch, a window from the balances of the touched
+    accounts, ledger then MERGE): the same outputs, and a replayed batch changes nothing."""
+    from bench.expert_peer import batch_writer, run_expert_peer
+
+    w, out, ckpt = tmp_path / "w", tmp_path / "out", str(tmp_path / "ckpt")
+    landing = str(w / "landing" / "payments")
+    for seed in range(3):
+        generate_version(spark, w, seed)
+    first = run_expert_peer(spark, landing, str(out), files_per_batch=2, checkpoint_location=ckpt)
+    assert first["batches"] == 3 and first["rows"] == 3 * ROWS
+    assert_outputs_expected(w, out)
+
+    generate_version(spark, w, 3)
+    more = run_expert_peer(spark, landing, str(out), files_per_batch=2, checkpoint_location=ckpt)
+    assert more["batches"] == 1 and more["rows"] == ROWS
+    assert_outputs_expected(w, out)
+
+    # the last batch replayed (a crash before its offset commit): every write skips it by its stamp
+    query_id = json.loads((Path(ckpt) / "metadata").read_text())["id"]
+    started = threading.Event()
+    started.set()
+    write = batch_writer({"ledger": str(out / TABLES[0]), "balances": str(out / TABLES[1]),
+                          "dlq": str(out / TABLES[2])}, {"id": query_id}, started)
+    replayed = spark.read.format("delta").option("versionAsOf", latest_version(landing)).load(landing) \
+        .where("event_id like 'b3-%'")
+    before = table_versions(out)
+    write(replayed, 3)
+    assert table_versions(out) == before
+    assert_outputs_expected(w, out)

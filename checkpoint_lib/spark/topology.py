@@ -1,0 +1,101 @@
+"""A pipeline wired to its tables: the one construction of what a :class:`~checkpoint_lib.pipeline.Pipeline`
+becomes in a warehouse, for the runner and for every reader that needs the same pieces.
+
+:class:`Topology` holds, for one pipeline at one parallelism: the subtasks (source, operator and
+sink subtasks, as the coordinator and the snapshots name them), the landing source, the channel
+logs (the source edge, and the feedback edge of a cycle), the keyed state table, the sinks, the
+dead-letter table and the channel-state table, at the paths :mod:`checkpoint_lib.layout` defines.
+Building it reads and writes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from pyspark.sql import SparkSession
+from pyspark.sql import types as T
+
+from ..core.types import SubtaskId
+from ..layout import channel_log, channel_state_table, checkpoint_root, source_manifest, state_table
+from ..pipeline import FolderSource, Pipeline
+from . import tables
+from .channels import DeltaChannelLog
+from .landing import LandingFolderSource
+from .sinks import DeltaTwoPhaseSink, app_prefix, pipeline_sinks
+from .state import KEY_GROUP, KeyedStateTable
+
+OFFSET_COLUMNS = (("src_version", "long"), ("src_file", "string"), ("src_row", "long"))
+"""Every record's source offset: the landing version, file and row it came from."""
+SOURCE = "source"
+"""The operator name of the source subtasks."""
+
+
+class Topology:
+    def __init__(self, pipeline: Pipeline, warehouse: str, spark: SparkSession, *,
+                 check_epoch: Callable[[int], None] | None = None):
+        p = pipeline
+        self.pipeline = p
+        self.warehouse = os.path.abspath(warehouse)
+        self.root = str(checkpoint_root(self.warehouse, p.name))
+        self.S, self.P = p.source_parallelism, p.keyed_parallelism
+        self.sources = [SubtaskId(SOURCE, i) for i in range(self.S)]
+        self.keyed = [SubtaskId(p.operator_uid, i) for i in range(self.P)]
+        self.sink_ids = {name: [SubtaskId(f"sink_{name}", i) for i in range(self.P)] for name in p.sinks}
+        self.tasks = self.sources + self.keyed + [s for ids in self.sink_ids.values() for s in ids]
+
+        src = p.source_spec
+        self.source_path = self.path(src.path)
+        self.folder: LandingFolderSource | None = None
+        if isinstance(src, FolderSource):
+            self.folder = LandingFolderSource(
+                spark, self.source_path, str(source_manifest(self.root)), src.schema,
+                format=src.format, options=src.options,
+            )
+        self.payload = tables.struct_type([*p.record_schema.items(), (KEY_GROUP, "int"), *OFFSET_COLUMNS])
+        self.channel = DeltaChannelLog(spark, str(channel_log(self.root, SOURCE, p.operator_uid)), self.payload)
+        # a cycle: what the operator sends to itself, a log per (sending subtask, receiving subtask)
+        self.feedback_log: DeltaChannelLog | None = None
+        if p.feedback:
+            self.feedback_log = DeltaChannelLog(
+                spark, str(channel_log(self.root, p.operator_uid, p.operator_uid)), self.payload
+            )
+        self.channel_state_path = str(channel_state_table(self.root))
+        self.state: KeyedStateTable | None = None  # a stateless operator (not key_by) has none
+        if p.keyed:
+            self.state = KeyedStateTable(
+                spark, str(state_table(self.root, p.operator_uid)), p.key, tables.struct_type(p.operator.state_schema),
+                app_id=f"{app_prefix(p.name)}/state/{p.operator_uid}",
+            )
+        self.dlq_path = self.path(p.dlq_path)
+        self.sinks: dict[str, DeltaTwoPhaseSink] = pipeline_sinks(spark, p, self.warehouse, self.root,
+                                                                  check_epoch=check_epoch)
+
+    def path(self, relative: str) -> str:
+        """A path of the pipeline's declaration (landing, sinks, dead letters) in the warehouse."""
+        return f"{self.warehouse}/{relative}"
+
+    def dlq_schema(self) -> T.StructType:
+        """The dead-letter table: the source's columns as text, the reason, the source offset, the epoch."""
+        return T.StructType(
+            [T.StructField(c, T.StringType(), True) for c in self.pipeline.source_spec.schema]
+            + [
+                T.StructField("error", T.StringType(), False),
+                T.StructField("src_version", T.LongType(), False),
+                T.StructField("src_file", T.StringType(), False),
+                T.StructField("src_row", T.LongType(), False),
+                T.StructField("epoch", T.LongType(), False),
+            ]
+        )
+
+    def channel_state_schema(self) -> T.StructType:
+        """The channel-state table: per checkpoint, the in-flight records with their channel and position."""
+        return T.StructType(
+            [
+                T.StructField("checkpoint_id", T.LongType(), False),
+                T.StructField("receiver", T.IntegerType(), False),
+                T.StructField("sender", T.IntegerType(), False),
+                T.StructField("seq", T.LongType(), False),
+            ]
+            + list(self.payload.fields)
+        )
