@@ -68,18 +68,64 @@ def added_files(table: str | os.PathLike, after: int, upto: int) -> list[AddedFi
     """
     files: list[AddedFile] = []
     for version in range(after + 1, upto + 1):
-        for action in _actions(table, version):
-            if "remove" in action and action["remove"].get("dataChange", True):
-                raise NotAppendOnlyError(
-                    f"{table} version {version} removed data ({action['remove']['path']}): the "
-                    "landing table must be append-only; write corrections as new rows instead"
-                )
-            add = action.get("add")
-            if add is None or not add.get("dataChange", True):
-                continue
-            stats = json.loads(add["stats"]) if add.get("stats") else {}
-            files.append(AddedFile(version, add["path"], int(stats.get("numRecords", -1)), int(add["size"])))
+        files += _added(table, version, list(_actions(table, version)))
     return sorted(files)
+
+
+def _added(table: str | os.PathLike, version: int, actions: list[dict[str, Any]]) -> list[AddedFile]:
+    """The files commit ``version`` (its ``actions``) added; NotAppendOnlyError if it removed data."""
+    files = []
+    for action in actions:
+        if "remove" in action and action["remove"].get("dataChange", True):
+            raise NotAppendOnlyError(
+                f"{table} version {version} removed data ({action['remove']['path']}): the "
+                "landing table must be append-only; write corrections as new rows instead"
+            )
+        add = action.get("add")
+        if add is None or not add.get("dataChange", True):
+            continue
+        stats = json.loads(add["stats"]) if add.get("stats") else {}
+        files.append(AddedFile(version, add["path"], int(stats.get("numRecords", -1)), int(add["size"])))
+    return sorted(files)
+
+
+class StepPlanner:
+    """The next source step of an append-only landing table, planned incrementally: each commit of
+    the log is parsed once (then kept until the offset passes it), and a step stops parsing once it
+    has its rows, so a backlog of many versions costs each step only what it reads."""
+
+    def __init__(self, table: str | os.PathLike):
+        self.table = table
+        self._versions: dict[int, tuple[list[AddedFile], bool]] = {}  # version -> (files added, metadata changed)
+
+    def _version(self, version: int) -> tuple[list[AddedFile], bool]:
+        if version not in self._versions:
+            actions = list(_actions(self.table, version))
+            changed = any("metaData" in a or "protocol" in a for a in actions)
+            self._versions[version] = (_added(self.table, version, actions), changed)
+        return self._versions[version]
+
+    def next_step(self, after: int, upto: int, rows_per_step: int) -> list[AddedFile]:
+        """The files of the versions after ``after`` (at most ``upto``), whole versions, until they
+        hold at least ``rows_per_step`` rows: what :func:`plan_steps` makes the first step of."""
+        if rows_per_step < 1:
+            raise ValueError(f"rows_per_step must be >= 1, got {rows_per_step}")
+        for v in [v for v in self._versions if v <= after]:
+            del self._versions[v]  # consumed: never planned again
+        step: list[AddedFile] = []
+        rows = 0
+        for version in range(after + 1, upto + 1):
+            files, _ = self._version(version)
+            step += files
+            rows += sum(max(f.rows, 0) for f in files)
+            if files and rows >= rows_per_step:
+                break
+        return step
+
+    def metadata_changed(self, after: int, upto: int) -> bool:
+        """Whether a commit after ``after`` (at most ``upto``) changed the schema, the table
+        properties or the protocol."""
+        return any(self._version(v)[1] for v in range(after + 1, upto + 1))
 
 
 _SEQUENCE = (1 << 32) - 1

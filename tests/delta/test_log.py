@@ -44,3 +44,28 @@ def test_without_a_log_checkpoint_a_missing_commit_is_a_clear_error(tmp_path):
     _expire(tmp_path, 1)
     with pytest.raises(MissingLogError, match="can no longer be read"):
         schema_at(table, 2)
+
+
+def test_the_step_planner_plans_what_plan_steps_does_and_parses_each_commit_once(tmp_path, monkeypatch):
+    from checkpoint_lib.delta import log
+    from checkpoint_lib.delta.log import StepPlanner, plan_steps
+
+    table = _table(tmp_path, 7)  # versions 0..6, one row each
+    want = {after: plan_steps(added_files(table, after, 6), 3)[0] for after in (-1, 2, 5)}
+    parsed = []
+    actions = log._actions
+    monkeypatch.setattr(log, "_actions", lambda t, v: parsed.append(v) or actions(t, v))
+    planner = StepPlanner(table)
+    offset, steps = -1, []
+    while offset < 6:
+        step = planner.next_step(offset, 6, rows_per_step=3)
+        assert step == want[offset]
+        steps.append([f.version for f in step])
+        offset = step[-1].version
+    assert steps == [[0, 1, 2], [3, 4, 5], [6]]
+    assert sorted(parsed) == list(range(7))  # each commit parsed once, however many steps
+    assert not planner.metadata_changed(0, 6)  # versions 1..6: appends only
+    wider = pa.schema([*SCHEMA, ("memo", pa.string())])
+    write_deltalake(table, pa.Table.from_pylist([{"event_id": "x", "account": "a", "amount_cents": 1, "memo": "m"}],
+                                                schema=wider), mode="append", schema_mode="merge")
+    assert planner.metadata_changed(6, 7) and [f.version for f in planner.next_step(6, 7, 3)] == [7]

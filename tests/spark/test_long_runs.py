@@ -24,7 +24,8 @@ from checkpoint_lib.delta.store import DeltaCheckpointStore
 from checkpoint_lib.pipelines import get
 from checkpoint_lib.pipelines import payments, transfers
 from checkpoint_lib.spark import inspect
-from checkpoint_lib.spark.runner import TRUNCATE_EVERY, PipelineRunner
+from checkpoint_lib.spark.completion import TRUNCATE_EVERY
+from checkpoint_lib.spark.runner import PipelineRunner
 from checkpoint_lib.verify import (
     check_payments,
     check_transfers,

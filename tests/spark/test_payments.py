@@ -186,7 +186,7 @@ def test_restore_checks_the_snapshot_fits_the_pipeline(spark, tmp_path):
     from checkpoint_lib.core.checkpoints import CompletedCheckpoint
     from checkpoint_lib.core.recovery import plan_recovery
     from checkpoint_lib.core.types import SubtaskAck, SubtaskId
-    from checkpoint_lib.spark.runner import SnapshotIncompatibleError
+    from checkpoint_lib.core.errors import SnapshotIncompatibleError
 
     r = runner(spark, tmp_path)
     acks = {SubtaskId("source", i): SubtaskAck() for i in range(2)}

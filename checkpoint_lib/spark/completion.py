@@ -1,0 +1,161 @@
+"""Completion: what a process does with the coordinator's effects, and the commit of the sinks.
+
+A checkpoint completes in whichever process writes its last acknowledgement. Then (validated
+first, for a pipeline that validates its checkpoints) every sink commits its transactions up to
+it, one Delta commit per sink and checkpoint, and now and then the clean-up forgets committed
+transactions and truncates the channel data no retained checkpoint needs. An aborted checkpoint
+is recorded (a completion that won the race stands) and the keyed subtasks drop it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Protocol
+
+from ..core.coordinator import (
+    CheckpointAborted,
+    CheckpointCompleted,
+    DiscardCheckpoint,
+    FailJob,
+    NotifyCheckpointComplete,
+)
+from ..core.errors import TooManyFailedCheckpointsError
+from ..core.twophase import Transaction
+from ..delta import log as delta_log
+from .context import RunContext
+
+TRUNCATE_EVERY = 5
+"""Completions between two clean-ups (every truncation of a channel log is a Delta commit)."""
+
+
+class KeyedView(Protocol):
+    """What completion needs of the keyed stage of its process."""
+
+    sink_books: dict
+    cursor: int
+    fcursor: int
+    executing: int
+
+    def abort(self, checkpoint_id: int) -> None: ...
+
+    def lowest_unconsumed(self) -> tuple[float, float]: ...
+
+
+class Completion:
+    def __init__(self, ctx: RunContext, *, validate_checkpoints: bool, keyed: KeyedView, runs_keyed: bool):
+        self.ctx = ctx
+        self.validate_checkpoints = validate_checkpoints
+        self.keyed = keyed  # the process's keyed stage: its sink transactions, its positions
+        self.runs_keyed = runs_keyed  # whether its subtasks run here (an abort reaches them)
+        self.reset()
+
+    def reset(self) -> None:
+        """A new process: nothing completed or owed yet."""
+        self.completions = 0
+        self.last_completed: int | None = None
+        self.committed: dict[str, list[Transaction]] = defaultdict(list)
+        self.cleanup_due = False
+        self._truncated: tuple[int | None, int] | None = None  # (channel log version, position) after the last truncation
+
+    def on_effects(self, effects: Any) -> None:
+        ctx = self.ctx
+        for e in effects:
+            if isinstance(e, CheckpointCompleted):
+                ctx.reached("complete")
+                c = e.checkpoint
+                ctx.summary.completed.append(c.checkpoint_id)
+                ctx.progress(
+                    f"checkpoint {c.checkpoint_id} completed in {c.duration * 1000:.0f} ms "
+                    f"(source version {c.acks[ctx.topology.sources[0]].state['version']}, "
+                    f"{ctx.summary.rows_in} rows read)"
+                )
+            elif isinstance(e, NotifyCheckpointComplete):
+                if self.validate_checkpoints:
+                    self._validate_before_commit(e.checkpoint_id)
+                self._commit_up_to(e.checkpoint_id)
+            elif isinstance(e, CheckpointAborted):
+                try:
+                    ctx.store.record_aborted(e.checkpoint_id, e.reason, e.message, ctx.epoch)
+                except ValueError:  # the keyed stage (another process) completed it first: that wins
+                    ctx.progress(f"checkpoint {e.checkpoint_id} completed elsewhere before it expired here")
+                    continue
+                ctx.summary.aborted.append((e.checkpoint_id, e.reason.value))
+                if self.runs_keyed:
+                    self.keyed.abort(e.checkpoint_id)
+                ctx.progress(f"checkpoint {e.checkpoint_id} aborted: {e.reason.value} {e.message}".rstrip())
+            elif isinstance(e, DiscardCheckpoint):
+                pass  # state versions stay until VACUUM; the store marks it discarded
+            elif isinstance(e, FailJob):
+                raise TooManyFailedCheckpointsError(
+                    f"{e.consecutive_failures} consecutive checkpoints failed (last: {e.reason.value})"
+                )
+
+    def _validate_before_commit(self, cid: int) -> None:
+        """The per-checkpoint GX suite on ``cid`` (durable, not committed yet), and its verdict
+        recorded (:meth:`~checkpoint_lib.delta.store.DeltaCheckpointStore.record_validation`):
+        nothing commits ``cid`` before it is validated - not this process, the snapshot DAG's
+        commit task or a recovery. A failure (or a validation that cannot run) discards ``cid``
+        and stops the run: its transactions never commit, the next start restores the last
+        checkpoint that passed. A verdict that lost to another attempt's follows theirs."""
+        from ..quality import validate_before_commit
+
+        ctx = self.ctx
+        validate_before_commit(ctx.spark, ctx.pipeline.name, ctx.topology.warehouse, ctx.store, cid, ctx.progress,
+                               kill_point=ctx.reached)
+
+    def _commit_up_to(self, cid: int) -> None:
+        """Checkpoint ``cid`` is complete: commit every sink's transactions up to it (one Delta
+        commit per sink), then now and then clean up."""
+        ctx = self.ctx
+        ctx.reached("commit")
+        books = self.keyed.sink_books
+        for name, sink in ctx.topology.sinks.items():
+            txns = [t for book in books[name] for t in book.committable(cid)]
+            if not txns:
+                continue
+            sink.commit(txns, cid, ctx.epoch)
+            ctx.reached("sink_commit")  # this sink committed, the next ones not yet
+            for book in books[name]:
+                for t in book.committable(cid):
+                    book.pending.pop(t.checkpoint_id, None)
+            self.committed[name] += txns
+        self.completions += 1
+        self.last_completed = cid
+        if self.completions % TRUNCATE_EVERY == 0:  # every truncation is a Delta commit: batch them
+            self.cleanup_due = True
+        self.cleanup_if_due()
+
+    def cleanup_if_due(self) -> None:
+        """Run the owed clean-up, unless the keyed stage is carrying out effects (it runs it when
+        it is done: a checkpoint completes at its last ack, while deliveries, channel state and
+        held records of that very step still point into the channel logs)."""
+        if self.cleanup_due and not self.keyed.executing:
+            self.cleanup()
+
+    def cleanup(self) -> None:
+        """Forget the committed transactions, and delete the channel data that is consumed for
+        good: at or before the latest completed checkpoint's barriers, read by the keyed stage (the
+        cursors), and not pointed at by anything still in memory (deliveries not flushed, channel
+        state of a checkpoint still logging, records an aligning handler holds). Idempotent."""
+        ctx, t = self.ctx, self.ctx.topology
+        self.cleanup_due = False
+        for name, sink in t.sinks.items():
+            sink.discard(self.committed.pop(name, []))
+        if self.last_completed is None:
+            return
+        source_in_use, feedback_in_use = self.keyed.lowest_unconsumed()
+        upto = min(self.keyed.cursor, self._barrier_seq(self.last_completed), source_in_use - 1)
+        truncation = (delta_log.latest_version(t.channel.path), upto)
+        if truncation != self._truncated:  # the log moved, or more of it is consumed (chained: never)
+            t.channel.truncate_upto(upto, ctx.epoch)
+            self._truncated = (delta_log.latest_version(t.channel.path), upto)
+        if t.feedback_log is not None:
+            acks = ctx.store.get(self.last_completed).acks
+            fb = [int(a.state["feedback_barrier_seq"]) for s, a in acks.items()
+                  if s.operator == ctx.pipeline.operator_uid and "feedback_barrier_seq" in a.state]
+            if len(fb) == t.P:
+                t.feedback_log.truncate_upto(min(self.keyed.fcursor, *fb, feedback_in_use - 1), ctx.epoch)
+        self.last_completed = None
+
+    def _barrier_seq(self, cid: int) -> int:
+        return int(self.ctx.store.get(cid).acks[self.ctx.topology.sources[0]].state["barrier_seq"])

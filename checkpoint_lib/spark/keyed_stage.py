@@ -1,0 +1,399 @@
+"""The keyed stage of a process: barrier handlers, flushes, snapshots and acknowledgements.
+
+One barrier handler per operator subtask (the core's :mod:`~checkpoint_lib.core.barriers`) takes
+what the channel log holds past the cursor (segments, barriers and ends, from the log's index: its
+metadata) and answers with effects, carried out here in Spark: deliveries are applied in flushes
+(each sink's rows written into the subtask's open transaction, keyed state MERGEd), a snapshot
+pins the state version and pre-commits the subtask's sink transactions, in-flight segments are
+copied to the channel-state table, and the acknowledgement is made durable, then given to the
+coordinator. A chained process applies the source's records directly (:meth:`apply`) and hands
+every subtask the step's barrier on every channel at once (:meth:`barrier_on_every_channel`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict, deque
+from dataclasses import replace
+from typing import Any, Callable
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from ..core.barriers import (
+    ChannelStateComplete,
+    CheckpointDone,
+    DeclineCheckpoint,
+    Deliver,
+    ForwardBarrier,
+    LogChannelState,
+    TakeSnapshot,
+    create_handler,
+)
+from ..core.keygroups import range_for_subtask
+from ..core.recovery import SINK_STATE_KEY, RecoveryPlan
+from ..core.twophase import TransactionIdPool, TwoPhaseCommitSink
+from ..core.types import Barrier, BarrierMode, CheckpointKind, SubtaskAck
+from ..delta import log as delta_log
+from ..pipeline import FEEDBACK
+from .channels import BARRIER, DATA, END, ChannelEvent
+from .context import RunContext
+from .partitioning import route
+from .state import KEY_GROUP
+
+_ROW_BYTES = 64  # channel-state size estimate per row (the Delta files are compressed; rows are exact)
+
+
+class KeyedStage:
+    def __init__(self, ctx: RunContext, *, mode: BarrierMode, alignment_timeout: float | None,
+                 state_compact_every: int, clock: Any, pool: Callable[[str, int], TransactionIdPool],
+                 on_effects: Callable[[Any], None]):
+        self.ctx = ctx
+        self.mode = mode
+        self.alignment_timeout = alignment_timeout
+        self.state_compact_every = state_compact_every
+        self.clock = clock
+        self.pool = pool
+        self.on_effects = on_effects  # the coordinator's effects of an ack or a decline: completion's
+        self.executing = 0  # depth of the execute() calls under way (an abort inside one runs another)
+        self.after_execute: Callable[[], None] = lambda: None  # completion's owed clean-up
+        self.reset()
+
+    def reset(self) -> None:
+        """Fresh in-memory state of one process (handlers, buffers, counters)."""
+        t = self.ctx.topology
+        # input channels of a subtask: one per source subtask, then (a cycle) one per subtask of
+        # the operator itself - channel S + i is the feedback from subtask i
+        channels = t.S + (t.P if t.feedback_log is not None else 0)
+        self.handlers = [
+            create_handler(channels, self.mode, self.clock, alignment_timeout=self.alignment_timeout)
+            for _ in range(t.P)
+        ]
+        self.fb_parts: list[tuple] = []  # forwarded barriers not written to the feedback log yet
+        self._indexed: dict[str, tuple[int | None, int, int]] = {}  # log path -> (version, epoch, cursor) last indexed
+        self.cursor, self.fseq, self.fcursor = -1, 0, -1
+        self.pending: dict[int, list[ChannelEvent]] = defaultdict(list)
+        self.channel_state: dict[tuple[int, int], list[ChannelEvent]] = defaultdict(list)
+        self.flushes = 0
+        self.state_version = -1
+        self._table_bytes: tuple[int, int] | None = None
+        self.snapshots: dict[tuple[int, int], dict[str, Any]] = {}
+        self.sink_books: dict[str, list[TwoPhaseCommitSink]] = {}
+
+    # resume points ------------------------------------------------------------------------------
+
+    def point(self, parallelism: dict[str, int]) -> dict[str, Any]:
+        return {
+            "parallelism": parallelism,
+            "cursor": self.cursor, "state_version": self.state_version, "flushes": self.flushes,
+            "fseq": self.fseq, "fcursor": self.fcursor,
+            "sinks": {name: [b.resume_state() for b in books] for name, books in self.sink_books.items()},
+        }
+
+    def resume(self, point: dict[str, Any]) -> None:
+        self.cursor, self.state_version = int(point["cursor"]), int(point["state_version"])
+        self.flushes = int(point["flushes"])
+        self.fseq, self.fcursor = int(point.get("fseq", 0)), int(point.get("fcursor", -1))
+        self.sink_books = {
+            name: [TwoPhaseCommitSink.resumed(state, self.pool(name, i)) for i, state in enumerate(states)]
+            for name, states in point["sinks"].items()
+        }
+
+    def busy(self) -> list[int]:
+        """The subtasks inside a checkpoint (aligning, logging channel state, holding or tracking)."""
+        return [r for r, h in enumerate(self.handlers)
+                if h.aligning is not None or h.logging_channel_state or h.held or h.tracked]
+
+    def aligning_with_timeout(self) -> bool:
+        return self.alignment_timeout is not None and any(h.aligning is not None for h in self.handlers)
+
+    # reading the channel log ----------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """Consume everything the channel log holds beyond the cursor. False: nothing new."""
+        t = self.ctx.topology
+        switched = False
+        if self.alignment_timeout is not None:  # aligned-with-timeout: switch even with no new event
+            timed = {r: h.on_timer() for r, h in enumerate(self.handlers)}
+            switched = any(timed.values())
+            if switched:
+                self.execute(timed)
+        events = self._index(t.channel, self.cursor)
+        fed = self._index(t.feedback_log, self.fcursor) if t.feedback_log is not None else []
+        if not events and not fed:
+            return switched
+        effects: dict[int, list] = {r: [] for r in range(t.P)}
+        # position order within a log; at one position, every channel in sender order. The
+        # feedback log's channels are numbered after the source's (S + sending subtask).
+        for e in [*events, *(replace(f, sender=t.S + f.sender) for f in fed)]:
+            h = self.handlers[e.receiver]
+            if e.kind == DATA:
+                effects[e.receiver] += h.on_record(e.sender, e)
+            elif e.kind == BARRIER:
+                self._adopt(int(e.checkpoint_id))
+                barrier = Barrier(int(e.checkpoint_id), float(e.barrier_ts or 0.0))
+                effects[e.receiver] += h.on_barrier(e.sender, barrier)
+            elif e.kind == END:
+                effects[e.receiver] += h.on_end_of_channel(e.sender)
+        if events:
+            self.cursor = max(e.seq for e in events)
+        if fed:
+            self.fcursor = max(e.seq for e in fed)
+        self.execute(effects)
+        return True
+
+    def _index(self, log, after: int) -> list[ChannelEvent]:
+        """``log.index`` past ``after``, skipping the Spark job when the log's Delta version did not
+        move since the index that left the cursor at ``after`` (an idle poll: nothing new)."""
+        epoch = self.ctx.epoch
+        version = delta_log.latest_version(log.path)
+        if self._indexed.get(log.path) == (version, epoch, after):
+            return []  # that version of the log holds nothing of this epoch past ``after``
+        events = log.index(epoch, after=after)
+        self._indexed[log.path] = (version, epoch, max((e.seq for e in events), default=after))
+        return events
+
+    def _adopt(self, cid: int) -> None:
+        """Make the coordinator know checkpoint ``cid`` (triggered by a source stage in another
+        process) with the acks already recorded; one that is no longer pending is left alone (its
+        barrier is still processed, and the keyed acks are then discarded)."""
+        ctx = self.ctx
+        if ctx.coordinator.status_of(cid) != "unknown":
+            return
+        row = ctx.store.status(cid)
+        if row is None or row["status"] != "pending" or row["epoch"] != ctx.epoch:
+            return
+        acks = ctx.store.pending_acks(cid, ctx.epoch)
+        self.on_effects(ctx.coordinator.adopt(cid, row["trigger_time"], CheckpointKind(row["kind"]), acks))
+
+    # carrying out the handlers' effects ------------------------------------------------------------
+
+    def barrier_on_every_channel(self, barrier: Barrier) -> None:
+        """A chained step's barrier: on every channel of every subtask at once (nothing in flight)."""
+        S = self.ctx.topology.S
+        self.execute({r: [e for s in range(S) for e in h.on_barrier(s, barrier)] for r, h in enumerate(self.handlers)})
+
+    def abort(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` was aborted: every subtask drops it."""
+        self.execute({r: h.on_checkpoint_aborted(checkpoint_id) for r, h in enumerate(self.handlers)})
+
+    def execute(self, effects: dict[int, list]) -> None:
+        """Carry out the handlers' effects in order per subtask, batching Spark work: deliveries
+        up to the next snapshot of every subtask are applied in one flush. A clean-up that a
+        completion made due runs after the last flush, never in the middle."""
+        self.executing += 1
+        try:
+            queues = {r: deque(es) for r, es in effects.items()}
+            while any(queues.values()):
+                for r, q in queues.items():
+                    while q and not isinstance(q[0], TakeSnapshot):
+                        self._effect(r, q.popleft())
+                snapping = [r for r, q in queues.items() if q and isinstance(q[0], TakeSnapshot)]
+                if snapping:
+                    self._flush()
+                    for r in snapping:
+                        self._snapshot(r, queues[r].popleft())
+            self._flush()
+            self._write_feedback()
+        finally:
+            self.executing -= 1
+        self.after_execute()
+
+    def _effect(self, r: int, e: Any) -> None:
+        ctx = self.ctx
+        if isinstance(e, Deliver):
+            self.pending[r].append(e.record)
+        elif isinstance(e, LogChannelState):
+            self.channel_state[(e.checkpoint_id, r)].append(e.record)
+        elif isinstance(e, ForwardBarrier):
+            if ctx.topology.feedback_log is not None:  # onto the feedback edge, after what r sent before
+                cid = e.barrier.checkpoint_id
+                self.fb_parts.append((BARRIER, self.fseq, (cid, e.barrier.timestamp), [r], list(range(ctx.topology.P))))
+                if (cid, r) in self.snapshots:
+                    self.snapshots[(cid, r)]["state"]["feedback_barrier_seq"] = self.fseq
+                self.fseq += 1
+            # the sinks are fused: no other downstream channel to forward to
+        elif isinstance(e, ChannelStateComplete):
+            pass
+        elif isinstance(e, CheckpointDone):
+            self._ack(r, e.checkpoint_id)
+        elif isinstance(e, DeclineCheckpoint):
+            self.on_effects(ctx.coordinator.decline(e.checkpoint_id, ctx.topology.keyed[r], e.reason))
+
+    def _flush(self) -> None:
+        """Apply every pending delivery: sink rows into the open transactions, state MERGEd."""
+        segments = [e for es in self.pending.values() for e in es]
+        if not segments:
+            return
+        self.apply(self._read(segments), sorted(self.pending))
+        self.pending.clear()
+
+    def _read(self, segments: list[ChannelEvent]) -> DataFrame:
+        """The records of ``segments`` of either log (feedback channels are numbered from S)."""
+        t, epoch = self.ctx.topology, self.ctx.epoch
+        src = [e for e in segments if e.sender < t.S]
+        fed = [replace(e, sender=e.sender - t.S) for e in segments if e.sender >= t.S]
+        df = t.channel.read(src, epoch) if src or not fed else None
+        if fed:
+            back = t.feedback_log.read(fed, epoch).withColumn("sender", F.col("sender") + F.lit(t.S))
+            df = back if df is None else df.unionByName(back)
+        return df
+
+    def _write_feedback(self, data: DataFrame | None = None) -> None:
+        """Append the forwarded barriers waiting in ``fb_parts``, then ``data`` (records the operator
+        sent to itself), to the feedback log in one commit, each at the next position: a
+        subtask's barrier lands after what it sent before its snapshot, before what it sent after."""
+        if data is not None:
+            self.fb_parts.append((DATA, self.fseq, data))
+            self.fseq += 1
+        if not self.fb_parts:
+            return
+        self.ctx.reached("feedback_write")
+        self.ctx.fence()
+        self.ctx.topology.feedback_log.write(self.fb_parts, epoch=self.ctx.epoch)
+        self.fb_parts = []
+
+    # applying records -------------------------------------------------------------------------------
+
+    def apply(self, records: DataFrame, receivers: list[int]) -> None:
+        """Run the keyed operator on ``records`` (of ``receivers``) against the current state."""
+        ctx = self.ctx
+        self.flushes += 1
+        p = ctx.pipeline
+        # Every sink's write and the state MERGE read the records and the state: cached once for
+        # the flush (both immutable inputs, a pinned channel segment and a pinned state version).
+        records = ctx.cached(records.withColumn("sink_subtask", F.col("receiver")))
+        state = ctx.topology.state
+        if state is None:
+            deltas, outputs = None, p.operator.apply(records)
+        else:
+            state_before = ctx.cached(state.read(self.state_version))
+            deltas, outputs = p.operator.apply(records, state_before, p.key)
+        try:
+            self._apply_outputs(deltas, outputs, receivers)
+        finally:
+            ctx.uncache()
+
+    def _apply_outputs(self, deltas: DataFrame | None, outputs: dict[str, DataFrame], receivers: list[int]) -> None:
+        ctx, t = self.ctx, self.ctx.topology
+        p = ctx.pipeline
+        missing = sorted(set(t.sinks) - set(outputs))
+        if t.feedback_log is not None and FEEDBACK not in outputs:
+            missing.append(FEEDBACK)
+        if missing:
+            raise ValueError(f"operator {p.operator_uid!r} returned no DataFrame for {missing}")
+        ctx.reached("flush_stage")
+        ctx.fence()
+        for name, sink in t.sinks.items():
+            handles = {r: self.sink_books[name][r].current for r in receivers}
+            sink.stage(outputs[name], handles, self.flushes)
+        if t.feedback_log is not None:  # sent by the subtask that produced it, routed by key
+            back = route(outputs[FEEDBACK].withColumn("sender", F.col("sink_subtask").cast("int")), "hash",
+                         t.P, key=p.key, max_parallelism=p.max_parallelism)
+            self._write_feedback(back.select("sender", "receiver", *t.payload.fieldNames()))
+        if t.state is None:
+            return
+        ctx.fence()
+        ctx.reached("flush_merge")  # past its epoch check, the MERGE not yet committed
+        self.state_version = t.state.add(deltas, before_retry=ctx.fence, epoch=ctx.epoch)
+        if self.state_compact_every and self.flushes % self.state_compact_every == 0:
+            ctx.fence()
+            # same rows, fewer files: a snapshot of this flush may pin either version
+            self.state_version = t.state.compact(before_retry=ctx.fence)
+
+    # channel state ----------------------------------------------------------------------------------
+
+    def _write_channel_state(self, cid: int, r: int) -> tuple[int, int]:
+        """Copy the in-flight segments logged for (checkpoint, subtask) into the channel-state
+        table (a Spark job); returns (rows, bytes estimate)."""
+        t = self.ctx.topology
+        segments = self.channel_state.pop((cid, r), [])
+        if not segments:
+            return 0, 0
+        rows = sum(e.rows for e in segments)
+        df = self._read(segments).withColumn("checkpoint_id", F.lit(cid).cast("long"))
+        schema = t.channel_state_schema()
+        df.select(*schema.fieldNames()).write.format("delta").mode("append").save(t.channel_state_path)
+        return rows, rows * _ROW_BYTES
+
+    def replay_channel_state(self, plan: RecoveryPlan) -> None:
+        """Restore = state, then the logged channel state, then the channels (BRIEF.md). The
+        records are routed again (by key group or offset), so a rescaled pipeline sends each to
+        the subtask that owns it now."""
+        ctx, t = self.ctx, self.ctx.topology
+        p = ctx.pipeline
+        old = sorted(s.index for s in plan.replay_channel_state if s.operator == p.operator_uid)
+        if not old:
+            return
+        df = (
+            ctx.spark.read.format("delta").load(t.channel_state_path)
+            .where((F.col("checkpoint_id") == plan.checkpoint_id) & F.col("receiver").isin(old))
+            .drop("checkpoint_id")
+        )
+        if p.partitioning in ("hash", "rebalance"):
+            df = route(df.drop("receiver", KEY_GROUP), p.partitioning, t.P, key=p.key,
+                       max_parallelism=p.max_parallelism)
+        self.apply(df.select(*t.channel_state_schema().fieldNames()[1:]), list(range(t.P)))
+        ctx.progress(f"replayed the channel state of checkpoint {plan.checkpoint_id} logged by subtasks {old}")
+
+    # snapshots and acknowledgements -----------------------------------------------------------------
+
+    def _snapshot(self, r: int, e: TakeSnapshot) -> None:
+        ctx = self.ctx
+        ctx.reached("snapshot")
+        cid = e.checkpoint_id
+        if ctx.topology.state is not None:
+            kg = range_for_subtask(r, ctx.topology.P, ctx.pipeline.max_parallelism)
+            state = {"table_version": self.state_version, "key_groups": kg.to_list(), "cursor": self.cursor}
+            state_bytes = self._state_bytes(kg)
+        else:
+            state, state_bytes = {"cursor": self.cursor}, 0
+        sinks = {name: self.sink_books[name][r].pre_commit(cid).snapshot.to_dict() for name in ctx.topology.sinks}
+        self.snapshots[(cid, r)] = {
+            "state": state, "sinks": sinks, "unaligned": e.unaligned, "alignment_ms": e.alignment_s * 1000,
+            "started": time.monotonic(), "state_bytes": state_bytes,
+        }
+
+    def _state_bytes(self, kg) -> int:
+        """The snapshot's share of the state table (by key-group fraction): what restoring it reads.
+        Taking it writes nothing: the snapshot pins a version."""
+        from deltalake import DeltaTable
+
+        if self._table_bytes is None or self._table_bytes[0] != self.state_version:
+            actions = DeltaTable(self.ctx.topology.state.path, version=self.state_version).get_add_actions(flatten=True)
+            self._table_bytes = (self.state_version, int(sum(actions.column("size_bytes").to_pylist())))
+        return self._table_bytes[1] * len(kg) // self.ctx.pipeline.max_parallelism
+
+    def _ack(self, r: int, cid: int) -> None:
+        ctx, t = self.ctx, self.ctx.topology
+        snap = self.snapshots.pop((cid, r), None)
+        if snap is None:
+            return  # snapshot of an aborted checkpoint
+        ctx.reached("ack")
+        cs_rows, cs_bytes = self._write_channel_state(cid, r)
+        if cs_rows:
+            ctx.reached("channel_state")  # channel state written, the ack not yet durable
+        duration = (time.monotonic() - snap["started"]) * 1000
+        ack = SubtaskAck(state=snap["state"], alignment_ms=snap["alignment_ms"], unaligned=snap["unaligned"],
+                         duration_ms=duration, channel_state_rows=cs_rows, channel_state_bytes=cs_bytes,
+                         state_size_bytes=snap["state_bytes"])
+        acks = {t.keyed[r]: ack}
+        for name, snapshot in snap["sinks"].items():
+            acks[t.sink_ids[name][r]] = SubtaskAck(state={SINK_STATE_KEY: snapshot})
+        if ctx.coordinator.status_of(cid) == "pending":
+            ctx.store.record_acks(cid, acks, ctx.epoch)  # durable first: see SourceStage.write
+        for sid, a in acks.items():
+            self.on_effects(ctx.coordinator.acknowledge(cid, sid, a).effects)
+
+    def lowest_unconsumed(self) -> tuple[float, float]:
+        """The lowest position of (the source channel log, the feedback log) that a segment held in
+        memory still has to read (infinity: none). Feedback channels are numbered from S."""
+        S = self.ctx.topology.S
+        segments = [e for es in self.pending.values() for e in es]
+        segments += [e for es in self.channel_state.values() for e in es]
+        segments += [e for h in self.handlers for e in h.held_records]
+        lowest = [float("inf"), float("inf")]
+        for e in segments:
+            log = 0 if e.sender < S else 1
+            lowest[log] = min(lowest[log], e.seq)
+        return lowest[0], lowest[1]

@@ -1,0 +1,372 @@
+"""The source stage of a process: the landing table, read step by step, to the keyed operator.
+
+A step reads the next whole versions of the landing table (about ``rows_per_step`` rows, planned
+from its Delta log: :class:`~checkpoint_lib.delta.log.StepPlanner`), sends the bad rows to the
+dead-letter table (a stamped append: idempotent), applies the pipeline's ``map()`` steps and routes
+the records to the operator's subtasks by its partitioner. Then, **chained** (both stages in this
+process, nothing lagging, no cycle), the records go to the keyed operator in the same Spark plan
+and the step's barrier reaches every subtask at once; otherwise they are appended to the Delta
+channel log with the barrier after them in the same commit. When the coordinator triggers a
+checkpoint, the sources acknowledge with their offsets before the barrier goes out.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from ..checkpoint_requests import CheckpointRequests
+from ..core.coordinator import TriggerCheckpoint
+from ..core.types import CheckpointKind, SubtaskAck
+from ..delta import log as delta_log
+from . import tables
+from .channels import BARRIER, DATA
+from .context import RunContext
+from .partitioning import route
+from .sinks import app_prefix
+from .topology import OFFSET_COLUMNS
+
+
+class SchemaMismatchError(ValueError):
+    """The landing table's schema does not have the columns and types the pipeline needs."""
+
+
+class SourceStage:
+    def __init__(self, ctx: RunContext, *, rows_per_step: int, lagging: list[int], runs_keyed: bool,
+                 keyed: Any | None, on_effects: Callable[[Any], None]):
+        self.ctx = ctx
+        self.t = ctx.topology
+        self.rows_per_checkpoint = rows_per_step
+        # The last subtasks are slow: each step's records and barrier reach the channel one step
+        # after the others' (see _write_source_step).
+        self.lagging = lagging
+        self.runs_keyed = runs_keyed  # the keyed stage runs in this process (it completes checkpoints)
+        self.keyed = keyed  # chained: the keyed stage the records go to directly (None: the channel log)
+        self.on_effects = on_effects
+        self._ignored_columns: list[str] = []
+        self.reset()
+
+    def reset(self) -> None:
+        """A new process: positions unknown until restored or resumed, the log not parsed yet."""
+        self.offset, self.next_seq = -1, 0
+        self.schema_checked_at = -1
+        self.planner = delta_log.StepPlanner(self.t.source_path)  # the landing log, parsed once per version
+        # a lagging source subtask's records and barrier of the last step, not in the channel yet
+        self._deferred: tuple[DataFrame | None, tuple[int, float] | None] | None = None
+
+    def point(self, parallelism: dict[str, int]) -> dict[str, Any]:
+        return {"offset": self.offset, "next_seq": self.next_seq, "parallelism": parallelism}
+
+    def resume(self, point: dict[str, Any]) -> None:
+        self.offset, self.next_seq = int(point["offset"]), int(point["next_seq"])
+
+    def catch_up(self) -> None:
+        """Before the process ends: a lagging subtask's last step reaches the channel."""
+        if self._deferred is not None:
+            self._write_source_step(None, [], None)
+
+    def sync_pending(self) -> None:
+        """Forget pending checkpoints another process (the keyed stage) completed or aborted."""
+        if self.runs_keyed or not self.ctx.coordinator.pending:
+            return
+        for row in self.ctx.store.history():
+            cid = row["checkpoint_id"]
+            if cid in self.ctx.coordinator.pending and row["status"] != "pending":
+                status = "aborted" if row["status"] == "aborted" else "completed"
+                self.ctx.coordinator.finished_elsewhere(cid, status, row["completion_time"] or row["recorded_at"])
+
+    def step(self) -> bool:
+        """Read the next versions of the landing table into the channel log. False: nothing new."""
+        self.sync_pending()
+        if self.t.folder is not None:
+            self.ctx.fence()
+            latest = self.t.folder.discover()  # registers new files: the manifest version is the offset
+        else:
+            latest = delta_log.latest_version(self.t.source_path)
+            if latest is None:
+                raise FileNotFoundError(
+                    f"no landing table at {self.t.source_path}: generate data first (ckpt generate {self.ctx.pipeline.name})"
+                )
+        if latest is None or latest <= self.offset:
+            self.on_effects(self.ctx.coordinator.expire())  # no barrier without a source step...
+            requested = self._requested_trigger(None)  # ...unless someone asked for a checkpoint
+            if requested is None and self._deferred is None:
+                return False
+            self.send(None, [], requested)
+            return True
+        if self.t.folder is not None:
+            steps = delta_log.plan_steps(self.t.folder.added_files(self.offset, latest), self.rows_per_checkpoint)
+            step = steps[0] if steps else []
+        else:
+            if self.schema_checked_at != latest:
+                if self.schema_checked_at < 0 or self.planner.metadata_changed(self.schema_checked_at, latest):
+                    self._check_schema(latest)
+                self.schema_checked_at = latest
+            step = self.planner.next_step(self.offset, latest, self.rows_per_checkpoint)
+        end_version = max((f.version for f in step), default=latest) if step else latest
+        effects = self.ctx.coordinator.tick()
+        triggers = [e for e in effects if isinstance(e, TriggerCheckpoint)]  # at most one
+        self.on_effects([e for e in effects if not isinstance(e, TriggerCheckpoint)])
+        self.send(end_version, step, self._requested_trigger(triggers[0] if triggers else None))
+        return True
+
+    def _requested_trigger(self, trigger: TriggerCheckpoint | None) -> TriggerCheckpoint | None:
+        """Honour "checkpoint now" requests (:mod:`checkpoint_lib.control`, e.g. from Airflow): the
+        checkpoint this step triggers anyway answers them, else a forced one is triggered. The
+        request records the checkpoint id before the barrier is written; a crash in between leaves
+        an id that never completes, which the requester sees time out and aborts."""
+        requests = CheckpointRequests(self.t.root)
+        waiting = requests.open()
+        if not waiting:
+            return trigger
+        self.ctx.fence()
+        savepoint = any(r.kind == "savepoint" for r in waiting)
+        if trigger is None:
+            trigger = self.ctx.coordinator.trigger(CheckpointKind.SAVEPOINT if savepoint else CheckpointKind.CHECKPOINT)
+        if trigger.barrier.kind is not CheckpointKind.SAVEPOINT:  # a savepoint request waits for the next step
+            waiting = [r for r in waiting if r.kind != "savepoint"]
+        honoured = requests.honour(waiting, trigger.checkpoint_id, self.ctx.epoch)
+        if honoured:
+            self.ctx.progress(f"checkpoint {trigger.checkpoint_id} answers requests {[r.request_id for r in honoured]}")
+        return trigger
+
+    def _check_schema(self, version: int) -> None:
+        features = delta_log.table_features(self.t.source_path, version)
+        if features & {"deletionVectors", "columnMapping"}:
+            raise SchemaMismatchError(
+                f"{self.t.source_path} uses {sorted(features & {'deletionVectors', 'columnMapping'})}: "
+                "an incremental source needs plain append-only Parquet files"
+            )
+        have = delta_log.schema_at(self.t.source_path, version)
+        want = self.ctx.pipeline.source_spec.schema
+        problems = [
+            f"column {c!r} is missing" if c not in have else f"column {c!r} is {have[c]}, expected {t}"
+            for c, t in want.items()
+            if have.get(c) != t
+        ]
+        if problems:
+            raise SchemaMismatchError(
+                f"{self.t.source_path} at version {version} does not fit pipeline {self.ctx.pipeline.name!r}: "
+                + "; ".join(problems) + ". Nothing was read or written."
+            )
+        extra = sorted(set(have) - set(want))
+        if extra and extra != self._ignored_columns:  # schema drift that loses nothing the pipeline reads
+            self._ignored_columns = extra
+            self.ctx.progress(
+                f"{self.t.source_path} at version {version} has columns pipeline {self.ctx.pipeline.name!r} does not "
+                f"declare: {extra} (ignored; declare them in the source schema to use them)"
+            )
+
+    def send(self, end_version: int | None, step: list, trigger: TriggerCheckpoint | None) -> None:
+        """Send one source step (the landing files ``step``, up to ``end_version``; then the barrier
+        of ``trigger``) downstream: chained into the operator, or through the channel log."""
+        if self.keyed is not None:
+            self._chained_step(end_version, step, trigger)
+        else:
+            self._write_source_step(end_version, step, trigger)
+
+    def _chained_step(self, end_version: int | None, step: list, trigger: TriggerCheckpoint | None) -> None:
+        """One source step chained into the keyed operator, with no channel in between: the step's
+        records go from the landing read to the operator in one Spark plan (state MERGEd, sink
+        rows staged into the open transactions: one flush), then the barrier of ``trigger`` reaches
+        every channel of every keyed subtask at once. A step boundary is thus an aligned barrier
+        with nothing in flight, in every mode: no record is in the channel log to cut, replay or
+        log as channel state, and the channel positions do not move (the sources' ack names the
+        positions a later unchained process resumes from). The kill points are the source's
+        (``source_read``, ``dlq``, ``source_ack``) and the keyed stage's (``flush_stage``,
+        ``flush_merge``, ``snapshot``, ``ack``, ...); ``channel_write`` is never reached."""
+        if trigger is not None:
+            self.ctx.store.record_pending(trigger.checkpoint_id, trigger.barrier.kind, trigger.barrier.timestamp, self.ctx.epoch)
+        if step:
+            self.ctx.reached("source_read")
+            data = self._read_step(step, end_version)
+            self.ctx.summary.rows_in += sum(max(f.rows, 0) for f in step)
+            self.keyed.apply(data, list(range(self.t.P)))
+        if end_version is not None:
+            self.offset = end_version
+        if trigger is None:
+            return
+        cid, last = trigger.checkpoint_id, self.next_seq - 1
+        state = {"version": self.offset, "next_seq": self.next_seq, "barrier_seq": last,
+                 "barrier_seqs": {str(s): last for s in range(self.t.S)}}
+        acks = {sid: SubtaskAck(state=state) for sid in self.t.sources}
+        self.ctx.reached("source_ack")
+        self.ctx.store.record_acks(cid, acks, self.ctx.epoch)
+        for sid, ack in acks.items():
+            self.on_effects(self.ctx.coordinator.acknowledge(cid, sid, ack).effects)
+        if self.ctx.coordinator.status_of(cid) != "pending":
+            return  # declined or aborted meanwhile
+        self.keyed.barrier_on_every_channel(trigger.barrier)
+
+    def _write_source_step(self, end_version: int | None, step: list, trigger: TriggerCheckpoint | None) -> None:
+        """Write one source step into the channel log in ONE commit, at positions from
+        ``next_seq``: the step's records, then the barrier of ``trigger`` on every channel.
+
+        With lagging source subtasks (``lagging_sources``) the commit is laid out as
+        ``seq``: this step's records of the subtasks that keep pace; ``seq+1``: the lagging
+        subtasks' records of the previous step; ``seq+2``: their barrier of the previous step's
+        checkpoint; ``seq+3``: this step's barrier on the channels that keep pace (and on the
+        lagging ones when they read nothing in this step) - the lagging subtasks' records and
+        barrier of this step go into the next commit. So a keyed subtask sees a checkpoint's
+        barriers at different positions, with records in flight between them: post-barrier
+        records of the fast channels, pre-barrier records of the slow ones (channel state in
+        unaligned mode). The positions of the next commit are fixed now, so the sources' acks
+        (durable before any barrier of the checkpoint) know where the last barrier will be."""
+        seq = self.next_seq
+        if trigger is not None:
+            self.ctx.store.record_pending(trigger.checkpoint_id, trigger.barrier.kind, trigger.barrier.timestamp, self.ctx.epoch)
+        data = None
+        if step:
+            self.ctx.reached("source_read")
+            data = self._read_step(step, end_version)
+            rows = sum(max(f.rows, 0) for f in step)
+            self.ctx.summary.rows_in += rows
+        barrier = (trigger.checkpoint_id, trigger.barrier.timestamp) if trigger else None
+        senders = list(range(self.t.S))
+        parts: list[tuple] = []
+        defer = False
+        if not self.lagging:
+            if data is not None:
+                parts.append((DATA, seq, data))
+            barrier_at = {s: seq + 1 for s in senders}
+            next_seq = seq + 2
+        else:
+            lag = F.col("sender").isin(self.lagging)
+            defer = bool({i % self.t.S for i in range(len(step))} & set(self.lagging))
+            if data is not None:
+                parts.append((DATA, seq, data.where(~lag) if defer else data))
+            if self._deferred is not None:
+                old_data, old_barrier = self._deferred
+                if old_data is not None:
+                    parts.append((DATA, seq + 1, old_data))
+                if old_barrier is not None:
+                    parts.append((BARRIER, seq + 2, old_barrier, self.lagging, list(range(self.t.P))))
+            next_seq = seq + 4
+            barrier_at = {s: (next_seq + 2 if defer and s in self.lagging else seq + 3) for s in senders}
+        if barrier is not None:
+            now = [s for s in senders if barrier_at[s] < next_seq]
+            parts.append((BARRIER, barrier_at[now[0]], barrier, now, list(range(self.t.P))))
+        acks = {}
+        if trigger is not None:
+            # Durable before the barrier is in the channel: a keyed stage in another process that
+            # sees the barrier finds the sources' acks, and completes the checkpoint. ``next_seq``
+            # is where a restore resumes: past every channel's barrier of this checkpoint.
+            last = max(barrier_at.values())
+            state = {"version": self.offset if end_version is None else end_version,
+                     "next_seq": last + 1, "barrier_seq": last,
+                     "barrier_seqs": {str(s): p for s, p in barrier_at.items()}}
+            acks = {sid: SubtaskAck(state=state) for sid in self.t.sources}
+            self.ctx.reached("source_ack")
+            self.ctx.store.record_acks(trigger.checkpoint_id, acks, self.ctx.epoch)
+        if parts:
+            self.ctx.reached("channel_write")
+            self.ctx.fence()
+            self.t.channel.write(parts, epoch=self.ctx.epoch)
+        self.ctx.uncache()
+        if self.lagging:
+            self._deferred = (data.where(lag), barrier) if defer else None
+        if end_version is not None:
+            self.offset = end_version
+        self.next_seq = next_seq
+        for sid, ack in acks.items():
+            self.on_effects(self.ctx.coordinator.acknowledge(trigger.checkpoint_id, sid, ack).effects)
+
+    def _read_step(self, step: list, end_version: int) -> DataFrame:
+        """The step's good rows with sender, receiver and offsets; bad rows (unparsable, of the
+        wrong type, or refused by the source's ``validate``) go to the dead-letter table."""
+        p = self.ctx.pipeline
+        if self.t.folder is not None:
+            df = self.t.folder.read(step)  # parse errors are in _error already
+            names = [(f.path, f.version, i % self.t.S) for i, f in enumerate(step)]
+            files = self.ctx.spark.createDataFrame(names, "src_file string, src_version long, sender int")
+            df = df.join(F.broadcast(files), ["src_file", "src_version"])
+        else:
+            df = self._read_delta_step(step).withColumn("_error", F.lit(None).cast("string"))
+        validate = p.source_spec.validate
+        if validate is not None:
+            df = df.withColumn("_error", F.coalesce(F.col("_error"), validate(df)))
+        if validate is not None or self.t.folder is not None:
+            # read once, used twice (dead letters, then the channel): unpersisted after the
+            # channel write. Only a cache: the landing files are immutable, a recompute is equal.
+            df = self.ctx.cached(df)
+            bad = df.where(F.col("_error").isNotNull())
+            self.ctx.reached("dlq")
+            self._write_dlq(bad, end_version)
+            df = df.where(F.col("_error").isNull())
+        df = df.drop("_error")
+        for fn, _schema in p.transforms:  # fused row-wise maps (forward: no channel between them)
+            df = fn(df)
+        if self.offset == -1 and p.bootstrap_spec is not None:  # starting from scratch
+            records = [*p.record_schema, "sender", *[c for c, _ in OFFSET_COLUMNS]]
+            df = self._read_bootstrap().select(*records).unionByName(df.select(*records))
+        df = route(df, p.partitioning, self.t.P, key=p.key, max_parallelism=p.max_parallelism)
+        return df.select("sender", "receiver", *self.t.payload.fieldNames())
+
+    def _read_bootstrap(self) -> DataFrame:
+        """The bootstrap table's records (its latest version), before the source's first records."""
+        b = self.ctx.pipeline.bootstrap_spec
+        path = self.t.path(b.path)
+        version = delta_log.latest_version(path)
+        if version is None:
+            raise FileNotFoundError(f"pipeline {self.ctx.pipeline.name!r} starts from {path}, which does not exist")
+        cols = list(b.schema)
+        df = (
+            self.ctx.spark.read.format("delta").option("versionAsOf", version).load(path).select(*cols)
+            .withColumn("src_version", F.lit(-1).cast("long"))
+            .withColumn("src_file", F.lit(f"bootstrap:{b.path}@{version}"))
+            .withColumn("src_row", F.xxhash64(*cols))
+            .withColumn("sender", F.lit(0).cast("int"))
+        )
+        self.ctx.progress(f"bootstrap: reading {b.path} at version {version}")
+        return b.to_records(df)
+
+    def _read_delta_step(self, step: list) -> DataFrame:
+        """The step's rows of the landing Delta table with sender and offsets. The step's files are
+        known exactly from the Delta log, and the table is append-only without deletion vectors
+        or column mapping (checked with the schema), so its Parquet files are read directly: that
+        gives each row its offset (file, row index)."""
+        from urllib.parse import unquote
+
+        p = self.ctx.pipeline
+        paths = [f"{self.t.source_path}/{unquote(f.path)}" for f in step]
+        names = [(os.path.basename(unquote(f.path)), f.version, i % self.t.S) for i, f in enumerate(step)]
+        files = self.ctx.spark.createDataFrame(names, "src_base string, src_version long, sender int")
+        schema = tables.struct_type(p.source_spec.schema)
+        return (
+            self.ctx.spark.read.schema(schema).parquet(*paths)
+            .select(
+                *p.source_spec.schema.keys(),
+                F.col("_metadata.file_path").alias("src_file"),
+                F.col("_metadata.row_index").alias("src_row"),
+            )
+            .withColumn("src_base", F.element_at(F.split("src_file", "/"), -1))
+            .join(F.broadcast(files), "src_base")
+            .drop("src_base")
+            .withColumn("src_file", F.element_at(F.split("src_file", "/"), -1))
+        )
+
+    def _write_dlq(self, bad: DataFrame, end_version: int) -> None:
+        """Append the step's bad rows, idempotently: stamped ``(dlq app id, end_version)``, and
+        only rows of versions above the stamp (a re-read after recovery adds nothing twice,
+        whatever the step boundaries are now)."""
+        from deltalake import DeltaTable
+
+        app = f"{app_prefix(self.ctx.pipeline.name)}/dlq"
+        stamp = DeltaTable(self.t.dlq_path).transaction_version(app)
+        stamp = -1 if stamp is None else int(stamp)
+        if end_version <= stamp:
+            return
+        cols = list(self.ctx.pipeline.source_spec.schema)
+        rows = bad.where(F.col("src_version") > stamp).select(
+            *[F.col(c).cast("string").alias(c) for c in cols],
+            F.col("_error").alias("error"), "src_version", "src_file", "src_row",
+            F.lit(self.ctx.epoch).cast("long").alias("epoch"),
+        )
+        (
+            rows.write.format("delta").mode("append")
+            .option("txnAppId", app).option("txnVersion", str(end_version))
+            .save(self.t.dlq_path)
+        )
