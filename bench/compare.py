@@ -39,6 +39,7 @@ and with ``--docs`` written into that file between its markers (the rest of the 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import platform
 import re
@@ -76,8 +77,8 @@ def throughput(spark: Any, base: str, size: int, args: argparse.Namespace, log, 
     again (the floor runs whenever another contender needs its outputs to be checked against)."""
     k = args.rows_per_checkpoint
     config = {"events": size, "rows_per_checkpoint": k, "accounts": args.accounts}
-    todo = [PEER] if "peer" in args.contenders else []
-    todo += [EXPERT] if "expert" in args.contenders else []
+    todo = [EXPERT] if "expert" in args.contenders else []
+    todo += [PEER] if "peer" in args.contenders else []
     todo += [label_of(m) for m in args.modes]
     done = {}
     if args.resume and results is not None:
@@ -105,24 +106,15 @@ def throughput(spark: Any, base: str, size: int, args: argparse.Namespace, log, 
     floor_out = f"{data}/floor"
     measured(FLOOR, run_floor(spark, landing, floor_out))
     log(f"  floor: {rows[-1]['seconds']:.1f} s")
-    if PEER in todo:
-        from bench.peer import run_peer
-
-        out = f"{data}/peer"
-        figures = run_peer(spark, landing, out, files_per_batch=FILES_PER_VERSION,
-                           checkpoint_location=f"{out}/_checkpoint")
-        check(spark, floor_out, out, "peer")
-        measured(PEER, figures)
-        log(f"  peer: {figures['seconds']:.1f} s, {figures['batches']} micro-batches")
-    if EXPERT in todo:
-        from bench.expert_peer import run_expert_peer
-
-        out = f"{data}/expert"
-        figures = run_expert_peer(spark, landing, out, files_per_batch=FILES_PER_VERSION,
-                                  checkpoint_location=f"{out}/_checkpoint")
-        check(spark, floor_out, out, "expert peer")
-        measured(EXPERT, figures)
-        log(f"  expert peer: {figures['seconds']:.1f} s, {figures['batches']} micro-batches")
+    for contender, name in ((EXPERT, "expert"), (PEER, "peer")):
+        if contender not in todo:
+            continue
+        run = importlib.import_module(f"bench.{STREAMING[name]}").__dict__[f"run_{STREAMING[name]}"]
+        out = f"{data}/{name}"
+        figures = run(spark, landing, out, files_per_batch=FILES_PER_VERSION, checkpoint_location=f"{out}/_checkpoint")
+        check(spark, floor_out, out, contender)
+        measured(contender, figures)
+        log(f"  {contender}: {figures['seconds']:.1f} s, {figures['batches']} micro-batches")
     for mode in args.modes:
         label = label_of(mode)
         if label not in todo:
@@ -141,6 +133,8 @@ def throughput(spark: Any, base: str, size: int, args: argparse.Namespace, log, 
 FLOOR = "floor (plain Spark batch)"
 PEER = "peer (Structured Streaming, RocksDB)"
 EXPERT = "expert peer (foreachBatch: window + MERGE)"
+STREAMING = {"expert": "expert_peer", "peer": "peer"}
+"""The Structured Streaming contenders: ``bench/<module>.py`` with ``run_<module>()``."""
 
 
 def with_ratios(rows: list[dict]) -> list[dict]:

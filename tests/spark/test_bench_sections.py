@@ -98,7 +98,7 @@ def test_the_results_log_keeps_every_row_and_survives_a_torn_append(tmp_path):
 
 def test_resume_runs_nothing_when_the_log_holds_every_contender(tmp_path, monkeypatch):
     from bench import compare
-    from bench.compare import FLOOR, PEER, parse_args, throughput
+    from bench.compare import EXPERT, FLOOR, PEER, parse_args, throughput
     from bench.results import ResultsLog
 
     class WouldRun(Exception):
@@ -109,11 +109,11 @@ def test_resume_runs_nothing_when_the_log_holds_every_contender(tmp_path, monkey
     monkeypatch.setattr(compare, "generate_landing", generate_landing)
 
     log = ResultsLog(tmp_path / "r.jsonl", commit="abc1234")
-    for c, s in [(FLOOR, 5.0), (PEER, 180.0), ("ours, aligned", 150.0)]:
+    for c, s in [(FLOOR, 5.0), (EXPERT, 60.0), (PEER, 180.0), ("ours, aligned", 150.0)]:
         log.append("throughput", _row(1_000_000, c, s))
     args, _, _ = parse_args(["--sizes", "1000000", "--modes", "aligned", "--resume"])
     rows = throughput(None, str(tmp_path), 1_000_000, args, lambda m: None, log)
-    assert [r["contender"] for r in rows] == [FLOOR, PEER, "ours, aligned"]
+    assert [r["contender"] for r in rows] == [FLOOR, EXPERT, PEER, "ours, aligned"]
     args, _, _ = parse_args(["--sizes", "1000000", "--modes", "aligned,unaligned", "--resume"])
     with pytest.raises(WouldRun):  # unaligned is missing: it runs
         throughput(None, str(tmp_path), 1_000_000, args, lambda m: None, log)
