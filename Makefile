@@ -7,7 +7,7 @@ PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-all demo bench bench-quick bench-growth chaos airflow clean distclean
+.PHONY: setup test test-all demo bench bench-quick bench-profile bench-growth chaos airflow clean distclean
 
 # Reinstall only when the venv is missing or the pins changed.
 $(STAMP): pyproject.toml constraints.txt
@@ -44,6 +44,11 @@ bench: setup
 
 bench-quick: setup
 	$(PY) bench/compare.py --quick $(BENCH_ARGS)
+
+# Where a step's time goes (bench/profile_step.py): every role's work timed on one run, outputs checked.
+PROFILE_ARGS ?=
+bench-profile: setup
+	$(PY) bench/profile_step.py $(PROFILE_ARGS)
 
 # Growth over 1,000 simulated hourly checkpoints, with and without `ckpt maintain` (bench/growth.py,
 # no Spark, about 15 min): the Growth table of docs/reliability.md, regenerated.

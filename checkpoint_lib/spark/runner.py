@@ -196,10 +196,6 @@ class PipelineRunner:
     def _stages(self) -> tuple[str, ...]:
         return tuple(s for s in STAGES if self.stage in ("all", s))
 
-    def _checkpoint(self, phase: str) -> None:
-        """A kill point (:mod:`checkpoint_lib.killpoints`)."""
-        self.ctx.reached(phase)
-
     def _pool(self, sink: str, index: int) -> TransactionIdPool:
         return TransactionIdPool(f"{self.pipeline.name}.{sink}", index, size=max(4, self.config.max_concurrent + 3))
 

@@ -329,7 +329,7 @@ def test_restoring_an_older_checkpoint_rolls_sinks_back_even_across_a_crash(spar
             raise RuntimeError("killed")
 
     doomed = runner(spark, tmp_path, restore_checkpoint=oldest)
-    doomed._checkpoint = die_mid_rollback
+    doomed.ctx.kills.reached = die_mid_rollback
     with pytest.raises(RuntimeError, match="killed"):
         doomed.run()
     assert store.latest().checkpoint_id == oldest and store.owed_rollback() == oldest
@@ -358,7 +358,7 @@ def test_an_unreadable_latest_checkpoint_whose_commit_landed_is_rolled_back_not_
         seen.append(phase)
 
     doomed = runner(spark, tmp_path)
-    doomed._checkpoint = die_after_second_commit
+    doomed.ctx.kills.reached = die_after_second_commit
     with pytest.raises(RuntimeError, match="killed"):
         doomed.run()
     store = DeltaCheckpointStore.open(f"{tmp_path}/_checkpoints/payments")
@@ -412,7 +412,7 @@ def test_rescaling_3_to_5_to_2_restores_state_by_key_group_and_recommits_every_o
             if len(seen) == 2:
                 raise RuntimeError("killed between completion and commit")
 
-    at3._checkpoint = die_before_second_commit
+    at3.ctx.kills.reached = die_before_second_commit
     with pytest.raises(RuntimeError, match="killed"):
         at3.run()
     store = DeltaCheckpointStore.open(f"{tmp_path}/_checkpoints/payments")

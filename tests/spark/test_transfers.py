@@ -123,7 +123,7 @@ def test_a_checkpoint_failing_validation_is_discarded_never_committed_and_the_ne
                 cs = f"{tmp_path}/_checkpoints/transfers/channel_state"
                 spark.sql(f"DELETE FROM delta.`{cs}` WHERE checkpoint_id = 2")
 
-    runner._checkpoint = tamper
+    runner.ctx.kills.reached = tamper
     with pytest.raises(QualityCheckFailed, match="conservation"):
         runner.run()
     history = {r["checkpoint_id"]: r for r in store(tmp_path).history()}
@@ -153,7 +153,7 @@ def die_before_validating(runner, w, spark, *, at: int, tamper: bool):
                     spark.sql(f"DELETE FROM delta.`{w}/_checkpoints/transfers/channel_state` WHERE checkpoint_id = {at}")
                 raise Died()
 
-    runner._checkpoint = kill_point
+    runner.ctx.kills.reached = kill_point
     with pytest.raises(Died):
         runner.run()
     assert store(w).latest().checkpoint_id == at and not store(w).validated(at)

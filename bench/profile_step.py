@@ -1,0 +1,101 @@
+"""Where a step's time goes: ours on the payments pipeline, every role's Spark and Delta work timed.
+
+    .venv/bin/python bench/profile_step.py --events 100000 --rows-per-checkpoint 25000 [--mode aligned]
+
+Generates the landing table (as ``make bench`` does), runs the floor once to warm the JVM, then
+runs ours with the roles' methods wrapped in timers (wall time, inclusive: a method's figure holds
+the methods it calls), checks the outputs against the floor's, and prints one row per method:
+calls, seconds, and seconds per call. Nothing is changed in the code that runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import shutil
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# (module, class, methods): what a step does, by role
+TIMED = [
+    ("checkpoint_lib.spark.source_stage", "SourceStage",
+     ["step", "_read_step", "_write_dlq", "_write_source_step", "_chained_step"]),
+    ("checkpoint_lib.spark.keyed_stage", "KeyedStage",
+     ["step", "apply", "_apply_outputs", "_snapshot", "_ack", "_write_channel_state", "_index"]),
+    ("checkpoint_lib.spark.completion", "Completion", ["_commit_up_to", "cleanup", "_validate_before_commit"]),
+    ("checkpoint_lib.spark.recovery", "Recovery", ["recover"]),
+    ("checkpoint_lib.spark.runner", "PipelineRunner", ["open", "close", "final_checkpoint"]),
+    ("checkpoint_lib.spark.sinks", "DeltaTwoPhaseSink", ["stage", "commit", "_merge", "_add_files", "abort", "discard"]),
+    ("checkpoint_lib.spark.state", "KeyedStateTable", ["add", "compact"]),
+    ("checkpoint_lib.spark.channels", "DeltaChannelLog", ["write", "index", "read", "truncate_upto"]),
+    ("checkpoint_lib.delta.store", "DeltaCheckpointStore", ["record_pending", "record_acks", "add"]),
+]
+
+
+def instrument() -> dict[str, list]:
+    """Wrap every method of :data:`TIMED` with a timer; returns the figures, filled as it runs."""
+    import importlib
+
+    figures: dict[str, list] = defaultdict(lambda: [0, 0.0])
+    for module, cls_name, methods in TIMED:
+        cls = getattr(importlib.import_module(module), cls_name)
+        for name in methods:
+            original = getattr(cls, name)
+
+            @functools.wraps(original)
+            def timed(*a, __original=original, __key=f"{cls_name}.{name}", **kw):
+                t0 = time.monotonic()
+                try:
+                    return __original(*a, **kw)
+                finally:
+                    figures[__key][0] += 1
+                    figures[__key][1] += time.monotonic() - t0
+
+            setattr(cls, name, timed)
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--events", type=int, default=100_000)
+    ap.add_argument("--rows-per-checkpoint", type=int, default=25_000)
+    ap.add_argument("--accounts", type=int, default=2_000)
+    ap.add_argument("--mode", default="aligned", help="a barrier mode, or off (no periodic checkpoint)")
+    ap.add_argument("--work", default=None, help="working folder (default: a temporary one, deleted)")
+    args = ap.parse_args(argv)
+
+    from bench.floor import run_floor
+    from bench.ours import copy_landing, run_ours
+    from bench.outputs import check, generate_landing
+    from checkpoint_lib.spark.session import get_spark
+
+    spark = get_spark(ui=False)
+    work = Path(args.work or tempfile.mkdtemp(prefix="ckpt-profile-"))
+    try:
+        generate_landing(spark, str(work), args.events, args.rows_per_checkpoint, args.accounts)
+        floor = run_floor(spark, f"{work}/landing/payments", f"{work}/floor")  # also warms the JVM up
+        figures: dict[str, Any] = instrument()
+        w = f"{work}/ours"
+        copy_landing(str(work), w)
+        ours = run_ours(spark, w, mode=args.mode, rows_per_checkpoint=args.rows_per_checkpoint)
+        check(spark, f"{work}/floor", w, "ours")
+    finally:
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"{args.events:,} events, a step of {args.rows_per_checkpoint:,} rows, {args.mode}: ours "
+          f"{ours['seconds']:.1f} s ({ours['steps']} steps, {ours['checkpoints']} checkpoints), "
+          f"floor {floor['seconds']:.1f} s; outputs checked")
+    print("| method | calls | s | s per call |\n|---|---:|---:|---:|")
+    for key, (calls, seconds) in sorted(figures.items(), key=lambda kv: -kv[1][1]):
+        print(f"| `{key}` | {calls} | {seconds:.2f} | {seconds / calls:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
