@@ -290,29 +290,17 @@ class DeltaTwoPhaseSink:
         snapshot the fence commits on: a delta-rs compare-and-swap (milliseconds) when the table
         allows it, else a stamped empty Spark append (a racing commit conflicts on the stamp)."""
         from deltalake import DeltaTable
-        from deltalake.exceptions import CommitFailedError
-        from deltalake.transaction import CommitProperties
-        from deltalake.transaction import Transaction as AppTransaction
 
         self.create()
         if self._file_commit_problems(DeltaTable(self.target)):
             tables.raise_fence(self.spark, self.target, self.app_id, epoch)
             return
-        for attempt in range(_COMMIT_ATTEMPTS):
-            dt = DeltaTable(self.target)
-            have_epoch, have_cid = tables.split_version(dt.transaction_version(self.app_id))
-            if have_epoch > epoch:
-                raise FencedError(f"{self.target}: epoch {epoch} is fenced: epoch {have_epoch} has taken over")
-            if have_epoch == epoch:
-                return
-            stamp = AppTransaction(self.app_id, tables.fenced_version(epoch, max(have_cid, 0)))
-            try:
-                dt.create_write_transaction([], mode="append", schema=dt.schema(), commit_properties=CommitProperties(
-                    app_transactions=[stamp], max_commit_retries=0))
-                return
-            except CommitFailedError:  # a commit landed after our read: its stamp decides again
-                time.sleep(0.01 * min(attempt + 1, 10) * (0.5 + random.random()))
-        raise tables.ConcurrentWriterError(f"sink {self.name}: fence of {self.target} lost to concurrent writers")
+
+        def decide(have: int) -> int | None:  # our epoch's stamp already: fenced; else keep its checkpoint
+            have_epoch, have_cid = tables.split_version(None if have < 0 else have)
+            return None if have_epoch == epoch else tables.fenced_version(epoch, max(have_cid, 0))
+
+        self._stamped_commit([], epoch, decide)
 
     def commit(self, txns: list[Transaction], checkpoint_id: int, writer_epoch: int) -> list[Transaction]:
         """Commit ``txns`` (every subtask's, all pre-committed at checkpoints <= ``checkpoint_id``):
@@ -371,22 +359,32 @@ class DeltaTwoPhaseSink:
 
     def _add_files(self, files: list, version: int) -> None:
         """ONE delta-rs commit adding ``files`` to the target with the stamp ``version``, placed
-        exactly on the snapshot whose stamp it checked (no retries inside delta-rs): a newer epoch's
-        stamp refuses it, an equal or higher one of ours means it landed already (a retry)."""
+        exactly on the snapshot whose stamp it checked: a newer epoch's stamp refuses it, an equal
+        or higher one of ours means it landed already (a retry)."""
+        from deltalake.transaction import AddAction
+
+        actions = [AddAction(f.path, f.size, {}, f.modification_time, True, f.stats) for f in files]
+        self._stamped_commit(actions, tables.split_version(version)[0], lambda have: None if have >= version else version)
+
+    def _stamped_commit(self, actions: list, epoch: int, decide) -> None:
+        """Commit ``actions`` with a stamp by delta-rs, as a compare-and-swap: on each snapshot, a
+        stamp of a newer epoch than ``epoch`` refuses (:class:`FencedError`); else ``decide(the
+        stamp, -1 for none)`` gives the stamp to commit, or None for nothing to do. The commit lands
+        exactly on that snapshot (no retries inside delta-rs), else the next snapshot decides again."""
         from deltalake import DeltaTable
         from deltalake.exceptions import CommitFailedError
-        from deltalake.transaction import AddAction, CommitProperties
+        from deltalake.transaction import CommitProperties
         from deltalake.transaction import Transaction as AppTransaction
 
-        epoch = tables.split_version(version)[0]
-        actions = [AddAction(f.path, f.size, {}, f.modification_time, True, f.stats) for f in files]
         for attempt in range(_COMMIT_ATTEMPTS):
             dt = DeltaTable(self.target)
             have = dt.transaction_version(self.app_id)
-            if have is not None and tables.split_version(have)[0] > epoch:
-                raise FencedError(f"{self.target}: epoch {epoch} is fenced: epoch {tables.split_version(have)[0]} "
-                                  "has taken over (a zombie of an older attempt: its commit was refused)")
-            if have is not None and have >= version:
+            have_epoch = tables.split_version(have)[0]
+            if have_epoch > epoch:
+                raise FencedError(f"{self.target}: epoch {epoch} is fenced: epoch {have_epoch} has taken over "
+                                  "(a zombie of an older attempt: its commit was refused)")
+            version = decide(-1 if have is None else int(have))
+            if version is None:
                 return
             try:
                 dt.create_write_transaction(
