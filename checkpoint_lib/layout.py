@@ -47,6 +47,12 @@ DATA_PLANE = ("channels", "state", "channel_state", "transactions", "staging")
 """The data plane's folders under a checkpoint root (``staging``: sink staging tables of older versions)."""
 
 
+PENDING_FOLDER = "ckpt"
+"""Inside a table we append to by adding files (an append sink, the dead-letter table): the folder
+Spark writes those files to before the commit that adds them (not hidden: once a file is no longer
+part of the table, e.g. after an OPTIMIZE, or was never committed, VACUUM deletes it)."""
+
+
 def channel_log(root: str | os.PathLike[str], sender: str, receiver: str) -> Path:
     """The channel log of the edge ``sender -> receiver`` (operator uids; ``source`` for the sources)."""
     return Path(root) / "channels" / f"{sender}_{receiver}"

@@ -153,6 +153,14 @@ class PendingFiles:
             shutil.rmtree(folder, ignore_errors=True)
 
 
+def describe_written(folder: str, table_root: str | None) -> list[PendingFile]:
+    """The Parquet files one Spark write left in ``folder`` (its markers removed), each with its
+    Delta statistics from the footer: what a commit adds. Paths relative to ``table_root``."""
+    _drop_markers(folder)
+    names = sorted(n for n in os.listdir(folder) if n.endswith(".parquet")) if os.path.isdir(folder) else []
+    return [_describe(os.path.join(folder, n), table_root) for n in names]
+
+
 def _drop_markers(write_dir: str) -> None:
     """Spark's job markers and the local file system's checksums: nobody reads them, and a VACUUM
     would never delete the hidden ones."""

@@ -39,6 +39,11 @@ DRIVER_MEMORY_ENV = "CKPT_DRIVER_MEMORY"
 
 DEFAULT_MASTER = "local[*]"
 DEFAULT_SHUFFLE_PARTITIONS = 8
+# Delta rebuilds a table's state (its log replayed into the list of live files) in a Spark job
+# with 50 partitions by default, on every new version a command reads. Our tables' logs hold
+# thousands of actions, not millions: 2 partitions replay them in one wave of tasks. Measured on a
+# 2,000-row MERGE target, 2 instead of 8 takes a MERGE from 2.2-2.9 s to 1.5-2.1 s.
+SNAPSHOT_PARTITIONS = 2
 DEFAULT_DRIVER_MEMORY = "2g"
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
@@ -82,9 +87,7 @@ def session_conf(
         "spark.driver.memory": os.environ.get(DRIVER_MEMORY_ENV) or DEFAULT_DRIVER_MEMORY,
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": str(_shuffle_partitions()),
-        # Delta rebuilds table state with 50 partitions by default: far too many for small
-        # tables on one machine. Use the shuffle partition count instead.
-        "spark.databricks.delta.snapshotPartitions": str(_shuffle_partitions()),
+        "spark.databricks.delta.snapshotPartitions": str(SNAPSHOT_PARTITIONS),
         # Delta 4 refuses to read (or RESTORE) a version older than the table's
         # deletedFileRetentionDuration (7 days by default), VACUUMed or not. A rollback to a
         # checkpoint or savepoint, and the quality suites after a restore, read sinks and sources

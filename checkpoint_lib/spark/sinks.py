@@ -31,8 +31,6 @@ Tables stamped before this scheme (one application id per epoch, ``.../e<epoch>`
 from __future__ import annotations
 
 import os
-import random
-import time
 from collections import defaultdict
 
 from typing import Callable, Iterable
@@ -42,19 +40,15 @@ from pyspark.sql import Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ..core.errors import FencedError
 from ..core.twophase import Transaction
 from ..delta.log import is_delta_table
 from ..delta.pending import HANDLE_COLUMN, PendingFiles
-from ..layout import sink_transactions
+from ..layout import PENDING_FOLDER, sink_transactions
 from ..pipeline import Pipeline, check_relative_path
 from . import tables
 
 _ORDER_COLUMNS = [T.StructField("txn_seq", T.LongType(), False), T.StructField("flush", T.LongType(), False)]
 """Written with an upsert sink's rows: the latest row of a key wins at the commit."""
-PENDING_FOLDER = "ckpt"
-"""Inside an append sink's table: the folder its transactions' files are written to (not hidden:
-once a file is no longer part of the table, e.g. after an OPTIMIZE, VACUUM deletes it)."""
 _DELTA_RS_WRITER_FEATURES = {"appendOnly", "invariants", "timestampNtz"}
 _COMMIT_ATTEMPTS = 20
 
@@ -367,37 +361,8 @@ class DeltaTwoPhaseSink:
         self._stamped_commit(actions, tables.split_version(version)[0], lambda have: None if have >= version else version)
 
     def _stamped_commit(self, actions: list, epoch: int, decide) -> None:
-        """Commit ``actions`` with a stamp by delta-rs, as a compare-and-swap: on each snapshot, a
-        stamp of a newer epoch than ``epoch`` refuses (:class:`FencedError`); else ``decide(the
-        stamp, -1 for none)`` gives the stamp to commit, or None for nothing to do. The commit lands
-        exactly on that snapshot (no retries inside delta-rs), else the next snapshot decides again."""
-        from deltalake import DeltaTable
-        from deltalake.exceptions import CommitFailedError
-        from deltalake.transaction import CommitProperties
-        from deltalake.transaction import Transaction as AppTransaction
-
-        for attempt in range(_COMMIT_ATTEMPTS):
-            dt = DeltaTable(self.target)
-            have = dt.transaction_version(self.app_id)
-            have_epoch = tables.split_version(have)[0]
-            if have_epoch > epoch:
-                raise FencedError(f"{self.target}: epoch {epoch} is fenced: epoch {have_epoch} has taken over "
-                                  "(a zombie of an older attempt: its commit was refused)")
-            version = decide(-1 if have is None else int(have))
-            if version is None:
-                return
-            try:
-                dt.create_write_transaction(
-                    actions, mode="append", schema=dt.schema(),
-                    commit_properties=CommitProperties(app_transactions=[AppTransaction(self.app_id, version)],
-                                                       max_commit_retries=0),
-                )
-                return
-            except CommitFailedError:  # another commit took the version: read again, decide again
-                time.sleep(0.01 * min(attempt + 1, 10) * (0.5 + random.random()))
-        raise tables.ConcurrentWriterError(
-            f"sink {self.name}: {_COMMIT_ATTEMPTS} attempts to commit to {self.target} lost to concurrent writers"
-        )
+        tables.stamped_commit(self.target, self.app_id, actions, decide, epoch=epoch, attempts=_COMMIT_ATTEMPTS,
+                              what=f"sink {self.name}")
 
     def _merge(self, staged: DataFrame, app: str, version: int) -> None:
         from delta.tables import DeltaTable

@@ -13,6 +13,8 @@ checkpoint, the sources acknowledge with their offsets before the barrier goes o
 from __future__ import annotations
 
 import os
+import shutil
+import uuid
 from typing import Any, Callable
 
 from pyspark.sql import DataFrame
@@ -22,12 +24,15 @@ from ..checkpoint_requests import CheckpointRequests
 from ..core.coordinator import TriggerCheckpoint
 from ..core.types import CheckpointKind, SubtaskAck
 from ..delta import log as delta_log
+from ..layout import PENDING_FOLDER
 from . import tables
 from .channels import BARRIER, DATA
 from .context import RunContext
 from .partitioning import route
 from .sinks import app_prefix
 from .topology import OFFSET_COLUMNS
+
+DLQ_ATTEMPTS = 5
 
 
 class SchemaMismatchError(ValueError):
@@ -351,22 +356,35 @@ class SourceStage:
     def _write_dlq(self, bad: DataFrame, end_version: int) -> None:
         """Append the step's bad rows, idempotently: stamped ``(dlq app id, end_version)``, and
         only rows of versions above the stamp (a re-read after recovery adds nothing twice,
-        whatever the step boundaries are now)."""
-        from deltalake import DeltaTable
+        whatever the step boundaries are now). One Spark job writes the files into the table's
+        folder (unreferenced, so unseen), one delta-rs commit adds them, on the very snapshot whose
+        stamp filtered them: a writer racing us (a zombie) makes us filter again."""
+        from deltalake.transaction import AddAction
+
+        from ..delta.pending import describe_written
 
         app = f"{app_prefix(self.ctx.pipeline.name)}/dlq"
-        stamp = DeltaTable(self.t.dlq_path).transaction_version(app)
-        stamp = -1 if stamp is None else int(stamp)
-        if end_version <= stamp:
-            return
         cols = list(self.ctx.pipeline.source_spec.schema)
-        rows = bad.where(F.col("src_version") > stamp).select(
-            *[F.col(c).cast("string").alias(c) for c in cols],
-            F.col("_error").alias("error"), "src_version", "src_file", "src_row",
-            F.lit(self.ctx.epoch).cast("long").alias("epoch"),
-        )
-        (
-            rows.write.format("delta").mode("append")
-            .option("txnAppId", app).option("txnVersion", str(end_version))
-            .save(self.t.dlq_path)
-        )
+        for _ in range(DLQ_ATTEMPTS):
+            stamp = tables.stamp_of(self.t.dlq_path, app)
+            stamp = -1 if stamp is None else stamp
+            if end_version <= stamp:
+                return
+            rows = bad.where(F.col("src_version") > stamp).select(
+                *[F.col(c).cast("string").alias(c) for c in cols],
+                F.col("_error").alias("error"), "src_version", "src_file", "src_row",
+                F.lit(self.ctx.epoch).cast("long").alias("epoch"),
+            )
+            folder = os.path.join(self.t.dlq_path, PENDING_FOLDER, f"v{end_version}-{uuid.uuid4().hex}")
+            rows.write.parquet(folder)
+            files = [f for f in describe_written(folder, self.t.dlq_path) if f.rows]
+            if not files:  # nothing bad since the stamp: nothing to stamp either
+                shutil.rmtree(folder, ignore_errors=True)
+                return
+            actions = [AddAction(f.path, f.size, {}, f.modification_time, True, f.stats) for f in files]
+            if tables.stamped_commit(self.t.dlq_path, app, actions, lambda have: end_version if have == stamp else None,
+                                     what="the dead-letter table") is not None:
+                return
+            shutil.rmtree(folder, ignore_errors=True)  # filtered on a stamp that moved: filter again
+        raise tables.ConcurrentWriterError(f"{self.t.dlq_path}: {DLQ_ATTEMPTS} attempts to append dead letters "
+                                           "lost to concurrent writers")

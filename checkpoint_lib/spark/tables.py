@@ -61,6 +61,43 @@ def stamp_of(path: str, app_id: str) -> int | None:
     return None if version is None else int(version)
 
 
+def stamped_commit(path: str, app_id: str, actions: list, decide: Callable[[int], int | None], *,
+                   epoch: int | None = None, attempts: int = 20, what: str = "") -> int | None:
+    """Commit ``actions`` (delta-rs add actions; none: a stamp alone) to table ``path`` with a stamp
+    for ``app_id``, as a compare-and-swap: on each snapshot, ``decide(its stamp, -1 for none)`` gives
+    the stamp to commit, or None for nothing to do; with ``epoch``, a stamp of a newer epoch refuses
+    first (:class:`FencedError`: a zombie's commit). The commit lands exactly on the snapshot that
+    decided (no retries inside delta-rs), else the next snapshot decides again. Returns the stamp
+    committed, or None."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import CommitFailedError
+    from deltalake.transaction import CommitProperties
+    from deltalake.transaction import Transaction as AppTransaction
+
+    from ..core.errors import FencedError
+
+    for attempt in range(attempts):
+        dt = DeltaTable(path)
+        have = dt.transaction_version(app_id)
+        have_epoch = split_version(have)[0]
+        if epoch is not None and have_epoch > epoch:
+            raise FencedError(f"{path}: epoch {epoch} is fenced: epoch {have_epoch} has taken over "
+                              "(a zombie of an older attempt: its commit was refused)")
+        version = decide(-1 if have is None else int(have))
+        if version is None:
+            return None
+        try:
+            dt.create_write_transaction(
+                actions, mode="append", schema=dt.schema(),
+                commit_properties=CommitProperties(app_transactions=[AppTransaction(app_id, version)],
+                                                   max_commit_retries=0),
+            )
+            return version
+        except CommitFailedError:  # another commit took the version: read again, decide again
+            time.sleep(0.01 * min(attempt + 1, 10) * (0.5 + random.random()))
+    raise ConcurrentWriterError(f"{what or path}: {attempts} attempts to commit to {path} lost to concurrent writers")
+
+
 @contextmanager
 def session_confs(spark: SparkSession, confs: Mapping[str, str]) -> Iterator[None]:
     """Set the session settings ``confs`` for the commands run inside, then put back the caller's.

@@ -83,15 +83,23 @@ def read_back(spark, w, name: str, completed: list[int], state_sums: dict, in_fl
     return states, flying
 
 
-@pytest.mark.slow  # ~5 min each on 2 cores; CI keeps the transfers run below (the item that lost money)
-@pytest.mark.parametrize("mode", ["aligned", "unaligned"])
-def test_payments_with_a_lagging_source_stays_exact_over_many_checkpoints_in_one_process(spark, tmp_path, mode):
+@pytest.mark.parametrize("mode,lagging", [
+    ("aligned", 0),  # chained: the stages fused, no channel log (CI's long run)
+    pytest.param("aligned", 1, marks=pytest.mark.slow),  # ~5 min each on 2 cores
+    pytest.param("unaligned", 1, marks=pytest.mark.slow),
+])
+def test_payments_stays_exact_over_many_checkpoints_in_one_process(spark, tmp_path, mode, lagging):
     for v in range(VERSIONS):
         payments.generate(spark, str(tmp_path), ROWS, bad_fraction=0.05, accounts=8, seed=300 + v)
-    summary = PipelineRunner(
-        get("payments"), str(tmp_path), spark, mode=mode, lagging_sources=1, rows_per_checkpoint=ROWS,
+    runner = PipelineRunner(
+        get("payments"), str(tmp_path), spark, mode=mode, lagging_sources=lagging, rows_per_checkpoint=ROWS,
         config=config(),
-    ).run()
+    )
+    logged, write = [], runner.channel.write
+    runner.channel.write = lambda *a, **kw: logged.append(a) or write(*a, **kw)
+    summary = runner.run()
+    # fused, every step goes from the landing read to the operator and nothing is logged
+    assert runner.chained == (not lagging) and (logged == []) == (not lagging)
     completed = completed_in_one_process(tmp_path, "payments", summary)
     states, flying = read_back(spark, tmp_path, "payments", completed,
                                {"cents": "balance_cents", "events": "event_count"})
@@ -116,6 +124,7 @@ def test_payments_with_a_lagging_source_stays_exact_over_many_checkpoints_in_one
     assert check.ledger_rows == check.valid_rows
 
 
+@pytest.mark.slow  # ~6 min on 2 cores (the cycle keeps the channel log); CI runs the chained payments run above
 def test_transfers_stays_exact_over_many_checkpoints_in_one_process(spark, tmp_path):
     """The issue's reproduction, scaled down: ``ckpt run transfers --mode unaligned`` over many
     landing versions lost the credits in flight on the feedback edge at the fifth completion."""

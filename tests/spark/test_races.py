@@ -111,3 +111,40 @@ def test_a_writer_that_keeps_conflicting_gets_a_clear_error_and_nothing_of_ours_
     got = read_delta(path).set_index("account")
     assert got.loc[[f"acct-{i}" for i in range(4)], "balance_cents"].tolist() == [100] * 4  # ours: nothing
     assert sorted(a for a in got.index if a.startswith("foreign")) == ["foreign-0", "foreign-1"]
+
+
+def test_a_dead_letter_append_racing_another_attempt_filters_again_and_lands_each_row_once(spark, tmp_path, monkeypatch):
+    """Two attempts append the dead letters of overlapping steps: the other one commits (versions up
+    to 1) between our filter (on no stamp) and our commit (versions up to 2). Our commit is a
+    compare-and-swap on the snapshot we filtered on, so it is refused, and we filter again: each
+    bad row lands once."""
+    from checkpoint_lib.pipelines import get
+    from checkpoint_lib.spark.runner import PipelineRunner
+    from checkpoint_lib.spark.sinks import app_prefix
+
+    runner = PipelineRunner(get("payments"), str(tmp_path), spark, stage="source")
+    runner.open()
+    stage = runner.source_stage
+    bad = spark.createDataFrame(
+        [(f"e{v}-{i}", None, 5, None, "null or empty account", v, f"part-{v}.parquet", i) for v in range(3) for i in range(2)],
+        "event_id string, account string, amount_cents long, ts timestamp, _error string, src_version long, "
+        "src_file string, src_row long",
+    )
+    real, raced = tables.stamped_commit, []
+
+    def other_attempt_first(path, *a, **kw):
+        if not raced:
+            raced.append(path)
+            monkeypatch.setattr(tables, "stamped_commit", real)
+            stage._write_dlq(bad.where("src_version <= 1"), 1)  # the other attempt, a shorter step
+            monkeypatch.setattr(tables, "stamped_commit", other_attempt_first)
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(tables, "stamped_commit", other_attempt_first)
+    stage._write_dlq(bad, 2)
+    assert raced
+    got = read_delta(stage.t.dlq_path)
+    assert sorted(zip(got["src_version"], got["src_row"])) == [(v, i) for v in range(3) for i in range(2)]
+    assert tables.stamp_of(stage.t.dlq_path, f"{app_prefix('payments')}/dlq") == 2
+    stage._write_dlq(bad, 2)  # a retry of the same step adds nothing
+    assert len(read_delta(stage.t.dlq_path)) == 6
