@@ -88,6 +88,10 @@ def session_conf(
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": str(_shuffle_partitions()),
         "spark.databricks.delta.snapshotPartitions": str(SNAPSHOT_PARTITIONS),
+        # What we cache is one step's rows, read by the writes of that step and then dropped:
+        # compressing it (dictionary and run-length encoders, which gather statistics over every
+        # value) cost a sixth of a 1M-row step's CPU, for memory we have.
+        "spark.sql.inMemoryColumnarStorage.compressed": "false",
         # Delta 4 refuses to read (or RESTORE) a version older than the table's
         # deletedFileRetentionDuration (7 days by default), VACUUMed or not. A rollback to a
         # checkpoint or savepoint, and the quality suites after a restore, read sinks and sources

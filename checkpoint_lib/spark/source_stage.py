@@ -338,19 +338,16 @@ class SourceStage:
         p = self.ctx.pipeline
         paths = [f"{self.t.source_path}/{unquote(f.path)}" for f in step]
         names = [(os.path.basename(unquote(f.path)), f.version, i % self.t.S) for i, f in enumerate(step)]
-        files = self.ctx.spark.createDataFrame(names, "src_base string, src_version long, sender int")
+        files = self.ctx.spark.createDataFrame(names, "src_file string, src_version long, sender int")
         schema = tables.struct_type(p.source_spec.schema)
         return (
             self.ctx.spark.read.schema(schema).parquet(*paths)
             .select(
                 *p.source_spec.schema.keys(),
-                F.col("_metadata.file_path").alias("src_file"),
+                F.col("_metadata.file_name").alias("src_file"),  # the name, decoded: no per-row split
                 F.col("_metadata.row_index").alias("src_row"),
             )
-            .withColumn("src_base", F.element_at(F.split("src_file", "/"), -1))
-            .join(F.broadcast(files), "src_base")
-            .drop("src_base")
-            .withColumn("src_file", F.element_at(F.split("src_file", "/"), -1))
+            .join(F.broadcast(files), "src_file")
         )
 
     def _write_dlq(self, bad: DataFrame, end_version: int) -> None:
