@@ -14,7 +14,8 @@ Contenders (bench/floor.py, bench/expert_peer.py, bench/peer.py, bench/ours.py):
 - **peer**: Spark Structured Streaming, micro-batches of one checkpoint interval, per-account state
   in the RocksDB state store (``applyInPandasWithState``), outputs by foreachBatch with Delta
   idempotent writes;
-- **ours**: checkpoint_lib with checkpointing off, aligned, unaligned and at-least-once, a
+- **ours**: checkpoint_lib with checkpointing off, aligned (stages chained, and unchained: every
+  record through the channel log, as in the Airflow layout's separate processes), unaligned and at-least-once, a
   checkpoint every ``--rows-per-checkpoint`` events.
 
 Sections (tables), each written between its ``<!-- bench:NAME -->`` markers:
@@ -61,10 +62,18 @@ from bench import results as results_log  # noqa: E402
 from bench import state_growth as state_bench  # noqa: E402
 from bench.floor import run_floor  # noqa: E402
 from bench.markdown import table  # noqa: E402
-from bench.ours import OFF, copy_landing, run_ours  # noqa: E402
+from bench.ours import OFF, UNCHAINED, copy_landing, run_ours  # noqa: E402
 from bench.outputs import FILES_PER_VERSION, check, generate_landing  # noqa: E402
 
-MODES = (OFF, "aligned", "unaligned", "at_least_once")
+MODES = (OFF, "aligned", UNCHAINED, "unaligned", "at_least_once")
+
+
+def label_of(mode: str) -> str:
+    if mode == UNCHAINED:
+        return "ours, aligned, stages unchained (channel log, as separate processes)"
+    return "ours, checkpointing off" if mode == OFF else f"ours, {mode.replace('_', '-')}"
+
+
 SECTIONS = (recovery_bench, state_bench, cluster_bench)  # each: add_arguments, QUICK, its run and render
 QUICK = {"sizes": "100000", "rows_per_checkpoint": 25_000, "accounts": 2_000,
          "results": ""}  # a quick run's figures are a smoke test: they stay out of the results log
@@ -150,7 +159,7 @@ def with_ratios(rows: list[dict]) -> list[dict]:
     return out
 
 
-ORDER = [FLOOR, EXPERT, PEER] + [f"ours, {m}" for m in ("checkpointing off", "aligned", "unaligned", "at-least-once")]
+ORDER = [FLOOR, EXPERT, PEER] + [label_of(m) for m in MODES]
 
 
 def logged_throughput(store: results_log.ResultsLog, rows_per_checkpoint: int, accounts: int) -> list[dict]:
@@ -180,10 +189,6 @@ def provenance(rows: list[dict]) -> str:
     machines = sorted({r.get("machine") for r in rows if r.get("machine")})
     return (f"Measured on {'; '.join(machines) or 'an unrecorded machine'}. "
             f"{'Command' if len(parts) == 1 else 'Commands'}: {'; '.join(parts)}")
-
-
-def label_of(mode: str) -> str:
-    return "ours, checkpointing off" if mode == OFF else f"ours, {mode.replace('_', '-')}"
 
 
 def skew(spark: Any, base: str, size: int, args: argparse.Namespace, log) -> list[dict]:

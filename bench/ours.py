@@ -10,6 +10,9 @@ from typing import Any
 OFF = "off"
 """Checkpointing off: no periodic checkpoint (interval 10^9 s). The sinks commit by two-phase
 commit, so one checkpoint still comes at the first step and one at the end."""
+UNCHAINED = "aligned_unchained"
+"""Aligned with the stages not chained (``--no-chaining``): every record goes through the persisted
+channel log, as when the source and keyed stages run as separate processes (the ``<p>_run`` DAG)."""
 
 
 def copy_landing(src_warehouse: str, dst_warehouse: str) -> None:
@@ -20,7 +23,7 @@ def copy_landing(src_warehouse: str, dst_warehouse: str) -> None:
 def run_ours(spark: Any, warehouse: str, *, mode: str, rows_per_checkpoint: int, lagging_sources: int = 0,
              progress=None) -> dict:
     """Run ``payments`` in ``warehouse`` (its landing table already there) until caught up.
-    ``mode`` is a barrier mode or :data:`OFF`. Returns the run's figures."""
+    ``mode`` is a barrier mode, :data:`OFF` or :data:`UNCHAINED`. Returns the run's figures."""
     from checkpoint_lib.core.decider import CheckpointConfig
     from checkpoint_lib.delta.store import DeltaCheckpointStore
     from checkpoint_lib.layout import checkpoint_root
@@ -31,8 +34,9 @@ def run_ours(spark: Any, warehouse: str, *, mode: str, rows_per_checkpoint: int,
     config = CheckpointConfig(interval=interval, max_concurrent=1, timeout=3600, retained=5)
     started = time.monotonic()
     runner = PipelineRunner(
-        get("payments"), warehouse, spark, mode="aligned" if mode == OFF else mode, config=config,
+        get("payments"), warehouse, spark, mode="aligned" if mode in (OFF, UNCHAINED) else mode, config=config,
         rows_per_checkpoint=rows_per_checkpoint, lagging_sources=lagging_sources, progress=progress,
+        chaining=mode != UNCHAINED,
     )
     summary = runner.run()
     seconds = time.monotonic() - started

@@ -12,8 +12,11 @@ import time
 from pathlib import Path
 
 
+_STARTED = time.monotonic()
+
+
 def _say(message: str) -> None:
-    print(f"\n=== {message}", flush=True)
+    print(f"\n=== [{time.monotonic() - _STARTED:5.1f} s] {message}", flush=True)
 
 
 def _run_and_kill(warehouse: Path, rows_per_checkpoint: int, kill_after: int) -> int:
@@ -39,6 +42,8 @@ def _run_and_kill(warehouse: Path, rows_per_checkpoint: int, kill_after: int) ->
 
 
 def run_demo(warehouse: str, rows: int = 200_000) -> int:
+    global _STARTED
+    _STARTED = time.monotonic()
     from .core.types import BarrierMode
     from .history import format_table, with_durations
     from .pipelines import get
@@ -67,9 +72,10 @@ def run_demo(warehouse: str, rows: int = 200_000) -> int:
     for _ in range(4):
         generate(spark, str(w), per_version, bad_fraction=0.01, accounts=500)
 
-    _say("run 2: the same command; it finds the crashed attempt and recovers by itself")
+    _say("run 2: `ckpt run payments` with its default step (up to 1,000,000 rows); it finds the crashed "
+         "attempt and recovers by itself")
     runner = PipelineRunner(get("payments"), str(w), spark, mode=BarrierMode.ALIGNED,
-                            rows_per_checkpoint=per_version, progress=lambda m: print(f"  {m}", flush=True))
+                            progress=lambda m: print(f"  {m}", flush=True))
     summary = runner.run()
     rate = summary.rows_in / summary.seconds if summary.seconds else 0
     print(f"  read {summary.rows_in} rows in {summary.seconds:.1f} s ({rate:,.0f} rows/s)")
