@@ -153,6 +153,13 @@ class PendingFiles:
             shutil.rmtree(folder, ignore_errors=True)
 
 
+def add_actions(files: Iterable[PendingFile]) -> list:
+    """delta-rs add actions of ``files``: what one commit adds to a table (data changed)."""
+    from deltalake.transaction import AddAction
+
+    return [AddAction(f.path, f.size, {}, f.modification_time, True, f.stats) for f in files]
+
+
 def describe_written(folder: str, table_root: str | None) -> list[PendingFile]:
     """The Parquet files one Spark write left in ``folder`` (its markers removed), each with its
     Delta statistics from the footer: what a commit adds. Paths relative to ``table_root``."""

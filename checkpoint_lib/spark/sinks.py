@@ -42,7 +42,7 @@ from pyspark.sql import types as T
 
 from ..core.twophase import Transaction
 from ..delta.log import is_delta_table
-from ..delta.pending import HANDLE_COLUMN, PendingFiles
+from ..delta.pending import HANDLE_COLUMN, PendingFiles, add_actions
 from ..layout import PENDING_FOLDER, sink_transactions
 from ..pipeline import Pipeline, check_relative_path
 from . import tables
@@ -355,10 +355,7 @@ class DeltaTwoPhaseSink:
         """ONE delta-rs commit adding ``files`` to the target with the stamp ``version``, placed
         exactly on the snapshot whose stamp it checked: a newer epoch's stamp refuses it, an equal
         or higher one of ours means it landed already (a retry)."""
-        from deltalake.transaction import AddAction
-
-        actions = [AddAction(f.path, f.size, {}, f.modification_time, True, f.stats) for f in files]
-        self._stamped_commit(actions, tables.split_version(version)[0], lambda have: None if have >= version else version)
+        self._stamped_commit(add_actions(files), tables.split_version(version)[0], lambda have: None if have >= version else version)
 
     def _stamped_commit(self, actions: list, epoch: int, decide) -> None:
         tables.stamped_commit(self.target, self.app_id, actions, decide, epoch=epoch, attempts=_COMMIT_ATTEMPTS,

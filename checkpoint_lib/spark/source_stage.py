@@ -358,9 +358,7 @@ class SourceStage:
         whatever the step boundaries are now). One Spark job writes the files into the table's
         folder (unreferenced, so unseen), one delta-rs commit adds them, on the very snapshot whose
         stamp filtered them: a writer racing us (a zombie) makes us filter again."""
-        from deltalake.transaction import AddAction
-
-        from ..delta.pending import describe_written
+        from ..delta.pending import add_actions, describe_written
 
         app = f"{app_prefix(self.ctx.pipeline.name)}/dlq"
         cols = list(self.ctx.pipeline.source_spec.schema)
@@ -380,8 +378,7 @@ class SourceStage:
             if not files:  # nothing bad since the stamp: nothing to stamp either
                 shutil.rmtree(folder, ignore_errors=True)
                 return
-            actions = [AddAction(f.path, f.size, {}, f.modification_time, True, f.stats) for f in files]
-            if tables.stamped_commit(self.t.dlq_path, app, actions, lambda have: end_version if have == stamp else None,
+            if tables.stamped_commit(self.t.dlq_path, app, add_actions(files), lambda have: end_version if have == stamp else None,
                                      what="the dead-letter table") is not None:
                 return
             shutil.rmtree(folder, ignore_errors=True)  # filtered on a stamp that moved: filter again
