@@ -26,6 +26,7 @@ from checkpoint_lib.pipelines import payments, transfers
 from checkpoint_lib.spark import inspect
 from checkpoint_lib.spark.completion import TRUNCATE_EVERY
 from checkpoint_lib.spark.runner import PipelineRunner
+from channel_writes import channel_writes
 from checkpoint_lib.verify import (
     check_payments,
     check_transfers,
@@ -95,8 +96,7 @@ def test_payments_stays_exact_over_many_checkpoints_in_one_process(spark, tmp_pa
         get("payments"), str(tmp_path), spark, mode=mode, lagging_sources=lagging, rows_per_checkpoint=ROWS,
         config=config(),
     )
-    logged, write = [], runner.channel.write
-    runner.channel.write = lambda *a, **kw: logged.append(a) or write(*a, **kw)
+    logged = channel_writes(runner)
     summary = runner.run()
     # fused, every step goes from the landing read to the operator and nothing is logged
     assert runner.chained == (not lagging) and (logged == []) == (not lagging)

@@ -14,6 +14,7 @@ from checkpoint_lib.pipelines import get
 from checkpoint_lib.pipelines.payments import generate
 from checkpoint_lib.spark.runner import PipelineRunner, SchemaMismatchError
 from checkpoint_lib.verify import check_payments, read_delta
+from channel_writes import channel_writes
 
 pytestmark = pytest.mark.spark
 ROWS = 600
@@ -22,13 +23,6 @@ ROWS = 600
 def runner(spark, w, **kw) -> PipelineRunner:
     kw.setdefault("rows_per_checkpoint", ROWS)
     return PipelineRunner(get("payments"), str(w), spark, **kw)
-
-
-def channel_writes(r: PipelineRunner) -> list:
-    """Every write ``r`` makes to its channel log, from now on."""
-    calls, write = [], r.channel.write
-    r.channel.write = lambda *a, **kw: calls.append(a) or write(*a, **kw)
-    return calls
 
 
 def test_exactly_once_across_runs_and_appends(spark, tmp_path):
