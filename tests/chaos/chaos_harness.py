@@ -2,12 +2,13 @@
 
 A :class:`Scenario` is drawn from a seed: a pipeline (``payments`` or ``transfers``), a barrier
 mode (every mode the pipeline supports; a lagging source subtask in the non-aligned modes, so
-records are in flight and unaligned checkpoints carry channel state), a first kill and, one time
-in three, a second kill during the recovery that follows. A kill is either precise - a phase and
-hit count (``CKPT_KILL_AT``, checkpoint_lib.killpoints.KILL_PHASES: processing, snapshot and
-channel-state writing, pre-commit, commit, between two sinks' commits, checkpoint metadata writes,
-recovery and restore) - or a SIGKILL from outside after a random number of seconds, attributed to
-the phase it interrupted through the runner's phase trace (``CKPT_PHASE_TRACE``).
+records are in flight and unaligned checkpoints carry channel state), a first kill and then up to
+three more, each during the recovery the one before it left to do (a chain: recovery killed,
+recovered again, killed again). A kill is either precise - a phase and hit count
+(``CKPT_KILL_AT``, checkpoint_lib.killpoints.KILL_PHASES: processing, snapshot and channel-state
+writing, pre-commit, commit, between two sinks' commits, checkpoint metadata writes, recovery and
+restore) - or a SIGKILL from outside after a random number of seconds, attributed to the phase it
+interrupted through the runner's phase trace (``CKPT_PHASE_TRACE``).
 
 After the kills the same command runs once more, undisturbed: it must recover by itself, and the
 outputs must equal the independent pandas computation (checkpoint_lib.verify): exactly once, or
@@ -46,8 +47,8 @@ FIRST_KILLS = {
     "snapshot": 8, "channel_state": 1, "ack": 8, "complete": 3, "commit": 3, "sink_commit": 4,
     "feedback_write": 3,
 }
-# During the recovery that follows a first kill (the recovery's own phases, then its first steps).
-SECOND_KILLS = {"recover": 1, "restore": 2, "flush_merge": 1, "snapshot": 2, "commit": 1, "sink_commit": 1}
+# During a recovery that follows a kill (the recovery's own phases, then its first steps).
+RECOVERY_KILLS = {"recover": 1, "restore": 2, "flush_merge": 1, "snapshot": 2, "commit": 1, "sink_commit": 1}
 EXTERNAL = "external"  # a SIGKILL from outside at a random instant
 
 
@@ -68,7 +69,11 @@ class Scenario:
     mode: str
     lagging: int
     first: Kill
-    second: Kill | None = None
+    then: tuple[Kill, ...] = ()  # the kills during the recoveries that follow, in order
+
+    @property
+    def chain(self) -> tuple[Kill, ...]:
+        return (self.first, *self.then)
 
     @property
     def chained(self) -> bool:
@@ -79,8 +84,7 @@ class Scenario:
 
     @property
     def label(self) -> str:
-        second = f" then {self.second}" if self.second else ""
-        return f"#{self.seed} {self.pipeline}/{self.mode}: {self.first}{second}"
+        return f"#{self.seed} {self.pipeline}/{self.mode}: {' then '.join(map(str, self.chain))}"
 
 
 @dataclass
@@ -88,9 +92,9 @@ class Outcome:
     seed: int
     pipeline: str
     mode: str
-    first: str
-    second: str | None
+    chain: list[str]  # the kills planned, in order (the first, then each during a recovery)
     kills: list[str] = field(default_factory=list)  # the phases actually interrupted, in order
+    nth: list[int] = field(default_factory=list)  # for each of kills: its place in the chain (0: the first)
     not_reached: list[str] = field(default_factory=list)  # kills the run finished before
     survived: bool = False  # the undisturbed run recovered and the outputs were right
     mismatch: str | None = None  # what the verifier found wrong, or why recovery failed
@@ -112,14 +116,14 @@ def scenario(seed: int) -> Scenario:
     else:
         phase = phases[seed % len(phases)] if seed < 2 * len(phases) else rng.choice(phases)
         first = Kill(phase, rng.randint(1, FIRST_KILLS[phase]))
-    second = None
-    if rng.random() < 1 / 3:
+    then = []
+    for _ in range(rng.choice((0, 1, 2, 3))):
         if rng.random() < 0.2:
-            second = Kill(EXTERNAL, after_s=round(rng.uniform(15, 45), 1))
+            then.append(Kill(EXTERNAL, after_s=round(rng.uniform(15, 45), 1)))
         else:
-            phase = rng.choice(list(SECOND_KILLS))
-            second = Kill(phase, rng.randint(1, SECOND_KILLS[phase]))
-    return Scenario(seed, pipeline, mode, lagging, first, second)
+            phase = rng.choice(list(RECOVERY_KILLS))
+            then.append(Kill(phase, rng.randint(1, RECOVERY_KILLS[phase])))
+    return Scenario(seed, pipeline, mode, lagging, first, tuple(then))
 
 
 def landing(spark, warehouse: str, s: Scenario) -> None:
@@ -175,20 +179,19 @@ def _run(warehouse: str, s: Scenario, kill: Kill | None, trace: Path) -> tuple[i
 
 
 def run_scenario(spark, warehouse: str | Path, s: Scenario) -> Outcome:
-    """Land the input, kill, kill again during recovery (maybe), recover undisturbed, verify."""
+    """Land the input, kill, kill each recovery the chain names, recover undisturbed, verify."""
     from checkpoint_lib.verify import check_payments, check_transfers
 
     warehouse = str(warehouse)
     started = time.monotonic()
-    out = Outcome(s.seed, s.pipeline, s.mode, str(s.first), str(s.second) if s.second else None, commit=git_commit())
+    out = Outcome(s.seed, s.pipeline, s.mode, [str(k) for k in s.chain], commit=git_commit())
     landing(spark, warehouse, s)
     trace = Path(warehouse) / "phase-trace.txt"
-    for kill in (s.first, s.second):
-        if kill is None:
-            continue
+    for nth, kill in enumerate(s.chain):
         code, tail, hit = _run(warehouse, s, kill, trace)
         if code == -signal.SIGKILL:
             out.kills.append(hit)
+            out.nth.append(nth)
         elif code == 0:
             out.not_reached.append(str(kill))
         else:
@@ -237,7 +240,7 @@ def load(path: str | Path) -> list[Outcome]:
 class Tally:
     runs: int = 0
     kills: int = 0
-    second_kills: int = 0
+    recovery_kills: int = 0  # kills of a recovery (not the first of a chain)
     not_reached: int = 0
     survived: int = 0
     mismatches: int = 0
@@ -252,16 +255,16 @@ def tally(outcomes: list[Outcome]) -> Tally:
     for o in outcomes:
         t.runs += 1
         t.kills += len(o.kills)
-        t.second_kills += max(0, len(o.kills) - 1) if o.second else 0
+        t.recovery_kills += sum(1 for n in o.nth if n)
         t.not_reached += len(o.not_reached)
         t.survived += o.survived
         t.mismatches += not o.survived
         t.repeats += o.repeats
         t.seconds += o.seconds
-        for i, phase in enumerate(o.kills):
+        for nth, phase in zip(o.nth, o.kills):
             row = t.by_phase[phase]
-            row["second" if i and o.second else "first"] += 1
-            row["external" if (o.second if i else o.first).startswith("external") else "precise"] += 1
+            row["recovery" if nth else "first"] += 1
+            row["external" if o.chain[nth].startswith("external") else "precise"] += 1
             row["survived" if o.survived else "mismatch"] += 1
         c = t.by_config[f"{o.pipeline} / {o.mode}"]
         c["runs"] += 1
@@ -280,7 +283,7 @@ def render(outcomes: list[Outcome]) -> str:
         "",
         "| runs | kills | of which during recovery | kills not reached | survived | mismatches | at-least-once repeats | time |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
-        f"| {t.runs} | {t.kills} | {t.second_kills} | {t.not_reached} | {t.survived} | **{t.mismatches}** | "
+        f"| {t.runs} | {t.kills} | {t.recovery_kills} | {t.not_reached} | {t.survived} | **{t.mismatches}** | "
         f"{t.repeats} | {t.seconds / 60:.0f} min |",
         "",
         "Kills by the phase they interrupted (`external`: a SIGKILL from outside at a random instant, "
@@ -289,9 +292,9 @@ def render(outcomes: list[Outcome]) -> str:
         "| phase | kills | first / during recovery | precise / external | survived | mismatches |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    for phase in sorted(t.by_phase, key=lambda p: (-sum(t.by_phase[p][k] for k in ("first", "second")), p)):
+    for phase in sorted(t.by_phase, key=lambda p: (-sum(t.by_phase[p][k] for k in ("first", "recovery")), p)):
         r = t.by_phase[phase]
-        lines.append(f"| {phase} | {r['first'] + r['second']} | {r['first']} / {r['second']} | "
+        lines.append(f"| {phase} | {r['first'] + r['recovery']} | {r['first']} / {r['recovery']} | "
                      f"{r['precise']} / {r['external']} | {r['survived']} | {r['mismatch']} |")
     lines += ["", "By pipeline and mode:", "", "| pipeline / mode | runs | kills | survived | mismatches | repeats |",
               "|---|---:|---:|---:|---:|---:|"]
@@ -301,6 +304,6 @@ def render(outcomes: list[Outcome]) -> str:
     failed = [o for o in outcomes if not o.survived]
     if failed:
         lines += ["", "Mismatches:", ""]
-        lines += [f"- seed {o.seed} ({o.pipeline}/{o.mode}, {o.first}"
-                  f"{' then ' + o.second if o.second else ''}): {str(o.mismatch).splitlines()[0]}" for o in failed]
+        lines += [f"- seed {o.seed} ({o.pipeline}/{o.mode}, {' then '.join(o.chain)}): "
+                  f"{str(o.mismatch).splitlines()[0]}" for o in failed]
     return "\n".join(lines)

@@ -1,7 +1,7 @@
 """One command for the reliability figures: ``make chaos`` (``CHAOS_ARGS="--runs 40"``).
 
 1. Runs ``--runs`` seeded chaos scenarios (tests/chaos/chaos_harness.py): each lands input, kills
-   real ``ckpt run`` processes with SIGKILL (and again during the recovery, one time in three),
+   real ``ckpt run`` processes with SIGKILL (and each recovery again, up to three times in a chain),
    recovers undisturbed, and verifies the outputs against the independent computation.
    Outcomes go to ``--results`` (JSON lines) as they finish; run again, the command skips the
    seeds already there, so an interrupted run continues where it stopped.

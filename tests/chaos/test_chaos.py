@@ -25,7 +25,7 @@ def test_killed_between_two_sinks_commits_then_again_inside_the_restore(spark, t
     checkpoint 2 and before the balances did, then while the recovery re-commits checkpoint 2's
     transactions (after the first sink's). The third run recovers: exactly once."""
     s = Scenario(seed=0, pipeline="payments", mode="unaligned", lagging=1,
-                 first=Kill("sink_commit", 3), second=Kill("restore", 2))
+                 first=Kill("sink_commit", 3), then=(Kill("restore", 2),))
     outcome = run_scenario(spark, tmp_path, s)
     assert outcome.survived, outcome.mismatch
     assert outcome.kills == ["sink_commit", "restore"] and not outcome.not_reached, outcome

@@ -1,0 +1,25 @@
+"""The chaos report's arithmetic (no Spark): which kill of a chain each interrupted phase counts as."""
+
+from __future__ import annotations
+
+from chaos_harness import Outcome, load, record, render, scenario, tally
+
+
+def test_a_kill_not_reached_does_not_shift_the_later_kills_place_in_the_chain(tmp_path):
+    # the first kill was not reached (the run finished), the two recovery kills were
+    o = Outcome(3, "payments", "aligned", ["snapshot:8", "restore:2", "external@20s"],
+                kills=["restore", "flush_merge"], nth=[1, 2], not_reached=["snapshot:8"], survived=True)
+    record(tmp_path / "r.jsonl", o)
+    (back,) = load(tmp_path / "r.jsonl")
+    t = tally([back])
+    assert (t.kills, t.recovery_kills, t.not_reached, t.mismatches) == (2, 2, 1, 0)
+    assert t.by_phase["restore"]["recovery"] == 1 and t.by_phase["restore"]["precise"] == 1
+    assert t.by_phase["flush_merge"]["external"] == 1 and not t.by_phase["flush_merge"]["first"]
+    assert "| 1 | 2 | 2 | 1 | 1 | **0** |" in render([back])
+
+
+def test_scenarios_are_deterministic_and_chain_up_to_three_recovery_kills():
+    drawn = [scenario(seed) for seed in range(200)]
+    assert drawn == [scenario(seed) for seed in range(200)]
+    assert {len(s.then) for s in drawn} == {0, 1, 2, 3}
+    assert all(s.chain[0] == s.first for s in drawn)
