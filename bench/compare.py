@@ -19,7 +19,8 @@ Contenders (bench/floor.py, bench/expert_peer.py, bench/peer.py, bench/ours.py):
   checkpoint every ``--rows-per-checkpoint`` events.
 
 Sections (tables), each written between its ``<!-- bench:NAME -->`` markers:
-- ``throughput`` and ``overhead``: every contender at each of ``--sizes``;
+- ``throughput-K`` and ``overhead-K``: every contender at each of ``--sizes``, a checkpoint every K
+  (``--rows-per-checkpoint``) events: one pair of tables per interval;
 - ``skew``: aligned vs unaligned with one lagging source subtask (``--skew-size``, 0 skips it);
 - ``recovery`` (bench/recovery.py): a real ``ckpt run`` killed with SIGKILL at 10%, 50% and 90% of
   a checkpoint interval, then the recovery timed as restore + replay (``--recovery-interval``,
@@ -269,13 +270,16 @@ def machine(spark: Any) -> str:
 
 
 def write_section(doc: Path, name: str, body: str) -> None:
-    """Replace the text between ``<!-- bench:name -->`` and ``<!-- /bench:name -->`` in ``doc``."""
+    """Replace the text between ``<!-- bench:name -->`` and ``<!-- /bench:name -->`` in ``doc``; a
+    section the page does not have yet (the tables of a new interval) is added at its end."""
     text = doc.read_text()
     start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
-    if not pattern.search(text):
-        raise ValueError(f"{doc} has no {start} ... {end} section")
-    doc.write_text(pattern.sub(lambda _m: f"{start}\n{body}\n{end}", text))
+    if pattern.search(text):
+        doc.write_text(pattern.sub(lambda _m: f"{start}\n{body}\n{end}", text))
+    else:
+        print(f"{doc} had no {start} section: added at its end", flush=True)
+        doc.write_text(f"{text.rstrip()}\n\n{start}\n{body}\n{end}\n")
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[int], int]:
@@ -382,12 +386,12 @@ def main(argv: list[str] | None = None) -> int:
 def throughput_sections(results: list[dict], args: argparse.Namespace) -> dict[str, str]:
     """The ``throughput`` and ``overhead`` tables of ``results`` (rows with ratios), with where
     each row was measured."""
-    stamp = (f"A checkpoint every {args.rows_per_checkpoint:,} events, {args.accounts:,} accounts. "
-             f"{provenance(results)}")
-    sections = {"throughput": f"{stamp}\n\n{render_throughput(results)}"}
+    k = args.rows_per_checkpoint
+    stamp = f"A checkpoint every {k:,} events, {args.accounts:,} accounts. {provenance(results)}"
+    sections = {f"throughput-{k}": f"{stamp}\n\n{render_throughput(results)}"}
     overhead = render_overhead(results)
     if overhead.count("\n") > 1:  # a size with checkpointing off and another mode
-        sections["overhead"] = f"{stamp}\n\n{overhead}"
+        sections[f"overhead-{k}"] = f"{stamp}\n\n{overhead}"
     return sections
 
 

@@ -6,6 +6,11 @@ Generates the landing table (as ``make bench`` does), runs the floor once to war
 runs ours with the roles' methods wrapped in timers (wall time, inclusive: a method's figure holds
 the methods it calls), checks the outputs against the floor's, and prints one row per method:
 calls, seconds, and seconds per call. Nothing is changed in the code that runs.
+
+Then (``--idle-checkpoints``, default 3) the same pipeline is opened again on the caught-up
+warehouse and takes checkpoints with no new data, each a step that finds nothing plus a checkpoint
+(barrier, snapshot, acknowledgements, completion, the sinks' empty commits): their times, and the
+methods' figures of those checkpoints alone.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import argparse
 import functools
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -68,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--accounts", type=int, default=2_000)
     ap.add_argument("--mode", default="aligned", help="a barrier mode, or off (no periodic checkpoint)")
     ap.add_argument("--work", default=None, help="working folder (default: a temporary one, deleted)")
+    ap.add_argument("--idle-checkpoints", type=int, default=3, help="checkpoints with no new data, timed after the run")
     args = ap.parse_args(argv)
 
     from bench.floor import run_floor
@@ -85,16 +92,53 @@ def main(argv: list[str] | None = None) -> int:
         copy_landing(str(work), w)
         ours = run_ours(spark, w, mode=args.mode, rows_per_checkpoint=args.rows_per_checkpoint)
         check(spark, f"{work}/floor", w, "ours")
+        during_run = {key: list(v) for key, v in figures.items()}
+        idle = idle_checkpoints(spark, w, args.idle_checkpoints, args.rows_per_checkpoint)
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
     print(f"{args.events:,} events, a step of {args.rows_per_checkpoint:,} rows, {args.mode}: ours "
           f"{ours['seconds']:.1f} s ({ours['steps']} steps, {ours['checkpoints']} checkpoints), "
           f"floor {floor['seconds']:.1f} s; outputs checked")
+    print_figures(during_run)
+    if idle:
+        print(f"\n{len(idle)} checkpoints with no new data: {', '.join(f'{t:.2f}' for t in idle)} s "
+              f"(median {statistics.median(idle):.2f} s); what they called:")
+        print_figures({key: [calls - during_run.get(key, [0, 0.0])[0], seconds - during_run.get(key, [0, 0.0])[1]]
+                       for key, (calls, seconds) in figures.items()})
+    return 0
+
+
+def print_figures(figures: dict[str, list]) -> None:
     print("| method | calls | s | s per call |\n|---|---:|---:|---:|")
     for key, (calls, seconds) in sorted(figures.items(), key=lambda kv: -kv[1][1]):
-        print(f"| `{key}` | {calls} | {seconds:.2f} | {seconds / calls:.2f} |")
-    return 0
+        if calls:
+            print(f"| `{key}` | {calls} | {seconds:.2f} | {seconds / calls:.2f} |")
+
+
+def idle_checkpoints(spark: Any, warehouse: str, n: int, rows_per_checkpoint: int) -> list[float]:
+    """Open payments again on a caught-up ``warehouse`` and time ``n`` checkpoints with no new data
+    (each: a source step that finds nothing, then a checkpoint taken to completion)."""
+    from checkpoint_lib.core.decider import CheckpointConfig
+    from checkpoint_lib.pipelines import get
+    from checkpoint_lib.spark.runner import PipelineRunner
+
+    if n <= 0:
+        return []
+    runner = PipelineRunner(get("payments"), warehouse, spark, mode="aligned", rows_per_checkpoint=rows_per_checkpoint,
+                            config=CheckpointConfig(interval=0.0, max_concurrent=1, timeout=3600, retained=5))
+    runner.open()
+    times = []
+    try:
+        for _ in range(n):
+            started = time.monotonic()
+            if runner.source_step():
+                raise AssertionError("the landing table had new data: not an idle checkpoint")
+            runner.final_checkpoint()
+            times.append(time.monotonic() - started)
+    finally:
+        runner.close()
+    return times
 
 
 if __name__ == "__main__":

@@ -37,6 +37,10 @@ def test_every_section_has_its_markers_in_the_docs_and_a_table(tmp_path):
     assert "| 5,000,000 | 2 x 1 | 700.0 | 650.0 | 7,692 |  | yes |" in text
     write_section(doc, "recovery", tables["recovery"])  # written again: replaced, not added
     assert doc.read_text() == text
+    write_section(doc, "throughput-250000", "| a new interval |")  # no markers yet: added at the end
+    write_section(doc, "throughput-250000", "| measured again |")
+    assert doc.read_text() == f"{text.rstrip()}\n\n<!-- bench:throughput-250000 -->\n| measured again |\n" \
+        "<!-- /bench:throughput-250000 -->\n"
 
 
 def test_sections_refuse_sizes_they_cannot_measure():
@@ -142,9 +146,10 @@ def test_tables_combine_runs_and_compare_each_size_with_its_own_floor(tmp_path):
     assert "| ours, aligned | 5,000,000 | 600.0 | 8,333 | 20.00 | 51 | 9000 |" in text and "aaa1111 |" in text
     args, _, _ = parse_args([])
     sections = throughput_sections(rows, args)
-    assert "`bench --sizes 5000000` at aaa1111" in sections["throughput"]
-    assert "`bench --sizes 1000000` at bbb2222" in sections["throughput"]
-    assert "| 5,000,000 | aligned | 51 | 600.0 | 500.0 | 1.20 | 11.0 | 12.5 |" in sections["overhead"]
+    assert set(sections) == {"throughput-100000", "overhead-100000"}  # one pair of tables per interval
+    assert "`bench --sizes 5000000` at aaa1111" in sections["throughput-100000"]
+    assert "`bench --sizes 1000000` at bbb2222" in sections["throughput-100000"]
+    assert "| 5,000,000 | aligned | 51 | 600.0 | 500.0 | 1.20 | 11.0 | 12.5 |" in sections["overhead-100000"]
     with pytest.raises(ValueError, match="no floor row"):
         with_ratios([_row(20_000_000, "ours, aligned", 3000.0)])
 
