@@ -3,7 +3,7 @@
 # as root: the code and the venv stay root's and read-only to it; it owns only what it writes.
 FROM python:3.11-slim-bookworm
 RUN apt-get update \
- && apt-get install -y --no-install-recommends openjdk-17-jre-headless maven make procps chromium \
+ && apt-get install -y --no-install-recommends openjdk-17-jre-headless make procps chromium \
  && rm -rf /var/lib/apt/lists/*
 RUN groupadd --gid 50000 ckpt \
  && useradd --uid 50000 --gid 50000 --home-dir /home/ckpt --create-home --shell /usr/sbin/nologin ckpt

@@ -1,5 +1,5 @@
 # Developer entry points. `make test` on a fresh checkout creates .venv, installs the project
-# with pinned versions, downloads the Delta Lake jars once (Maven), then runs pytest.
+# with pinned versions, downloads the Delta Lake jars once (HTTPS, checksums pinned), then runs pytest.
 
 PYTHON      ?= python3.11
 VENV        := .venv

@@ -4,7 +4,9 @@
 resolve ``io.delta:delta-spark_<spark>_<scala>:<version>`` from the network at every session
 start. We instead download the jars once (``make setup``, or ``ckpt setup``) into
 :func:`jar_dir` and hand them to Spark through ``spark.jars`` (see
-:mod:`checkpoint_lib.spark.session`).
+:mod:`checkpoint_lib.spark.session`). The download is plain HTTPS from Maven Central (or the
+mirror ``$CKPT_MAVEN_REPO`` names), each jar checked against its pinned SHA-256 before it is
+put in place: no Maven, no resolver, the same bytes on every machine.
 
 Which jars
 ----------
@@ -25,12 +27,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
+import http.client
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import zipfile
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +43,7 @@ __all__ = [
     "ARTIFACTS",
     "DELTA_JAR_VERSION",
     "JAR_DIR_ENV",
+    "MAVEN_REPO_ENV",
     "SPARK_MINOR_VERSION",
     "Artifact",
     "JarFetchError",
@@ -47,6 +52,7 @@ __all__ = [
     "fetch_jars",
     "jar_dir",
     "jar_paths",
+    "maven_repo",
     "missing_jars",
     "required_jars",
     "setup_main",
@@ -61,8 +67,11 @@ SPARK_MINOR_VERSION = "4.2"
 DELTA_JAR_VERSION = "4.4.0"
 """Version of the io.delta jars (see the module docstring for why not 4.4.1)."""
 
-# Pinned so the download does not depend on the default plugin version of the local Maven.
-_MVN_COPY_GOAL = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy"
+MAVEN_REPO_ENV = "CKPT_MAVEN_REPO"
+"""Environment variable naming a Maven repository (a mirror, a proxy) to download from."""
+
+DEFAULT_MAVEN_REPO = "https://repo1.maven.org/maven2"
+
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 _TMP_PREFIX = ".fetch-"
 _LOCK_NAME = ".fetch.lock"
@@ -70,15 +79,17 @@ _LOCK_NAME = ".fetch.lock"
 
 @dataclass(frozen=True)
 class Artifact:
-    """A Maven artifact packaged as a plain ``.jar`` (no classifier)."""
+    """A Maven artifact packaged as a plain ``.jar`` (no classifier), with the SHA-256 of the
+    bytes Maven Central serves (checked against Central's own ``.sha1`` when pinned)."""
 
     group: str
     name: str
     version: str
+    sha256: str
 
     @property
     def coordinate(self) -> str:
-        """``group:name:version``, as Maven's ``-Dartifact`` expects."""
+        """``group:name:version``."""
         return f"{self.group}:{self.name}:{self.version}"
 
     @property
@@ -86,16 +97,29 @@ class Artifact:
         """The file name Maven gives the jar: ``name-version.jar``."""
         return f"{self.name}-{self.version}.jar"
 
+    @property
+    def repo_path(self) -> str:
+        """Where a Maven repository keeps the jar, relative to its root."""
+        return f"{self.group.replace('.', '/')}/{self.name}/{self.version}/{self.file_name}"
+
 
 ARTIFACTS: tuple[Artifact, ...] = (
-    Artifact("io.delta", f"delta-spark_{SPARK_MINOR_VERSION}_2.13", DELTA_JAR_VERSION),
-    Artifact("io.delta", "delta-storage", DELTA_JAR_VERSION),
-    Artifact("io.delta", "delta-kernel-api", DELTA_JAR_VERSION),
-    Artifact("io.delta", "delta-kernel-defaults", DELTA_JAR_VERSION),
-    Artifact("io.delta", "delta-kernel-unitycatalog", DELTA_JAR_VERSION),
-    Artifact("io.unitycatalog", "unitycatalog-client", "0.6.0"),
-    Artifact("io.unitycatalog", "unitycatalog-hadoop", "0.6.0"),
-    Artifact("com.fasterxml.jackson.datatype", "jackson-datatype-jdk8", "2.21.2"),
+    Artifact("io.delta", f"delta-spark_{SPARK_MINOR_VERSION}_2.13", DELTA_JAR_VERSION,
+             "27d4fd8b1f879535c573ed1c718177d6a27f24d3e626ba02e216369725721ead"),
+    Artifact("io.delta", "delta-storage", DELTA_JAR_VERSION,
+             "c46735481fa8e326b0957be02b4420cbcab4b325bb08009b7f2045a95133f1cc"),
+    Artifact("io.delta", "delta-kernel-api", DELTA_JAR_VERSION,
+             "ee9b5a14ac3b7efdff4d61a58478fe8eb0e5a3fbca43889dca7290795fe79a11"),
+    Artifact("io.delta", "delta-kernel-defaults", DELTA_JAR_VERSION,
+             "225c975199e4718b38ee5b7e6da7f19e9585024262b2cec2656b32151a856b0b"),
+    Artifact("io.delta", "delta-kernel-unitycatalog", DELTA_JAR_VERSION,
+             "cea22dfb4ac562b3cd27bf652697750e8336009d73fb06631363aaaad5345ffa"),
+    Artifact("io.unitycatalog", "unitycatalog-client", "0.6.0",
+             "48257499a86b801a3e2372cec55ac226ca1c1c7eabe5c118e7302f29a1fdbc19"),
+    Artifact("io.unitycatalog", "unitycatalog-hadoop", "0.6.0",
+             "c47b63c961c87102b9e1d63809a0915ba4c86b7652f57c8d39ca3a05b441a150"),
+    Artifact("com.fasterxml.jackson.datatype", "jackson-datatype-jdk8", "2.21.2",
+             "e581bbf3fc5622d16b57366dd41e10fc56921fb202879de2ef487f87dd9b30e7"),
 )
 """Every jar Delta Lake needs on top of pyspark 4.2.0's own jars."""
 
@@ -110,12 +134,12 @@ class MissingJarsError(RuntimeError):
         super().__init__(
             f"Delta Lake jars are missing from {directory}:\n{listing}\n"
             "Fix: run `make setup` in the checkout (or `ckpt setup`); it downloads them once "
-            f"with Maven. Set {JAR_DIR_ENV} to keep the jars in another folder."
+            f"over HTTPS. Set {JAR_DIR_ENV} to keep the jars in another folder."
         )
 
 
 class JarFetchError(RuntimeError):
-    """Raised when Maven cannot download a jar."""
+    """Raised when a jar cannot be downloaded, or its bytes are not the pinned ones."""
 
 
 def jar_dir() -> Path:
@@ -128,6 +152,11 @@ def jar_dir() -> Path:
     if override:
         return Path(override).expanduser().resolve()
     return _REPO_ROOT / ".cache" / "jars"
+
+
+def maven_repo() -> str:
+    """The Maven repository the jars come from: ``$CKPT_MAVEN_REPO``, else Maven Central."""
+    return (os.environ.get(MAVEN_REPO_ENV) or DEFAULT_MAVEN_REPO).rstrip("/")
 
 
 def required_jars() -> list[str]:
@@ -163,36 +192,28 @@ def fetch_jars(
     *,
     progress: Callable[[str], None] | None = None,
 ) -> list[Path]:
-    """Download the missing jars into ``directory`` with Maven; return the ones downloaded.
+    """Download the missing jars into ``directory``; return the ones downloaded.
 
-    Idempotent: jars already present are skipped, and when none is missing Maven is not even
-    looked for. Each jar is downloaded into a private temporary folder inside ``directory``
-    and then renamed into place, so an interrupted run (even ``kill -9``) never leaves a
-    partial jar under its final name. A lock file serialises concurrent runs; Maven inherits
-    the lock, so a Maven orphaned by a killed run still holds it until it exits. That makes
-    it safe to delete the temporary folders of killed runs, which every run does first.
+    Idempotent: jars already present are skipped. Each jar is downloaded into a private
+    temporary folder inside ``directory``, checked against its pinned SHA-256, then renamed into
+    place, so an interrupted run (even ``kill -9``) never leaves a partial or foreign jar under
+    its final name. A lock file serialises concurrent runs, and every run first deletes the
+    temporary folders of killed ones.
 
-    Raises :class:`JarFetchError` if Maven is not installed or a download fails.
+    Raises :class:`JarFetchError` if a download fails or its checksum differs.
     """
     directory = directory or jar_dir()
     directory.mkdir(parents=True, exist_ok=True)
     fetched: list[Path] = []
-    with _fetch_lock(directory) as lock_fd:
+    with _fetch_lock(directory):
         _remove_stale_temp_dirs(directory)
-        todo = [a for a in ARTIFACTS if not (directory / a.file_name).is_file()]
-        if not todo:
-            return fetched
-        mvn = shutil.which("mvn")
-        if mvn is None:
-            raise JarFetchError(
-                "Maven (`mvn`) is needed to download the Delta Lake jars but is not on PATH; "
-                "install it (Debian: `apt-get install maven`) and run `make setup` again."
-            )
-        for artifact in todo:
+        for artifact in ARTIFACTS:
+            target = directory / artifact.file_name
+            if target.is_file():
+                continue
             if progress:
                 progress(f"downloading {artifact.coordinate}")
-            target = directory / artifact.file_name
-            _download(mvn, artifact, target, lock_fd)
+            _download(artifact, target)
             fetched.append(target)
     return fetched
 
@@ -225,14 +246,12 @@ def _indent_print(message: str) -> None:
 
 
 @contextlib.contextmanager
-def _fetch_lock(directory: Path) -> Iterator[int]:
-    """Hold an exclusive ``flock`` on ``directory/.fetch.lock``; yield its file descriptor.
-
-    The lock lasts until every process holding the descriptor has closed it or died.
-    """
+def _fetch_lock(directory: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``directory/.fetch.lock`` (released when this process
+    closes it or dies)."""
     with open(directory / _LOCK_NAME, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
-        yield handle.fileno()
+        yield
 
 
 def _remove_stale_temp_dirs(directory: Path) -> None:
@@ -241,39 +260,35 @@ def _remove_stale_temp_dirs(directory: Path) -> None:
         shutil.rmtree(leftover, ignore_errors=True)
 
 
-def _download(mvn: str, artifact: Artifact, target: Path, lock_fd: int) -> None:
-    """Download one artifact with Maven and atomically rename it to ``target``.
-
-    ``lock_fd`` (the fetch lock) is passed on to Maven so the lock outlives this process if it
-    is killed while Maven still writes into the temporary folder.
-    """
+def _download(artifact: Artifact, target: Path) -> None:
+    """Download one artifact, check its SHA-256, fsync it and atomically rename it to ``target``."""
+    url = f"{maven_repo()}/{artifact.repo_path}"
     tmp = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=target.parent))
     try:
-        command = [
-            mvn,
-            "-q",
-            "-B",
-            "--strict-checksums",
-            _MVN_COPY_GOAL,
-            f"-Dartifact={artifact.coordinate}",
-            f"-DoutputDirectory={tmp}",
-        ]
-        # Run inside the empty temporary folder so no pom.xml in the caller's cwd is used.
-        result = subprocess.run(
-            command, cwd=tmp, capture_output=True, text=True, check=False, pass_fds=(lock_fd,)
-        )
-        downloaded = tmp / artifact.file_name
-        if result.returncode != 0 or not downloaded.is_file():
-            output = (result.stdout + result.stderr).strip()
-            tail = "\n".join(output.splitlines()[-15:])
+        part = tmp / artifact.file_name
+        digest, size = hashlib.sha256(), 0
+        try:
+            with urllib.request.urlopen(url, timeout=60) as response, open(part, "wb") as out:
+                while chunk := response.read(1 << 20):
+                    digest.update(chunk)
+                    size += out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+                announced = response.headers.get("Content-Length")
+                if announced is not None and size != int(announced):  # a read never says it was cut short
+                    raise http.client.IncompleteRead(b"", int(announced) - size)
+        except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
             raise JarFetchError(
-                f"Maven could not download {artifact.coordinate} "
-                f"(exit code {result.returncode}):\n{tail}"
+                f"could not download {url}: {exc}\nFix: check the network (an HTTPS proxy is read from "
+                f"HTTPS_PROXY), or set {MAVEN_REPO_ENV} to a Maven mirror you can reach, or copy "
+                f"{artifact.file_name} into {target.parent} by hand; then run `make setup` again."
+            ) from exc
+        if digest.hexdigest() != artifact.sha256:
+            raise JarFetchError(
+                f"{url} is not the pinned {artifact.file_name} (SHA-256 {digest.hexdigest()}, expected "
+                f"{artifact.sha256}): refused, nothing installed. A mirror serving other bytes, or a "
+                "proxy rewriting them, is the usual cause."
             )
-        if not zipfile.is_zipfile(downloaded):
-            raise JarFetchError(f"Maven returned a corrupt jar for {artifact.coordinate}")
-        with open(downloaded, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(downloaded, target)
+        os.replace(part, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -1,12 +1,18 @@
 """Tests of the Delta jar cache and the shared SparkSession.
 
-Only the tests marked ``spark`` start a JVM; the jar tests use fake Maven runs.
+Only the tests marked ``spark`` start a JVM. The jar tests download over real HTTP: from a Maven
+repository layout served on 127.0.0.1 (good, tampered, truncated and missing jars), and one small
+pinned jar from Maven Central itself.
 """
 
 from __future__ import annotations
 
-import subprocess
+import hashlib
+import http.server
+import socket
+import threading
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,29 +29,57 @@ def empty_jar_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return directory
 
 
-def _option(command: list[str], name: str) -> str:
-    """The value of ``-Dname=value`` in a Maven command line."""
-    return next(a for a in command if a.startswith(f"-D{name}=")).split("=", 1)[1]
+class Repo:
+    """A Maven repository on 127.0.0.1: each test artifact a tiny real jar at its repository path.
+    ``tampered`` names are served with other bytes, ``truncated`` ones cut short (the connection
+    closes before the announced length); ``requests`` records every path asked for."""
+
+    def __init__(self, root: Path, artifacts: list[jars.Artifact]):
+        self.root, self.requests = root, []
+        self.tampered: set[str] = set()
+        self.truncated: set[str] = set()
+        self.artifacts = []
+        for a in artifacts:
+            path = root / a.repo_path
+            path.parent.mkdir(parents=True)
+            with zipfile.ZipFile(path, "w") as jar:
+                jar.writestr("META-INF/MANIFEST.MF", f"Manifest-Version: 1.0\nName: {a.name}\n")
+            self.artifacts.append(replace(a, sha256=hashlib.sha256(path.read_bytes()).hexdigest()))
+        repo = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (the http.server API)
+                repo.requests.append(self.path)
+                file = repo.root / self.path.removeprefix("/maven2/")
+                if not file.is_file():
+                    self.send_error(404)
+                    return
+                body = file.read_bytes()
+                name = file.name
+                if name in repo.tampered:
+                    body = body[:-1] + bytes([body[-1] ^ 1])
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body[: len(body) // 2] if name in repo.truncated else body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/maven2"
 
 
-def _fake_mvn(monkeypatch: pytest.MonkeyPatch, final_dir: Path) -> list[list[str]]:
-    """Replace Maven by a function that writes a tiny valid jar; return the recorded calls."""
-    calls: list[list[str]] = []
-
-    def run(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
-        calls.append(command)
-        _, name, version = _option(command, "artifact").split(":")
-        out_dir = Path(_option(command, "outputDirectory"))
-        # Downloads go to a hidden folder inside the jar folder, never to the final name.
-        assert out_dir.parent == final_dir and out_dir.name.startswith(".")
-        assert not (final_dir / f"{name}-{version}.jar").exists()
-        with zipfile.ZipFile(out_dir / f"{name}-{version}.jar", "w") as jar:
-            jar.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\n")
-        return subprocess.CompletedProcess(command, 0, "", "")
-
-    monkeypatch.setattr(jars.shutil, "which", lambda name: "/usr/bin/mvn")
-    monkeypatch.setattr(jars.subprocess, "run", run)
-    return calls
+@pytest.fixture
+def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, empty_jar_dir: Path):
+    artifacts = [jars.Artifact("org.example", "alpha", "1.0", ""), jars.Artifact("org.example", "beta", "2.1", ""),
+                 jars.Artifact("com.example.deep", "gamma", "0.1", "")]
+    r = Repo(tmp_path / "repo", artifacts)
+    monkeypatch.setattr(jars, "ARTIFACTS", tuple(r.artifacts))
+    monkeypatch.setenv(jars.MAVEN_REPO_ENV, r.url + "/")
+    yield r
+    r.server.shutdown()
 
 
 def test_required_jars_names_delta_spark() -> None:
@@ -53,6 +87,7 @@ def test_required_jars_names_delta_spark() -> None:
     assert names[0] == f"delta-spark_4.2_2.13-{jars.DELTA_JAR_VERSION}.jar"
     assert f"delta-storage-{jars.DELTA_JAR_VERSION}.jar" in names
     assert len(set(names)) == len(names)
+    assert all(len(a.sha256) == 64 for a in jars.ARTIFACTS)
 
 
 def test_jar_dir_follows_env(empty_jar_dir: Path) -> None:
@@ -70,72 +105,69 @@ def test_ensure_jars_with_empty_dir_names_the_fix(empty_jar_dir: Path) -> None:
     assert info.value.missing == required_jars()
 
 
-def test_fetch_jars_downloads_missing_then_is_idempotent(
-    empty_jar_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    calls = _fake_mvn(monkeypatch, empty_jar_dir)
+def test_fetch_jars_downloads_missing_then_is_idempotent(repo: Repo, empty_jar_dir: Path) -> None:
     fetched = fetch_jars()
-    assert [path.name for path in fetched] == required_jars()
-    assert len(calls) == len(required_jars())
+    assert [path.name for path in fetched] == required_jars() == ["alpha-1.0.jar", "beta-2.1.jar", "gamma-0.1.jar"]
+    assert repo.requests == ["/maven2/org/example/alpha/1.0/alpha-1.0.jar", "/maven2/org/example/beta/2.1/beta-2.1.jar",
+                             "/maven2/com/example/deep/gamma/0.1/gamma-0.1.jar"]
     assert ensure_jars() == [empty_jar_dir / name for name in required_jars()]
+    assert all(zipfile.is_zipfile(p) for p in ensure_jars())
     assert not list(empty_jar_dir.glob(".fetch-*"))
 
     assert fetch_jars() == []
-    assert len(calls) == len(required_jars())
+    assert len(repo.requests) == 3
 
 
-def test_fetch_jars_skips_present_jars(
-    empty_jar_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_fetch_jars_skips_present_jars(repo: Repo, empty_jar_dir: Path) -> None:
     empty_jar_dir.mkdir()
-    present = required_jars()[0]
-    (empty_jar_dir / present).write_bytes(b"kept as is")
-    calls = _fake_mvn(monkeypatch, empty_jar_dir)
-    fetch_jars()
-    assert len(calls) == len(required_jars()) - 1
-    assert (empty_jar_dir / present).read_bytes() == b"kept as is"
+    (empty_jar_dir / "alpha-1.0.jar").write_bytes(b"kept as is")
+    assert [p.name for p in fetch_jars()] == ["beta-2.1.jar", "gamma-0.1.jar"]
+    assert (empty_jar_dir / "alpha-1.0.jar").read_bytes() == b"kept as is"
 
 
-def test_interrupted_fetch_leaves_no_partial_jar(
-    empty_jar_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def killed(command: list[str], **kwargs: object) -> None:
-        out_dir = Path(_option(command, "outputDirectory"))
-        (out_dir / required_jars()[0]).write_bytes(b"PK\x03\x04 half a jar")
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(jars.shutil, "which", lambda name: "/usr/bin/mvn")
-    monkeypatch.setattr(jars.subprocess, "run", killed)
-    with pytest.raises(KeyboardInterrupt):
+def test_a_jar_with_other_bytes_than_pinned_is_refused_and_not_installed(repo: Repo, empty_jar_dir: Path) -> None:
+    repo.tampered.add("beta-2.1.jar")
+    with pytest.raises(jars.JarFetchError, match="is not the pinned beta-2.1.jar"):
         fetch_jars()
-    assert jars.missing_jars() == required_jars()
-
-    # A kill -9 skips the clean-up; the next run removes the leftover folder.
-    (empty_jar_dir / ".fetch-leftover").mkdir()
-    _fake_mvn(monkeypatch, empty_jar_dir)
-    fetch_jars()
+    assert jars.missing_jars() == ["beta-2.1.jar", "gamma-0.1.jar"]  # alpha came first and is fine
     assert not list(empty_jar_dir.glob(".fetch-*"))
+    repo.tampered.clear()  # the mirror is fixed: the next run completes
+    assert [p.name for p in fetch_jars()] == ["beta-2.1.jar", "gamma-0.1.jar"]
 
 
-def test_failed_download_raises_with_maven_output(
-    empty_jar_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def failing(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
-        return subprocess.CompletedProcess(command, 1, "[ERROR] Could not find artifact", "")
-
-    monkeypatch.setattr(jars.shutil, "which", lambda name: "/usr/bin/mvn")
-    monkeypatch.setattr(jars.subprocess, "run", failing)
-    with pytest.raises(jars.JarFetchError, match="Could not find artifact"):
+def test_a_download_cut_short_leaves_no_partial_jar_and_a_killed_runs_leftovers_go(repo: Repo,
+                                                                                  empty_jar_dir: Path) -> None:
+    repo.truncated.add("alpha-1.0.jar")
+    with pytest.raises(jars.JarFetchError, match="could not download .*alpha-1.0.jar"):
         fetch_jars()
+    assert jars.missing_jars() == required_jars()
+    # a kill -9 mid-download skips the clean-up; the next run removes the leftover folder
+    (empty_jar_dir / ".fetch-leftover").mkdir()
+    (empty_jar_dir / ".fetch-leftover" / "alpha-1.0.jar").write_bytes(b"PK\x03\x04 half a jar")
+    repo.truncated.clear()
+    fetch_jars()
+    assert not list(empty_jar_dir.glob(".fetch-*")) and not jars.missing_jars()
+
+
+def test_an_unreachable_repository_names_the_fixes(empty_jar_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv(jars.MAVEN_REPO_ENV, f"http://127.0.0.1:{port}/maven2")
+    with pytest.raises(jars.JarFetchError, match=f"could not download http://127.0.0.1:{port}/maven2/io/delta/") as info:
+        fetch_jars()
+    assert jars.MAVEN_REPO_ENV in str(info.value) and "by hand" in str(info.value)
     assert jars.missing_jars() == required_jars()
 
 
-def test_fetch_jars_without_maven_says_so(
-    empty_jar_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(jars.shutil, "which", lambda name: None)
-    with pytest.raises(jars.JarFetchError, match="mvn"):
-        fetch_jars()
+def test_the_pinned_checksum_is_what_maven_central_serves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real repository: the smallest pinned jar, downloaded and checked (``make setup`` on a
+    fresh clone downloads and checks every one of them)."""
+    monkeypatch.delenv(jars.MAVEN_REPO_ENV, raising=False)
+    smallest = next(a for a in jars.ARTIFACTS if a.name == "jackson-datatype-jdk8")
+    monkeypatch.setattr(jars, "ARTIFACTS", (smallest,))
+    assert [p.name for p in fetch_jars(tmp_path)] == [smallest.file_name]
+    assert hashlib.sha256((tmp_path / smallest.file_name).read_bytes()).hexdigest() == smallest.sha256
 
 
 def test_session_conf_defaults_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
