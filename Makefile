@@ -17,10 +17,6 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)
 	$(PY) -c "from checkpoint_lib.spark.jars import setup_main; raise SystemExit(setup_main())"
-	@# Headless Chromium renders the HTML report in a test (Debian's package; root only).
-	@if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
-	  apt-get install -y --no-install-recommends chromium >/dev/null 2>&1 || \
-	  (apt-get update >/dev/null && apt-get install -y --no-install-recommends chromium >/dev/null); fi
 	$(PY) -m pip check
 
 test: setup

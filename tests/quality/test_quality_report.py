@@ -5,7 +5,6 @@ Chromium, a screenshot), on a synthetic checkpoint history written through the r
 from __future__ import annotations
 
 import re
-import shutil
 import struct
 import subprocess
 import tempfile
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from browser import chromium
 from checkpoint_lib import cli
 from checkpoint_lib.core.checkpoints import CompletedCheckpoint
 from checkpoint_lib.core.errors import FailureReason
@@ -23,7 +23,6 @@ from checkpoint_lib.quality.records import ValidationLog
 from checkpoint_lib.quality.report import write_report
 from checkpoint_lib.quality.result import ExpectationOutcome, QualityResult
 
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 
 
 def _checkpoint(cid: int, t: float, cs_rows: int = 0) -> CompletedCheckpoint:
@@ -114,13 +113,13 @@ def _png_pixels(path: Path) -> tuple[int, int, list[bytes]]:
     return width, bpp, rows
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (make setup installs it with apt-get)")
 def test_report_renders_in_headless_chromium(warehouse, tmp_path):
+    browser = chromium()
     report = write_report("payments", str(warehouse), tmp_path / "report.html")
     shot = tmp_path / "shot.png"
     with tempfile.TemporaryDirectory() as profile:
         proc = subprocess.run(
-            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              f"--user-data-dir={profile}", f"--screenshot={shot}", "--window-size=1200,900", report.as_uri()],
             capture_output=True, text=True, timeout=120,
