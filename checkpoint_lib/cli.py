@@ -65,6 +65,20 @@ def _cmd_setup(args: argparse.Namespace) -> int:
     return setup_main()
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from .doctor import diagnose, to_json
+    from .spark.session import resolve_master
+
+    show = None if args.json else (lambda check: print(check.line(), flush=True))
+    checks = diagnose(args.warehouse, resolve_master(args.master), with_spark=not args.no_spark, progress=show)
+    if args.json:
+        print(json.dumps(to_json(checks), indent=2))
+    failed = [c.name for c in checks if not c.ok]
+    if not args.json:
+        print(f"\n{len(checks) - len(failed)} of {len(checks)} checks OK" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from .demo_sim import run_demo
 
@@ -339,6 +353,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("setup", help="fetch the Delta Lake jars into the project cache (idempotent)")
     p.set_defaults(func=_cmd_setup)
+
+    p = sub.add_parser("doctor", help="check this machine: Java, the Delta jars, the warehouse, the master, a Spark "
+                                      "session with Delta, Airflow; each OK or the fix")
+    _add_warehouse(p)
+    p.add_argument("--master", default=None, help="Spark master to check (default: CKPT_SPARK_MASTER, else local[*])")
+    p.add_argument("--no-spark", action="store_true", help="do not start Spark (the quick checks only)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_doctor)
 
     p = sub.add_parser("simulate", help="run the in-memory simulator in every barrier mode, with a crash")
     p.add_argument("--records", type=_positive_int, default=200, help="records per source (default 200)")
