@@ -143,7 +143,7 @@ def _cmd_recover(args: argparse.Namespace) -> int:
     from .layout import checkpoint_root
 
     if args.dry_run:
-        store = DeltaCheckpointStore.open(checkpoint_root(args.warehouse, args.pipeline))
+        store = DeltaCheckpointStore.existing(checkpoint_root(args.warehouse, args.pipeline))
         print(store.recovery_plan(args.checkpoint).describe())
         return 0
     code = _cmd_run(args, recover=True)
@@ -186,7 +186,7 @@ def _cmd_checkpoints(args: argparse.Namespace) -> int:
     from .history import format_table, with_durations
     from .layout import checkpoint_root
 
-    store = DeltaCheckpointStore.open(checkpoint_root(args.warehouse, args.pipeline))
+    store = DeltaCheckpointStore.existing(checkpoint_root(args.warehouse, args.pipeline))
     if args.action == "list":
         rows = with_durations(store.history()[: args.limit])
         if args.json:
@@ -212,6 +212,7 @@ def _cmd_state(args: argparse.Namespace) -> int:
     from .spark import inspect
 
     pipeline = _pipeline(args.pipeline)
+    inspect.checkpoint(args.warehouse, pipeline, args.checkpoint)  # no such checkpoint: said before Spark starts
     spark = _spark()
     if args.what == "operator":
         df = inspect.operator_state(spark, args.warehouse, pipeline, args.checkpoint)

@@ -117,7 +117,9 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 
 from ..core.checkpoints import CompletedCheckpoint
 from ..core.clock import Clock
-from ..core.errors import CheckpointAbortedError, CheckpointError, FailureReason, FencedError, UnknownCheckpointError
+from ..core.errors import (
+    CheckpointAbortedError, CheckpointError, FailureReason, FencedError, NoCheckpointError, UnknownCheckpointError,
+)
 from ..core.recovery import SINK_STATE_KEY, RecoveryPlan, plan_recovery
 from ..core.twophase import SinkSnapshot, Transaction
 from ..core.stores import apply_retention
@@ -559,6 +561,22 @@ class DeltaCheckpointStore:
             Path(store.root).mkdir(parents=True, exist_ok=True)
         for name in _SCHEMAS:
             store._ensure_table(name)
+        return store
+
+    @classmethod
+    def existing(cls, root: Union[str, Path], **kwargs: Any) -> "DeltaCheckpointStore":
+        """A reader's store on ``root``, which must hold one already: creates nothing, and raises
+        :class:`NoCheckpointError` naming what it looked for (and, locally, the pipelines that do
+        have checkpoints next to it) when the pipeline never ran there."""
+        store = cls(root, None, **kwargs)
+        if not DeltaTable.is_deltatable(store._uri("checkpoints"), storage_options=store._storage_options):
+            here = Path(store.root)
+            known = sorted(p.name for p in here.parent.iterdir() if (p / "checkpoints").is_dir()) \
+                if store._is_local and here.parent.is_dir() else []
+            raise NoCheckpointError(
+                f"no checkpoints at {store.root}: pipeline {here.name!r} never ran in this warehouse"
+                + (f" (pipelines with checkpoints here: {', '.join(known)})" if known else
+                   "; check --warehouse and the pipeline name"))
         return store
 
     def __repr__(self) -> str:

@@ -29,7 +29,7 @@ def _root(warehouse: str, pipeline: Pipeline) -> str:
 
 def checkpoint(warehouse: str, pipeline: Pipeline, checkpoint_id: int | None = None) -> CompletedCheckpoint:
     """The named completed checkpoint, or the latest one."""
-    store = DeltaCheckpointStore.open(_root(warehouse, pipeline))
+    store = DeltaCheckpointStore.existing(_root(warehouse, pipeline))
     chosen = choose_checkpoint(list(store.all()), checkpoint_id)
     if chosen is None:
         raise NoCheckpointError(f"pipeline {pipeline.name!r} has no completed checkpoint in {warehouse}")
