@@ -1,8 +1,11 @@
+# PYTHON_ARGCOMPLETE_OK
 """``ckpt``: the command line of checkpoint_lib.
 
 Every sub-command has ``--help``. Engine-backed commands import their engines lazily, so
-``ckpt --help`` works with the core alone. Exit codes: 0 success, 1 a failed check or run,
-2 bad arguments (argparse), 3 a clear user error (unknown checkpoint, schema mismatch...).
+``ckpt --help`` works with the core alone. Exit codes (:data:`EXIT_CODES`): 0 success, 1 a run or
+check failed, 2 bad arguments, 3 a clear user error (unknown pipeline, checkpoint or warehouse,
+an incompatible snapshot...), 4 a data-quality suite failed. An error is one line on stderr;
+``--debug`` shows the traceback (and Spark's own log).
 """
 
 from __future__ import annotations
@@ -18,6 +21,15 @@ from .core.decider import DEFAULT_ROWS_PER_STEP
 
 DEFAULT_WAREHOUSE = os.environ.get("CKPT_WAREHOUSE", "warehouse")
 MODES = ("aligned", "unaligned", "aligned_with_timeout", "at_least_once")
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_USER_ERROR, EXIT_QUALITY = 0, 1, 2, 3, 4
+EXIT_CODES = {
+    EXIT_OK: "success",
+    EXIT_FAILED: "a run or check failed",
+    EXIT_USAGE: "bad arguments",
+    EXIT_USER_ERROR: "a clear user error: unknown pipeline, checkpoint or warehouse, incompatible snapshot, bad input",
+    EXIT_QUALITY: "a data-quality suite (Great Expectations) failed",
+}
+_json_stdout = False  # -o json: stdout holds the JSON alone; progress goes to stderr
 
 
 def _positive_int(text: str) -> int:
@@ -41,13 +53,26 @@ def _fraction(text: str) -> float:
 
 
 def _progress(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+    print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {message}", file=sys.stderr if _json_stdout else sys.stdout,
+          flush=True)
 
 
-def _spark():
+def _json(args: argparse.Namespace) -> bool:
+    return getattr(args, "output", "table") == "json"
+
+
+def _spark(args: argparse.Namespace):
     from .spark.session import get_spark
 
-    return get_spark(app_name="ckpt")
+    return get_spark(master=getattr(args, "master", None), app_name="ckpt",
+                     extra_conf=dict(getattr(args, "spark_conf", None) or ()))
+
+
+def _spark_conf_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key.strip(), value
 
 
 def _pipeline(name: str):
@@ -69,14 +94,14 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     from .doctor import diagnose, to_json
     from .spark.session import resolve_master
 
-    show = None if args.json else (lambda check: print(check.line(), flush=True))
+    show = None if _json(args) else (lambda check: print(check.line(), flush=True))
     checks = diagnose(args.warehouse, resolve_master(args.master), with_spark=not args.no_spark, progress=show)
-    if args.json:
+    if _json(args):
         print(json.dumps(to_json(checks), indent=2))
     failed = [c.name for c in checks if not c.ok]
-    if not args.json:
+    if not _json(args):
         print(f"\n{len(checks) - len(failed)} of {len(checks)} checks OK" + (f"; failed: {', '.join(failed)}" if failed else ""))
-    return 1 if failed else 0
+    return EXIT_FAILED if failed else EXIT_OK
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
@@ -91,12 +116,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if args.pipeline == "payments":
         from .pipelines.payments import generate
 
-        version = generate(_spark(), args.warehouse, args.rows, bad_fraction=args.bad_fraction,
+        version = generate(_spark(args), args.warehouse, args.rows, bad_fraction=args.bad_fraction,
                            accounts=args.accounts, seed=args.seed)
     elif args.pipeline == "transfers":
         from .pipelines.transfers import generate
 
-        version = generate(_spark(), args.warehouse, args.rows, bad_fraction=args.bad_fraction,
+        version = generate(_spark(args), args.warehouse, args.rows, bad_fraction=args.bad_fraction,
                            accounts=args.accounts, seed=args.seed, skew=args.skew)
     else:
         raise ValueError(f"no generator for pipeline {args.pipeline!r} (payments, transfers)")
@@ -117,7 +142,7 @@ def _runner(args: argparse.Namespace, **kw: Any):
     )
     mode = args.mode or ("unaligned" if pipeline.feedback else "aligned")
     return PipelineRunner(
-        pipeline, args.warehouse, _spark(), mode=mode,
+        pipeline, args.warehouse, _spark(args), mode=mode,
         rows_per_checkpoint=args.rows_per_checkpoint, config=config, progress=_progress,
         alignment_timeout=args.alignment_timeout, stage=args.stage,
         poll_interval=getattr(args, "poll", 1.0), lagging_sources=getattr(args, "lagging_sources", 0),
@@ -126,16 +151,30 @@ def _runner(args: argparse.Namespace, **kw: Any):
     )
 
 
-def _cmd_run(args: argparse.Namespace, recover: bool = False) -> int:
+def _run(args: argparse.Namespace, recover: bool = False) -> dict[str, Any]:
+    """Run (or recover) the pipeline; the run's summary, printed as a line unless ``-o json``."""
     runner = _runner(args, restore_checkpoint=args.checkpoint, recover=recover,
                      allow_non_restored_state=args.allow_non_restored_state)
     summary = runner.run(until_caught_up=args.until_caught_up, max_steps=args.max_steps, handle_signals=True)
     rate = summary.rows_in / summary.seconds if summary.seconds else 0.0
-    print(
-        f"epoch {summary.epoch}: read {summary.rows_in} rows in {summary.seconds:.1f} s ({rate:,.0f} rows/s), "
-        f"{len(summary.completed)} checkpoints completed, {len(summary.aborted)} aborted"
-    )
-    return 0
+    if not _json(args):
+        print(
+            f"epoch {summary.epoch}: read {summary.rows_in:,} rows in {summary.seconds:.1f} s ({rate:,.0f} rows/s), "
+            f"{len(summary.completed)} checkpoints completed, {len(summary.aborted)} aborted"
+        )
+    return {
+        "pipeline": args.pipeline, "epoch": summary.epoch, "restored": summary.restored,
+        "rows_in": summary.rows_in, "seconds": round(summary.seconds, 3), "rows_per_s": round(rate, 1),
+        "steps": summary.steps, "completed": summary.completed,
+        "aborted": [{"checkpoint_id": c, "reason": r} for c, r in summary.aborted], "final": summary.final,
+    }
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    summary = _run(args)
+    if _json(args):
+        print(json.dumps(summary, indent=2))
+    return EXIT_OK
 
 
 def _cmd_recover(args: argparse.Namespace) -> int:
@@ -144,11 +183,13 @@ def _cmd_recover(args: argparse.Namespace) -> int:
 
     if args.dry_run:
         store = DeltaCheckpointStore.existing(checkpoint_root(args.warehouse, args.pipeline))
-        print(store.recovery_plan(args.checkpoint).describe())
-        return 0
-    code = _cmd_run(args, recover=True)
-    if code == 0 and not args.no_validate:
-        code = _validate(args, kinds=("restore",))
+        plan = store.recovery_plan(args.checkpoint)
+        print(json.dumps(plan.to_dict(), indent=2, default=str) if _json(args) else plan.describe())
+        return EXIT_OK
+    summary = _run(args, recover=True)
+    code, validations = (EXIT_OK, []) if args.no_validate else _validate(args, kinds=("restore",))
+    if _json(args):
+        print(json.dumps({**summary, "validations": validations}, indent=2, default=str))
     return code
 
 
@@ -169,16 +210,21 @@ def _cmd_savepoint(args: argparse.Namespace) -> int:
         if checkpoint_id is not None:
             done = "taken by the running pipeline" if state == "completed" else \
                 "injected into the running pipeline (it completes when its keyed stage runs)"
-            print(f"savepoint {checkpoint_id} {done}; retention never deletes it; "
-                  f"start from it with: ckpt run {args.pipeline} --checkpoint {checkpoint_id}")
-            return 0
+            return _savepoint_taken(args, checkpoint_id, done, "completed" if state == "completed" else "injected")
         _progress(f"no running source step took the savepoint request within {args.request_timeout:g} s: "
                   "its process is gone; recovering and taking the savepoint here")
     checkpoint_id = _runner(args).run(max_steps=0, final_kind=CheckpointKind.SAVEPOINT).final
     done = "taken" if args.stage == "all" else "injected (it completes when the keyed stage runs)"
-    print(f"savepoint {checkpoint_id} {done}; retention never deletes it; "
-          f"start from it with: ckpt run {args.pipeline} --checkpoint {checkpoint_id}")
-    return 0
+    return _savepoint_taken(args, checkpoint_id, done, "completed" if args.stage == "all" else "injected")
+
+
+def _savepoint_taken(args: argparse.Namespace, checkpoint_id: int, done: str, status: str) -> int:
+    if _json(args):
+        print(json.dumps({"pipeline": args.pipeline, "savepoint": checkpoint_id, "status": status}))
+    else:
+        print(f"savepoint {checkpoint_id} {done}; retention never deletes it; "
+              f"start from it with: ckpt run {args.pipeline} --checkpoint {checkpoint_id}")
+    return EXIT_OK
 
 
 def _cmd_checkpoints(args: argparse.Namespace) -> int:
@@ -189,7 +235,7 @@ def _cmd_checkpoints(args: argparse.Namespace) -> int:
     store = DeltaCheckpointStore.existing(checkpoint_root(args.warehouse, args.pipeline))
     if args.action == "list":
         rows = with_durations(store.history()[: args.limit])
-        if args.json:
+        if _json(args):
             print(json.dumps(rows, default=str, indent=2))
         else:
             print(format_table(rows, ["checkpoint_id", "kind", "status", "trigger_time", "duration_ms",
@@ -199,7 +245,7 @@ def _cmd_checkpoints(args: argparse.Namespace) -> int:
     if args.id is None:
         raise ValueError("checkpoints show needs a checkpoint id")
     acks = store.acks(args.id)
-    if args.json:
+    if _json(args):
         print(json.dumps(acks, default=str, indent=2))
     else:
         print(format_table([{k: v for k, v in a.items() if k != "state"} for a in acks]))
@@ -213,7 +259,7 @@ def _cmd_state(args: argparse.Namespace) -> int:
 
     pipeline = _pipeline(args.pipeline)
     inspect.checkpoint(args.warehouse, pipeline, args.checkpoint)  # no such checkpoint: said before Spark starts
-    spark = _spark()
+    spark = _spark(args)
     if args.what == "operator":
         df = inspect.operator_state(spark, args.warehouse, pipeline, args.checkpoint)
     elif args.what == "channel":
@@ -223,7 +269,7 @@ def _cmd_state(args: argparse.Namespace) -> int:
                           "sinks": inspect.sink_transactions(args.warehouse, pipeline, args.checkpoint)},
                          indent=2, default=str))
         return 0
-    if args.json:
+    if _json(args):
         for row in df.limit(args.limit).toJSON().collect():
             print(row)
     else:
@@ -231,9 +277,10 @@ def _cmd_state(args: argparse.Namespace) -> int:
     return 0
 
 
-def _validate(args: argparse.Namespace, kinds: Sequence[str]) -> int:
-    """Run the quality suites (GX) and print their summaries; 1 when one failed (it is recorded in
-    the pipeline's ``validations`` table either way)."""
+def _validate(args: argparse.Namespace, kinds: Sequence[str]) -> tuple[int, list[dict[str, Any]]]:
+    """Run the quality suites (GX): the exit code (:data:`EXIT_QUALITY` when one failed; it is
+    recorded in the pipeline's ``validations`` table either way) and one dict per suite. Their
+    summaries are printed, on stderr with ``-o json``."""
     from .quality import QualityCheckFailed, validate_checkpoint, validate_restore
     from .quality.paths import check_pipeline_name, warehouse_root
 
@@ -243,23 +290,30 @@ def _validate(args: argparse.Namespace, kinds: Sequence[str]) -> int:
 
     if args.pipeline not in SPECS:
         print(f"ckpt: pipeline {args.pipeline!r} has no quality spec yet: NOT validated", file=sys.stderr)
-        return 0 if getattr(args, "func", None) is _cmd_recover else 1
+        return (EXIT_OK if getattr(args, "func", None) is _cmd_recover else EXIT_FAILED), []
     run = {"restore": validate_restore, "checkpoint": validate_checkpoint}
-    code = 0
+    out = sys.stderr if _json(args) else sys.stdout
+    code, results = EXIT_OK, []
     for kind in kinds:
         try:
-            result = run[kind](_spark(), args.pipeline, args.warehouse, getattr(args, "checkpoint", None))
+            result = run[kind](_spark(args), args.pipeline, args.warehouse, getattr(args, "checkpoint", None))
         except QualityCheckFailed as exc:
             print(f"ckpt: validation failed: {exc}", file=sys.stderr)
-            code = 1
-            continue
-        print(result.summary(verbose=getattr(args, "verbose", False)))
-    return code
+            code, result = EXIT_QUALITY, exc.result
+        else:
+            print(result.summary(verbose=getattr(args, "verbose", False)), file=out)
+        results.append({"suite": kind, "success": result.success, "checkpoint_id": result.checkpoint_id,
+                        "expectations": len(result.outcomes), "failed": len(result.failed),
+                        "headline": result.headline(), "data_docs": result.data_docs})
+    return code, results
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     kinds = ("restore", "checkpoint") if args.suite == "all" else (args.suite,)
-    return _validate(args, kinds)
+    code, results = _validate(args, kinds)
+    if _json(args):
+        print(json.dumps(results, indent=2, default=str))
+    return code
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -278,9 +332,9 @@ def _cmd_maintain(args: argparse.Namespace) -> int:
     warehouse_root(args.warehouse)
     policy = RetentionPolicy(request_days=args.request_days, result_days=args.result_days,
                              file_retention_hours=args.file_retention_hours)
-    report = maintain(args.warehouse, args.pipeline, None if args.no_spark else _spark(), dry_run=args.dry_run,
+    report = maintain(args.warehouse, args.pipeline, None if args.no_spark else _spark(args), dry_run=args.dry_run,
                       policy=policy)
-    print(json.dumps(report.to_dict(), indent=2, default=str) if args.json else report.describe())
+    print(json.dumps(report.to_dict(), indent=2, default=str) if _json(args) else report.describe())
     return 0
 
 
@@ -303,6 +357,39 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 # --- parser ----------------------------------------------------------------------------------
 
 
+def _formatter() -> type[argparse.HelpFormatter]:
+    """Rich help (colours, grouped options) when rich-argparse is installed, plain otherwise."""
+    try:
+        from rich_argparse import RawDescriptionRichHelpFormatter
+
+        return RawDescriptionRichHelpFormatter
+    except ImportError:
+        return argparse.RawDescriptionHelpFormatter
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("checkpoint_lib")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _add_output(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-o", "--output", choices=("table", "json"), default="table",
+                   help="table for people (the default) or json for machines (stdout holds the JSON alone)")
+    p.add_argument("--json", dest="output", action="store_const", const="json", help=argparse.SUPPRESS)
+
+
+def _add_spark(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("Spark")
+    g.add_argument("--master", default=None,
+                   help="Spark master (local[N], spark://host:7077; default CKPT_SPARK_MASTER, else local[*])")
+    g.add_argument("--spark-conf", type=_spark_conf_pair, action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark setting for the session, e.g. spark.driver.memory=4g (repeat for more)")
+
+
 def _add_warehouse(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warehouse", default=DEFAULT_WAREHOUSE,
                    help=f"warehouse root (default {DEFAULT_WAREHOUSE!r}, env CKPT_WAREHOUSE)")
@@ -311,6 +398,8 @@ def _add_warehouse(p: argparse.ArgumentParser) -> None:
 def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("pipeline", help="pipeline name (payments, transfers)")
     _add_warehouse(p)
+    _add_output(p)
+    _add_spark(p)
     p.add_argument("--mode", choices=MODES, default=None,
                    help="barrier handling (default aligned; unaligned for a pipeline with a cycle)")
     p.add_argument("--rows-per-checkpoint", type=_positive_int, default=DEFAULT_ROWS_PER_STEP, metavar="N",
@@ -327,10 +416,10 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                         "rescales: the next start restores the latest checkpoint with state split by key group")
     p.add_argument("--source-parallelism", type=_positive_int, default=None,
                    help="source subtasks (default: as declared)")
-    p.add_argument("--lagging-sources", type=int, default=0, metavar="N",
-                   help="make the last N source subtasks slow: their records and barrier of each step reach "
-                        "the channel one step after the others' (skew: barriers at different positions, "
-                        "records in flight; unaligned checkpoints then log channel state). Default 0")
+    # a test and benchmark knob (hidden from help): the last N source subtasks' records and barrier
+    # of each step reach the channel one step after the others' (barriers at different positions,
+    # records in flight; unaligned checkpoints then log channel state)
+    p.add_argument("--lagging-sources", type=int, default=0, metavar="N", help=argparse.SUPPRESS)
     p.add_argument("--state-compact-every", type=int, default=32, metavar="N",
                    help="OPTIMIZE the keyed state table every N flushes (its MERGEs add small files and "
                         "deletion vectors; the rows do not change). 0: never. Default 32")
@@ -346,29 +435,40 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from .maintenance import RetentionPolicy
 
+    formatter = _formatter()
+    epilog = "exit codes:\n" + "\n".join(f"  {code}  {meaning}" for code, meaning in EXIT_CODES.items())
     parser = argparse.ArgumentParser(
         prog="ckpt",
         description="Exactly-once checkpoints, replay and recovery for Spark pipelines.",
+        epilog=epilog, formatter_class=formatter,
     )
+    parser.add_argument("--version", action="version", version=f"ckpt (checkpoint_lib) {_version()}")
+    parser.add_argument("--debug", action="store_true", help="tracebacks on errors, and Spark's own log")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="tracebacks on errors, and Spark's own log")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("setup", help="fetch the Delta Lake jars into the project cache (idempotent)")
+    def add(name: str, **kw) -> argparse.ArgumentParser:  # every sub-command: --debug, one look, the exit codes
+        return sub.add_parser(name, parents=[common], formatter_class=formatter, epilog=epilog, **kw)
+
+    p = add("setup", help="fetch the Delta Lake jars into the project cache (idempotent)")
     p.set_defaults(func=_cmd_setup)
 
-    p = sub.add_parser("doctor", help="check this machine: Java, the Delta jars, the warehouse, the master, a Spark "
+    p = add("doctor", help="check this machine: Java, the Delta jars, the warehouse, the master, a Spark "
                                       "session with Delta, Airflow; each OK or the fix")
     _add_warehouse(p)
     p.add_argument("--master", default=None, help="Spark master to check (default: CKPT_SPARK_MASTER, else local[*])")
     p.add_argument("--no-spark", action="store_true", help="do not start Spark (the quick checks only)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_output(p)
     p.set_defaults(func=_cmd_doctor)
 
-    p = sub.add_parser("simulate", help="run the in-memory simulator in every barrier mode, with a crash")
+    p = add("simulate", help="run the in-memory simulator in every barrier mode, with a crash")
     p.add_argument("--records", type=_positive_int, default=200, help="records per source (default 200)")
     p.add_argument("--seed", type=int, default=7, help="random seed of the schedule (default 7)")
     p.set_defaults(func=_cmd_simulate)
 
-    p = sub.add_parser("generate", help="append generated input to a pipeline's landing table")
+    p = add("generate", help="append generated input to a pipeline's landing table")
     p.add_argument("pipeline", choices=("payments", "transfers"), help="pipeline name")
     _add_warehouse(p)
     p.add_argument("--rows", type=_positive_int, required=True, help="rows to append (one new table version)")
@@ -377,9 +477,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="random seed")
     p.add_argument("--skew", type=_fraction, default=0.0,
                    help="transfers: fraction sent from one hot account (a slow bank subtask), 0..1")
+    _add_spark(p)
     p.set_defaults(func=_cmd_generate)
 
-    p = sub.add_parser("run", help="run a pipeline (recovering first if its last run crashed)")
+    p = add("run", help="run a pipeline (recovering first if its last run crashed)")
     _add_run_options(p)
     p.add_argument("--until-caught-up", action="store_true", default=True,
                    help="stop when everything appended so far is processed and committed (the default)")
@@ -392,7 +493,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="drop state of operators the pipeline no longer has")
     p.set_defaults(func=_cmd_run)
 
-    p = sub.add_parser("recover", help="restore the latest (or a chosen) checkpoint, re-commit, replay, go on")
+    p = add("recover", help="restore the latest (or a chosen) checkpoint, re-commit, replay, go on")
     _add_run_options(p)
     p.add_argument("--checkpoint", type=_positive_int, default=None, help="checkpoint id (default: latest)")
     p.add_argument("--dry-run", action="store_true", help="only print the recovery plan")
@@ -402,47 +503,50 @@ def build_parser() -> argparse.ArgumentParser:
                    help="drop state of operators the pipeline no longer has")
     p.set_defaults(func=_cmd_recover, until_caught_up=True, max_steps=None)
 
-    p = sub.add_parser("savepoint", help="take a savepoint: a checkpoint the user owns")
+    p = add("savepoint", help="take a savepoint: a checkpoint the user owns")
     _add_run_options(p)
     p.add_argument("--request-timeout", type=_non_negative, default=120.0,
                    help="a running pipeline is asked to take it at its next step; if none does within this "
                         "many seconds (its process is gone), recover and take it here (0: never ask, default 120)")
     p.set_defaults(func=_cmd_savepoint)
 
-    p = sub.add_parser("checkpoints", help="list checkpoints or show one")
+    p = add("checkpoints", help="list checkpoints or show one")
     p.add_argument("action", choices=("list", "show"))
     p.add_argument("pipeline")
     p.add_argument("id", nargs="?", type=_positive_int, help="checkpoint id (show)")
     _add_warehouse(p)
     p.add_argument("--limit", type=_positive_int, default=50)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_output(p)
     p.set_defaults(func=_cmd_checkpoints)
 
-    p = sub.add_parser("state", help="show operator state, channel state or offsets at a checkpoint")
+    p = add("state", help="show operator state, channel state or offsets at a checkpoint")
     p.add_argument("what", choices=("operator", "channel", "handles"))
     p.add_argument("pipeline")
     _add_warehouse(p)
     p.add_argument("--checkpoint", type=_positive_int, default=None, help="checkpoint id (default: latest)")
     p.add_argument("--limit", type=_positive_int, default=20)
-    p.add_argument("--json", action="store_true")
+    _add_output(p)
+    _add_spark(p)
     p.set_defaults(func=_cmd_state)
 
-    p = sub.add_parser("validate", help="run the data-quality suites (Great Expectations) on a checkpoint")
+    p = add("validate", help="run the data-quality suites (Great Expectations) on a checkpoint")
     p.add_argument("pipeline")
     _add_warehouse(p)
     p.add_argument("--checkpoint", type=_positive_int, default=None, help="checkpoint id (default: latest completed)")
     p.add_argument("--suite", choices=("all", "restore", "checkpoint"), default="all",
                    help="after-restore suite, per-checkpoint suite, or both (default)")
     p.add_argument("--verbose", action="store_true", help="list every expectation, not only failures")
+    _add_output(p)
+    _add_spark(p)
     p.set_defaults(func=_cmd_validate)
 
-    p = sub.add_parser("report", help="write the self-contained HTML report (charts, validations, restores)")
+    p = add("report", help="write the self-contained HTML report (charts, validations, restores)")
     p.add_argument("pipeline")
     _add_warehouse(p)
     p.add_argument("--out", default=None, help="output file (default W/_quality/<pipeline>/report.html)")
     p.set_defaults(func=_cmd_report)
 
-    p = sub.add_parser(
+    p = add(
         "maintain",
         help="delete what no retained checkpoint or savepoint needs (old control rows, markers, requests, "
              "validation results, channel state, removed files); safe while the pipeline runs",
@@ -461,10 +565,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--file-retention-hours", type=_non_negative, default=defaults.file_retention_hours,
                    help="keep files a commit removed this many hours in every table (default %(default)g); the "
                         "state tables also keep every file a retained checkpoint's version needs")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_output(p)
+    _add_spark(p)
     p.set_defaults(func=_cmd_maintain)
 
-    p = sub.add_parser("demo", help="the end-to-end demo: generate, run, kill -9, recover, verify")
+    p = add("demo", help="the end-to-end demo: generate, run, kill -9, recover, verify")
     _add_warehouse(p)
     p.add_argument("--rows", type=_positive_int, default=200_000, help="payments to generate (default 200000)")
     p.set_defaults(func=_cmd_demo)
@@ -472,14 +577,43 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    global _json_stdout
+    parser = build_parser()
+    try:  # shell completion: eval "$(register-python-argcomplete ckpt)"
+        import argcomplete
+
+        argcomplete.autocomplete(parser)
+    except ImportError:
+        pass
+    args = parser.parse_args(argv)
+    debug = getattr(args, "debug", False)
+    _json_stdout = _json(args)
+    if debug:  # Spark's own log profile, for this process and the ones it starts
+        os.environ.setdefault("CKPT_SPARK_LOG", "spark")
     from .core.errors import CheckpointError
 
     try:
         return int(args.func(args) or 0)
-    except (CheckpointError, ValueError, FileNotFoundError) as exc:
-        print(f"ckpt: error: {exc}", file=sys.stderr)
-        return 3
+    except KeyboardInterrupt:
+        print("ckpt: interrupted", file=sys.stderr)
+        return 130
+    except (CheckpointError, ValueError, LookupError, FileNotFoundError) as exc:
+        if debug:
+            raise
+        print(f"ckpt: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except Exception as exc:  # noqa: BLE001 - one clear line; the traceback with --debug
+        if debug:
+            raise
+        print(f"ckpt: error: {type(exc).__name__}: {_one_line(exc)} (run again with --debug for the traceback)",
+              file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as one line: its first line, with how many more it had."""
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()] or [type(exc).__name__]
+    return lines[0] + (f" (+{len(lines) - 1} more lines)" if len(lines) > 1 else "")
 
 
 if __name__ == "__main__":

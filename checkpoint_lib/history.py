@@ -38,17 +38,29 @@ def format_table(rows: Sequence[dict], columns: Iterable[str] | None = None) -> 
     if not rows:
         return "(none)"
     cols = list(columns or rows[0].keys())
-    cells = [[_fmt(r.get(c)) for c in cols] for r in rows]
+    cells = [[_fmt(r.get(c), c) for c in cols] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
     line = lambda values: "  ".join(v.rjust(w) for v, w in zip(values, widths))  # noqa: E731
     return "\n".join([line(cols), line(["-" * w for w in widths]), *map(line, cells)])
 
 
-def _fmt(value) -> str:
+def human_bytes(n: int | float) -> str:
+    """``1536`` -> ``1.5 KiB``: a size for people."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def _fmt(value, column: str = "") -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
-    if isinstance(value, float) and value > 1e9:  # an epoch timestamp
-        return datetime.fromtimestamp(value, timezone.utc).strftime("%H:%M:%S")
+    if isinstance(value, float) and value > 1e9:  # an epoch timestamp: the date too, runs span days
+        return datetime.fromtimestamp(value, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    if column.endswith("_bytes") and isinstance(value, (int, float)):
+        return human_bytes(value)
     if isinstance(value, float):
         return f"{value:.1f}"
     return "" if value is None else str(value)

@@ -3,8 +3,9 @@ re-committed and aborted. Pure: the adapters list what exists and carry the plan
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
 
 from .checkpoints import CompletedCheckpoint
@@ -49,6 +50,21 @@ class RecoveryPlan:
             self.orphans
         )
 
+    def to_dict(self) -> dict[str, Any]:
+        """The plan for machines (``ckpt recover --dry-run -o json``): plain JSON-able values."""
+        c = self.checkpoint
+        return {
+            "checkpoint_id": self.checkpoint_id,
+            "kind": c.kind.value if c else None,
+            "completed_at": c.completion_time if c else None,
+            "new_epoch": self.new_epoch,
+            "restore": {str(s): dict(self.restore[s]) for s in sorted(self.restore)},
+            "replay_channel_state": [str(s) for s in self.replay_channel_state],
+            "recommit": [{"handle": t.handle, "checkpoint_id": t.checkpoint_id} for t in self.recommit],
+            "abort": [t.handle for t in self.abort],
+            "rollback_after": self.rollback_after,
+        }
+
     def describe(self) -> str:
         """A human-readable plan (what a dry run prints)."""
         if self.checkpoint is None:
@@ -56,7 +72,8 @@ class RecoveryPlan:
         else:
             c = self.checkpoint
             head = (
-                f"restore {c.kind.value} {c.checkpoint_id} (completed at {c.completion_time:.3f}) "
+                f"restore {c.kind.value} {c.checkpoint_id} (completed "
+                f"{datetime.fromtimestamp(c.completion_time, timezone.utc):%Y-%m-%d %H:%M:%S} UTC) "
                 f"as epoch {self.new_epoch}"
             )
         lines = [head]

@@ -12,6 +12,8 @@ Environment variables (arguments win over them):
 ``CKPT_SPARK_UI``            ``0`` (or ``false``/``no``/``off``) disables the Spark UI
 ``CKPT_SHUFFLE_PARTITIONS``  ``spark.sql.shuffle.partitions``; default 8
 ``CKPT_DRIVER_MEMORY``       ``spark.driver.memory``; default ``2g``
+``CKPT_SPARK_LOG``           ``quiet`` (default): Spark's known noise at ERROR (``log4j2-quiet.properties``);
+                             ``spark`` (``ckpt --debug``): Spark's own default log profile
 
 pyspark is imported only when a session is started.
 """
@@ -36,6 +38,8 @@ MASTER_ENV = "CKPT_SPARK_MASTER"
 UI_ENV = "CKPT_SPARK_UI"
 SHUFFLE_PARTITIONS_ENV = "CKPT_SHUFFLE_PARTITIONS"
 DRIVER_MEMORY_ENV = "CKPT_DRIVER_MEMORY"
+LOG_ENV = "CKPT_SPARK_LOG"
+QUIET_LOG_CONFIG = Path(__file__).with_name("log4j2-quiet.properties")
 
 DEFAULT_MASTER = "local[*]"
 DEFAULT_SHUFFLE_PARTITIONS = 8
@@ -104,9 +108,11 @@ def session_conf(
         # failures on hosts whose name does not resolve.
         conf["spark.driver.host"] = "127.0.0.1"
         conf["spark.driver.bindAddress"] = "127.0.0.1"
+    if (os.environ.get(LOG_ENV) or "quiet") == "quiet":  # read when this process starts the driver's JVM
+        conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={QUIET_LOG_CONFIG.as_uri()}"
     for key, value in (extra_conf or {}).items():
-        if key == "spark.jars" and conf["spark.jars"]:
-            conf[key] = f"{conf[key]},{value}"
+        if key in ("spark.jars", "spark.driver.extraJavaOptions") and conf.get(key):
+            conf[key] = f"{conf[key]}{',' if key == 'spark.jars' else ' '}{value}"
         else:
             conf[key] = str(value)
     return conf

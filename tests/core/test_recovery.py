@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from checkpoint_lib.core.checkpoints import CompletedCheckpoint
@@ -228,18 +230,23 @@ def test_describe_mentions_checkpoint_recommits_and_aborts():
     }
     plan = plan_recovery([completed(3, acks)], current_epoch=1, open_transactions=[t(9, 0, prefix="x")])
     lines = plan.describe().splitlines()
-    assert lines[0] == "restore checkpoint 3 (completed at 3.250) as epoch 2"
+    assert lines[0] == "restore checkpoint 3 (completed 1970-01-01 00:00:03 UTC) as epoch 2"
     assert "  restore src[0]: {'offset': 42}" in lines
     assert "  replay channel state of map[0]" in lines
     assert "  re-commit out-0-0.e1.s0 (checkpoint 3)" in lines
     assert "  abort out-0-1.e1.s1" in lines
     assert "  abort x-9-0.e1.s0" in lines
     assert len(lines) == 1 + 3 + 1 + 1 + 2
+    as_json = json.loads(json.dumps(plan.to_dict()))  # what `ckpt recover --dry-run -o json` prints
+    assert as_json["checkpoint_id"] == 3 and as_json["new_epoch"] == 2 and as_json["kind"] == "checkpoint"
+    assert as_json["restore"]["src[0]"] == {"offset": 42} and as_json["replay_channel_state"] == ["map[0]"]
+    assert as_json["recommit"] == [{"handle": "out-0-0.e1.s0", "checkpoint_id": 3}]
+    assert as_json["abort"] == ["out-0-1.e1.s1", "x-9-0.e1.s0"]
 
 
 def test_describe_savepoint_kind():
     plan = plan_recovery([completed(4, savepoint=True)], current_epoch=0)
-    assert plan.describe().splitlines()[0] == "restore savepoint 4 (completed at 4.250) as epoch 1"
+    assert plan.describe().splitlines()[0] == "restore savepoint 4 (completed 1970-01-01 00:00:04 UTC) as epoch 1"
 
 
 def test_describe_fresh_start():

@@ -9,6 +9,10 @@ works on its own ``shutil.copytree`` of it.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
+
 import dataclasses
 import shutil
 from pathlib import Path
@@ -43,7 +47,13 @@ def healthy(spark, tmp_path_factory) -> Path:
     w.mkdir()
     generate(spark, str(w), ROWS, bad_fraction=0.05, accounts=12, seed=11)
     PipelineRunner(get("payments"), str(w), spark, rows_per_checkpoint=ROWS).run()
-    assert cli.main(["recover", "payments", "--warehouse", str(w), "--rows-per-checkpoint", str(ROWS)]) == 0
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(["recover", "payments", "--warehouse", str(w), "--rows-per-checkpoint", str(ROWS), "-o", "json"])
+    assert code == 0
+    summary = json.loads(out.getvalue())  # stdout holds the JSON alone (progress and GX summary: stderr)
+    assert summary["epoch"] == 2 and summary["restored"] is not None and summary["final"] in summary["completed"]
+    assert [(v["suite"], v["success"], v["failed"]) for v in summary["validations"]] == [("restore", True, 0)]
     return w
 
 

@@ -1,0 +1,85 @@
+"""The command line's surface, without Spark: version, exit codes, errors as one line (the
+traceback with --debug), -o json, --spark-conf, hidden test knobs, the quiet Spark log."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from checkpoint_lib import cli
+from checkpoint_lib.delta.store import DeltaCheckpointStore
+from checkpoint_lib.spark import session
+
+
+def test_version_and_the_exit_codes_in_every_help(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.startswith("ckpt (checkpoint_lib) ")
+    for argv in (["--help"], ["run", "--help"], ["checkpoints", "--help"]):
+        with pytest.raises(SystemExit):
+            cli.main(argv)
+        out = capsys.readouterr().out
+        assert "exit codes:" in out and "4  a data-quality suite" in out, argv
+
+
+def test_test_knobs_are_accepted_but_not_shown():
+    parser = cli.build_parser()
+    run = parser.parse_args(["run", "payments", "--lagging-sources", "1"])
+    assert run.lagging_sources == 1
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["run"]
+    assert "--lagging-sources" not in sub.format_help() and "--no-chaining" in sub.format_help()
+
+
+def test_spark_options_and_output_parse_where_they_belong(capsys):
+    parser = cli.build_parser()
+    args = parser.parse_args(["run", "payments", "--master", "local[1]", "--spark-conf", "spark.driver.memory=4g",
+                              "--spark-conf", "spark.a=b=c", "-o", "json", "--debug"])
+    assert (args.master, args.spark_conf, args.output, args.debug) == \
+        ("local[1]", [("spark.driver.memory", "4g"), ("spark.a", "b=c")], "json", True)
+    assert parser.parse_args(["checkpoints", "list", "p", "--json"]).output == "json"  # the older spelling
+    with pytest.raises(SystemExit) as bad:
+        parser.parse_args(["run", "payments", "--spark-conf", "no-equals-sign"])
+    assert bad.value.code == cli.EXIT_USAGE and "is not KEY=VALUE" in capsys.readouterr().err
+
+
+def test_an_unexpected_error_is_one_line_and_the_traceback_comes_with_debug(tmp_path, monkeypatch, capsys):
+    def broken(*_a, **_kw):
+        raise RuntimeError("the disk said no\nand a second line")
+
+    monkeypatch.setattr(DeltaCheckpointStore, "existing", broken)
+    argv = ["checkpoints", "list", "payments", "--warehouse", str(tmp_path)]
+    assert cli.main(argv) == cli.EXIT_FAILED
+    err = capsys.readouterr().err
+    assert err == "ckpt: error: RuntimeError: the disk said no (+1 more lines) (run again with --debug for the traceback)\n"
+    with pytest.raises(RuntimeError, match="the disk said no"):
+        cli.main(argv + ["--debug"])
+
+
+def test_the_driver_logs_quietly_unless_asked(monkeypatch):
+    monkeypatch.delenv(session.LOG_ENV, raising=False)
+    quiet = session.session_conf("local[1]", extra_conf={"spark.driver.extraJavaOptions": "-Dmine=1"})
+    assert quiet["spark.driver.extraJavaOptions"] == \
+        f"-Dlog4j2.configurationFile={session.QUIET_LOG_CONFIG.as_uri()} -Dmine=1"
+    assert session.QUIET_LOG_CONFIG.is_file()
+    assert "org.apache.spark.util.Utils" in session.QUIET_LOG_CONFIG.read_text()
+    monkeypatch.setenv(session.LOG_ENV, "spark")  # what --debug sets
+    assert "spark.driver.extraJavaOptions" not in session.session_conf("local[1]")
+
+
+def test_shell_completion_offers_sub_commands_and_options():
+    ckpt = Path(sys.executable).with_name("ckpt")
+
+    def complete(line: str) -> set[str]:
+        env = {**os.environ, "_ARGCOMPLETE": "1", "_ARGCOMPLETE_IFS": " ", "COMP_LINE": line,
+               "COMP_POINT": str(len(line))}
+        proc = subprocess.run(f"{ckpt} 8>&1 9>/dev/null", shell=True, env=env, capture_output=True, text=True,
+                              timeout=60)
+        return set(proc.stdout.split())
+
+    assert complete("ckpt re") == {"recover", "report"}
+    assert complete("ckpt run payments --mo") == {"--mode"}
