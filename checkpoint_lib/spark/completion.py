@@ -64,6 +64,7 @@ class Completion:
                 ctx.reached("complete")
                 c = e.checkpoint
                 ctx.summary.completed.append(c.checkpoint_id)
+                ctx.metrics.checkpoint_completed(c)
                 ctx.progress(
                     f"checkpoint {c.checkpoint_id} completed in {c.duration * 1000:.0f} ms "
                     f"(source version {c.acks[ctx.topology.sources[0]].state['version']}, "
@@ -80,6 +81,7 @@ class Completion:
                     ctx.progress(f"checkpoint {e.checkpoint_id} completed elsewhere before it expired here")
                     continue
                 ctx.summary.aborted.append((e.checkpoint_id, e.reason.value))
+                ctx.metrics.checkpoint_failed(e.reason.value)
                 if self.runs_keyed:
                     self.keyed.abort(e.checkpoint_id)
                 ctx.progress(f"checkpoint {e.checkpoint_id} aborted: {e.reason.value} {e.message}".rstrip())

@@ -3,7 +3,7 @@
 The roles (the source stage, the keyed stage, completion, recovery) each own their state; they
 share only this: the pipeline wired to its tables, the Spark session, the checkpoint store, the
 attempt (epoch) this process writes as, the coordinator, the kill points, the progress log, the
-run's summary and the DataFrames persisted for the current step.
+metrics, the run's summary and the DataFrames persisted for the current step.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from ..delta.store import DeltaCheckpointStore
 from ..killpoints import KillPoints
+from ..metrics import PipelineMetrics
 from ..pipeline import Pipeline
 from .topology import Topology
 
@@ -39,6 +40,8 @@ class RunContext:
     store: DeltaCheckpointStore
     kills: KillPoints
     progress: Callable[[str], None]
+    metrics: PipelineMetrics
+    """What the process reports to a metrics daemon (:mod:`checkpoint_lib.metrics`; off by default)."""
     summary: RunSummary = field(default_factory=lambda: RunSummary(0, None))
     epoch: int = 0
     """The attempt this process writes as (set when it opens)."""

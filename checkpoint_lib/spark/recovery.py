@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import socket
+import time
 from typing import Any
 
 from ..core.errors import FailureReason, SnapshotIncompatibleError
@@ -95,6 +96,7 @@ class Recovery:
 
     def recover(self) -> RecoveryPlan:
         """Begin a new epoch and restore the latest (or the chosen) completed checkpoint."""
+        started = time.monotonic()
         self.ctx.store.check_readable()  # a damaged control table: refused before anything is written
         stage = "all" if len(self.stages) > 1 else self.stages[0]
         self.ctx.epoch = self.ctx.store.begin_epoch(f"{socket.gethostname()}:{os.getpid()}", f"recover ({stage})")
@@ -118,6 +120,7 @@ class Recovery:
         resume = {"source": self.source.point(self.parallelism), "keyed": self.keyed.point(self.parallelism)}
         self.ctx.store.record_restored(self.ctx.epoch, plan.checkpoint_id, resume)
         self.ctx.summary.restored = plan.checkpoint_id
+        self.ctx.metrics.recovered(time.monotonic() - started)
         if plan.checkpoint:
             self.ctx.progress(f"restored checkpoint {plan.checkpoint_id} as epoch {self.ctx.epoch}")
         else:

@@ -45,6 +45,7 @@ from ..core.types import BarrierMode, CheckpointKind
 from ..delta import log as delta_log
 from ..delta.store import DeltaCheckpointStore
 from ..killpoints import KillPoints
+from ..metrics import PipelineMetrics
 from ..pipeline import Pipeline
 from . import tables
 from .completion import Completion
@@ -120,7 +121,7 @@ class PipelineRunner:
 
         self.topology = t = Topology(p, self.warehouse, spark, check_epoch=lambda epoch: self.store.check_epoch(epoch))
         self.store = DeltaCheckpointStore.open(t.root, retained=self.config.retained)
-        self.ctx = ctx = RunContext(p, t, spark, self.store, KillPoints(), self.progress)
+        self.ctx = ctx = RunContext(p, t, spark, self.store, KillPoints(), self.progress, PipelineMetrics(p.name))
         if not 0 <= lagging_sources < t.S:
             raise ValueError(
                 f"lagging_sources must be within 0..{t.S - 1} (at least one source subtask keeps pace), "

@@ -3,6 +3,8 @@ pandas computation, reruns, fencing, idempotent commits, bad input, state read-b
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from checkpoint_lib.core.decider import CheckpointConfig
@@ -10,11 +12,13 @@ from checkpoint_lib.core.errors import FencedError
 from checkpoint_lib.core.types import CheckpointKind
 from checkpoint_lib.delta.log import NotAppendOnlyError
 from checkpoint_lib.delta.store import DeltaCheckpointStore
+from checkpoint_lib.metrics import METRICS_ENV
 from checkpoint_lib.pipelines import get
 from checkpoint_lib.pipelines.payments import generate
 from checkpoint_lib.spark.runner import PipelineRunner, SchemaMismatchError
 from checkpoint_lib.verify import check_payments, read_delta
 from channel_writes import channel_writes
+from statsd import StatsdCollector
 
 pytestmark = pytest.mark.spark
 ROWS = 600
@@ -25,17 +29,28 @@ def runner(spark, w, **kw) -> PipelineRunner:
     return PipelineRunner(get("payments"), str(w), spark, **kw)
 
 
-def test_exactly_once_across_runs_and_appends(spark, tmp_path):
+def test_exactly_once_across_runs_and_appends(spark, tmp_path, monkeypatch):
     """Both stages in one process are chained: the records go from the landing read to the operator
     with no channel log. A later source-only process writes the channel log; the next chained
-    process applies what it left first, then goes on chained, exactly once and in order."""
+    process applies what it left first, then goes on chained, exactly once and in order. The first
+    run reports its checkpoints and its start (a recovery from scratch) to a StatsD collector."""
     for seed in (1, 2):
         generate(spark, str(tmp_path), ROWS, bad_fraction=0.05, accounts=40, seed=seed)
-    r = runner(spark, tmp_path)
-    writes = channel_writes(r)
-    first = r.run()
+    with StatsdCollector() as collector:
+        monkeypatch.setenv(METRICS_ENV, collector.url)
+        r = runner(spark, tmp_path)
+        monkeypatch.delenv(METRICS_ENV)
+        writes = channel_writes(r)
+        first = r.run()
+        metrics = collector.received()
     assert r.chained and writes == []
     assert first.restored is None and len(first.completed) >= 2
+    counted = Counter(name for name, _, kind in metrics if kind == "c")
+    assert counted == {"checkpoint_lib.payments.checkpoint.completed": len(first.completed),
+                       "checkpoint_lib.payments.recovery": 1}
+    durations = [v for name, v, _ in metrics if name == "checkpoint_lib.payments.checkpoint.duration"]
+    assert len(durations) == len(first.completed) and all(v > 0 for v in durations)
+    assert any(name.endswith("checkpoint.state_bytes") and v > 0 for name, v, _ in metrics)
     check = check_payments(str(tmp_path))
     assert check.ok, check.summary()
     assert check.bad_rows > 0 and check.dlq_rows == check.bad_rows
