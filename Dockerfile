@@ -10,6 +10,7 @@ RUN groupadd --gid 50000 ckpt \
 WORKDIR /opt/checkpoint_lib
 COPY pyproject.toml constraints.txt Makefile README.md ./
 COPY checkpoint_lib ./checkpoint_lib
+COPY plugins ./plugins
 RUN make setup PYTHON=python3.11
 COPY . .
 # What ckpt writes: the warehouse (a new named volume takes the owner of its mount point), Airflow's

@@ -16,7 +16,8 @@
   and savepoints still need; safe while the pipeline runs, skipped while a recovery holds it.
 
 Settings per pipeline from the JSON environment variable ``CKPT_DAG_SETTINGS``, e.g.
-``{"payments": {"snapshot_every_s": 300, "min_pause_s": 30}}`` (keys: :data:`DEFAULTS`).
+``{"payments": {"snapshot_every_s": 300, "min_pause_s": 30}}`` (keys: :data:`DEFAULTS`; ``notifiers``
+lists ``"module:attr"`` notifiers - e.g. a configured ``SlackNotifier`` - told of every failure).
 The warehouse comes from ``CKPT_WAREHOUSE`` or the Airflow Variable ``ckpt_warehouse`` (at run
 time, never at parse time).
 """
@@ -44,7 +45,7 @@ from ckpt_airflow.operators import (
     ValidateRecoveryParamsOperator,
     ValidateRestoreOperator,
 )
-from ckpt_airflow.callbacks import log_failure
+from ckpt_airflow.callbacks import FailureNotifier, resolve_notifier
 from ckpt_airflow.sensors import CheckpointAcksSensor
 
 DEFAULTS: dict[str, Any] = {
@@ -59,6 +60,7 @@ DEFAULTS: dict[str, Any] = {
     "launcher": None,            # None: the hook's default ("session"), or "spark-submit"
     "maintenance_every_s": 86_400,  # <pipeline>_maintenance schedule (daily)
     "retries": 2,
+    "notifiers": [],             # "module:attr" notifiers told of every failure (after the task log's line)
 }
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)
 MODES = ["aligned", "unaligned", "aligned_with_timeout", "at_least_once"]
@@ -79,8 +81,9 @@ def settings_for(pipeline: str) -> dict[str, Any]:
 
 
 def _default_args(s: dict[str, Any]) -> dict[str, Any]:
+    notify = FailureNotifier(then=[resolve_notifier(name) for name in s["notifiers"]])
     return {"owner": "checkpoint_lib", "retries": s["retries"], "retry_delay": timedelta(seconds=30),
-            "on_failure_callback": log_failure, "on_retry_callback": log_failure}
+            "on_failure_callback": notify, "on_retry_callback": notify}
 
 
 def _dag(pipeline: str, kind: str, description: str, s: dict[str, Any], **kwargs: Any) -> DAG:

@@ -1,6 +1,8 @@
 """checkpoint_lib's Airflow provider: hooks (all I/O), operators, a deferrable sensor and its
-trigger, and the Checkpoints page (``ui``). The plugin that registers the page with Airflow is
-``plugins/ckpt_plugin.py``; the DAG factory is ``dags/checkpoint_lib_dags.py``.
+trigger, the failure notifier, and the Checkpoints page (``ui``). Installing the package registers
+it with Airflow (the ``apache_airflow_provider`` entry point, ``provider.py``: the
+``checkpoint_lib`` connection type and its form). The plugin that registers the page with Airflow
+is ``plugins/ckpt_plugin.py``; the DAG factory is ``dags/checkpoint_lib_dags.py``.
 
 Airflow puts ``plugins/`` on ``sys.path``, so this package imports as ``ckpt_airflow`` in the
 scheduler, workers, triggerer, dag-processor and api-server alike (``plugins/.airflowignore``

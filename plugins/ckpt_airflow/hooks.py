@@ -15,8 +15,11 @@ Where things come from (first match wins; nothing is resolved in the constructor
   ``airflow dags test`` one for the whole run), ``"spark-submit"`` runs the ``jobs/`` entry points
   with ``spark-submit --master <master>`` as a child process (killed by ``on_kill``).
 
-Connection ``checkpoint_lib_default`` (type ``generic``) is optional: ``host`` = Spark master,
-extra ``{"warehouse": "/data/warehouse", "launcher": "spark-submit"}``.
+Connection ``checkpoint_lib_default`` (type ``checkpoint_lib``, with a form: Spark master,
+warehouse, launcher) is read by every hook, operator and sensor unless they name another
+(``ckpt_conn_id``); it is optional: without it the environment and the Variable answer. A
+connection named explicitly must exist. ``host`` = Spark master, extra
+``{"warehouse": "/data/warehouse", "launcher": "spark-submit"}``.
 Connection ``ckpt_airflow_api`` (type ``http``) is optional: host = the api-server URL, login and
 password of a user allowed to pause DAGs; without it, DAGs are not paused in Airflow (the
 pipeline's own pause flag in the warehouse still stops this provider's tasks).
@@ -89,8 +92,29 @@ class CheckpointHook(BaseHook):
 
     conn_name_attr = "ckpt_conn_id"
     default_conn_name = "checkpoint_lib_default"
-    conn_type = "generic"
+    conn_type = "checkpoint_lib"
     hook_name = "checkpoint_lib"
+
+    @classmethod
+    def connection_type_info(cls) -> dict[str, Any]:
+        """The connection type and its form, as provider info declares them (``conn-fields``)."""
+        return {
+            "connection-type": cls.conn_type,
+            "hook-class-name": f"{cls.__module__}.{cls.__qualname__}",
+            "hook-name": "checkpoint_lib (Spark + Delta checkpoints)",
+            "conn-fields": {
+                "warehouse": {"label": "Warehouse", "description": "the warehouse root every pipeline lives in",
+                              "schema": {"type": ["string", "null"]}},
+                "launcher": {"label": "Launcher", "description": "session: Spark inside the task process; "
+                             "spark-submit: the jobs/ entry points as a child process",
+                             "schema": {"type": ["string", "null"], "enum": [*LAUNCHERS, None], "default": "session"}},
+            },
+            "ui-field-behaviour": {
+                "hidden-fields": ["schema", "login", "password", "port"],
+                "relabeling": {"host": "Spark master"},
+                "placeholders": {"host": "local[2] or spark://spark-master:7077"},
+            },
+        }
 
     def __init__(
         self,
@@ -105,7 +129,8 @@ class CheckpointHook(BaseHook):
         from checkpoint_lib.control import validate_pipeline_name
 
         self.pipeline = validate_pipeline_name(pipeline)
-        self.ckpt_conn_id = ckpt_conn_id
+        self.ckpt_conn_id = ckpt_conn_id or self.default_conn_name
+        self._conn_required = ckpt_conn_id is not None  # the default one may be absent
         self._warehouse = warehouse
         self._spark_master = spark_master
         if launcher is not None and launcher not in LAUNCHERS:
@@ -122,10 +147,16 @@ class CheckpointHook(BaseHook):
         if self._conn_extra is not None:
             return
         self._conn_extra = {}
-        if self.ckpt_conn_id is None:
+        try:
+            conn = self.get_connection(self.ckpt_conn_id)
+        except Exception:  # noqa: BLE001 - AirflowNotFoundException, or no way to ask (outside a task)
+            if self._conn_required:  # asked for explicitly: a missing one is an error
+                raise
+            log.debug("no connection %s: the environment and the Variable configure the hook", self.ckpt_conn_id)
             return
-        conn = self.get_connection(self.ckpt_conn_id)  # asked for explicitly: a missing one is an error
-        self._conn_extra = dict(conn.extra_dejson or {})
+        extra = dict(conn.extra_dejson or {})
+        prefix = f"extra__{self.conn_type}__"  # how the connection form may store its fields
+        self._conn_extra = {k.removeprefix(prefix): v for k, v in extra.items() if v not in (None, "")}
         self._conn_host = conn.host or None
 
     @property

@@ -27,14 +27,15 @@ class CheckpointAcksSensor(BaseSensorOperator):
     template_fields: Sequence[str] = ("pipeline", "request_id")
 
     def __init__(self, *, pipeline: str, request_id: str, ack_timeout: float = 600.0, warehouse: str | None = None,
-                 deferrable: bool = True, poke_interval: float = 5.0, **kwargs: Any):
+                 ckpt_conn_id: str | None = None, deferrable: bool = True, poke_interval: float = 5.0,
+                 **kwargs: Any):
         super().__init__(poke_interval=poke_interval, timeout=ack_timeout + 60, mode="reschedule" if not deferrable
                          else "poke", **kwargs)
         self.pipeline, self.request_id, self.ack_timeout = pipeline, request_id, ack_timeout
-        self.warehouse, self.deferrable = warehouse, deferrable
+        self.warehouse, self.ckpt_conn_id, self.deferrable = warehouse, ckpt_conn_id, deferrable
 
     def _hook(self) -> CheckpointHook:
-        return CheckpointHook(self.pipeline, warehouse=self.warehouse)
+        return CheckpointHook(self.pipeline, warehouse=self.warehouse, ckpt_conn_id=self.ckpt_conn_id)
 
     def execute(self, context: Any) -> Any:
         if not self.deferrable:

@@ -4,6 +4,7 @@ serialize() round trip and its events, the recovery form's validation, the spark
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import time
 from pathlib import Path
@@ -232,8 +233,76 @@ def test_failure_callback_says_what_failed_and_what_happens_next():
     assert "(no retries left): failed" in last and "idempotent" in last
 
 
-def test_every_dag_task_reports_failures_through_the_callback(dagbag):
-    from ckpt_airflow.callbacks import log_failure
+def test_every_dag_task_reports_failures_through_the_notifier(dagbag):
+    from ckpt_airflow.callbacks import FailureNotifier
 
     tasks = [t for d in dagbag.dags.values() for t in d.tasks if t.task_id != "unless_dry_run"]
-    assert tasks and all(log_failure in (t.on_failure_callback or []) for t in tasks)
+    assert tasks and all(any(isinstance(n, FailureNotifier) for n in (t.on_failure_callback or []))
+                         and any(isinstance(n, FailureNotifier) for n in (t.on_retry_callback or []))
+                         for t in tasks)
+
+
+told: list = []
+
+
+def on_call(context):
+    """A notifier a user names in the settings (``tests.airflow.test_provider:on_call`` style)."""
+    told.append(context["checkpoint_lib_summary"])
+
+
+def test_the_failure_notifier_logs_then_tells_the_notifiers_a_user_named(caplog):
+    from types import SimpleNamespace
+
+    from ckpt_airflow.callbacks import FailureNotifier, resolve_notifier
+
+    told.clear()
+    notifier = FailureNotifier(then=[resolve_notifier(f"{__name__}:on_call")])
+    ti = SimpleNamespace(dag_id="payments_snapshot", task_id="commit", try_number=3, max_tries=2)
+    with caplog.at_level("ERROR", logger="checkpoint_lib.airflow"):
+        notifier({"ti": ti, "exception": RuntimeError("metastore gone")})
+    assert len(told) == 1 and told[0].startswith("checkpoint_lib: payments_snapshot.commit try 3 (no retries left)")
+    assert told[0] in caplog.text
+    with pytest.raises(ValueError, match="module:attr"):
+        resolve_notifier("no_colon")
+
+
+def test_the_installed_provider_registers_its_connection_type_and_form():
+    """The package's ``apache_airflow_provider`` entry point, as Airflow's ProvidersManager reads
+    it: valid against Airflow's own provider schema, the ``checkpoint_lib`` connection type with
+    its form fields and labels."""
+    import jsonschema
+    from airflow.providers_manager import ProvidersManager
+
+    from ckpt_airflow.provider import get_provider_info
+
+    schema = json.loads((Path(__import__("airflow").__file__).parent / "provider_info.schema.json").read_text())
+    jsonschema.validate(get_provider_info(), schema)
+    pm = ProvidersManager()
+    assert "checkpoint-lib" in pm.providers, "pip install -e . registers the entry point (make setup does)"
+    assert pm.hooks["checkpoint_lib"].hook_class_name == "ckpt_airflow.hooks.CheckpointHook"
+    widgets = pm.connection_form_widgets
+    assert {"extra__checkpoint_lib__warehouse", "extra__checkpoint_lib__launcher"} <= set(widgets)
+    behaviour = pm.field_behaviours["checkpoint_lib"]
+    assert behaviour["relabeling"] == {"host": "Spark master"} and "password" in behaviour["hidden_fields"]
+
+
+def test_every_hook_reads_the_default_connection_when_there_is_one(tmp_path, monkeypatch):
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    from ckpt_airflow.hooks import CheckpointHook
+    from ckpt_airflow.sensors import CheckpointAcksSensor
+
+    monkeypatch.setenv("CKPT_WAREHOUSE", str(tmp_path / "from-env"))
+    monkeypatch.delenv("CKPT_SPARK_MASTER", raising=False)
+    assert CheckpointHook("payments").warehouse == str(tmp_path / "from-env")  # no default connection: fine
+    monkeypatch.setenv("AIRFLOW_CONN_CHECKPOINT_LIB_DEFAULT", json.dumps({
+        "conn_type": "checkpoint_lib", "host": "spark://spark-master:7077",
+        "extra": {"extra__checkpoint_lib__warehouse": str(tmp_path / "from-conn"), "launcher": "spark-submit"}}))
+    hook = CheckpointHook("payments")
+    assert (hook.warehouse, hook.spark_master, hook.launcher) == \
+        (str(tmp_path / "from-conn"), "spark://spark-master:7077", "spark-submit")
+    sensor = CheckpointAcksSensor(task_id="acks", pipeline="payments", request_id="r1")
+    assert sensor._hook().warehouse == str(tmp_path / "from-conn")  # the sensor honours it too
+    assert CheckpointHook("payments", warehouse="/explicit").warehouse == "/explicit"  # an argument still wins
+    with pytest.raises(AirflowNotFoundException):
+        _ = CheckpointHook("payments", ckpt_conn_id="named_but_missing").warehouse
