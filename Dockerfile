@@ -17,7 +17,7 @@ COPY . .
 # AIRFLOW_HOME, the Spark configuration docker/entrypoint.sh writes (0700: it holds the auth
 # secret), the Spark workers' work directories, and its home (the working directory: Spark creates
 # spark-warehouse/ there).
-RUN install -d -o ckpt -g ckpt -m 0755 /warehouse /opt/airflow /home/ckpt/spark-work \
+RUN install -d -o ckpt -g ckpt -m 0755 /warehouse /opt/airflow /opt/airflow/logs /home/ckpt/spark-work \
  && install -d -o ckpt -g ckpt -m 0700 /home/ckpt /home/ckpt/spark-conf
 ENV PATH=/opt/checkpoint_lib/.venv/bin:$PATH \
     CKPT_WAREHOUSE=/warehouse \

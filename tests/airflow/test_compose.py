@@ -161,6 +161,56 @@ def test_airflow_has_the_four_components_on_postgres_with_auth_and_no_baked_secr
             assert "SIMPLE_AUTH_MANAGER_ALL_ADMINS" not in text
 
 
+def test_services_start_by_health_restart_and_keep_their_logs(compose):
+    """Every long-running service has a healthcheck that is a real command (Airflow's own
+    ``jobs check``, ``pg_isready``, or a Python probe of the port the service's command opens) and
+    restarts unless stopped; whatever waits for a service waits for it to be healthy (or, the DB
+    migration, completed); Airflow's logs live in a named volume; ``seed`` lands data once."""
+    from airflow.cli.cli_parser import get_parser
+
+    airflow_parser = get_parser()
+    s = compose["services"]
+    once = {"airflow-init", "seed", "demo"}
+    for name, service in s.items():
+        if name in once:
+            continue
+        assert service.get("restart") == "unless-stopped", name
+        test = service["healthcheck"]["test"]
+        assert test[0] == "CMD", name
+        if test[1] == "airflow":
+            airflow_parser.parse_args(test[2:])
+            job = {"airflow-scheduler": "SchedulerJob", "airflow-dag-processor": "DagProcessorJob",
+                   "airflow-triggerer": "TriggererJob"}[name]
+            assert _flag(test, "--job-type") == job and "--local" in test
+        elif test[1] == "pg_isready":
+            assert name == "postgres" and _flag(test, "-U") == service["environment"]["POSTGRES_USER"]
+        else:
+            assert test[1:3] == ["python", "-c"], name
+            compile(test[3], name, "exec")
+            port = re.search(r"localhost:(\d+)/", test[3]).group(1)
+            command = service["command"]
+            expected = _flag(command, "--port") if name == "airflow-api-server" else \
+                _flag(command, "--webui-port") or "8081"  # a worker's web UI: Spark's default port
+            assert port == expected, name
+    for name, service in s.items():
+        for target, wait in (service.get("depends_on") or {}).items():
+            condition = wait["condition"]
+            if condition == "service_healthy":
+                assert "healthcheck" in s[target], f"{name} waits for {target} to be healthy; it has no healthcheck"
+            else:
+                assert (target, condition) == ("airflow-init", "service_completed_successfully") or \
+                    condition == "service_started", (name, target, condition)
+        if name.startswith("airflow-") and name != "airflow-init":
+            assert service["depends_on"] == {"postgres": {"condition": "service_healthy"},
+                                             "airflow-init": {"condition": "service_completed_successfully"}}
+            assert "airflow-logs:/opt/airflow/logs" in service["volumes"], name
+    assert s["airflow-init"]["depends_on"] == {"postgres": {"condition": "service_healthy"}}
+    assert s["airflow-init"]["restart"] == "on-failure" and "airflow-logs" in compose["volumes"]
+    seed = s["seed"]
+    assert seed["command"][:3] == ["ckpt", "generate", "payments"] and seed["restart"] == "no"
+    assert _flag(seed["command"], "--warehouse") == "/warehouse"
+
+
 def test_ports_match_the_commands(compose):
     s = compose["services"]
     api = s["airflow-api-server"]
