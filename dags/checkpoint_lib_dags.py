@@ -4,7 +4,9 @@
   each run reads what landed since the previous one (incremental) and ends with a checkpoint.
 - ``<pipeline>_snapshot``: a periodic global snapshot: ``trigger`` (a durable request, subject to
   min pause / max concurrent) -> ``wait_for_acks`` (deferrable, with a timeout) -> ``commit``
-  (idempotent), or ``abort`` when the wait failed (timeout, decline). ``max_active_runs=1`` and
+  (idempotent), or ``abort`` when the wait failed (timeout, decline). The tasks that commit
+  (``commit``, the run DAG's ``keyed``, the recover DAG's ``recover``) emit the pipeline's sinks as
+  Assets (``ckpt_airflow.assets``): downstream DAGs can be scheduled on them. ``max_active_runs=1`` and
   the idempotent commit mean a checkpoint is never committed twice, also across retries.
 - ``<pipeline>_recover``: manual, with a form: ``checkpoint_id`` ('latest' or a number), ``mode``,
   ``dry_run``. validate (fails fast, touching nothing) -> plan is printed; unless a dry run:
@@ -45,6 +47,7 @@ from ckpt_airflow.operators import (
     ValidateRecoveryParamsOperator,
     ValidateRestoreOperator,
 )
+from ckpt_airflow.assets import sink_assets
 from ckpt_airflow.callbacks import FailureNotifier, resolve_notifier
 from ckpt_airflow.sensors import CheckpointAcksSensor
 
@@ -100,7 +103,7 @@ def build_run_dag(pipeline: str, s: dict[str, Any]) -> DAG:
         common = dict(pipeline=pipeline, mode=s["mode"], rows_per_checkpoint=s["rows_per_checkpoint"],
                       launcher=s["launcher"])
         RunStageOperator(task_id="source", stage="source", **common) >> RunStageOperator(
-            task_id="keyed", stage="keyed", **common)
+            task_id="keyed", stage="keyed", outlets=sink_assets(pipeline), **common)
     return dag
 
 
@@ -114,7 +117,8 @@ def build_snapshot_dag(pipeline: str, s: dict[str, Any]) -> DAG:
             ack_timeout=s["ack_timeout_s"], poke_interval=s["poll_s"], retries=0,
         )
         commit = CommitCheckpointOperator(task_id="commit", pipeline=pipeline, launcher=s["launcher"],
-                                          checkpoint_id="{{ ti.xcom_pull(task_ids='wait_for_acks') }}")
+                                          checkpoint_id="{{ ti.xcom_pull(task_ids='wait_for_acks') }}",
+                                          outlets=sink_assets(pipeline))
         abort = AbortCheckpointOperator(
             task_id="abort", pipeline=pipeline, request_id="{{ ti.xcom_pull(task_ids='trigger') }}",
             reason="expired", message="the snapshot run {{ run_id }} gave up waiting for acks",
@@ -147,7 +151,7 @@ def build_recover_dag(pipeline: str, s: dict[str, Any]) -> DAG:
                                       dag_ids=[f"{pipeline}_run", f"{pipeline}_snapshot"])
         recover = RecoverPipelineOperator(
             task_id="recover", pipeline=pipeline, launcher=s["launcher"], rows_per_checkpoint=s["rows_per_checkpoint"],
-            params_in="{{ ti.xcom_pull(task_ids='validate_params') }}",
+            params_in="{{ ti.xcom_pull(task_ids='validate_params') }}", outlets=sink_assets(pipeline),
         )
         check = ValidateRestoreOperator(task_id="validate_restore", pipeline=pipeline)  # the latest checkpoint
         unpause = UnpausePipelineOperator(task_id="unpause", pipeline=pipeline,

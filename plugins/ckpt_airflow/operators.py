@@ -15,6 +15,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from checkpoint_lib.core.decider import DEFAULT_ROWS_PER_STEP
+from ckpt_airflow.assets import annotate
 from ckpt_airflow.hooks import CheckpointHook
 
 
@@ -77,6 +78,7 @@ class RunStageOperator(CheckpointBaseOperator):
         summary = self.hook.run_stage(self.stage, mode=self.mode, rows_per_checkpoint=self.rows_per_checkpoint,
                                       max_steps=self.max_steps)
         self.log.info("%s stage of %s: %s", self.stage, self.pipeline, summary)
+        annotate(context, self.outlets, self.hook.warehouse, completed=summary.get("completed"))
         return summary
 
 
@@ -123,6 +125,7 @@ class CommitCheckpointOperator(CheckpointBaseOperator):
         except FencedError as exc:
             raise AirflowSkipException(f"not committed: {exc}") from None
         self.log.info("%s", outcome.describe())
+        annotate(context, self.outlets, self.hook.warehouse, checkpoint_id=outcome.checkpoint_id)
         return {"checkpoint_id": outcome.checkpoint_id, "committed": outcome.committed, "noop": outcome.noop}
 
 
@@ -236,6 +239,8 @@ class RecoverPipelineOperator(CheckpointBaseOperator):
             raise AirflowFailException(f"recover needs the validated parameters, got {p!r}")
         summary = self.hook.recover(p["checkpoint_id"], mode=p["mode"], rows_per_checkpoint=self.rows_per_checkpoint)
         self.log.info("recovered %s: %s", self.pipeline, summary)
+        annotate(context, self.outlets, self.hook.warehouse, restored=summary.get("restored"),
+                 completed=summary.get("completed"))
         return summary
 
 

@@ -74,6 +74,29 @@ def test_snapshot_dag_is_honoured_by_the_run_dag_and_commits(world):
     check = check_payments(str(world["warehouse"]))
     assert check.ok, check.summary()
     assert check.ledger_rows == check.valid_rows > 0
+    # the tasks that committed emitted the sinks as Assets: the run DAG's keyed stage (it completed
+    # the checkpoint) in one deployment, the snapshot DAG's commit in the other
+    cid = control.progress(request_id=request.request_id).checkpoint_id
+    sinks = {"x-checkpoint-lib://payments/gold/ledger", "x-checkpoint-lib://payments/gold/balances"}
+    keyed = _asset_events(world["a"], "payments_run")
+    assert {uri for uri, _, _ in keyed} == sinks and {task for _, task, _ in keyed} == {"keyed"}
+    assert all(cid in extra["completed"] and extra["table"].startswith(str(world["warehouse"])) for *_, extra in keyed)
+    committed = _asset_events(world["b"], "payments_snapshot")
+    assert {uri for uri, _, _ in committed} == sinks and {task for _, task, _ in committed} == {"commit"}
+    assert {extra["checkpoint_id"] for *_, extra in committed} == {cid}
+
+
+def _asset_events(env, dag_id):
+    """(asset URI, source task, extra) of every asset event ``dag_id`` emitted, from the deployment's DB."""
+    import sqlite3
+
+    db = sqlite3.connect(Path(env["AIRFLOW_HOME"]) / "airflow.db")
+    try:
+        rows = db.execute("SELECT a.uri, e.source_task_id, e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id "
+                          "WHERE e.source_dag_id = ?", (dag_id,)).fetchall()
+    finally:
+        db.close()
+    return [(uri, task, json.loads(extra) if isinstance(extra, str) else extra) for uri, task, extra in rows]
 
 
 def test_recover_dag_dry_run_and_bad_params_change_nothing(world):

@@ -306,3 +306,19 @@ def test_every_hook_reads_the_default_connection_when_there_is_one(tmp_path, mon
     assert CheckpointHook("payments", warehouse="/explicit").warehouse == "/explicit"  # an argument still wins
     with pytest.raises(AirflowNotFoundException):
         _ = CheckpointHook("payments", ckpt_conn_id="named_but_missing").warehouse
+
+
+def test_the_tasks_that_commit_have_the_sinks_as_assets_and_a_downstream_dag_can_wait_for_them(dagbag):
+    from airflow.sdk import DAG
+
+    from ckpt_airflow.assets import sink_assets
+
+    assets = sink_assets("payments")
+    assert {a.uri for a in assets} == {"x-checkpoint-lib://payments/gold/ledger",
+                                        "x-checkpoint-lib://payments/gold/balances"}
+    for dag_id, task_id in (("payments_run", "keyed"), ("payments_snapshot", "commit"), ("payments_recover", "recover")):
+        task = dagbag.dags[dag_id].get_task(task_id)
+        assert {o.uri for o in task.outlets} == {a.uri for a in assets}, (dag_id, task_id)
+    assert not dagbag.dags["payments_run"].get_task("source").outlets
+    downstream = DAG("reports", schedule=assets[1])  # runs when a checkpoint's commit lands
+    assert downstream.timetable.asset_condition is not None

@@ -1,0 +1,39 @@
+"""The gold sinks as Airflow Assets, for data-aware scheduling: a downstream DAG with
+``schedule=sink_assets("payments")`` (or one of them) runs when a checkpoint's commit lands.
+
+An asset is named ``<pipeline>.<sink>`` with the URI ``x-checkpoint-lib://<pipeline>/<sink path>``
+(the warehouse is resolved at run time, so it is not part of it). The tasks that commit a
+checkpoint - the snapshot DAG's ``commit``, the run DAG's ``keyed`` stage, the recover DAG's
+``recover`` - have the pipeline's sinks as outlets, and each asset event carries the checkpoint
+committed and the table's location in its ``extra``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from airflow.sdk import Asset
+
+SCHEME = "x-checkpoint-lib"
+
+
+def sink_asset(pipeline: str, sink: str, path: str) -> Asset:
+    return Asset(name=f"{pipeline}.{sink}", uri=f"{SCHEME}://{pipeline}/{path.strip('/')}", group="checkpoint_lib")
+
+
+def sink_assets(pipeline: str) -> list[Asset]:
+    """Every sink of the registered ``pipeline``, as an asset."""
+    from checkpoint_lib.pipelines import get
+
+    return [sink_asset(pipeline, name, sink.path) for name, sink in get(pipeline).sinks.items()]
+
+
+def annotate(context: Any, outlets: Iterable[Any], warehouse: str, **extra: Any) -> None:
+    """Put ``extra`` (and where each table lives) on the asset events this task emits."""
+    events = context.get("outlet_events") if hasattr(context, "get") else None
+    if events is None:
+        return
+    for outlet in outlets:
+        if isinstance(outlet, Asset) and outlet.uri.startswith(f"{SCHEME}://"):
+            path = outlet.uri.split("://", 1)[1].split("/", 1)[1]
+            events[outlet].extra = {**extra, "table": f"{warehouse.rstrip('/')}/{path}"}
