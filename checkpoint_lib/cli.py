@@ -11,6 +11,7 @@ an incompatible snapshot...), 4 a data-quality suite failed. An error is one lin
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -151,11 +152,58 @@ def _runner(args: argparse.Namespace, **kw: Any):
     )
 
 
+class RowsBar:
+    """A live bar over the rows a run has to read - done, total, rate, time left - on a terminal
+    (rich); the runner's progress lines print above it. ``total`` grows if more data lands."""
+
+    def __init__(self, total: int, console: Any = None):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.progress = Progress(
+            TextColumn("[bold]reading"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),
+            TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=console, transient=False,
+        )
+        self.task = self.progress.add_task("rows", total=max(total, 1), rate="")
+
+    def update(self, rows: int, seconds: float, backlog: int | None = None) -> None:
+        total = rows + backlog if backlog is not None else None
+        rate = f"{rows / seconds:,.0f} rows/s" if seconds > 0 else ""
+        self.progress.update(self.task, completed=rows, rate=rate,
+                             **({"total": max(total, rows, 1)} if total is not None else {}))
+
+    def __enter__(self) -> "RowsBar":
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.stop()
+
+
+def _bar_wanted(args: argparse.Namespace) -> bool:
+    if _json(args) or not sys.stdout.isatty():
+        return False  # plain lines: a log file or a pipe gets the progress messages only
+    import importlib.util
+
+    return importlib.util.find_spec("rich") is not None
+
+
 def _run(args: argparse.Namespace, recover: bool = False) -> dict[str, Any]:
-    """Run (or recover) the pipeline; the run's summary, printed as a line unless ``-o json``."""
+    """Run (or recover) the pipeline; the run's summary, printed as a line unless ``-o json``. On
+    a terminal a live bar shows the rows read of the backlog, the rate and the time left."""
     runner = _runner(args, restore_checkpoint=args.checkpoint, recover=recover,
                      allow_non_restored_state=args.allow_non_restored_state)
-    summary = runner.run(until_caught_up=args.until_caught_up, max_steps=args.max_steps, handle_signals=True)
+    run = functools.partial(runner.run, until_caught_up=args.until_caught_up, max_steps=args.max_steps,
+                            handle_signals=True)
+    backlog = None
+    if _bar_wanted(args):
+        runner.open()  # the recovery, if any, says what it restored before the bar starts
+        backlog = runner.backlog_rows()
+    if backlog:
+        started = time.monotonic()
+        with RowsBar(backlog) as bar:
+            summary = run(on_step=lambda s: bar.update(s.rows_in, time.monotonic() - started, runner.backlog_rows()))
+    else:
+        summary = run()
     rate = summary.rows_in / summary.seconds if summary.seconds else 0.0
     if not _json(args):
         print(

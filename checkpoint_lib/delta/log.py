@@ -122,6 +122,11 @@ class StepPlanner:
                 break
         return step
 
+    def rows_between(self, after: int, upto: int) -> int:
+        """The rows the versions after ``after`` (at most ``upto``) added (what a run has to read;
+        each version parsed once, and kept for the steps that read it)."""
+        return sum(max(f.rows, 0) for v in range(after + 1, upto + 1) for f in self._version(v)[0])
+
     def metadata_changed(self, after: int, upto: int) -> bool:
         """Whether a commit after ``after`` (at most ``upto``) changed the schema, the table
         properties or the protocol."""

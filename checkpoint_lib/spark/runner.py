@@ -308,12 +308,14 @@ class PipelineRunner:
         final_checkpoint: bool = True,
         final_kind: CheckpointKind = CheckpointKind.CHECKPOINT,
         handle_signals: bool = False,
+        on_step: Callable[[RunSummary], None] | None = None,
     ) -> RunSummary:
         """Open, process (until caught up, or ``max_steps`` steps), take a final checkpoint (of
         ``final_kind``) and close. A source-only run injects the final barrier and does not wait
         for it; a keyed-only run stops when the channel log holds nothing new. With
         ``handle_signals`` (the CLI), SIGTERM/SIGINT stop the loop cleanly (:meth:`request_stop`);
-        otherwise the host's handlers stay (e.g. Airflow's task runner)."""
+        otherwise the host's handlers stay (e.g. Airflow's task runner). ``on_step`` is told the
+        summary after every step (a progress bar)."""
         started = time.monotonic()
         if not self._opened:
             self.open()
@@ -323,6 +325,8 @@ class PipelineRunner:
                 steps += 1
                 moved = self.source_step() if self.runs_source else False
                 consumed = self.keyed_step() if self.runs_keyed and not self.chained else False
+                if on_step is not None:
+                    on_step(self.summary)
                 if not (moved or consumed) and self.runs_keyed and self.keyed_stage.aligning_with_timeout():
                     self._idle_briefly()  # an alignment will time out: wait for it, then go on
                     continue
@@ -336,6 +340,11 @@ class PipelineRunner:
         self.summary.steps = steps
         self.summary.seconds = time.monotonic() - started
         return self.summary
+
+    def backlog_rows(self) -> int | None:
+        """Rows landed and not read yet (None in a keyed-only process): a progress bar's total."""
+        self._check_open()
+        return self.source_stage.backlog_rows() if self.runs_source else None
 
     def source_step(self) -> bool:
         """Read the next versions of the landing table into the operator (chained) or the channel

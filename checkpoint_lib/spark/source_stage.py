@@ -83,6 +83,15 @@ class SourceStage:
                 status = "aborted" if row["status"] == "aborted" else "completed"
                 self.ctx.coordinator.finished_elsewhere(cid, status, row["completion_time"] or row["recorded_at"])
 
+    def backlog_rows(self) -> int:
+        """The rows landed (or registered, for a folder) beyond the offset: what is left to read.
+        Control plane only: the log's (or manifest's) row counts, no data read."""
+        if self.t.folder is not None:
+            latest = self.t.folder.latest_version()
+            return 0 if latest is None else sum(max(f.rows, 0) for f in self.t.folder.added_files(self.offset, latest))
+        latest = delta_log.latest_version(self.t.source_path)
+        return 0 if latest is None else self.planner.rows_between(self.offset, latest)
+
     def step(self) -> bool:
         """Read the next versions of the landing table into the channel log. False: nothing new."""
         self.sync_pending()

@@ -83,3 +83,27 @@ def test_shell_completion_offers_sub_commands_and_options():
 
     assert complete("ckpt re") == {"recover", "report"}
     assert complete("ckpt run payments --mo") == {"--mode"}
+
+
+def test_the_rows_bar_shows_done_total_rate_and_grows_with_new_data():
+    import io
+
+    from rich.console import Console
+
+    out = io.StringIO()
+    with cli.RowsBar(1000, console=Console(file=out, force_terminal=True, width=120, color_system=None)) as bar:
+        bar.update(250, 2.0, backlog=750)
+        bar.update(600, 4.0, backlog=900)  # more landed meanwhile: the total is 1,500 now
+        task = bar.progress.tasks[0]
+        assert (task.completed, task.total, task.fields["rate"]) == (600, 1500, "150 rows/s")
+    text = out.getvalue()
+    assert "600/1500 rows" in text and "150 rows/s" in text
+
+
+def test_no_bar_for_machines_or_pipes(monkeypatch):
+    parser = cli.build_parser()
+    assert not cli._bar_wanted(parser.parse_args(["run", "payments", "-o", "json"]))
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
+    assert not cli._bar_wanted(parser.parse_args(["run", "payments"]))
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert cli._bar_wanted(parser.parse_args(["run", "payments"]))

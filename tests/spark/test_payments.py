@@ -41,8 +41,12 @@ def test_exactly_once_across_runs_and_appends(spark, tmp_path, monkeypatch):
         r = runner(spark, tmp_path)
         monkeypatch.delenv(METRICS_ENV)
         writes = channel_writes(r)
-        first = r.run()
+        r.open()
+        assert r.backlog_rows() == 2 * ROWS  # the progress bar's total: the landing log's row counts
+        seen = []
+        first = r.run(on_step=lambda s: seen.append((s.rows_in, r.backlog_rows())))
         metrics = collector.received()
+    assert [done + left for done, left in seen] == [2 * ROWS] * len(seen) and seen[-1] == (2 * ROWS, 0)
     assert r.chained and writes == []
     assert first.restored is None and len(first.completed) >= 2
     counted = Counter(name for name, _, kind in metrics if kind == "c")
