@@ -125,8 +125,24 @@ def collect(pipeline_name: str, warehouse: str) -> dict[str, Any]:
             "data_docs": str(data_docs_index(root, pipeline_name)), "generated_at": datetime.now(timezone.utc).timestamp()}
 
 
-def render(data: dict[str, Any]) -> str:
-    """The report's HTML (self-contained: inline CSS and SVG, no script)."""
+CHART_CSS = f"""
+.grid4 {{ display: grid; grid-template-columns: repeat(auto-fill, {W + 2}px); gap: 12px; }}
+.card {{ border: 1px solid var(--border); border-radius: 6px; background: var(--card); }}
+svg .title {{ font-weight: 600; font-size: 13px; fill: var(--fg); }} svg .tick {{ font-size: 10px; fill: var(--muted); }}
+svg .axis {{ stroke: var(--axis); }} svg .grid {{ stroke: var(--gridline); }}
+svg .line {{ fill: none; stroke: #2563eb; stroke-width: 2; }} svg .pt {{ fill: #2563eb; }}
+svg .recovery {{ stroke: #d97706; stroke-width: 2; stroke-dasharray: 5 3; }}
+svg .recovery-label {{ font-size: 10px; fill: #b45309; }} svg .aborted {{ stroke: #dc2626; stroke-width: 2; }}
+svg .empty {{ fill: #9aa5b1; }}
+"""
+"""The charts' look, from CSS variables a page sets for its light or dark theme (:data:`LIGHT`)."""
+LIGHT = "--fg: #1d2733; --muted: #5a6878; --bg: #fff; --card: #fbfcfe; --border: #d5dde6; --axis: #7a8898; --gridline: #e6ebf0; --head: #eef2f6;"
+DARK = "--fg: #e2e8f0; --muted: #a0aec0; --bg: #1a202c; --card: #222b3a; --border: #3b475a; --axis: #718096; --gridline: #2d3748; --head: #2d3748;"
+
+
+def charts_html(data: dict[str, Any]) -> str:
+    """The four history charts of :func:`collect`'s data (duration, state size, channel-state
+    size, alignment), with a marker at every recovery and a cross at every aborted checkpoint."""
     done = data["completed"]
     aborted = [r["checkpoint_id"] for r in data["history"] if r["status"] == "aborted"]
     markers = []
@@ -144,7 +160,14 @@ def render(data: dict[str, Any]) -> str:
         ("Channel-state size", "bytes", [(c["checkpoint_id"], float(c["channel_state_bytes"] or 0)) for c in done]),
         ("Alignment time", "ms", [(c["checkpoint_id"], float(c["alignment_ms"] or 0)) for c in done]),
     ]
-    charts = "".join(f'<div class="card">{svg_chart(t, u, p, markers, aborted)}</div>' for t, u, p in series)
+    return "".join(f'<div class="card">{svg_chart(t, u, p, markers, aborted)}</div>' for t, u, p in series)
+
+
+def render(data: dict[str, Any]) -> str:
+    """The report's HTML (self-contained: inline CSS and SVG, no script)."""
+    done = data["completed"]
+    aborted = [r["checkpoint_id"] for r in data["history"] if r["status"] == "aborted"]
+    charts = charts_html(data)
 
     latest: dict[str, dict[str, Any]] = {}
     for v in data["validations"]:
@@ -181,17 +204,13 @@ def render(data: dict[str, Any]) -> str:
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{_esc(data["pipeline"])}: checkpoints and data quality</title>
 <style>
-body {{ font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #1d2733; background: #fff; }}
+:root {{ {LIGHT} }}
+body {{ font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: var(--fg); background: var(--bg); }}
 h1 {{ font-size: 22px; margin: 0 0 4px; }} h2 {{ font-size: 17px; margin: 24px 0 8px; }}
-.meta {{ color: #5a6878; }} .grid4 {{ display: grid; grid-template-columns: repeat(2, {W + 2}px); gap: 12px; }}
-.card {{ border: 1px solid #d5dde6; border-radius: 6px; background: #fbfcfe; }}
-svg .title {{ font-weight: 600; font-size: 13px; fill: #1d2733; }} svg .tick {{ font-size: 10px; fill: #5a6878; }}
-svg .axis {{ stroke: #7a8898; }} svg .grid {{ stroke: #e6ebf0; }} svg .line {{ fill: none; stroke: #2563eb; stroke-width: 2; }}
-svg .pt {{ fill: #2563eb; }} svg .recovery {{ stroke: #d97706; stroke-width: 2; stroke-dasharray: 5 3; }}
-svg .recovery-label {{ font-size: 10px; fill: #b45309; }} svg .aborted {{ stroke: #dc2626; stroke-width: 2; }}
-svg .empty {{ fill: #9aa5b1; }}
-table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #d5dde6; padding: 3px 8px; text-align: left; vertical-align: top; }}
-th {{ background: #eef2f6; }} pre {{ margin: 0; font-size: 12px; white-space: pre-wrap; max-width: 640px; }}
+.meta {{ color: var(--muted); }} .grid4 {{ max-width: {2 * W + 16}px; }}
+{CHART_CSS}
+table {{ border-collapse: collapse; }} td, th {{ border: 1px solid var(--border); padding: 3px 8px; text-align: left; vertical-align: top; }}
+th {{ background: var(--head); }} pre {{ margin: 0; font-size: 12px; white-space: pre-wrap; max-width: 640px; }}
 tr.passed .status, .status.passed {{ color: #15803d; font-weight: 600; }}
 tr.failed .status, tr.error .status, .status.failed, .status.error {{ color: #b91c1c; font-weight: 600; }}
 tr.aborted td {{ color: #b91c1c; }}

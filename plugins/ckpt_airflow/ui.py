@@ -1,10 +1,14 @@
 """The Checkpoints page: a FastAPI app the api-server mounts at ``/checkpoints`` (see
 ``plugins/ckpt_plugin.py``), shown in Airflow's navigation as an external view.
 
-- ``GET /checkpoints/`` : the page (server-rendered HTML, no JavaScript): pipelines, the history of
-  the chosen one (id, kind, status, trigger time, duration, state size, channel-state size,
-  alignment time, aligned/unaligned, failure reason), the per-subtask acks of one checkpoint
-  (``?pipeline=payments&checkpoint=7``), and a link to the latest data-quality report.
+- ``GET /checkpoints/`` : the page (server-rendered HTML): pipelines, the chosen one's charts
+  (checkpoint duration, state size, channel-state size, alignment time, with its recoveries and
+  aborted checkpoints: the HTML report's charts) and history (id, kind, status, trigger time,
+  duration, state size, channel-state size, alignment time, aligned/unaligned, failure reason),
+  the per-subtask acks of one checkpoint (``?pipeline=payments&checkpoint=7``), links to the
+  pipeline's DAGs and to the latest data-quality report. It follows Airflow's light or dark theme
+  (the one script on the page reads it from the frame around it; unframed, the browser's
+  preference decides).
 - ``GET /checkpoints/api/pipelines``, ``.../api/{pipeline}/checkpoints``,
   ``.../api/{pipeline}/checkpoints/{id}/acks``: the same as JSON.
 - ``GET /checkpoints/quality/{pipeline}/{path}``: files of the pipeline's GX Data Docs
@@ -42,6 +46,7 @@ from airflow.api_fastapi.core_api.security import GetUserDep, get_user
 
 from checkpoint_lib.control import PipelineControl, checkpoint_root, parse_checkpoint_id, validate_pipeline_name
 from checkpoint_lib.core.errors import UnknownCheckpointError
+from checkpoint_lib.quality.report import CHART_CSS, DARK, LIGHT, charts_html, collect
 
 if TYPE_CHECKING:
     from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
@@ -241,12 +246,31 @@ def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str]], link=None
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-STYLE = """
-body{font-family:system-ui,sans-serif;margin:1.5rem;color:#1a202c}
-table{border-collapse:collapse;font-size:.9rem}th,td{border:1px solid #cbd5e0;padding:.25rem .5rem;text-align:right}
-th{background:#edf2f7}tr.status-aborted td{background:#fff5f5}tr.status-pending td{background:#fffff0}
-nav a{margin-right:1rem}
+STYLE = f"""
+:root{{{LIGHT} --bad:#fff5f5; --wait:#fffff0; --link:#2563eb}}
+:root[data-theme=dark]{{{DARK} --bad:#3b2226; --wait:#3a3622; --link:#7aa2f7}}
+@media (prefers-color-scheme: dark){{:root:not([data-theme=light]){{{DARK} --bad:#3b2226; --wait:#3a3622; --link:#7aa2f7}}}}
+body{{font-family:system-ui,sans-serif;margin:1.5rem;color:var(--fg);background:var(--bg)}}
+a{{color:var(--link)}}
+table{{border-collapse:collapse;font-size:.9rem}}th,td{{border:1px solid var(--border);padding:.25rem .5rem;text-align:right}}
+th{{background:var(--head)}}tr.status-aborted td{{background:var(--bad)}}tr.status-pending td{{background:var(--wait)}}
+nav a{{margin-right:1rem}}.dags a{{margin-right:.75rem}}
+{CHART_CSS}
 """
+# Airflow's UI marks its theme on its root element; the page, framed by it, takes the same. Unframed
+# (or another origin), the browser's preference decides through the CSS above.
+THEME_SCRIPT = """<script>try{if(window.parent!==window){var r=window.parent.document.documentElement;
+var dark=r.classList.contains('dark')||r.getAttribute('data-theme')==='dark'||r.style.colorScheme==='dark';
+document.documentElement.setAttribute('data-theme',dark?'dark':'light');}}catch(e){}</script>"""
+
+
+def _charts(pipeline: str) -> str:
+    """The HTML report's four charts of the pipeline's history (nothing before its first run)."""
+    try:
+        data = collect(pipeline, _warehouse())
+    except FileNotFoundError:  # never ran here: no store, nothing to draw (and nothing is created)
+        return ""
+    return f'<div class="grid4">{charts_html(data)}</div>'
 
 
 @app.get("/", response_class=HTMLResponse)
@@ -257,13 +281,17 @@ def page(user: GetUserDep, pipeline: str | None = None, checkpoint: str | None =
     else:  # the first this user may read
         pipeline = pipelines[0] if pipelines else None
     nav = "".join(f'<a href="?pipeline={p}">{p}</a>' for p in pipelines)
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Checkpoints</title><style>{STYLE}</style>"
-             f"</head><body><h1>Checkpoints</h1><nav>{nav}</nav>"]
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Checkpoints</title>{THEME_SCRIPT}"
+             f"<style>{STYLE}</style></head><body><h1>Checkpoints</h1><nav>{nav}</nav>"]
     if pipeline is None:
         parts.append("<p><em>No pipeline whose DAGs you may read.</em></p>")
     else:
         control = _control(pipeline)
         parts.append(f"<h2>{html.escape(pipeline)}</h2>")
+        dags = "".join(f'<a href="/dags/{html.escape(d)}" target="_top">{html.escape(d)}</a>'
+                       for d in pipeline_dag_ids(pipeline))
+        parts.append(f'<p class="dags">DAGs: {dags}</p>')
+        parts.append(_charts(pipeline))
         docs = _quality_dir(pipeline) / "index.html"
         if docs.is_file():
             parts.append(f'<p><a href="quality/{pipeline}/index.html">Latest data-quality report</a></p>')

@@ -26,7 +26,9 @@ from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleA
 
 from checkpoint_lib.control import PipelineControl
 from checkpoint_lib.delta.store import DeltaCheckpointStore
+from browser import screenshot
 from helpers import AIRFLOW
+from history import synthetic_history
 
 SIMPLE = f"{SimpleAuthManager.__module__}.SimpleAuthManager"
 TOKEN_COOKIE = "_token"  # airflow.api_fastapi.auth.managers.base_auth_manager.COOKIE_NAME_JWT_TOKEN
@@ -170,6 +172,29 @@ def test_a_pipeline_needs_read_access_to_every_one_of_its_dags(tmp_path, monkeyp
         for path in ("/checkpoints/api/payments/checkpoints", f"/checkpoints/api/payments/checkpoints/{cid}/acks",
                      "/checkpoints/?pipeline=payments", "/checkpoints/quality/payments/index.html"):
             assert api.get("payments_run_reader", path).status_code == 403, path
+
+
+def test_the_page_draws_the_history_and_follows_airflows_theme(tmp_path, monkeypatch, migrated_db):
+    """The report's charts on the page (every completed checkpoint a point, the recovery a marker,
+    the aborted checkpoint a cross), links to the pipeline's DAGs in the main window, and the page
+    as a user sees it in headless Chromium in Airflow's light and dark themes."""
+    warehouse = synthetic_history(tmp_path / "warehouse")
+    monkeypatch.setenv("CKPT_WAREHOUSE", str(warehouse))
+    with api_server(tmp_path, {"viewer": "viewer"}) as api:
+        page = api.get("viewer", "/checkpoints/?pipeline=payments").text
+    assert page.count('<svg class="chart"') == 4 and page.count('class="pt"') == 4 * 5  # checkpoints 1-3, 5, 6
+    assert page.count('class="recovery"') == 4 and page.count('class="aborted"') == 4
+    for dag in ("payments_run", "payments_snapshot", "payments_recover"):
+        assert f'<a href="/dags/{dag}" target="_top">{dag}</a>' in page
+    assert "window.parent.document.documentElement" in page  # the theme of the frame around it
+    blue = bytes((0x25, 0x63, 0xEB))  # the plotted lines and points
+    for theme, background in (("light", (0xFF, 0xFF, 0xFF)), ("dark", (0x1A, 0x20, 0x2C))):
+        framed = tmp_path / f"{theme}.html"  # what the script sets when Airflow's UI is in that theme
+        framed.write_text(page.replace("<html>", f'<html data-theme="{theme}">', 1))
+        width, bpp, rows = screenshot(framed.as_uri(), tmp_path / f"{theme}.png", 1300, 1000)
+        assert rows[4][4 * bpp:4 * bpp + 3] == bytes(background), theme
+        pixels = [row[i:i + 3] for row in rows[100:900] for i in range(0, len(row), bpp)]
+        assert pixels.count(blue) > 200, f"no plotted points or lines visible in the {theme} theme"
 
 
 def test_the_page_stays_inside_the_warehouse(tmp_path, monkeypatch, migrated_db):
