@@ -163,11 +163,14 @@ def with_ratios(rows: list[dict]) -> list[dict]:
 ORDER = [FLOOR, EXPERT, PEER] + [label_of(m) for m in MODES]
 
 
-def logged_throughput(store: results_log.ResultsLog, rows_per_checkpoint: int, accounts: int) -> list[dict]:
-    """Every size the log holds for this interval and number of accounts, its latest row per
-    contender, smallest size first, in contender order: the table runs of several sittings make."""
+def logged_throughput(store: results_log.ResultsLog, rows_per_checkpoint: int, accounts: int,
+                      since: str = "") -> list[dict]:
+    """Every size the log holds for this interval and number of accounts (measured at or after
+    ``since``, a UTC date or time as the log writes them), its latest row per contender, smallest
+    size first, in contender order: the table runs of several sittings make."""
     rows = [r for r in store.rows("throughput")
-            if r.get("rows_per_checkpoint") == rows_per_checkpoint and r.get("accounts") == accounts]
+            if r.get("rows_per_checkpoint") == rows_per_checkpoint and r.get("accounts") == accounts
+            and (r.get("measured_at") or "") >= since]
     latest = results_log.latest_by_config(rows)
     rank = {c: i for i, c in enumerate(ORDER)}
     return [r for config in sorted(latest, key=lambda c: c[0])
@@ -303,6 +306,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                     "appended to (JSON lines; '' for none)")
     ap.add_argument("--render-only", action="store_true", help="run nothing: rewrite the throughput and overhead "
                     "tables (this --rows-per-checkpoint and --accounts) from the results log into --docs")
+    ap.add_argument("--since", default="", metavar="UTC", help="tables hold only rows measured at or after this "
+                    "UTC date or time (e.g. 2026-11-26: one sitting's rows, older ones stay in the log)")
     ap.add_argument("--resume", action="store_true", help="skip contenders the results log already holds for "
                     "the same events, interval and accounts (a run that stopped goes on)")
     for section in SECTIONS:
@@ -347,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         for size in sizes:
             results += throughput(spark, base, size, args, log, store)
         if store is not None:  # the table holds every size measured with this interval, in any run
-            results = logged_throughput(store, args.rows_per_checkpoint, args.accounts) if results else []
+            results = logged_throughput(store, args.rows_per_checkpoint, args.accounts, args.since) if results else []
         results = with_ratios(results)
 
         def logged(name: str, rows: list[dict]) -> list[dict]:  # kept as soon as the section is done
@@ -358,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         recovered = logged("recovery", recovery_bench.recovery(spark, base, args, log)) \
             if ours and not args.skip_recovery else []
         states = logged("state", state_bench.state_growth(spark, base, args, log)) if ours and not args.skip_state else []
-        local = logged_throughput(store, args.rows_per_checkpoint, args.accounts) if store else results
+        local = logged_throughput(store, args.rows_per_checkpoint, args.accounts, args.since) if store else results
         clustered = logged("cluster", cluster_bench.cluster(spark, base, args, log, local)) \
             if ours and not args.skip_cluster else []
     finally:
@@ -399,7 +404,8 @@ def render_only(args: argparse.Namespace) -> int:
     """Rewrite the throughput and overhead tables from the results log alone: no Spark, nothing run."""
     if not args.results:
         raise SystemExit("--render-only needs the results log (--results)")
-    rows = logged_throughput(results_log.ResultsLog(args.results, commit=""), args.rows_per_checkpoint, args.accounts)
+    rows = logged_throughput(results_log.ResultsLog(args.results, commit=""), args.rows_per_checkpoint, args.accounts,
+                             args.since)
     if not rows:
         raise SystemExit(f"{args.results} holds no throughput rows with a checkpoint every "
                          f"{args.rows_per_checkpoint:,} events and {args.accounts:,} accounts")

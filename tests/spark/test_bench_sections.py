@@ -137,6 +137,8 @@ def test_tables_combine_runs_and_compare_each_size_with_its_own_floor(tmp_path):
     second.append("throughput", _row(1_000_000, FLOOR, 8.0))
     second.append("throughput", _row(1_000_000, FLOOR, 6.0))  # measured again: the latest counts
     second.append("throughput", {**_row(1_000_000, FLOOR, 1.0), "accounts": 5})  # another table
+    assert {r["events"] for r in logged_throughput(second, 100_000, 10_000, since="9999")} == set()
+    assert {r["events"] for r in logged_throughput(second, 100_000, 10_000, since="2000-01-01")} == {1_000_000, 5_000_000}
     rows = with_ratios(logged_throughput(second, 100_000, 10_000))
     assert [(r["events"], r["contender"]) for r in rows] == [
         (1_000_000, FLOOR), (1_000_000, "ours, aligned"),
