@@ -4,7 +4,8 @@
 - ``GET /checkpoints/`` : the page (server-rendered HTML): pipelines, the chosen one's charts
   (checkpoint duration, state size, channel-state size, alignment time, with its recoveries and
   aborted checkpoints: the HTML report's charts) and history (id, kind, status, trigger time,
-  duration, state size, channel-state size, alignment time, aligned/unaligned, failure reason),
+  duration, state size, channel-state size, alignment time, aligned/unaligned, failure reason, who
+  requested it, linked to the DAG run that did),
   the per-subtask acks of one checkpoint (``?pipeline=payments&checkpoint=7``), links to the
   pipeline's DAGs and to the latest data-quality report. It follows Airflow's light or dark theme
   (the one script on the page reads it from the frame around it; unframed, the browser's
@@ -57,7 +58,7 @@ COLUMNS = [
     ("checkpoint_id", "id"), ("kind", "kind"), ("status", "status"), ("trigger_time", "triggered (UTC)"),
     ("duration_ms", "duration ms"), ("state_bytes", "state bytes"), ("channel_state_bytes", "channel-state bytes"),
     ("channel_state_rows", "channel-state rows"), ("alignment_ms", "alignment ms"), ("unaligned", "aligned?"),
-    ("failure_reason", "failure reason"), ("message", "message"),
+    ("failure_reason", "failure reason"), ("message", "message"), ("requested_by", "requested by"),
 ]
 ACK_COLUMNS = ["subtask", "state_size_bytes", "channel_state_rows", "channel_state_bytes", "alignment_ms",
                "unaligned", "duration_ms", "ack_time"]
@@ -165,9 +166,20 @@ def _checkpoint_id(value: str) -> int:
 
 
 def _history(control: PipelineControl, limit: int) -> list[dict[str, Any]]:
+    """The history rows, each with who asked for it (``requested_by``) and, for a request of one
+    of the pipeline's DAGs, the DAG run (``dag_run``: the request id is the run id)."""
     if not control.root.is_dir():
         return []  # never run (or no warehouse yet): an empty history
-    return [{k: r.get(k) for k, _ in COLUMNS} for r in control.history(limit)]
+    requests = {r.checkpoint_id: r for r in control.requests.all() if r.checkpoint_id is not None}
+    dags = set(pipeline_dag_ids(control.pipeline_name))
+    rows = []
+    for r in control.history(limit):
+        row = {k: r.get(k) for k, _ in COLUMNS}
+        request = requests.get(r.get("checkpoint_id"))
+        row["requested_by"] = request.requested_by if request else None
+        row["dag_run"] = request.request_id if request and request.requested_by in dags else None
+        rows.append(row)
+    return rows
 
 
 def _acks(control: PipelineControl, cid: int) -> list[dict[str, Any]]:
@@ -230,7 +242,8 @@ def _fmt(key: str, value: Any) -> str:
     return html.escape(str(value))
 
 
-def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str]], link=None) -> str:
+def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str]], links=None) -> str:
+    """``links``: column -> (row -> (href, target) or None), for the cells that link somewhere."""
     if not rows:
         return "<p><em>none yet</em></p>"
     head = "".join(f"<th>{html.escape(title)}</th>" for _, title in columns)
@@ -239,8 +252,9 @@ def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str]], link=None
         cells = []
         for key, _ in columns:
             text = _fmt(key, r.get(key))
-            if link and key == "checkpoint_id":
-                text = f'<a href="{link(r[key])}">{text}</a>'
+            if links and key in links and (target := links[key](r)):
+                href, frame = target
+                text = f'<a href="{html.escape(href)}" target="{frame}">{text}</a>'
             cells.append(f'<td class="{html.escape(key)}">{text}</td>')
         body.append(f'<tr class="status-{html.escape(str(r.get("status", "")))}">{"".join(cells)}</tr>')
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
@@ -303,7 +317,10 @@ def page(user: GetUserDep, pipeline: str | None = None, checkpoint: str | None =
             parts.append(f"<h3>Checkpoint {cid}: acknowledgements per subtask</h3>")
             parts.append(_table(acks, [(k, k.replace("_", " ")) for k in ACK_COLUMNS]))
         parts.append("<h3>History</h3>")
-        parts.append(_table(_history(control, 200), COLUMNS,
-                            link=lambda cid: f"?pipeline={pipeline}&amp;checkpoint={int(cid)}"))
+        parts.append(_table(_history(control, 200), COLUMNS, links={
+            "checkpoint_id": lambda r: (f"?pipeline={pipeline}&checkpoint={int(r['checkpoint_id'])}", "_self"),
+            "requested_by": lambda r: (f"/dags/{r['requested_by']}/runs/{r['dag_run']}", "_top")
+            if r.get("dag_run") else None,
+        }))
     parts.append("</body></html>")
     return "".join(parts)

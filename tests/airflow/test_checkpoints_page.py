@@ -24,6 +24,7 @@ from fastapi.testclient import TestClient
 
 from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
 
+from checkpoint_lib.checkpoint_requests import CheckpointRequests
 from checkpoint_lib.control import PipelineControl
 from checkpoint_lib.delta.store import DeltaCheckpointStore
 from browser import screenshot
@@ -179,9 +180,18 @@ def test_the_page_draws_the_history_and_follows_airflows_theme(tmp_path, monkeyp
     the aborted checkpoint a cross), links to the pipeline's DAGs in the main window, and the page
     as a user sees it in headless Chromium in Airflow's light and dark themes."""
     warehouse = synthetic_history(tmp_path / "warehouse")
+    requests = CheckpointRequests(warehouse / "_checkpoints" / "payments")
+    run_id = "scheduled__2026-09-21T14:00:00+00:00"  # the snapshot DAG's run that asked for checkpoint 5
+    requests.honour([requests.create(run_id, "payments_snapshot")[0]], 5, 2)
+    requests.honour([requests.create("savepoint-1", "ckpt savepoint")[0]], 6, 2)
     monkeypatch.setenv("CKPT_WAREHOUSE", str(warehouse))
     with api_server(tmp_path, {"viewer": "viewer"}) as api:
         page = api.get("viewer", "/checkpoints/?pipeline=payments").text
+        rows = {r["checkpoint_id"]: r for r in api.get("viewer", "/checkpoints/api/payments/checkpoints").json()}
+    assert (rows[5]["requested_by"], rows[5]["dag_run"]) == ("payments_snapshot", run_id)
+    assert (rows[6]["requested_by"], rows[6]["dag_run"]) == ("ckpt savepoint", None)  # not a DAG's: no link
+    assert f'<a href="/dags/payments_snapshot/runs/{run_id}" target="_top">payments_snapshot</a>' in page
+    assert '<td class="requested_by">ckpt savepoint</td>' in page
     assert page.count('<svg class="chart"') == 4 and page.count('class="pt"') == 4 * 5  # checkpoints 1-3, 5, 6
     assert page.count('class="recovery"') == 4 and page.count('class="aborted"') == 4
     for dag in ("payments_run", "payments_snapshot", "payments_recover"):
