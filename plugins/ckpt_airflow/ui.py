@@ -64,7 +64,7 @@ ACK_COLUMNS = ["subtask", "state_size_bytes", "channel_state_rows", "channel_sta
                "unaligned", "duration_ms", "ack_time"]
 
 DAG_KINDS = ("run", "snapshot", "recover")
-"""The DAGs ``dags/checkpoint_lib_dags.py`` builds per pipeline: ``<pipeline>_<kind>``."""
+"""The DAGs ``dag_factory.py`` builds per pipeline: ``<pipeline>_<kind>``."""
 
 app = FastAPI(title="checkpoint_lib: Checkpoints", dependencies=[Depends(get_user)],
               openapi_url=None, docs_url=None, redoc_url=None)

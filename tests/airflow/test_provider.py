@@ -308,6 +308,14 @@ def test_every_hook_reads_the_default_connection_when_there_is_one(tmp_path, mon
         _ = CheckpointHook("payments", ckpt_conn_id="named_but_missing").warehouse
 
 
+def test_the_dags_come_from_the_installed_factory_and_belong_to_the_dag_file(dagbag):
+    """``dags/checkpoint_lib_dags.py`` is two lines over ``ckpt_airflow.dag_factory``; Airflow
+    attributes every DAG to that file (it re-parses it to run a task)."""
+    text = (REPO / "dags" / "checkpoint_lib_dags.py").read_text()
+    assert "dags_for_every_pipeline()" in text and "DAG(" not in text
+    assert {d.fileloc for d in dagbag.dags.values()} == {str(REPO / "dags" / "checkpoint_lib_dags.py")}
+
+
 def test_the_tasks_that_commit_have_the_sinks_as_assets_and_a_downstream_dag_can_wait_for_them(dagbag):
     from airflow.sdk import DAG
 

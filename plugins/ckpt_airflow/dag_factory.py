@@ -1,0 +1,204 @@
+"""The DAG factory: four DAGs for every pipeline registered in ``checkpoint_lib.pipelines``.
+
+A deployment's DAGs folder needs one file that puts them in its globals (``dags/checkpoint_lib_dags.py``)::
+
+    from ckpt_airflow.dag_factory import dags_for_every_pipeline
+
+    globals().update(dags_for_every_pipeline())
+
+- ``<pipeline>_run``: the stages as separate tasks (``source`` then ``keyed``), on a schedule;
+  each run reads what landed since the previous one (incremental) and ends with a checkpoint.
+- ``<pipeline>_snapshot``: a periodic global snapshot: ``trigger`` (a durable request, subject to
+  min pause / max concurrent) -> ``wait_for_acks`` (deferrable, with a timeout) -> ``commit``
+  (idempotent), or ``abort`` when the wait failed (timeout, decline). The tasks that commit
+  (``commit``, the run DAG's ``keyed``, the recover DAG's ``recover``) emit the pipeline's sinks as
+  Assets (``ckpt_airflow.assets``): downstream DAGs can be scheduled on them. ``max_active_runs=1`` and
+  the idempotent commit mean a checkpoint is never committed twice, also across retries.
+- ``<pipeline>_recover``: manual, with a form: ``checkpoint_id`` ('latest' or a number), ``mode``,
+  ``dry_run``. validate (fails fast, touching nothing) -> plan is printed; unless a dry run:
+  pause the pipeline and its DAGs -> recover (new epoch, restore, re-commit/abort, replay) ->
+  consistency checks -> unpause (always).
+- ``<pipeline>_maintenance``: daily, one task ``maintain``: the retention rules of
+  ``checkpoint_lib.maintenance`` (old control-table rows, reservation markers, request files,
+  validation results, channel state, removed files), each tied to what the retained checkpoints
+  and savepoints still need; safe while the pipeline runs, skipped while a recovery holds it.
+
+Settings per pipeline from the JSON environment variable ``CKPT_DAG_SETTINGS``, e.g.
+``{"payments": {"snapshot_every_s": 300, "min_pause_s": 30}}`` (keys: :data:`DEFAULTS`; ``notifiers``
+lists ``"module:attr"`` notifiers - e.g. a configured ``SlackNotifier`` - told of every failure).
+The warehouse comes from ``CKPT_WAREHOUSE`` or the Airflow Variable ``ckpt_warehouse`` (at run
+time, never at parse time).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from airflow.sdk import DAG, Param, TriggerRule
+
+from checkpoint_lib.core.decider import DEFAULT_ROWS_PER_STEP
+from checkpoint_lib.pipelines import REGISTRY
+from ckpt_airflow.operators import (
+    AbortCheckpointOperator,
+    CommitCheckpointOperator,
+    MaintainPipelineOperator,
+    PausePipelineOperator,
+    RecoverPipelineOperator,
+    RunStageOperator,
+    TriggerCheckpointOperator,
+    UnpausePipelineOperator,
+    ValidateRecoveryParamsOperator,
+    ValidateRestoreOperator,
+)
+from ckpt_airflow.assets import sink_assets
+from ckpt_airflow.callbacks import FailureNotifier, resolve_notifier
+from ckpt_airflow.sensors import CheckpointAcksSensor
+
+DEFAULTS: dict[str, Any] = {
+    "run_every_s": 600,          # <pipeline>_run schedule
+    "snapshot_every_s": 900,     # <pipeline>_snapshot schedule
+    "min_pause_s": 60,           # after the end of the last checkpoint, before a requested one
+    "max_concurrent": 1,         # checkpoints in flight (pending + requested)
+    "ack_timeout_s": 900,        # a requested checkpoint not completed by then is aborted
+    "poll_s": 10,                # how often the trigger reads the store
+    "mode": "aligned",
+    "rows_per_checkpoint": DEFAULT_ROWS_PER_STEP,
+    "launcher": None,            # None: the hook's default ("session"), or "spark-submit"
+    "maintenance_every_s": 86_400,  # <pipeline>_maintenance schedule (daily)
+    "retries": 2,
+    "notifiers": [],             # "module:attr" notifiers told of every failure (after the task log's line)
+}
+START = datetime(2026, 1, 1, tzinfo=timezone.utc)
+MODES = ["aligned", "unaligned", "aligned_with_timeout", "at_least_once"]
+
+
+def settings_for(pipeline: str) -> dict[str, Any]:
+    """:data:`DEFAULTS` updated with ``CKPT_DAG_SETTINGS[pipeline]``; unknown keys are an error. A
+    pipeline with a cycle (``transfers``) defaults to unaligned: aligned cannot checkpoint it."""
+    raw = os.environ.get("CKPT_DAG_SETTINGS", "").strip()
+    overrides = json.loads(raw).get(pipeline, {}) if raw else {}
+    unknown = set(overrides) - set(DEFAULTS)
+    if unknown:
+        raise ValueError(f"CKPT_DAG_SETTINGS[{pipeline!r}]: unknown keys {sorted(unknown)}; known: {sorted(DEFAULTS)}")
+    base = dict(DEFAULTS)
+    if REGISTRY[pipeline]().feedback:
+        base["mode"] = "unaligned"
+    return {**base, **overrides}
+
+
+def _default_args(s: dict[str, Any]) -> dict[str, Any]:
+    notify = FailureNotifier(then=[resolve_notifier(name) for name in s["notifiers"]])
+    return {"owner": "checkpoint_lib", "retries": s["retries"], "retry_delay": timedelta(seconds=30),
+            "on_failure_callback": notify, "on_retry_callback": notify}
+
+
+def _dag(pipeline: str, kind: str, description: str, s: dict[str, Any], **kwargs: Any) -> DAG:
+    """One of the pipeline's DAGs, ``<pipeline>_<kind>``: never catching up, one run at a time (with
+    the idempotent commit: never two commit phases of one checkpoint), tagged with the pipeline."""
+    kwargs.setdefault("default_args", _default_args(s))
+    return DAG(dag_id=f"{pipeline}_{kind}", description=f"{pipeline}: {description}", start_date=START,
+               catchup=False, max_active_runs=1, tags=["checkpoint_lib", pipeline], **kwargs)
+
+
+def build_run_dag(pipeline: str, s: dict[str, Any]) -> DAG:
+    with _dag(pipeline, "run", "source and keyed stages, incremental, each run ends with a checkpoint", s,
+              schedule=timedelta(seconds=s["run_every_s"])) as dag:
+        common = dict(pipeline=pipeline, mode=s["mode"], rows_per_checkpoint=s["rows_per_checkpoint"],
+                      launcher=s["launcher"])
+        RunStageOperator(task_id="source", stage="source", **common) >> RunStageOperator(
+            task_id="keyed", stage="keyed", outlets=sink_assets(pipeline), **common)
+    return dag
+
+
+def build_snapshot_dag(pipeline: str, s: dict[str, Any]) -> DAG:
+    with _dag(pipeline, "snapshot", "periodic global snapshot (trigger, wait for acks, commit or abort)", s,
+              schedule=timedelta(seconds=s["snapshot_every_s"])) as dag:
+        trigger = TriggerCheckpointOperator(task_id="trigger", pipeline=pipeline, min_pause=s["min_pause_s"],
+                                            max_concurrent=s["max_concurrent"])
+        wait = CheckpointAcksSensor(
+            task_id="wait_for_acks", pipeline=pipeline, request_id="{{ ti.xcom_pull(task_ids='trigger') }}",
+            ack_timeout=s["ack_timeout_s"], poke_interval=s["poll_s"], retries=0,
+        )
+        commit = CommitCheckpointOperator(task_id="commit", pipeline=pipeline, launcher=s["launcher"],
+                                          checkpoint_id="{{ ti.xcom_pull(task_ids='wait_for_acks') }}",
+                                          outlets=sink_assets(pipeline))
+        abort = AbortCheckpointOperator(
+            task_id="abort", pipeline=pipeline, request_id="{{ ti.xcom_pull(task_ids='trigger') }}",
+            reason="expired", message="the snapshot run {{ run_id }} gave up waiting for acks",
+            trigger_rule=TriggerRule.ONE_FAILED,
+        )
+        trigger >> wait >> [commit, abort]
+    return dag
+
+
+def build_recover_dag(pipeline: str, s: dict[str, Any]) -> DAG:
+    with _dag(
+        pipeline, "recover", "restore a checkpoint and replay (manual, with a form)", s,
+        schedule=None,
+        default_args={**_default_args(s), "retries": 0},
+        render_template_as_native_obj=True,  # XCom dicts and lists reach operators as such
+        params={
+            "checkpoint_id": Param(
+                "latest", type="string", pattern=r"^(latest|[1-9][0-9]{0,17})$", maxLength=18,
+                title="Checkpoint id", description="'latest' or the id of a retained completed checkpoint",
+            ),
+            "mode": Param(s["mode"], type="string", enum=MODES, title="Barrier mode after recovery"),
+            "dry_run": Param(False, type="boolean", title="Dry run", description="only print the recovery plan"),
+        },
+    ) as dag:
+        validate = ValidateRecoveryParamsOperator(
+            task_id="validate_params", pipeline=pipeline, checkpoint_id="{{ params.checkpoint_id }}",
+            mode="{{ params.mode }}", dry_run="{{ params.dry_run }}",
+        )
+        pause = PausePipelineOperator(task_id="pause", pipeline=pipeline,
+                                      dag_ids=[f"{pipeline}_run", f"{pipeline}_snapshot"])
+        recover = RecoverPipelineOperator(
+            task_id="recover", pipeline=pipeline, launcher=s["launcher"], rows_per_checkpoint=s["rows_per_checkpoint"],
+            params_in="{{ ti.xcom_pull(task_ids='validate_params') }}", outlets=sink_assets(pipeline),
+        )
+        check = ValidateRestoreOperator(task_id="validate_restore", pipeline=pipeline)  # the latest checkpoint
+        unpause = UnpausePipelineOperator(task_id="unpause", pipeline=pipeline,
+                                          paused_dag_ids="{{ ti.xcom_pull(task_ids='pause') }}")
+        skip_if_dry = _dry_run_gate(validate.output)
+        validate >> skip_if_dry >> pause >> recover >> check >> unpause
+        # A teardown: runs whenever pause succeeded (also after a failed recovery), and does not
+        # decide the run's state, so a failed recovery or check fails the run.
+        unpause.as_teardown(setups=pause)
+    return dag
+
+
+def build_maintenance_dag(pipeline: str, s: dict[str, Any]) -> DAG:
+    with _dag(pipeline, "maintenance", "delete what no retained checkpoint or savepoint needs (bounded growth)", s,
+              schedule=timedelta(seconds=s["maintenance_every_s"])) as dag:
+        MaintainPipelineOperator(task_id="maintain", pipeline=pipeline, launcher=s["launcher"])
+    return dag
+
+
+def _dry_run_gate(validated: Any):
+    from airflow.sdk import task
+
+    @task.short_circuit(task_id="unless_dry_run", ignore_downstream_trigger_rules=False)
+    def unless_dry_run(validated: dict[str, Any]) -> bool:
+        """A dry run stops here: the plan was printed by validate_params, nothing is changed."""
+        return not validated["dry_run"]
+
+    return unless_dry_run(validated)
+
+
+def build_dags(pipeline: str) -> dict[str, DAG]:
+    s = settings_for(pipeline)
+    dags = (build_run_dag(pipeline, s), build_snapshot_dag(pipeline, s), build_recover_dag(pipeline, s),
+            build_maintenance_dag(pipeline, s))
+    return {d.dag_id: d for d in dags}
+
+
+def dags_for_every_pipeline() -> dict[str, DAG]:
+    """The four DAGs of every registered pipeline, by dag id (Airflow takes them from the globals of
+    the DAG file that calls this, and attributes them to that file)."""
+    dags: dict[str, DAG] = {}
+    for name in sorted(REGISTRY):
+        dags.update(build_dags(name))
+    return dags
