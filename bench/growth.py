@@ -45,6 +45,7 @@ from checkpoint_lib.core.recovery import SINK_STATE_KEY  # noqa: E402
 from checkpoint_lib.core.twophase import SinkSnapshot, Transaction  # noqa: E402
 from checkpoint_lib.core.types import CheckpointKind, SubtaskAck, SubtaskId  # noqa: E402
 from checkpoint_lib.delta.store import DeltaCheckpointStore  # noqa: E402
+from checkpoint_lib.history import human_bytes  # noqa: E402
 from checkpoint_lib.layout import checkpoint_root  # noqa: E402
 from checkpoint_lib.maintenance import RetentionPolicy, maintain  # noqa: E402
 from checkpoint_lib.quality.records import ValidationLog  # noqa: E402
@@ -170,19 +171,14 @@ def run(base: Path, checkpoints: int, every: int | None, marks: list[int], log) 
             mark["markers_after"] = len(os.listdir(sim.root / "_ids"))
             out["marks"][n] = mark
             log(f"  {'maintained' if every else 'never maintained'}: {n} checkpoints, "
-                f"{mark['median_ms']:.1f} ms per checkpoint, _checkpoints/{PIPELINE} {human(mark['after'][0])} "
-                f"({human(mark['after'][1])} of it Delta logs), {mark['rows_after']} checkpoint ids, "
+                f"{mark['median_ms']:.1f} ms per checkpoint, _checkpoints/{PIPELINE} {human_bytes(mark['after'][0])} "
+                f"({human_bytes(mark['after'][1])} of it Delta logs), {mark['rows_after']} checkpoint ids, "
                 f"{time.monotonic() - started:.0f} s so far")
     retained = [c.checkpoint_id for c in DeltaCheckpointStore(sim.root).all()]
     out["retained"] = retained
     return out
 
 
-def human(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:,.1f} {unit}"
-    return f"{int(n)} B"
 
 
 def render(results: dict[str, Any], marks: list[int], every: int) -> str:
@@ -196,17 +192,17 @@ def render(results: dict[str, Any], marks: list[int], every: int) -> str:
 
         def cell(m, after=True):
             total, logs = m["after" if after else "before"]
-            return f"{human(total)} ({human(total - logs)} + {human(logs)} log)"
+            return f"{human_bytes(total)} ({human_bytes(total - logs)} + {human_bytes(logs)} log)"
 
         rows.append([label,
                      f"{a['median_ms']:.0f} / {b['median_ms']:.0f} ms ({b['median_ms'] / a['median_ms']:.2f}x)",
                      f"{a['p90_ms']:.0f} / {b['p90_ms']:.0f} ms",
                      f"{cell(a)} / {cell(b)}",
-                     f"{human(a['after'][0] - a['after'][1])} / {human(b['after'][0] - b['after'][1])} "
+                     f"{human_bytes(a['after'][0] - a['after'][1])} / {human_bytes(b['after'][0] - b['after'][1])} "
                      f"({(b['after'][0] - b['after'][1]) / max(1, a['after'][0] - a['after'][1]):.2f}x)",
                      f"{a['rows_after']} / {b['rows_after']}",
                      f"{a['markers_after']} / {b['markers_after']}",
-                     f"{human(a['quality_after'])} / {human(b['quality_after'])}"])
+                     f"{human_bytes(a['quality_after'])} / {human_bytes(b['quality_after'])}"])
     head = ["", f"control plane per checkpoint, median (at {lo} / {hi})", "p90",
             f"`_checkpoints/{PIPELINE}` (data + Delta log)", "without the Delta logs",
             "checkpoint ids in the table", "`_ids` markers", f"`_quality/{PIPELINE}`"]

@@ -26,6 +26,8 @@ import statistics
 import time
 from typing import Any
 
+from checkpoint_lib.history import human_bytes
+
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("state growth (bench/state_growth.py)")
@@ -159,17 +161,12 @@ def render_state(rows: list[dict]) -> str:
         ["accounts in state", "events per checkpoint", "median checkpoint (ms)", "max checkpoint (ms)",
          "median state", "written per checkpoint", "written / state", "bootstrap step (s)"],
         [[f"{r['state_rows']:,}", f"{r['events']:,}", f"{r['median_checkpoint_ms']:.0f}",
-          f"{r['max_checkpoint_ms']:.0f}", human(r["median_state_bytes"]), human(r["median_written_bytes"]),
+          f"{r['max_checkpoint_ms']:.0f}", human_bytes(r["median_state_bytes"]), human_bytes(r["median_written_bytes"]),
           f"{r['median_written_bytes'] / r['median_state_bytes']:.2f}" if r["median_state_bytes"] else "",
           f"{r['bootstrap_s']:.1f}"] for r in rows],
     )
 
 
-def human(n: int) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:,.1f} {unit}"
-    return f"{n} B"
 
 
 def describe(args: argparse.Namespace) -> str:

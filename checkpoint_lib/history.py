@@ -45,13 +45,12 @@ def format_table(rows: Sequence[dict], columns: Iterable[str] | None = None) -> 
 
 
 def human_bytes(n: int | float) -> str:
-    """``1536`` -> ``1.5 KiB``: a size for people."""
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(size) < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
+    """``1536`` -> ``1.5 KiB``: a size for people (the one definition: CLI tables, maintenance
+    reports, the benchmarks' tables)."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{int(n)} B"
 
 
 def _fmt(value, column: str = "") -> str:

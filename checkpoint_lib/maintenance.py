@@ -101,6 +101,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from .layout import check_pipeline_name as validate_pipeline_name
 from .files import fsync_dir
+from .history import human_bytes
 from .layout import channel_state_table, checkpoint_root
 
 if TYPE_CHECKING:
@@ -249,10 +250,10 @@ class MaintenanceReport:
         for table, pin in sorted(self.oldest_pinned_state.items()):
             lines.append(f"state {table}: {pin.get('note', '')}")
         rows = [{"rule": r.rule, "target": r.target, verb: r.deleted, "kept": r.kept, "unit": r.unit,
-                 "freed": _human(r.bytes_freed) if r.bytes_freed else "",
+                 "freed": human_bytes(r.bytes_freed) if r.bytes_freed else "",
                  "note": r.skipped and f"SKIPPED: {r.skipped}" or r.keeps} for r in self.rules]
         lines.append(format_table(rows, ["rule", "target", verb, "kept", "unit", "freed", "note"]))
-        lines.append(f"pipeline directories: {_human(self.bytes_before)} before, {_human(self.bytes_after)} after")
+        lines.append(f"pipeline directories: {human_bytes(self.bytes_before)} before, {human_bytes(self.bytes_after)} after")
         return "\n".join(lines)
 
 
@@ -261,13 +262,6 @@ def _ids(values: Sequence[int]) -> str:
     if len(values) > 8:
         return f"[{values[0]}..{values[-1]}] ({len(values)})"
     return str(values)
-
-
-def _human(n: int) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:,.1f} {unit}"
-    return f"{n} B"
 
 
 # --- the entry point --------------------------------------------------------------------------

@@ -39,6 +39,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..history import human_bytes
+
 __all__ = [
     "ARTIFACTS",
     "DELTA_JAR_VERSION",
@@ -232,13 +234,9 @@ def setup_main() -> int:
         return 1
     for path in jar_paths(directory):
         status = "downloaded" if path.name in fetched else "present"
-        print(f"  {status:<10}  {path.name}  ({_human_size(path.stat().st_size)})")
+        print(f"  {status:<10}  {path.name}  ({human_bytes(path.stat().st_size)})")
     print(f"{len(ARTIFACTS)} jars ready, {len(fetched)} downloaded.")
     return 0
-
-
-def _human_size(size: int) -> str:
-    return f"{size / 1e6:.1f} MB" if size >= 1e6 else f"{size / 1e3:.0f} kB"
 
 
 def _indent_print(message: str) -> None:
