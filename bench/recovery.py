@@ -78,6 +78,7 @@ def recovery(spark: Any, base: str, args: argparse.Namespace, log) -> list[dict]
     for pct in kill_points(args):
         n = pct * VERSIONS_PER_INTERVAL // 100
         w = f"{data}/kill{pct}"
+        shutil.rmtree(w, ignore_errors=True)  # what a run that stopped (or --keep) left there
         floor_out = f"{data}/floor-v{n}"
         run_floor(spark, f"{data}/landing/payments", floor_out, version=n)  # versions 0..n; warms the JVM too
         copy_landing(data, w)
