@@ -52,7 +52,8 @@ bench-growth: setup
 	$(PY) bench/growth.py --docs docs/reliability.md
 
 # The chaos suite and hostile inputs (tests/chaos/run_chaos.py): the figures of docs/reliability.md,
-# regenerated. 3-6 min per run on 2 cores (24 by default); an interrupted run continues where it stopped.
+# regenerated. 3-8 min per run on 2 cores (24 by default; CHAOS_ARGS="--jobs 2" runs two at once); an
+# interrupted run continues where it stopped.
 CHAOS_ARGS ?=
 chaos: setup
 	$(PY) tests/chaos/run_chaos.py --docs docs/reliability.md $(CHAOS_ARGS)
