@@ -19,9 +19,9 @@ import time
 from typing import Any, Sequence
 
 from .core.decider import DEFAULT_ROWS_PER_STEP
+from .core.types import MODES
 
 DEFAULT_WAREHOUSE = os.environ.get("CKPT_WAREHOUSE", "warehouse")
-MODES = ("aligned", "unaligned", "aligned_with_timeout", "at_least_once")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_USER_ERROR, EXIT_QUALITY = 0, 1, 2, 3, 4
 EXIT_CODES = {
     EXIT_OK: "success",

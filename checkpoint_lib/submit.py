@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from .core.decider import DEFAULT_ROWS_PER_STEP
+from .core.types import MODES
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 JOBS_DIR = REPO_ROOT / "jobs"
 STAGES = ("source", "keyed", "all")
-MODES = ("aligned", "unaligned", "aligned_with_timeout", "at_least_once")
 
 
 def build_submit_argv(

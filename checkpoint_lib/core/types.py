@@ -62,6 +62,10 @@ class BarrierMode(enum.Enum):
         return self is not BarrierMode.AT_LEAST_ONCE
 
 
+MODES: tuple[str, ...] = tuple(m.value for m in BarrierMode)
+"""The barrier modes by name, as the CLI, the DAGs' forms and the job scripts take them."""
+
+
 @dataclass(frozen=True)
 class Barrier:
     """A checkpoint barrier, injected at the sources and forwarded by every operator."""

@@ -40,6 +40,7 @@ from typing import Any
 from airflow.sdk import DAG, Param, TriggerRule
 
 from checkpoint_lib.core.decider import DEFAULT_ROWS_PER_STEP
+from checkpoint_lib.core.types import MODES
 from checkpoint_lib.pipelines import REGISTRY
 from ckpt_airflow.operators import (
     AbortCheckpointOperator,
@@ -72,7 +73,6 @@ DEFAULTS: dict[str, Any] = {
     "notifiers": [],             # "module:attr" notifiers told of every failure (after the task log's line)
 }
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)
-MODES = ["aligned", "unaligned", "aligned_with_timeout", "at_least_once"]
 
 
 def settings_for(pipeline: str) -> dict[str, Any]:
@@ -145,7 +145,7 @@ def build_recover_dag(pipeline: str, s: dict[str, Any]) -> DAG:
                 "latest", type="string", pattern=r"^(latest|[1-9][0-9]{0,17})$", maxLength=18,
                 title="Checkpoint id", description="'latest' or the id of a retained completed checkpoint",
             ),
-            "mode": Param(s["mode"], type="string", enum=MODES, title="Barrier mode after recovery"),
+            "mode": Param(s["mode"], type="string", enum=list(MODES), title="Barrier mode after recovery"),
             "dry_run": Param(False, type="boolean", title="Dry run", description="only print the recovery plan"),
         },
     ) as dag:
