@@ -14,6 +14,11 @@
   ``.../api/{pipeline}/checkpoints/{id}/acks``: the same as JSON.
 - ``GET /checkpoints/quality/{pipeline}/{path}``: files of the pipeline's GX Data Docs
   (``<warehouse>/_quality/<pipeline>/data_docs/``), nothing outside it.
+- ``GET /checkpoints/recover/{pipeline}/{id}``: "recover to this checkpoint", the one action: a page
+  saying what the recover DAG will do, with its form (barrier mode, dry run) filled in for that
+  checkpoint; its ``POST`` triggers ``<pipeline>_recover`` with that conf and sends the browser to
+  the new DAG run. (Airflow 3's own trigger form takes no values from its URL, so the page cannot
+  link to it pre-filled.)
 
 Who sees what: every route requires an authenticated Airflow user (the UI's session cookie or a
 bearer token, checked by Airflow's own ``get_user``), and a pipeline is shown only to a user whom the
@@ -25,7 +30,13 @@ pipeline answers 403 with no data, before it is even looked up, so a user withou
 a registered pipeline from an unknown one (as Airflow's own ``/api/v2/dags/{dag_id}`` does: 403
 first, 404 only for a user allowed to read that name).
 
-Read-only: a GET never creates anything under the warehouse. The checkpoint store is read through
+Acting: the recover action additionally needs what Airflow's own "trigger DAG run" endpoint needs,
+``is_authorized_dag(POST, RUN)`` on ``<pipeline>_recover`` (the link shows only for such users), only
+for a completed checkpoint; the POST must come from a page of this server (its ``Origin``, else its
+``Referer``, names this host: a page elsewhere cannot make a logged-in browser trigger a recovery),
+and it is written to Airflow's audit log like a trigger from the UI.
+
+Read-only otherwise: a GET never creates anything under the warehouse. The checkpoint store is read through
 :func:`_read_only_store` (never ``DeltaCheckpointStore.open``, which creates the store's directory
 and tables): a pipeline that never ran, or a warehouse that does not exist, shows an empty history
 and answers 404 for a checkpoint. Pipeline names must be registered and well formed and ids are
@@ -36,17 +47,20 @@ The app serves no OpenAPI schema or docs pages (they would bypass the user check
 from __future__ import annotations
 
 import html
+import json
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
+from urllib.parse import quote, urlsplit
 
-from fastapi import Depends, FastAPI, HTTPException, Query
-from fastapi.responses import FileResponse, HTMLResponse
+from fastapi import Depends, FastAPI, Form, HTTPException, Query, Request
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 
 from airflow.api_fastapi.core_api.security import GetUserDep, get_user
 
 from checkpoint_lib.control import PipelineControl, checkpoint_root, parse_checkpoint_id, validate_pipeline_name
 from checkpoint_lib.core.errors import UnknownCheckpointError
+from checkpoint_lib.core.types import MODES
 from checkpoint_lib.quality.report import CHART_CSS, DARK, LIGHT, charts_html, collect
 
 if TYPE_CHECKING:
@@ -119,6 +133,23 @@ def _readable(user: "BaseUser", pipelines: list[str]) -> list[str]:
 def can_read_pipeline(user: "BaseUser", pipeline: str) -> bool:
     """Whether ``user`` may see ``pipeline`` here: read access to all of its DAGs."""
     return _readable(user, [pipeline]) == [pipeline]
+
+
+def recover_dag_id(pipeline: str) -> str:
+    return f"{pipeline}_recover"
+
+
+def can_trigger_recovery(user: "BaseUser", pipeline: str) -> bool:
+    """Whether ``user`` may start ``<pipeline>_recover``: what Airflow's trigger endpoint asks
+    (``requires_access_dag(method="POST", access_entity=DagAccessEntity.RUN)``)."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
+    from airflow.models.dag import DagModel
+
+    dag_id = recover_dag_id(pipeline)
+    team = DagModel.get_dag_id_to_team_name_mapping([dag_id]).get(dag_id)
+    return get_auth_manager().is_authorized_dag(method="POST", access_entity=DagAccessEntity.RUN,
+                                                details=DagDetails(id=dag_id, team_name=team), user=user)
 
 
 def _pipeline(pipeline: str, user: "BaseUser") -> str:
@@ -317,10 +348,144 @@ def page(user: GetUserDep, pipeline: str | None = None, checkpoint: str | None =
             parts.append(f"<h3>Checkpoint {cid}: acknowledgements per subtask</h3>")
             parts.append(_table(acks, [(k, k.replace("_", " ")) for k in ACK_COLUMNS]))
         parts.append("<h3>History</h3>")
-        parts.append(_table(_history(control, 200), COLUMNS, links={
+        history, columns = _history(control, 200), COLUMNS
+        links = {
             "checkpoint_id": lambda r: (f"?pipeline={pipeline}&checkpoint={int(r['checkpoint_id'])}", "_self"),
-            "requested_by": lambda r: (f"/dags/{r['requested_by']}/runs/{r['dag_run']}", "_top")
+            "requested_by": lambda r: (f"/dags/{r['requested_by']}/runs/{quote(r['dag_run'], safe=':+')}", "_top")
             if r.get("dag_run") else None,
-        }))
+        }
+        if can_trigger_recovery(user, pipeline):
+            for r in history:
+                r["recover"] = "recover to this…" if r.get("status") == "completed" else None
+            columns = [*COLUMNS, ("recover", "")]
+            links["recover"] = lambda r: (f"recover/{pipeline}/{int(r['checkpoint_id'])}", "_self") \
+                if r.get("recover") else None
+        parts.append(_table(history, columns, links=links))
     parts.append("</body></html>")
     return "".join(parts)
+
+
+# --- the one action: recover to a checkpoint -----------------------------------------------------
+
+
+def _completed(control: PipelineControl, cid: int) -> dict[str, Any]:
+    """The history row of completed checkpoint ``cid`` (404 if it is not one)."""
+    row = control.store.status(cid) if control.root.is_dir() else None
+    if row is None or row.get("status") != "completed":
+        state = "unknown" if row is None else row.get("status")
+        raise HTTPException(status_code=404, detail=f"checkpoint {cid} of {control.pipeline_name} is {state}, "
+                                                    "not a completed checkpoint to recover to")
+    return row
+
+
+def _recover_target(pipeline: str, checkpoint_id: str, user: "BaseUser") -> tuple[PipelineControl, int, dict[str, Any]]:
+    """The checks every recover route makes, in this order: readable pipeline (403/404), a user who
+    may trigger its recover DAG (403), a number (400) naming a completed checkpoint (404)."""
+    pipeline = _pipeline(pipeline, user)
+    if not can_trigger_recovery(user, pipeline):
+        raise HTTPException(status_code=403, detail="Forbidden")
+    control = _control(pipeline)
+    cid = _checkpoint_id(checkpoint_id)
+    return control, cid, _completed(control, cid)
+
+
+def _recover_dag(dag_id: str) -> Any:
+    """The recover DAG as the scheduler will run it (its latest serialized version), or None."""
+    from airflow.models.dagbag import DBDagBag
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        return DBDagBag().get_latest_version_of_dag(dag_id, session=session)
+
+
+def _default_mode(dag: Any) -> str:
+    try:
+        mode = dag.params["mode"]
+    except (KeyError, TypeError):
+        mode = None
+    return mode if mode in MODES else MODES[0]
+
+
+def _same_origin(request: Request) -> bool:
+    """Whether the browser says this request comes from a page of this server: ``Origin`` (every
+    browser sends it on a form POST), else ``Referer``; neither is refused."""
+    host = request.headers.get("x-forwarded-host") or request.headers.get("host")
+    for header in ("origin", "referer"):
+        value = request.headers.get(header)
+        if value:
+            return bool(host) and urlsplit(value).netloc == host
+    return False
+
+
+@app.get("/recover/{pipeline}/{checkpoint_id}", response_class=HTMLResponse)
+def recover_form(pipeline: str, checkpoint_id: str, user: GetUserDep) -> str:
+    control, cid, row = _recover_target(pipeline, checkpoint_id, user)
+    pipeline, dag_id = control.pipeline_name, recover_dag_id(control.pipeline_name)
+    dag = _recover_dag(dag_id)
+    when = _fmt("trigger_time", row.get("trigger_time"))
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Recover {html.escape(pipeline)}</title>"
+             f"{THEME_SCRIPT}<style>{STYLE}</style></head><body>",
+             f"<p><a href='../../?pipeline={pipeline}'>← Checkpoints of {html.escape(pipeline)}</a></p>",
+             f"<h1>Recover {html.escape(pipeline)} to checkpoint {cid}</h1>",
+             f"<p>Checkpoint {cid} completed in epoch {html.escape(str(row.get('epoch')))}"
+             f"{f', triggered {when} UTC' if when else ''}.</p>"]
+    if dag is None:
+        parts.append(f"<p><strong>{dag_id} is not in Airflow yet</strong> (the dag-processor has not parsed the "
+                     "DAGs folder): nothing can be triggered.</p></body></html>")
+        return "".join(parts)
+    options = "".join(f"<option{' selected' if m == _default_mode(dag) else ''}>{m}</option>" for m in MODES)
+    parts.append(
+        f"<p>This starts a run of <a href='/dags/{dag_id}' target='_top'>{dag_id}</a> with checkpoint id {cid}. "
+        "It pauses the pipeline's DAGs, starts a new epoch that restores the operators' state and channel state "
+        f"of checkpoint {cid}, commits what the checkpoint's sinks pre-committed and aborts what later "
+        "attempts left, replays the sources from the checkpoint's offsets, validates the outputs (Great "
+        "Expectations) and unpauses the DAGs. Output committed after the checkpoint is not undone: a replay "
+        "reproduces it exactly once.</p>"
+        f"<form method='post' target='_top'><p><label>Barrier mode after recovery "
+        f"<select name='mode'>{options}</select></label></p>"
+        "<p><label><input type='checkbox' name='dry_run' value='true'> Dry run: only print the recovery plan "
+        "(in the run's log)</label></p>"
+        f"<p><button type='submit'>Recover {html.escape(pipeline)} to checkpoint {cid}</button></p></form>"
+        "</body></html>")
+    return "".join(parts)
+
+
+@app.post("/recover/{pipeline}/{checkpoint_id}")
+def recover(pipeline: str, checkpoint_id: str, request: Request, user: GetUserDep,
+            mode: Annotated[str, Form()] = "", dry_run: Annotated[str, Form()] = "false") -> RedirectResponse:
+    """Trigger ``<pipeline>_recover`` for this checkpoint; 303 to the new DAG run in Airflow's UI."""
+    from airflow.api.common.trigger_dag import trigger_dag
+    from airflow.exceptions import DagNotFound, DagRunAlreadyExists
+    from airflow.models.log import Log
+    from airflow.utils.session import create_session
+    from airflow.utils.types import DagRunTriggeredByType
+
+    if not _same_origin(request):
+        raise HTTPException(status_code=403, detail="a recovery is started from the Checkpoints page of this server")
+    control, cid, _ = _recover_target(pipeline, checkpoint_id, user)
+    dag_id = recover_dag_id(control.pipeline_name)
+    if mode and mode not in MODES:
+        raise HTTPException(status_code=400, detail=f"mode must be one of {', '.join(MODES)}")
+    if dry_run not in ("true", "false"):
+        raise HTTPException(status_code=400, detail="dry_run must be true or false")
+    conf = {"checkpoint_id": str(cid), "dry_run": dry_run == "true"}
+    if mode:
+        conf["mode"] = mode
+    try:
+        with create_session() as session:
+            run = trigger_dag(dag_id, triggered_by=DagRunTriggeredByType.UI, triggering_user_name=user.get_name(),
+                              conf=conf, note=f"Checkpoints page: recover to checkpoint {cid}", session=session)
+            if run is None:
+                raise DagNotFound(dag_id)
+            run_id = run.run_id
+            session.add(Log(event="checkpoints_page_recover", owner=user.get_name(),
+                            owner_display_name=user.get_name(), dag_id=dag_id, run_id=run_id,
+                            extra=json.dumps({"method": "POST", **conf})))
+    except DagNotFound:
+        raise HTTPException(status_code=404, detail=f"{dag_id} is not in Airflow yet (the dag-processor has "
+                                                    "not parsed it)") from None
+    except DagRunAlreadyExists as exc:
+        raise HTTPException(status_code=409, detail=str(exc)) from None
+    except ValueError as exc:  # a conf the DAG's params refuse, or manual runs not allowed
+        raise HTTPException(status_code=400, detail=str(exc)) from None
+    return RedirectResponse(f"/dags/{dag_id}/runs/{quote(run_id, safe=':+')}", status_code=303)

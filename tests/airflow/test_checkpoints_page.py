@@ -247,7 +247,7 @@ def test_no_get_creates_anything_under_the_warehouse(tmp_path, monkeypatch, migr
     urls += ["/checkpoints/?pipeline=payments", "/checkpoints/?pipeline=payments&checkpoint=1",
              "/checkpoints/?pipeline=transfers&checkpoint=1", "/checkpoints/api/transfers/checkpoints/1/acks",
              "/checkpoints/api/payments/checkpoints?limit=5"]
-    assert len(get_routes) == 5, sorted(get_routes)  # the page, pipelines, history, acks, quality files
+    assert len(get_routes) == 6, sorted(get_routes)  # the page, pipelines, history, acks, quality files, recover
 
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -270,3 +270,70 @@ def test_no_get_creates_anything_under_the_warehouse(tmp_path, monkeypatch, migr
                 assert page.status_code == 200 and "none yet" in page.text and "No data-quality report" in page.text
             else:
                 assert [r["checkpoint_id"] for r in api.get("admin", "/checkpoints/api/payments/checkpoints").json()] == [1]
+
+
+def _post(api: Api, user: str, path: str, data: dict[str, str], **headers: str):
+    return api.client.post(path, data=data, follow_redirects=False,
+                           headers={"Authorization": f"Bearer {api.tokens[user]}", **headers})
+
+
+def test_recover_to_a_checkpoint_triggers_the_recover_dag(tmp_path, monkeypatch, migrated_db):
+    """The page's one action, through the real api-server and a real DAG run: the link only for users
+    who may trigger the recover DAG and only on completed checkpoints, a form filled in for the
+    checkpoint, a POST accepted only from this server's pages, and a queued run of
+    ``payments_recover`` whose conf names the checkpoint (validated by the DAG's own params),
+    attributed to the user and written to the audit log."""
+    from airflow.models.dagrun import DagRun
+    from airflow.models.log import Log
+    from airflow.utils.session import create_session
+
+    env = dict(os.environ)
+    subprocess.run([AIRFLOW, "dags", "reserialize"], env=env, check=True, capture_output=True, timeout=300)
+    warehouse = synthetic_history(tmp_path / "warehouse")  # payments: 1-3, 5, 6 completed, 4 aborted
+    monkeypatch.setenv("CKPT_WAREHOUSE", str(warehouse))
+    same = {"Origin": "http://testserver"}
+    with api_server(tmp_path, {"admin": "admin", "operator": "user", "viewer": "viewer"}) as api:
+        page = api.get("operator", "/checkpoints/?pipeline=payments").text
+        for cid in (1, 2, 3, 5, 6):
+            assert f'<a href="recover/payments/{cid}" target="_self">recover to this…</a>' in page, cid
+        assert 'href="recover/payments/4"' not in page  # aborted: nothing to recover to
+        assert "recover/payments" not in api.get("viewer", "/checkpoints/?pipeline=payments").text
+
+        form = api.get("operator", "/checkpoints/recover/payments/5")
+        assert form.status_code == 200 and "Recover payments to checkpoint 5" in form.text
+        assert "<option selected>aligned</option>" in form.text  # the recover DAG's default for payments
+        assert "<form method='post' target='_top'>" in form.text
+        assert api.get("viewer", "/checkpoints/recover/payments/5").status_code == 403
+        assert api.get("operator", "/checkpoints/recover/payments/4").status_code == 404
+        assert api.get("operator", "/checkpoints/recover/payments/99").status_code == 404
+        assert api.get("operator", "/checkpoints/recover/payments/x").status_code == 400
+        assert api.get("operator", "/checkpoints/recover/transfers/1").status_code == 404  # never ran
+        assert api.client.get("/checkpoints/recover/payments/5").status_code == 401
+
+        data = {"mode": "unaligned", "dry_run": "true"}
+        path = "/checkpoints/recover/payments/5"
+        assert _post(api, "operator", path, data).status_code == 403  # no Origin, no Referer
+        assert _post(api, "operator", path, data, Origin="http://evil.example").status_code == 403
+        assert _post(api, "operator", path, data, Referer="http://evil.example/x").status_code == 403
+        assert _post(api, "viewer", path, data, **same).status_code == 403
+        assert _post(api, "operator", "/checkpoints/recover/payments/4", data, **same).status_code == 404
+        assert _post(api, "operator", path, {"mode": "fast"}, **same).status_code == 400
+        assert api.client.post(path, data=data, headers=same).status_code == 401
+        with create_session() as session:
+            assert session.query(DagRun).filter(DagRun.dag_id == "payments_recover").count() == 0
+
+        r = _post(api, "operator", path, data, Referer="http://testserver/checkpoints/recover/payments/5")
+        assert r.status_code == 303, r.text
+        location = r.headers["location"]
+        assert location.startswith("/dags/payments_recover/runs/manual__"), location
+    with create_session() as session:
+        runs = session.query(DagRun).filter(DagRun.dag_id == "payments_recover").all()
+        assert len(runs) == 1
+        run = runs[0]
+        assert location == f"/dags/payments_recover/runs/{run.run_id}"
+        assert run.conf == {"checkpoint_id": "5", "dry_run": True, "mode": "unaligned"}
+        assert (run.state, run.triggering_user_name, str(run.triggered_by)) == ("queued", "operator", "DagRunTriggeredByType.UI")
+        logged = session.query(Log).filter(Log.event == "checkpoints_page_recover").all()
+        assert [(l.owner, l.dag_id, l.run_id) for l in logged] == [("operator", "payments_recover", run.run_id)]
+        assert json.loads(logged[0].extra) == {"method": "POST", "checkpoint_id": "5", "dry_run": True,
+                                               "mode": "unaligned"}
