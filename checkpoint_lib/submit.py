@@ -19,7 +19,8 @@ from .core.decider import DEFAULT_ROWS_PER_STEP
 from .core.types import MODES
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-JOBS_DIR = REPO_ROOT / "jobs"
+JOBS_DIR = Path(__file__).resolve().parent / "jobs"
+"""The ``spark-submit`` entry points, inside the package (a checkout's ``jobs/`` links here)."""
 STAGES = ("source", "keyed", "all")
 
 

@@ -26,9 +26,10 @@ DATASOURCE = "warehouse"
 
 
 def expectations_dir() -> Path:
-    """``$CKPT_EXPECTATIONS_DIR`` or the repository's ``expectations/`` folder."""
+    """``$CKPT_EXPECTATIONS_DIR``, else the suites shipped in the package (``quality/expectations/``;
+    a checkout's top-level ``expectations/`` links there)."""
     env = os.environ.get("CKPT_EXPECTATIONS_DIR")
-    path = Path(env) if env else Path(__file__).resolve().parents[2] / "expectations"
+    path = Path(env) if env else Path(__file__).resolve().parent / "expectations"
     if not path.is_dir():
         raise FileNotFoundError(f"no expectations folder at {path} (set CKPT_EXPECTATIONS_DIR)")
     return path

@@ -145,15 +145,19 @@ class JarFetchError(RuntimeError):
 
 
 def jar_dir() -> Path:
-    """Return the folder holding the jars: ``$CKPT_JAR_DIR``, else ``<repo>/.cache/jars``.
+    """Return the folder holding the jars: ``$CKPT_JAR_DIR``; else, run from a checkout (an
+    editable install), ``<checkout>/.cache/jars``; else (an installed wheel) the user's cache,
+    ``$XDG_CACHE_HOME/checkpoint_lib/jars`` (``~/.cache/checkpoint_lib/jars``).
 
-    The result is absolute, as ``spark.jars`` needs. ``<repo>`` is the checkout this module
-    lives in; a non-editable install should set ``CKPT_JAR_DIR``.
+    The result is absolute, as ``spark.jars`` needs.
     """
     override = os.environ.get(JAR_DIR_ENV)
     if override:
         return Path(override).expanduser().resolve()
-    return _REPO_ROOT / ".cache" / "jars"
+    if (_REPO_ROOT / "pyproject.toml").is_file() and (_REPO_ROOT / "checkpoint_lib").is_dir():
+        return _REPO_ROOT / ".cache" / "jars"
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache).expanduser().resolve() / "checkpoint_lib" / "jars"
 
 
 def maven_repo() -> str:

@@ -95,6 +95,17 @@ def test_jar_dir_follows_env(empty_jar_dir: Path) -> None:
     assert jars.jar_paths() == [empty_jar_dir / name for name in required_jars()]
 
 
+def test_jar_dir_is_the_checkouts_cache_or_else_the_users(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(jars.JAR_DIR_ENV, raising=False)
+    assert jars.jar_dir() == Path(jars.__file__).resolve().parents[2] / ".cache" / "jars"  # this checkout
+    monkeypatch.setattr(jars, "_REPO_ROOT", tmp_path / "site-packages")  # an installed wheel: no checkout
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert jars.jar_dir() == tmp_path / "xdg" / "checkpoint_lib" / "jars"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert jars.jar_dir() == tmp_path / "home" / ".cache" / "checkpoint_lib" / "jars"
+
+
 def test_ensure_jars_with_empty_dir_names_the_fix(empty_jar_dir: Path) -> None:
     with pytest.raises(MissingJarsError) as info:
         ensure_jars()

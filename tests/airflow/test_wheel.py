@@ -1,0 +1,137 @@
+"""The package as a deployment gets it: a wheel built from this checkout, installed into a new
+virtual environment, the Airflow provider registered from its entry point, and the payments DAGs
+run by ``airflow dags test`` from a DAGs folder holding only the two lines the README gives. Nothing
+of the checkout is importable there: no ``PYTHONPATH``, no ``plugins/`` folder, and the test checks
+that ``checkpoint_lib`` and ``ckpt_airflow`` load from the new environment.
+
+The wheel goes in with ``--no-deps``: its dependencies (Airflow, Spark, GX: gigabytes) are made
+visible through a ``.pth`` line naming this venv's site-packages, which adds the directory and
+nothing else (the checkout's editable-install hook there is a ``.pth`` of its own and is not run).
+So what is tested is the wheel's own content: packages, package data (the ``jobs/`` entry points,
+the suites, the log profile), console script and entry points.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from checkpoint_lib.control import PipelineControl
+from checkpoint_lib.verify import check_payments
+from helpers import REPO, append_payments
+from history import synthetic_history
+
+DAG_FILE = '''from ckpt_airflow.dag_factory import dags_for_every_pipeline
+
+globals().update(dags_for_every_pipeline())
+'''
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(root / "dist"), str(REPO)],
+                   check=True, capture_output=True, timeout=600)
+    (wheel,) = (root / "dist").glob("checkpoint_lib-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    for shipped in ("checkpoint_lib/jobs/run_stage.py", "checkpoint_lib/quality/expectations/after_restore.json",
+                    "checkpoint_lib/spark/log4j2-quiet.properties", "ckpt_airflow/provider.py",
+                    "ckpt_airflow/dag_factory.py"):
+        assert shipped in names, f"{shipped} is not in the wheel"
+    assert not [n for n in names if n.startswith(("tests/", "bench/", "dags/", "plugins/"))]
+
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(wheel)],
+                   check=True, capture_output=True, timeout=600)
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                               check=True, capture_output=True, text=True).stdout.strip())
+    (site / "zz_dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
+
+    home, dags, warehouse = root / "airflow", root / "dags", root / "warehouse"
+    dags.mkdir()
+    (dags / "checkpoint_lib_dags.py").write_text(DAG_FILE)
+    (root / "no-plugins").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "CKPT_")) and k != "PYTHONPATH"}
+    env.update({
+        "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(root / "no-plugins"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__UNIT_TEST_MODE": "False", "CKPT_WAREHOUSE": str(warehouse),
+        "CKPT_SPARK_MASTER": "local[2]", "CKPT_SPARK_UI": "0", "CKPT_SHUFFLE_PARTITIONS": "2",
+        "CKPT_DRIVER_MEMORY": "1g",
+        # the jars this checkout already fetched (an installed wheel keeps them in the user's cache;
+        # `ckpt setup` fetches them there: tests/spark/test_session.py covers the default)
+        "CKPT_JAR_DIR": str(REPO / ".cache" / "jars"),
+        "PATH": f"{venv / 'bin'}:{os.environ.get('PATH', '')}",
+    })
+    subprocess.run([str(python), "-m", "airflow", "db", "migrate"], env=env, check=True, capture_output=True,
+                   timeout=300)
+    return {"python": python, "venv": venv, "env": env, "warehouse": warehouse, "root": root}
+
+
+def _run(w, *argv: str, check: bool = True, timeout: float = 900) -> str:
+    r = subprocess.run([str(w["python"]), *argv], env=w["env"], capture_output=True, text=True, timeout=timeout,
+                       cwd=w["root"])
+    out = r.stdout + r.stderr
+    if check and r.returncode != 0:
+        pytest.fail(f"{' '.join(argv[:4])} failed (rc {r.returncode}):\n{out[-6000:]}")
+    return out
+
+
+def test_the_wheel_installs_the_library_the_cli_and_the_provider(installed):
+    w = installed
+    where = json.loads(_run(w, "-c", (
+        "import json, checkpoint_lib, ckpt_airflow\n"
+        "from checkpoint_lib.submit import JOBS_DIR\n"
+        "from checkpoint_lib.quality.gx_project import expectations_dir\n"
+        "print(json.dumps([checkpoint_lib.__file__, ckpt_airflow.__file__, str(JOBS_DIR / 'run_stage.py'),"
+        " str(expectations_dir())]))")).strip().splitlines()[-1])
+    for path in where:
+        assert Path(path).is_relative_to(w["venv"]) and Path(path).exists(), path
+    assert (w["venv"] / "bin" / "ckpt").exists()
+    assert "ckpt" in _run(w, "-m", "checkpoint_lib.cli", "--version")
+    providers = _run(w, "-m", "airflow", "providers", "list", "-o", "json")
+    assert '"checkpoint-lib"' in providers, providers[-2000:]
+    _run(w, "-m", "airflow", "dags", "reserialize")  # what the dag-processor does with the DAGs folder
+    assert "[]" in _run(w, "-m", "airflow", "dags", "list-import-errors", "-o", "json")
+    dags = _run(w, "-m", "airflow", "dags", "list", "-o", "json")
+    for dag in ("payments_run", "payments_snapshot", "payments_recover", "payments_maintenance"):
+        assert f'"{dag}"' in dags, dags[-2000:]
+
+
+def test_the_recover_dag_plans_a_recovery_from_the_wheel(installed, tmp_path):
+    """A DAG run of the wheel's operators on a checkpoint history (no Spark: the dry run reads the
+    store and prints the plan; the slow test below runs Spark from the wheel)."""
+    w = installed
+    env = {**w["env"], "CKPT_WAREHOUSE": str(synthetic_history(tmp_path / "warehouse"))}
+    r = subprocess.run([str(w["python"]), "-m", "airflow", "dags", "test", "payments_recover", "-c",
+                        json.dumps({"checkpoint_id": "5", "dry_run": True})], env=env, capture_output=True, text=True,
+                       timeout=600)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and "state=success" in out and "restore checkpoint 5" in out, out[-4000:]
+
+
+@pytest.mark.slow  # CI tier: the dry run above; Spark from a checkout runs in test_dags_e2e.py
+def test_the_payments_dags_run_from_the_wheel(installed):
+    """The run DAG (source, then keyed: Spark in the task, the jars, the quiet log profile) takes a
+    checkpoint of the landing table, and the recover DAG's dry run plans a recovery to it."""
+    w = installed
+    append_payments(w["warehouse"], 200, batch=0)
+    out = _run(w, "-m", "airflow", "dags", "test", "payments_run")
+    assert "state=success" in out, out[-4000:]
+    control = PipelineControl(w["warehouse"], "payments")
+    latest = control.store.latest()
+    assert latest is not None, out[-4000:]
+    check = check_payments(str(w["warehouse"]))
+    assert check.ok, check.summary()
+    out = _run(w, "-m", "airflow", "dags", "test", "payments_recover", "-c",
+               json.dumps({"checkpoint_id": str(latest.checkpoint_id), "dry_run": True}))
+    assert "state=success" in out and "restore checkpoint" in out, out[-4000:]
