@@ -61,6 +61,7 @@ from airflow.api_fastapi.core_api.security import GetUserDep, get_user
 from checkpoint_lib.control import PipelineControl, checkpoint_root, parse_checkpoint_id, validate_pipeline_name
 from checkpoint_lib.core.errors import UnknownCheckpointError
 from checkpoint_lib.core.types import MODES
+from checkpoint_lib.history import human_bytes
 from checkpoint_lib.quality.report import CHART_CSS, DARK, LIGHT, charts_html, collect
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ if TYPE_CHECKING:
 
 COLUMNS = [
     ("checkpoint_id", "id"), ("kind", "kind"), ("status", "status"), ("trigger_time", "triggered (UTC)"),
-    ("duration_ms", "duration ms"), ("state_bytes", "state bytes"), ("channel_state_bytes", "channel-state bytes"),
+    ("duration_ms", "duration ms"), ("state_bytes", "state size"), ("channel_state_bytes", "channel-state size"),
     ("channel_state_rows", "channel-state rows"), ("alignment_ms", "alignment ms"), ("unaligned", "aligned?"),
     ("failure_reason", "failure reason"), ("message", "message"), ("requested_by", "requested by"),
 ]
@@ -268,6 +269,8 @@ def _fmt(key: str, value: Any) -> str:
         return datetime.fromtimestamp(value, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
     if key == "unaligned":
         return "unaligned" if value else "aligned"
+    if key.endswith("_bytes") and isinstance(value, (int, float)):
+        return human_bytes(value)
     if isinstance(value, float):
         return f"{value:,.1f}"
     return html.escape(str(value))
@@ -299,7 +302,7 @@ body{{font-family:system-ui,sans-serif;margin:1.5rem;color:var(--fg);background:
 a{{color:var(--link)}}
 table{{border-collapse:collapse;font-size:.9rem}}th,td{{border:1px solid var(--border);padding:.25rem .5rem;text-align:right}}
 th{{background:var(--head)}}tr.status-aborted td{{background:var(--bad)}}tr.status-pending td{{background:var(--wait)}}
-nav a{{margin-right:1rem}}.dags a{{margin-right:.75rem}}
+nav a{{margin-right:1rem}}.dags a{{margin-right:.75rem}}td.recover,td.state_bytes,td.channel_state_bytes,td.state_size_bytes,td.trigger_time{{white-space:nowrap}}
 {CHART_CSS}
 """
 # Airflow's UI marks its theme on its root element; the page, framed by it, takes the same. Unframed
@@ -356,7 +359,7 @@ def page(user: GetUserDep, pipeline: str | None = None, checkpoint: str | None =
         }
         if can_trigger_recovery(user, pipeline):
             for r in history:
-                r["recover"] = "recover to this…" if r.get("status") == "completed" else None
+                r["recover"] = "recover to this" if r.get("status") == "completed" else None
             columns = [*COLUMNS, ("recover", "")]
             links["recover"] = lambda r: (f"recover/{pipeline}/{int(r['checkpoint_id'])}", "_self") \
                 if r.get("recover") else None

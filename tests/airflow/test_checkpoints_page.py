@@ -295,7 +295,7 @@ def test_recover_to_a_checkpoint_triggers_the_recover_dag(tmp_path, monkeypatch,
     with api_server(tmp_path, {"admin": "admin", "operator": "user", "viewer": "viewer"}) as api:
         page = api.get("operator", "/checkpoints/?pipeline=payments").text
         for cid in (1, 2, 3, 5, 6):
-            assert f'<a href="recover/payments/{cid}" target="_self">recover to this…</a>' in page, cid
+            assert f'<a href="recover/payments/{cid}" target="_self">recover to this</a>' in page, cid
         assert 'href="recover/payments/4"' not in page  # aborted: nothing to recover to
         assert "recover/payments" not in api.get("viewer", "/checkpoints/?pipeline=payments").text
 
