@@ -127,8 +127,10 @@ class GxProject:
     def run(self, suite: SuiteSpec, views: Mapping[str, Any], run_name: str) -> list[ExpectationOutcome]:
         """Validate each DataFrame of ``views`` against its part of ``suite`` (a view the suite
         does not name is an error; a named view that is absent is skipped by the caller's choice).
-        One GX Checkpoint run per view, all under one run name; Data Docs are updated each time."""
+        One GX Checkpoint run per view, all under one run name; then one Data Docs update for all
+        of them (the index is rendered once per run, not once per view)."""
         from great_expectations.core.run_identifier import RunIdentifier
+        from great_expectations.data_context.types.resource_identifiers import ExpectationSuiteIdentifier
 
         gx = self.gx
         unknown = sorted(set(views) - set(suite.views))
@@ -137,6 +139,7 @@ class GxProject:
         source = self.ctx.data_sources.add_or_update_spark(DATASOURCE)
         run_id = RunIdentifier(run_name=run_name, run_time=dt.datetime.now(dt.timezone.utc))
         outcomes: list[ExpectationOutcome] = []
+        documents: list[Any] = []  # what the Data Docs update renders: each result and its suite
         for view, df in views.items():
             name = f"{self.pipeline}.{suite.name}.{view}"
             asset_name = f"{suite.name}.{view}"
@@ -154,16 +157,17 @@ class GxProject:
             )
             vd = self.ctx.validation_definitions.add_or_update(gx.ValidationDefinition(name=name, data=batch, suite=gx_suite))
             cp = self.ctx.checkpoints.add_or_update(
-                gx.Checkpoint(
-                    name=name, validation_definitions=[vd],
-                    actions=[gx.checkpoint.UpdateDataDocsAction(name="update_data_docs", site_names=[DOCS_SITE])],
-                    result_format={"result_format": "SUMMARY"},
-                )
+                gx.Checkpoint(name=name, validation_definitions=[vd], actions=[],
+                              result_format={"result_format": "SUMMARY"})
             )
             result = cp.run(batch_parameters={"dataframe": df}, run_id=run_id)
-            for suite_result in result.run_results.values():
+            for identifier, suite_result in result.run_results.items():
+                documents += [identifier, ExpectationSuiteIdentifier(name=suite_result.suite_name)]
                 for r in suite_result.results:
                     outcomes.append(_outcome(view, r))
+        if documents:
+            self.ctx.build_data_docs(site_names=[DOCS_SITE], resource_identifiers=documents, dry_run=False,
+                                     build_index=True)
         return outcomes
 
 

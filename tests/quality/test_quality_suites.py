@@ -84,6 +84,12 @@ def test_data_docs_index_exists_and_names_the_latest_run(healthy):
     assert index.is_file()
     row = ValidationLog(healthy / "_checkpoints" / "payments").latest()
     assert row["run_name"] in index.read_text()
+    # every view validated in that run has its rendered result page and its suite page (one Data
+    # Docs update per run renders them all)
+    docs = index.parent
+    for view in ("ledger", "events", "keys", "totals", "restored_state"):
+        assert (docs / "validations" / "payments" / "after_restore" / view / row["run_name"]).is_dir(), view
+        assert (docs / "expectations" / "payments" / "after_restore" / f"{view}.html").is_file(), view
 
 
 def test_per_checkpoint_suite_passes_on_the_healthy_run(spark, healthy, tmp_path):
