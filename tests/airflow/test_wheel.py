@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -34,10 +35,24 @@ globals().update(dags_for_every_pipeline())
 '''
 
 
+def _checkout_copy(target: Path) -> Path:
+    """The checkout's files as git sees them (tracked, and new ones not ignored), links as links."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                           check=True, capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        src, dst = REPO / name, target / name
+        if not src.exists() and not src.is_symlink():  # deleted in the work tree
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst, follow_symlinks=False)
+    return target
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     root = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(root / "dist"), str(REPO)],
+    source = _checkout_copy(root / "src")  # setuptools builds in the source tree: not in this checkout
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(root / "dist"), str(source)],
                    check=True, capture_output=True, timeout=600)
     (wheel,) = (root / "dist").glob("checkpoint_lib-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
