@@ -19,6 +19,10 @@ def _say(message: str) -> None:
     print(f"\n=== [{time.monotonic() - _STARTED:5.1f} s] {message}", flush=True)
 
 
+def _note(message: str) -> None:
+    print(f"  [{time.monotonic() - _STARTED:5.1f} s] {message}", flush=True)
+
+
 def _run_and_kill(warehouse: Path, rows_per_checkpoint: int, kill_after: int) -> int:
     """Start ``ckpt run payments`` in a child process and SIGKILL it once ``kill_after``
     checkpoints have completed. Returns the number of completed checkpoints it reported."""
@@ -75,7 +79,7 @@ def run_demo(warehouse: str, rows: int = 200_000) -> int:
     _say("run 2: `ckpt run payments` with its default step (up to 1,000,000 rows); it finds the crashed "
          "attempt and recovers by itself")
     runner = PipelineRunner(get("payments"), str(w), spark, mode=BarrierMode.ALIGNED,
-                            progress=lambda m: print(f"  {m}", flush=True))
+                            progress=_note)
     summary = runner.run()
     rate = summary.rows_in / summary.seconds if summary.seconds else 0
     print(f"  read {summary.rows_in} rows in {summary.seconds:.1f} s ({rate:,.0f} rows/s)")
@@ -102,8 +106,10 @@ def run_demo(warehouse: str, rows: int = 200_000) -> int:
         except QualityCheckFailed as exc:
             print(exc)
             quality_ok = False
+        _note("validated")
     report = write_report("payments", str(w))
     print(f"\nwarehouse:    {w}")
     print(f"Data Docs:    {data_docs_index(w, 'payments')}")
     print(f"HTML report:  {report}   (ckpt report payments --warehouse {w})")
+    print(f"\ndemo finished in {time.monotonic() - _STARTED:.1f} s")
     return 0 if check.ok and quality_ok else 1
