@@ -27,6 +27,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--warehouse", required=True)
     ap.add_argument("--out", default=str(REPO / "docs" / "img" / "checkpoints-page.png"))
+    ap.add_argument("--path", default="/plugin/checkpoints",
+                    help="the UI page: /plugin/checkpoints (Browse), /dags/payments_run/plugin/checkpoints-of-dag (a DAG's tab)")
     ap.add_argument("--theme", choices=("light", "dark"), default="light")
     ap.add_argument("--size", default="1400,1000", help="width,height")
     args = ap.parse_args()
@@ -49,7 +51,7 @@ def main() -> int:
             flags = ["--virtual-time-budget=15000", "--hide-scrollbars"]
             if args.theme == "dark":
                 flags.append("--force-dark-mode")
-            screenshot(f"http://127.0.0.1:{port}/plugin/checkpoints", Path(args.out), width, height, *flags)
+            screenshot(f"http://127.0.0.1:{port}{args.path}", Path(args.out), width, height, *flags)
         finally:
             server.terminate()
             server.wait(timeout=60)

@@ -1,6 +1,6 @@
 """Registers checkpoint_lib with Airflow 3: the Checkpoints page (a FastAPI app mounted at
-``/checkpoints`` by the api-server) and its entry in the UI's navigation (an external view that
-frames it). Whoever reaches the page sees only the pipelines whose DAGs Airflow's auth manager
+``/checkpoints`` by the api-server), its entry in the UI's navigation (an external view that
+frames it) and a Checkpoints tab on each DAG's page (the pipeline that DAG belongs to). Whoever reaches the page sees only the pipelines whose DAGs Airflow's auth manager
 lets them read (``ckpt_airflow/ui.py``). The operators, sensor and trigger need no registration:
 they import as
 ``ckpt_airflow.*`` because Airflow puts this folder on ``sys.path``.
@@ -20,4 +20,7 @@ class CheckpointLibPlugin(AirflowPlugin):
     external_views = [
         {"name": "Checkpoints", "href": "/checkpoints/", "url_route": "checkpoints", "destination": "nav",
          "category": "browse"},
+        # a tab on every DAG's page: the pipeline of one of checkpoint_lib's DAGs (others say so)
+        {"name": "Checkpoints", "href": "/checkpoints/?dag_id={DAG_ID}", "url_route": "checkpoints-of-dag",
+         "destination": "dag"},
     ]

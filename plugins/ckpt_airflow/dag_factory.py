@@ -73,6 +73,8 @@ DEFAULTS: dict[str, Any] = {
     "notifiers": [],             # "module:attr" notifiers told of every failure (after the task log's line)
 }
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)
+DAG_KINDS = ("run", "snapshot", "recover", "maintenance")
+"""The DAGs :func:`build_dags` builds per pipeline: ``<pipeline>_<kind>``, in this order."""
 
 
 def settings_for(pipeline: str) -> dict[str, Any]:
@@ -192,6 +194,7 @@ def build_dags(pipeline: str) -> dict[str, DAG]:
     s = settings_for(pipeline)
     dags = (build_run_dag(pipeline, s), build_snapshot_dag(pipeline, s), build_recover_dag(pipeline, s),
             build_maintenance_dag(pipeline, s))
+    assert [d.dag_id for d in dags] == [f"{pipeline}_{kind}" for kind in DAG_KINDS]
     return {d.dag_id: d for d in dags}
 
 

@@ -79,7 +79,8 @@ ACK_COLUMNS = ["subtask", "state_size_bytes", "channel_state_rows", "channel_sta
                "unaligned", "duration_ms", "ack_time"]
 
 DAG_KINDS = ("run", "snapshot", "recover")
-"""The DAGs ``dag_factory.py`` builds per pipeline: ``<pipeline>_<kind>``."""
+"""The DAGs whose data the page shows (``<pipeline>_<kind>``; ``dag_factory.DAG_KINDS`` adds
+``maintenance``, which writes nothing shown here)."""
 
 app = FastAPI(title="checkpoint_lib: Checkpoints", dependencies=[Depends(get_user)],
               openapi_url=None, docs_url=None, redoc_url=None)
@@ -321,17 +322,35 @@ def _charts(pipeline: str) -> str:
     return f'<div class="grid4">{charts_html(data)}</div>'
 
 
+def pipeline_of_dag(dag_id: str) -> str | None:
+    """The registered pipeline ``dag_id`` is one of the DAGs of (``<pipeline>_<kind>``), or None."""
+    from ckpt_airflow.dag_factory import DAG_KINDS as ALL_KINDS
+
+    for p in _pipelines():
+        if dag_id in (f"{p}_{kind}" for kind in ALL_KINDS):
+            return p
+    return None
+
+
 @app.get("/", response_class=HTMLResponse)
-def page(user: GetUserDep, pipeline: str | None = None, checkpoint: str | None = None) -> str:
+def page(user: GetUserDep, pipeline: str | None = None, checkpoint: str | None = None,
+         dag_id: str | None = Query(None, max_length=250)) -> str:
+    foreign = None
+    if dag_id and not pipeline:  # the tab on a DAG's page: that DAG's pipeline
+        pipeline = pipeline_of_dag(dag_id)
+        if pipeline is None:
+            foreign = dag_id
     pipelines = _readable(user, _pipelines())
     if pipeline:
         pipeline = _pipeline(pipeline, user)
-    else:  # the first this user may read
+    elif foreign is None:  # the first this user may read
         pipeline = pipelines[0] if pipelines else None
     nav = "".join(f'<a href="?pipeline={p}">{p}</a>' for p in pipelines)
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Checkpoints</title>{THEME_SCRIPT}"
              f"<style>{STYLE}</style></head><body><h1>Checkpoints</h1><nav>{nav}</nav>"]
-    if pipeline is None:
+    if foreign is not None:
+        parts.append(f"<p><em>{html.escape(foreign)} is not a DAG of a checkpoint_lib pipeline.</em></p>")
+    elif pipeline is None:
         parts.append("<p><em>No pipeline whose DAGs you may read.</em></p>")
     else:
         control = _control(pipeline)

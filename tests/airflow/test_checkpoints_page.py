@@ -337,3 +337,28 @@ def test_recover_to_a_checkpoint_triggers_the_recover_dag(tmp_path, monkeypatch,
         assert [(l.owner, l.dag_id, l.run_id) for l in logged] == [("operator", "payments_recover", run.run_id)]
         assert json.loads(logged[0].extra) == {"method": "POST", "checkpoint_id": "5", "dry_run": True,
                                                "mode": "unaligned"}
+
+
+def test_each_dag_has_a_checkpoints_tab_showing_its_pipeline(tmp_path, monkeypatch, migrated_db):
+    """The plugin's second external view, a tab on every DAG's page, and what the page shows for it:
+    the pipeline of any of checkpoint_lib's DAGs (maintenance included), a note for anyone else's
+    DAG, and 403 for a pipeline the user may not read, as on the page itself."""
+    from ckpt_plugin import CheckpointLibPlugin
+
+    views = {v["destination"]: v for v in CheckpointLibPlugin.external_views}
+    assert views["dag"]["href"] == "/checkpoints/?dag_id={DAG_ID}" and views["nav"]["href"] == "/checkpoints/"
+    assert len({v["url_route"] for v in CheckpointLibPlugin.external_views}) == 2
+
+    warehouse = tmp_path / "warehouse"
+    cid = _store_with_a_checkpoint(warehouse)
+    monkeypatch.setenv("CKPT_WAREHOUSE", str(warehouse))
+    with api_server(tmp_path, {"viewer": "viewer", "nobody": ""}) as api:
+        for dag in ("payments_run", "payments_snapshot", "payments_recover", "payments_maintenance"):
+            page = api.get("viewer", f"/checkpoints/?dag_id={dag}").text
+            assert "<h2>payments</h2>" in page and f">{cid}<" in page, dag
+        transfers = api.get("viewer", "/checkpoints/?dag_id=transfers_run").text
+        assert "<h2>transfers</h2>" in transfers and "none yet" in transfers
+        other = api.get("viewer", "/checkpoints/?dag_id=someone_elses_dag%3Cb%3E").text
+        assert "someone_elses_dag&lt;b&gt; is not a DAG of a checkpoint_lib pipeline" in other
+        assert "<h2>" not in other
+        assert api.get("nobody", "/checkpoints/?dag_id=payments_run").status_code == 403
