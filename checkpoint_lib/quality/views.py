@@ -210,14 +210,19 @@ def snapshot_state(ctx: Context, acks: list[dict[str, Any]]) -> DataFrame:
     p = ctx.pipeline
     path = str(state_table(ctx.root, p.operator_uid))
     values = [c for c, _ in p.operator.state_schema]
-    parts = []
+    ranges: dict[int, list[tuple[int, int]]] = {}  # table version -> the key groups pinned at it
     for a in sorted(acks, key=lambda a: a["index"]):
         if a["operator"] != p.operator_uid:
             continue
         lo, hi = a["state"]["key_groups"]
+        ranges.setdefault(int(a["state"]["table_version"]), []).append((int(lo), int(hi)))
+    parts = []
+    for version, groups in sorted(ranges.items()):  # one read per version (subtasks usually share one)
+        pinned = F.lit(False)
+        for lo, hi in groups:
+            pinned = pinned | F.col(KEY_GROUP).between(lo, hi)
         parts.append(
-            ctx.spark.read.format("delta").option("versionAsOf", int(a["state"]["table_version"])).load(path)
-            .where(F.col(KEY_GROUP).between(int(lo), int(hi)))
+            ctx.spark.read.format("delta").option("versionAsOf", version).load(path).where(pinned)
             .select(p.key, *values)
         )
     if not parts:
