@@ -179,6 +179,31 @@ class RowsBar:
         self.progress.stop()
 
 
+class StepsBar:
+    """A live bar over a validation's steps - each view computed, then validated - on a terminal
+    (rich), naming the step in progress."""
+
+    def __init__(self, title: str, total: int, console: Any = None):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(
+            TextColumn(f"[bold]{title}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[step]}"),
+            TimeElapsedColumn(), console=console, transient=False,
+        )
+        self.task = self.progress.add_task(title, total=max(total, 1), step="")
+
+    def step(self, step: str, view: str) -> None:
+        self.progress.update(self.task, advance=1, step=f"{view} {step}")
+
+    def __enter__(self) -> "StepsBar":
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.update(self.task, completed=self.progress.tasks[0].total)
+        self.progress.stop()
+
+
 def _bar_wanted(args: argparse.Namespace) -> bool:
     if _json(args) or not sys.stdout.isatty():
         return False  # plain lines: a log file or a pipe gets the progress messages only
@@ -339,12 +364,27 @@ def _validate(args: argparse.Namespace, kinds: Sequence[str]) -> tuple[int, list
     if args.pipeline not in SPECS:
         print(f"ckpt: pipeline {args.pipeline!r} has no quality spec yet: NOT validated", file=sys.stderr)
         return (EXIT_OK if getattr(args, "func", None) is _cmd_recover else EXIT_FAILED), []
+    from .quality.gx_project import SuiteSpec
+    from .quality.validate import SUITES
+
     run = {"restore": validate_restore, "checkpoint": validate_checkpoint}
     out = sys.stderr if _json(args) else sys.stdout
     code, results = EXIT_OK, []
     for kind in kinds:
+        spark = _spark(args)
+        title = f"validating {kind}"
+        started = time.monotonic()
         try:
-            result = run[kind](_spark(args), args.pipeline, args.warehouse, getattr(args, "checkpoint", None))
+            if _bar_wanted(args):  # each view computed, then validated
+                with StepsBar(title, 2 * len(SuiteSpec.load(SUITES[kind]).views)) as bar:
+                    result = run[kind](spark, args.pipeline, args.warehouse, getattr(args, "checkpoint", None),
+                                       progress=bar.step)
+            else:  # plain lines on stderr: stdout keeps the summaries (or the JSON) alone
+                def line(step: str, view: str) -> None:
+                    print(f"  {title}: {view} {step} ({time.monotonic() - started:.1f} s)", file=sys.stderr, flush=True)
+
+                result = run[kind](spark, args.pipeline, args.warehouse, getattr(args, "checkpoint", None),
+                                   progress=line)
         except QualityCheckFailed as exc:
             print(f"ckpt: validation failed: {exc}", file=sys.stderr)
             code, result = EXIT_QUALITY, exc.result

@@ -16,7 +16,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from .result import ExpectationOutcome
 
@@ -124,7 +124,8 @@ class GxProject:
             out.append(cls(**kwargs))
         return out
 
-    def run(self, suite: SuiteSpec, views: Mapping[str, Any], run_name: str) -> list[ExpectationOutcome]:
+    def run(self, suite: SuiteSpec, views: Mapping[str, Any], run_name: str,
+            progress: Callable[[str, str], None] | None = None) -> list[ExpectationOutcome]:
         """Validate each DataFrame of ``views`` against its part of ``suite`` (a view the suite
         does not name is an error; a named view that is absent is skipped by the caller's choice).
         One GX Checkpoint run per view, all under one run name; then one Data Docs update for all
@@ -165,6 +166,8 @@ class GxProject:
                 documents += [identifier, ExpectationSuiteIdentifier(name=suite_result.suite_name)]
                 for r in suite_result.results:
                     outcomes.append(_outcome(view, r))
+            if progress is not None:
+                progress("validated", view)
         if documents:
             self.ctx.build_data_docs(site_names=[DOCS_SITE], resource_identifiers=documents, dry_run=False,
                                      build_index=True)

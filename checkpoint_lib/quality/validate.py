@@ -5,6 +5,8 @@ GX, record the outcome durably, and raise if anything failed.
 latest completed one, which is what the sinks hold after ``ckpt recover``), plus the latest restore
 (``restored_state``: the state table right after it vs the snapshot it restored).
 ``validate_checkpoint``: the ``per_checkpoint`` suite on one completed checkpoint.
+Both take ``progress(step, view)``, told ``("computed", view)`` and then ``("validated", view)``
+for each view (the CLI's bar).
 
 Both record a row in ``W/_checkpoints/<pipeline>/validations`` (passed / failed / error) *before*
 returning or raising, and raise :class:`QualityCheckFailed` (a failed expectation) or
@@ -43,12 +45,13 @@ def _context(spark: SparkSession, pipeline_name: str, warehouse: str) -> V.Conte
 def _run(
     kind: str, spark: SparkSession, pipeline_name: str, warehouse: str, checkpoint_id: int | None,
     build: Callable[[V.Context, V.CheckpointFacts], tuple[dict[str, Any], V.RestoreFacts | None, list[str]]],
-    raise_on_failure: bool,
+    raise_on_failure: bool, progress: Callable[[str, str], None] | None = None,
 ) -> QualityResult:
     from .gx_project import GxProject, SuiteSpec
 
     check_checkpoint_id(checkpoint_id)
     ctx = _context(spark, pipeline_name, warehouse)
+    ctx.progress = progress
     log = ValidationLog(ctx.root)
     started = time.time()
     stamp = datetime.fromtimestamp(started, timezone.utc).strftime("%Y%m%dT%H%M%SZ")
@@ -66,7 +69,7 @@ def _run(
         result.notes += notes
         result.run_name = f"{pipeline_name}-{kind}-c{facts.checkpoint_id}-e{result.epoch}-{stamp}"
         project = GxProject(quality_root(ctx.warehouse, pipeline_name), pipeline_name)
-        result.outcomes = project.run(SuiteSpec.load(SUITES[kind]), views, result.run_name)
+        result.outcomes = project.run(SuiteSpec.load(SUITES[kind]), views, result.run_name, progress=progress)
         result.metrics = _metrics(views)
     except Exception as exc:
         result.error = f"{type(exc).__name__}: {exc}"
@@ -111,20 +114,21 @@ def _checkpoint_build(ctx: V.Context, facts: V.CheckpointFacts):
 
 def validate_restore(
     spark: SparkSession, pipeline_name: str, warehouse: str, checkpoint_id: int | None = None,
-    *, raise_on_failure: bool = True,
+    *, raise_on_failure: bool = True, progress: Callable[[str, str], None] | None = None,
 ) -> QualityResult:
     """The after-restore suite: exactly-once outputs at ``checkpoint_id`` (default latest), nothing
     lost, and the latest restore equal to its snapshot. Recorded; raises on failure."""
-    return _run(RESTORE, spark, pipeline_name, warehouse, checkpoint_id, _restore_build, raise_on_failure)
+    return _run(RESTORE, spark, pipeline_name, warehouse, checkpoint_id, _restore_build, raise_on_failure, progress)
 
 
 def validate_checkpoint(
     spark: SparkSession, pipeline_name: str, warehouse: str, checkpoint_id: int | None = None,
-    *, raise_on_failure: bool = True,
+    *, raise_on_failure: bool = True, progress: Callable[[str, str], None] | None = None,
 ) -> QualityResult:
     """The per-checkpoint suite: every subtask acked with sizes, channel state consistent with the
     barrier positions, conservation over state + channel state. Recorded; raises on failure."""
-    return _run(CHECKPOINT, spark, pipeline_name, warehouse, checkpoint_id, _checkpoint_build, raise_on_failure)
+    return _run(CHECKPOINT, spark, pipeline_name, warehouse, checkpoint_id, _checkpoint_build, raise_on_failure,
+                progress)
 
 
 def validate_before_commit(

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -93,6 +93,8 @@ class Context:
     warehouse: Path
     store: DeltaCheckpointStore
     cached: list[DataFrame] = field(default_factory=list)
+    progress: Callable[[str, str], None] | None = None
+    """Told ``("computed", view)`` as each view is computed (the CLI's progress)."""
 
     @property
     def root(self) -> Path:
@@ -101,13 +103,15 @@ class Context:
     def path(self, relative: str) -> str:
         return str(inside(self.warehouse, relative))
 
-    def materialize(self, df: DataFrame) -> DataFrame:
-        """Compute a view once, in Spark, and keep the (small) result on the executors: GX runs a
-        dozen metrics on each view, and each would otherwise re-read the Delta tables. An eager
-        local checkpoint (one Spark job) is used rather than ``cache()``, whose plan matching
+    def materialize(self, df: DataFrame, view: str) -> DataFrame:
+        """Compute view ``view`` once, in Spark, and keep the (small) result on the executors: GX
+        runs a dozen metrics on each view, and each would otherwise re-read the Delta tables. An
+        eager local checkpoint (one Spark job) is used rather than ``cache()``, whose plan matching
         against the cache costs seconds per call on Delta time-travel plans."""
         df = df.localCheckpoint(eager=True)
         self.cached.append(df)
+        if self.progress is not None:
+            self.progress("computed", view)
         return df
 
     def release(self) -> None:
@@ -288,7 +292,7 @@ def restore_views(ctx: Context, facts: CheckpointFacts, restore: RestoreFacts | 
         ledger = sink_at(ctx, spec.event_sink, facts.checkpoint_id)
         if spec.event_id != "event_id":
             ledger = ledger.withColumnRenamed(spec.event_id, "event_id")
-        ledger = ctx.materialize(ledger)
+        ledger = ctx.materialize(ledger, "ledger")
         views["ledger"] = ledger
         cols = list(spec.event_columns)
         s = valid.groupBy(F.col(spec.event_id).alias("event_id")).agg(
@@ -306,7 +310,8 @@ def restore_views(ctx: Context, facts: CheckpointFacts, restore: RestoreFacts | 
                 F.coalesce("source_copies", F.lit(0)).alias("source_copies"),
                 F.coalesce("sink_copies", F.lit(0)).alias("sink_copies"),
                 _all_true([F.col(f"source_{c}").eqNullSafe(F.col(f"sink_{c}")) for c in cols]).alias("values_match"),
-            )
+            ),
+            "events",
         )
     else:
         ledger = None
@@ -335,7 +340,7 @@ def restore_views(ctx: Context, facts: CheckpointFacts, restore: RestoreFacts | 
         ]
         if "sink" not in parts:
             matches.append(F.lit(True).alias("sink_matches_source"))
-        views["keys"] = ctx.materialize(joined.select("key", *flags, *matches, *[c for c in joined.columns if "_" in c and not c.startswith("in_")]))
+        views["keys"] = ctx.materialize(joined.select("key", *flags, *matches, *[c for c in joined.columns if "_" in c and not c.startswith("in_")]), "keys")
 
     totals = src.agg(
         F.count(F.lit(1)).alias("source_rows"),
@@ -353,10 +358,10 @@ def restore_views(ctx: Context, facts: CheckpointFacts, restore: RestoreFacts | 
         totals = totals.crossJoin(landed.agg(F.count(F.lit(1)).alias("sink_rows")))  # + in flight
     else:
         totals = totals.withColumn("sink_rows", F.col("valid_rows"))
-    views["totals"] = ctx.materialize(totals.select(*[F.col(c).cast("long").alias(c) for c in totals.columns]))
+    views["totals"] = ctx.materialize(totals.select(*[F.col(c).cast("long").alias(c) for c in totals.columns]), "totals")
 
     if restore is not None:
-        views["restored_state"] = ctx.materialize(restored_state_view(ctx, restore))
+        views["restored_state"] = ctx.materialize(restored_state_view(ctx, restore), "restored_state")
     return views
 
 
@@ -439,7 +444,7 @@ def checkpoint_views(ctx: Context, facts: CheckpointFacts) -> dict[str, DataFram
     views["subtasks"] = ctx.materialize(
         meta.join(found, ["operator", "subtask_index"], "left")
         .withColumn("channel_state_rows_found", F.coalesce("channel_state_rows_found", F.lit(0)).cast("long"))
-        .orderBy("operator", "subtask_index")
+        .orderBy("operator", "subtask_index"), "subtasks"
     )
     barrier = F.lit(facts.barrier_seq if facts.barrier_seq is not None else -1).cast("long")
     barriers = dict(facts.barrier_seqs or {})
@@ -451,7 +456,7 @@ def checkpoint_views(ctx: Context, facts: CheckpointFacts) -> dict[str, DataFram
         barrier = F.coalesce(positions[F.col("sender")].cast("long"), F.lit(-1).cast("long"))
     views["channel_state"] = ctx.materialize(
         segments.withColumn("checkpoint_id", F.lit(facts.checkpoint_id).cast("long"))
-        .withColumn("barrier_seq", barrier)
+        .withColumn("barrier_seq", barrier), "channel_state"
     )
 
     aggs = ctx.spec.aggregates
@@ -476,5 +481,5 @@ def checkpoint_views(ctx: Context, facts: CheckpointFacts) -> dict[str, DataFram
         df = per_quantity[0]
         for part in per_quantity[1:]:
             df = df.unionByName(part)
-        views["conservation"] = ctx.materialize(df)
+        views["conservation"] = ctx.materialize(df, "conservation")
     return views

@@ -100,6 +100,23 @@ def test_the_rows_bar_shows_done_total_rate_and_grows_with_new_data():
     assert "600/1500 rows" in text and "150 rows/s" in text
 
 
+def test_the_validation_bar_counts_each_view_computed_then_validated():
+    import io
+
+    from rich.console import Console
+
+    out = io.StringIO()
+    with cli.StepsBar("validating restore", 4, console=Console(file=out, force_terminal=True, width=120,
+                                                                color_system=None)) as bar:
+        bar.step("computed", "events")
+        bar.step("computed", "keys")
+        bar.step("validated", "events")
+        task = bar.progress.tasks[0]
+        assert (task.completed, task.total, task.fields["step"]) == (3, 4, "events validated")
+    text = out.getvalue()
+    assert "validating restore" in text and "4/4" in text  # done when the suite is (a view may be absent)
+
+
 def test_no_bar_for_machines_or_pipes(monkeypatch):
     parser = cli.build_parser()
     assert not cli._bar_wanted(parser.parse_args(["run", "payments", "-o", "json"]))

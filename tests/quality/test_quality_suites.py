@@ -94,9 +94,12 @@ def test_data_docs_index_exists_and_names_the_latest_run(healthy):
 
 def test_per_checkpoint_suite_passes_on_the_healthy_run(spark, healthy, tmp_path):
     w = _copy(healthy, tmp_path)
-    result = validate_checkpoint(spark, "payments", str(w))
+    steps = []
+    result = validate_checkpoint(spark, "payments", str(w), progress=lambda step, view: steps.append((step, view)))
     assert result.success, result.summary(verbose=True)
-    assert {o.view for o in result.outcomes} == {"subtasks", "channel_state", "conservation"}
+    views = ["subtasks", "channel_state", "conservation"]
+    assert {o.view for o in result.outcomes} == set(views)
+    assert steps == [("computed", v) for v in views] + [("validated", v) for v in views]  # what the CLI's bar shows
 
 
 def test_a_duplicated_ledger_row_fails(spark, healthy, tmp_path):
