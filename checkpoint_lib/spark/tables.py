@@ -129,8 +129,22 @@ def raise_fence(spark: SparkSession, path: str, app_id: str, epoch: int, sequenc
     s))`` (``s``: ``sequence``, default the current stamp's), after which every write of an older
     epoch stamped with ``app_id`` is refused inside its commit. Idempotent. Raises
     :class:`~checkpoint_lib.core.errors.FencedError` if a newer epoch fenced it first. Returns the
-    stamp's sequence. The table must exist."""
+    stamp's sequence. The table must exist. The commit is a delta-rs compare-and-swap of the stamp
+    alone when the table's protocol allows it (:func:`_stamp_alone_by_delta_rs`: the state table,
+    deletion vectors and all), else a stamped empty Spark append."""
     from ..core.errors import FencedError
+
+    if _stamp_alone_by_delta_rs(path):  # a compare-and-swap of the stamp alone: milliseconds, no Spark job
+        decided: list[int] = []
+
+        def decide(have: int) -> int | None:
+            have_epoch, have_seq = split_version(None if have < 0 else have)
+            seq = max(have_seq, 0) if sequence is None else sequence
+            decided[:] = [have_seq if have_epoch == epoch and have_seq >= seq else seq]
+            return None if have_epoch == epoch and have_seq >= seq else fenced_version(epoch, seq)
+
+        stamped_commit(path, app_id, [], decide, epoch=epoch, what=f"fence of {path} for epoch {epoch}")
+        return decided[0]
 
     def once() -> int:
         have_epoch, have_seq = split_version(stamp_of(path, app_id))
@@ -148,6 +162,23 @@ def raise_fence(spark: SparkSession, path: str, app_id: str, epoch: int, sequenc
         return seq
 
     return retry_conflicts(once, f"fence of {path} for epoch {epoch}")
+
+
+STAMP_ALONE_WRITER_FEATURES = frozenset({"appendOnly", "invariants", "timestampNtz", "deletionVectors"})
+"""Writer features a commit of a stamp alone (a ``txn`` action, no data) honours by construction:
+it adds and removes no file, so no row, deletion vector or constraint is touched."""
+
+
+def _stamp_alone_by_delta_rs(path: str) -> bool:
+    """Whether delta-rs may commit a stamp alone to ``path``: a writer protocol up to 2, or 7 with
+    only :data:`STAMP_ALONE_WRITER_FEATURES` (the state table's deletion vectors among them);
+    else the fence is a stamped empty Spark append."""
+    from deltalake import DeltaTable
+
+    protocol = DeltaTable(path).protocol()
+    if protocol.min_writer_version <= 2:
+        return True
+    return protocol.min_writer_version == 7 and set(protocol.writer_features or []) <= STAMP_ALONE_WRITER_FEATURES
 
 
 def check_not_fenced(path: str, app_id: str, epoch: int) -> None:

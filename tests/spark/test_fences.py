@@ -185,6 +185,30 @@ def test_a_state_merge_by_a_zombie_after_the_fence_lands_nothing(spark, tmp_path
     assert read_delta(path)["balance_cents"].tolist() == [115]
 
 
+def test_the_state_tables_fence_is_a_stamp_alone_committed_by_delta_rs(spark, tmp_path):
+    """The state table has deletion vectors, yet its fence is one delta-rs commit of the stamp alone
+    (no Spark job); the same epoch may fence again, an older one is refused."""
+    from deltalake import DeltaTable
+
+    path = str(tmp_path / "state")
+    values = T.StructType([T.StructField("balance_cents", T.LongType())])
+    state = KeyedStateTable(spark, path, "account", values, app_id=STATE_APP)
+    state.create()  # as the runner creates it: deletion vectors on
+    state.add(_deltas(spark), epoch=1)
+    assert "deletionVectors" in (DeltaTable(path).protocol().writer_features or [])
+    before = DeltaTable(path).version()
+    state.fence(2)
+    dt = DeltaTable(path)
+    assert dt.version() == before + 1, [(h.get("version"), h.get("operation")) for h in dt.history(5)]
+    last = dt.history(1)[0]
+    assert "delta-rs" in str(last.get("engineInfo", last.get("clientVersion", ""))), last
+    assert tables.split_version(dt.transaction_version(STATE_APP)) == (2, before + 1)
+    state.fence(2)  # again (a retried recovery step): still epoch 2's
+    assert tables.split_version(DeltaTable(path).transaction_version(STATE_APP))[0] == 2
+    with pytest.raises(FencedError):
+        state.fence(1)
+
+
 @pytest.mark.slow  # CI tier: CI keeps the stalled zombies of this module
 def test_a_state_merge_racing_the_fence_inside_its_own_job_is_refused(spark, tmp_path):
     path = str(tmp_path / "state")
