@@ -168,12 +168,9 @@ class DeltaTwoPhaseSink:
         if dt.metadata().partition_columns:
             problems.append(f"it is partitioned by {dt.metadata().partition_columns} (not supported yet for "
                             "append sinks)")
-        protocol = dt.protocol()
-        features = set(protocol.writer_features or [])
-        if protocol.min_writer_version > 2 and protocol.min_writer_version != 7:
-            problems.append(f"its writer protocol is version {protocol.min_writer_version}")
-        elif features - _DELTA_RS_WRITER_FEATURES:
-            problems.append(f"it uses the writer features {sorted(features - _DELTA_RS_WRITER_FEATURES)}")
+        protocol_problem = tables.writer_protocol_problem(dt.protocol(), _DELTA_RS_WRITER_FEATURES)
+        if protocol_problem:
+            problems.append(protocol_problem)
         return problems
 
     def _check_files_can_be_added(self, dt) -> None:

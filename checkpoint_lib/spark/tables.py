@@ -169,16 +169,25 @@ STAMP_ALONE_WRITER_FEATURES = frozenset({"appendOnly", "invariants", "timestampN
 it adds and removes no file, so no row, deletion vector or constraint is touched."""
 
 
+def writer_protocol_problem(protocol, honoured: Iterable[str]) -> str | None:
+    """Why a delta-rs commit that honours only the writer features ``honoured`` may not write a
+    table with writer ``protocol`` (None: it may): a writer version above 2 other than 7, or a
+    writer feature outside ``honoured``."""
+    if protocol.min_writer_version <= 2:
+        return None
+    if protocol.min_writer_version != 7:
+        return f"its writer protocol is version {protocol.min_writer_version}"
+    beyond = set(protocol.writer_features or []) - set(honoured)
+    return f"it uses the writer features {sorted(beyond)}" if beyond else None
+
+
 def _stamp_alone_by_delta_rs(path: str) -> bool:
-    """Whether delta-rs may commit a stamp alone to ``path``: a writer protocol up to 2, or 7 with
-    only :data:`STAMP_ALONE_WRITER_FEATURES` (the state table's deletion vectors among them);
-    else the fence is a stamped empty Spark append."""
+    """Whether delta-rs may commit a stamp alone to ``path``: its protocol asks for nothing beyond
+    :data:`STAMP_ALONE_WRITER_FEATURES` (the state table's deletion vectors among them); else the
+    fence is a stamped empty Spark append."""
     from deltalake import DeltaTable
 
-    protocol = DeltaTable(path).protocol()
-    if protocol.min_writer_version <= 2:
-        return True
-    return protocol.min_writer_version == 7 and set(protocol.writer_features or []) <= STAMP_ALONE_WRITER_FEATURES
+    return writer_protocol_problem(DeltaTable(path).protocol(), STAMP_ALONE_WRITER_FEATURES) is None
 
 
 def check_not_fenced(path: str, app_id: str, epoch: int) -> None:
