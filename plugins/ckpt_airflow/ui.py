@@ -116,20 +116,27 @@ def _readable(user: "BaseUser", pipelines: list[str]) -> list[str]:
     with the DAG's id and its team (multi-team deployments), in one ``batch_is_authorized_dag`` per
     pipeline. A DAG that is not (yet) in the database is asked by its id with no team."""
     from airflow.api_fastapi.app import get_auth_manager
-    from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
-    from airflow.models.dag import DagModel
 
     if not pipelines:
         return []
-    teams = DagModel.get_dag_id_to_team_name_mapping([d for p in pipelines for d in pipeline_dag_ids(p)])
+    details = _dag_details([d for p in pipelines for d in pipeline_dag_ids(p)])
     auth_manager = get_auth_manager()
     return [
         p for p in pipelines
         if auth_manager.batch_is_authorized_dag(
-            [{"method": "GET", "details": DagDetails(id=d, team_name=teams.get(d))} for d in pipeline_dag_ids(p)],
-            user=user,
+            [{"method": "GET", "details": details[d]} for d in pipeline_dag_ids(p)], user=user,
         )
     ]
+
+
+def _dag_details(dag_ids: list[str]) -> dict[str, Any]:
+    """What the auth manager is asked about each DAG, as Airflow's own DAG endpoints ask: its id and
+    its team (multi-team deployments; none for a DAG not in the database yet). One query for all."""
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
+    from airflow.models.dag import DagModel
+
+    teams = DagModel.get_dag_id_to_team_name_mapping(dag_ids)
+    return {d: DagDetails(id=d, team_name=teams.get(d)) for d in dag_ids}
 
 
 def can_read_pipeline(user: "BaseUser", pipeline: str) -> bool:
@@ -145,13 +152,11 @@ def can_trigger_recovery(user: "BaseUser", pipeline: str) -> bool:
     """Whether ``user`` may start ``<pipeline>_recover``: what Airflow's trigger endpoint asks
     (``requires_access_dag(method="POST", access_entity=DagAccessEntity.RUN)``)."""
     from airflow.api_fastapi.app import get_auth_manager
-    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
-    from airflow.models.dag import DagModel
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 
     dag_id = recover_dag_id(pipeline)
-    team = DagModel.get_dag_id_to_team_name_mapping([dag_id]).get(dag_id)
     return get_auth_manager().is_authorized_dag(method="POST", access_entity=DagAccessEntity.RUN,
-                                                details=DagDetails(id=dag_id, team_name=team), user=user)
+                                                details=_dag_details([dag_id])[dag_id], user=user)
 
 
 def _pipeline(pipeline: str, user: "BaseUser") -> str:
@@ -455,7 +460,8 @@ def recover_form(pipeline: str, checkpoint_id: str, user: GetUserDep) -> str:
         parts.append(f"<p><strong>{dag_id} is not in Airflow yet</strong> (the dag-processor has not parsed the "
                      "DAGs folder): nothing can be triggered.</p></body></html>")
         return "".join(parts)
-    options = "".join(f"<option{' selected' if m == _default_mode(dag) else ''}>{m}</option>" for m in MODES)
+    default = _default_mode(dag)
+    options = "".join(f"<option{' selected' if m == default else ''}>{m}</option>" for m in MODES)
     parts.append(
         f"<p>This starts a run of <a href='/dags/{dag_id}' target='_top'>{dag_id}</a> with checkpoint id {cid}. "
         "It pauses the pipeline's DAGs, starts a new epoch that restores the operators' state and channel state "
