@@ -16,7 +16,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from .core.decider import DEFAULT_ROWS_PER_STEP
 from .core.types import MODES
@@ -82,6 +82,19 @@ def _pipeline(name: str):
     return get(name)
 
 
+def _resolve_pipeline(args: argparse.Namespace) -> None:
+    """``args.pipeline`` as a name: a ``module:attr`` reference is imported (from the current
+    directory too, like ``python -m``) and known by its name to the rest of the process."""
+    ref = getattr(args, "pipeline", None)
+    if not isinstance(ref, str):
+        return
+    from .pipelines import is_reference, name_of
+
+    if is_reference(ref) and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    args.pipeline = name_of(ref)
+
+
 # --- commands --------------------------------------------------------------------------------
 
 
@@ -114,19 +127,61 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    if args.pipeline == "payments":
-        from .pipelines.payments import generate
+    pipeline = _pipeline(args.pipeline)
+    if pipeline.generator_fn is None:
+        raise ValueError(f"pipeline {args.pipeline!r} has no generator (declare one with .generator(fn))")
+    options = dict(args.option or ())
+    for name in ("accounts", "skew"):  # shorthands of --option
+        if getattr(args, name) is not None:
+            options[name] = getattr(args, name)
+    _check_generator_options(pipeline.generator_fn, options)
+    version = pipeline.generator_fn(_spark(args), args.warehouse, args.rows, bad_fraction=args.bad_fraction,
+                                    seed=args.seed, **options)
+    print(f"appended {args.rows} rows to {args.warehouse}/{pipeline.source_spec.path} as version {version}")
+    return 0
 
-        version = generate(_spark(args), args.warehouse, args.rows, bad_fraction=args.bad_fraction,
-                           accounts=args.accounts, seed=args.seed)
-    elif args.pipeline == "transfers":
-        from .pipelines.transfers import generate
 
-        version = generate(_spark(args), args.warehouse, args.rows, bad_fraction=args.bad_fraction,
-                           accounts=args.accounts, seed=args.seed, skew=args.skew)
-    else:
-        raise ValueError(f"no generator for pipeline {args.pipeline!r} (payments, transfers)")
-    print(f"appended {args.rows} rows to {args.warehouse}/landing/{args.pipeline} as version {version}")
+def _check_generator_options(fn: Any, options: Mapping[str, Any]) -> None:
+    """Unknown generator options fail before Spark starts, naming the ones it takes."""
+    import inspect as _inspect
+
+    params = _inspect.signature(fn).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    known = [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY and n not in ("bad_fraction", "seed")]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(f"the generator takes no option {', '.join(unknown)}; it takes: {', '.join(known) or 'none'}")
+
+
+def _generator_option(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE``, the value a Python literal when it is one (25, 0.3, True), else the string."""
+    import ast
+
+    key, value = _spark_conf_pair(text)
+    try:
+        return key, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return key, value
+
+
+def _cmd_pipelines(args: argparse.Namespace) -> int:
+    from .pipelines import get, names, ref_of
+
+    rows = []
+    for name in names():
+        p = get(name)
+        rows.append({"name": name, "found_by": ref_of(name) if ref_of(name) != name else "entry point",
+                     "source": p.source_spec.path, "sinks": {n: s.path for n, s in p.sinks.items()},
+                     "operator": p.operator_uid, "keyed": p.keyed, "generator": p.generator_fn is not None,
+                     "quality": p.quality_spec is not None})
+    if _json(args):
+        print(json.dumps(rows, indent=2))
+        return 0
+    for r in rows:
+        extras = [w for w in ("generator", "quality") if r[w]]
+        print(f"{r['name']:<16} {r['source']} -> {r['operator']} -> {', '.join(r['sinks'].values())}"
+              f"  ({r['found_by']}{'; ' + ', '.join(extras) if extras else ''})")
     return 0
 
 
@@ -359,13 +414,8 @@ def _validate(args: argparse.Namespace, kinds: Sequence[str]) -> tuple[int, list
 
     check_pipeline_name(args.pipeline)  # bad input fails before Spark starts
     warehouse_root(args.warehouse)
-    from .quality.spec import SPECS
-
-    if args.pipeline not in SPECS:
-        print(f"ckpt: pipeline {args.pipeline!r} has no quality spec yet: NOT validated", file=sys.stderr)
-        return (EXIT_OK if getattr(args, "func", None) is _cmd_recover else EXIT_FAILED), []
-    from .quality.gx_project import SuiteSpec
-    from .quality.validate import SUITES
+    from .quality.spec import get_spec
+    from .quality.validate import suite_for
 
     run = {"restore": validate_restore, "checkpoint": validate_checkpoint}
     out = sys.stderr if _json(args) else sys.stdout
@@ -376,7 +426,7 @@ def _validate(args: argparse.Namespace, kinds: Sequence[str]) -> tuple[int, list
         started = time.monotonic()
         try:
             if _bar_wanted(args):  # each view computed, then validated
-                with StepsBar(title, 2 * len(SuiteSpec.load(SUITES[kind]).views)) as bar:
+                with StepsBar(title, 2 * len(suite_for(kind, get_spec(args.pipeline)).views)) as bar:
                     result = run[kind](spark, args.pipeline, args.warehouse, getattr(args, "checkpoint", None),
                                        progress=bar.step)
             else:  # plain lines on stderr: stdout keeps the summaries (or the JSON) alone
@@ -483,8 +533,12 @@ def _add_warehouse(p: argparse.ArgumentParser) -> None:
                    help=f"warehouse root (default {DEFAULT_WAREHOUSE!r}, env CKPT_WAREHOUSE)")
 
 
+def _add_pipeline(p: argparse.ArgumentParser) -> None:
+    p.add_argument("pipeline", help="a registered pipeline's name (ckpt pipelines lists them) or module:attr")
+
+
 def _add_run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("pipeline", help="pipeline name (payments, transfers)")
+    _add_pipeline(p)
     _add_warehouse(p)
     _add_output(p)
     _add_spark(p)
@@ -556,15 +610,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=7, help="random seed of the schedule (default 7)")
     p.set_defaults(func=_cmd_simulate)
 
+    p = add("pipelines", help="list the registered pipelines (entry point group checkpoint_lib.pipelines)")
+    _add_output(p)
+    p.set_defaults(func=_cmd_pipelines)
+
     p = add("generate", help="append generated input to a pipeline's landing table")
-    p.add_argument("pipeline", choices=("payments", "transfers"), help="pipeline name")
+    _add_pipeline(p)
     _add_warehouse(p)
     p.add_argument("--rows", type=_positive_int, required=True, help="rows to append (one new table version)")
     p.add_argument("--bad-fraction", type=_fraction, default=0.0, help="fraction of bad rows (0..1)")
-    p.add_argument("--accounts", type=_positive_int, default=1000, help="distinct accounts (default 1000)")
     p.add_argument("--seed", type=int, default=None, help="random seed")
-    p.add_argument("--skew", type=_fraction, default=0.0,
-                   help="transfers: fraction sent from one hot account (a slow bank subtask), 0..1")
+    p.add_argument("--option", type=_generator_option, action="append", metavar="KEY=VALUE",
+                   help="an option of the pipeline's generator (repeat for more), e.g. accounts=25")
+    p.add_argument("--accounts", type=_positive_int, default=None, help="shorthand of --option accounts=N")
+    p.add_argument("--skew", type=_fraction, default=None, help="shorthand of --option skew=F (transfers: the "
+                   "fraction sent from one hot account, a slow bank subtask)")
     _add_spark(p)
     p.set_defaults(func=_cmd_generate)
 
@@ -600,7 +660,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("checkpoints", help="list checkpoints or show one")
     p.add_argument("action", choices=("list", "show"))
-    p.add_argument("pipeline")
+    _add_pipeline(p)
     p.add_argument("id", nargs="?", type=_positive_int, help="checkpoint id (show)")
     _add_warehouse(p)
     p.add_argument("--limit", type=_positive_int, default=50)
@@ -609,7 +669,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("state", help="show operator state, channel state or offsets at a checkpoint")
     p.add_argument("what", choices=("operator", "channel", "handles"))
-    p.add_argument("pipeline")
+    _add_pipeline(p)
     _add_warehouse(p)
     p.add_argument("--checkpoint", type=_positive_int, default=None, help="checkpoint id (default: latest)")
     p.add_argument("--limit", type=_positive_int, default=20)
@@ -618,7 +678,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_state)
 
     p = add("validate", help="run the data-quality suites (Great Expectations) on a checkpoint")
-    p.add_argument("pipeline")
+    _add_pipeline(p)
     _add_warehouse(p)
     p.add_argument("--checkpoint", type=_positive_int, default=None, help="checkpoint id (default: latest completed)")
     p.add_argument("--suite", choices=("all", "restore", "checkpoint"), default="all",
@@ -629,7 +689,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_validate)
 
     p = add("report", help="write the self-contained HTML report (charts, validations, restores)")
-    p.add_argument("pipeline")
+    _add_pipeline(p)
     _add_warehouse(p)
     p.add_argument("--out", default=None, help="output file (default W/_quality/<pipeline>/report.html)")
     p.set_defaults(func=_cmd_report)
@@ -639,7 +699,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="delete what no retained checkpoint or savepoint needs (old control rows, markers, requests, "
              "validation results, channel state, removed files); safe while the pipeline runs",
     )
-    p.add_argument("pipeline")
+    _add_pipeline(p)
     _add_warehouse(p)
     p.add_argument("--dry-run", action="store_true", help="decide and report, delete nothing")
     p.add_argument("--no-spark", action="store_true",
@@ -681,6 +741,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .core.errors import CheckpointError
 
     try:
+        _resolve_pipeline(args)
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("ckpt: interrupted", file=sys.stderr)

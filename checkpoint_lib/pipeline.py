@@ -32,6 +32,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 from .core.keygroups import DEFAULT_MAX_PARALLELISM, check_parallelism
 from .layout import check_name as _check_name
+from .schema import as_dict, columns
 
 _REL_PATH = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]*$")
 
@@ -47,8 +48,9 @@ def check_relative_path(value: str) -> str:
 class DeltaSource:
     """An append-only Delta table read incrementally by version; offsets are table versions.
 
-    ``schema`` maps each column the pipeline needs to its Delta type name ("string", "long",
-    "timestamp"...). Extra columns in the table are ignored; a missing or re-typed column stops the
+    ``schema`` lists the columns the pipeline needs with their types, in the one schema notation of
+    :mod:`checkpoint_lib.schema` (``"event_id string, amount_cents long"``, a StructType, or a
+    mapping). Extra columns in the table are ignored; a missing or re-typed column stops the
     run before anything is written. ``validate(df)`` returns a Column with the reason a row is bad
     (null when it is good): bad rows go to the dead-letter table with that reason and their offset.
     """
@@ -59,8 +61,7 @@ class DeltaSource:
 
     def __post_init__(self) -> None:
         check_relative_path(self.path)
-        if not self.schema:
-            raise ValueError("a source needs a schema (column -> Delta type)")
+        object.__setattr__(self, "schema", as_dict(self.schema, f"source {self.path}"))
 
 
 @dataclass(frozen=True)
@@ -83,15 +84,16 @@ class FolderSource:
 
     def __post_init__(self) -> None:
         check_relative_path(self.path)
-        if not self.schema:
-            raise ValueError("a source needs a schema (column -> type)")
+        object.__setattr__(self, "schema", as_dict(self.schema, f"source {self.path}"))
         if self.format not in ("json", "csv", "parquet"):
             raise ValueError(f"folder format must be json, csv or parquet, got {self.format!r}")
 
 
 @dataclass(frozen=True)
 class DeltaSink:
-    """A two-phase-commit Delta sink. ``schema`` is a list of (column, Spark SQL type) pairs."""
+    """A two-phase-commit Delta sink of ``schema`` (:mod:`checkpoint_lib.schema` notation). An
+    ``append`` sink adds the rows of every committed checkpoint; an ``upsert`` sink MERGEs them by
+    ``keys`` (a later row of a key replaces an earlier one)."""
 
     path: str
     schema: tuple[tuple[str, str], ...]
@@ -104,7 +106,7 @@ class DeltaSink:
             raise ValueError(f"sink mode must be 'append' or 'upsert', got {self.mode!r}")
         if self.mode == "upsert" and not self.keys:
             raise ValueError("an upsert sink needs keys, e.g. keys=('account',)")
-        object.__setattr__(self, "schema", tuple(tuple(c) for c in self.schema))
+        object.__setattr__(self, "schema", columns(self.schema, f"sink {self.path}"))
         object.__setattr__(self, "keys", tuple(self.keys))
 
 
@@ -123,18 +125,29 @@ class Bootstrap:
 
     def __post_init__(self) -> None:
         check_relative_path(self.path)
-        if not self.schema:
-            raise ValueError("a bootstrap table needs a schema (column -> Delta type)")
+        object.__setattr__(self, "schema", as_dict(self.schema, f"bootstrap table {self.path}"))
 
 
 FEEDBACK = "feedback"
 """The name under which an iterating keyed operator returns the records it sends to itself."""
 
 
+SINK_SUBTASK = "sink_subtask"
+"""The column of a record naming the operator subtask that received it (read-only to operators)."""
+
+DELETE = "_delete"
+"""In the state a ``state_update = "replace"`` operator returns: a row with ``_delete`` true removes
+the key's state (its other columns are ignored)."""
+
+STATE_UPDATES = ("add", "replace")
+
+
 class Operator(Protocol):
     """A stateless operator (after ``rebalance()``, ``broadcast()`` or ``forward()``): ``apply``
-    gets the records of one flush and returns one DataFrame per sink (keep the ``sink_subtask``
-    column, the subtask whose sink transaction stages the row)."""
+    gets the records of one flush (the record columns, the source offset ``src_version``,
+    ``src_file``, ``src_row`` and :data:`SINK_SUBTASK`) and returns one DataFrame per sink. Each
+    sink row must keep the ``sink_subtask`` of the record it came from: it says whose two-phase
+    transaction stages the row."""
 
     def apply(self, records: Any) -> Mapping[str, Any]: ...
 
@@ -143,11 +156,25 @@ PARTITIONINGS = ("hash", "rebalance", "broadcast", "forward")
 
 
 class KeyedOperator(Protocol):
-    """A keyed, stateful operator. ``state_schema`` lists its state columns (besides the key);
-    ``apply`` gets the records of one flush (ordered by ``order_by``) and the state before them, and
-    returns the state deltas and one DataFrame per sink (with a ``sink_subtask`` column)."""
+    """A keyed, stateful operator (after ``key_by(key)``).
 
-    state_schema: tuple[tuple[str, str], ...]
+    - ``state_schema``: its state columns besides the key (:mod:`checkpoint_lib.schema` notation);
+    - ``state_update`` (optional, default ``"add"``): how the state it returns is applied.
+      ``"replace"``: each row is the key's new state (a row with :data:`DELETE` true removes it);
+      keys it returns no row for keep theirs. ``"add"``: each row's values are added to the key's
+      (sums and counts; the fast path of additive state);
+    - ``order_by``: the columns that order a key's records (usually the source offset);
+    - ``apply(records, state, key)`` gets the records of one flush (the record columns, the source
+      offset ``src_version``, ``src_file``, ``src_row``, and :data:`SINK_SUBTASK`) and the state
+      before them (the key and the state columns; keys without state have no row), and returns
+      ``(state, outputs)``: the state rows of the keys it changed (at most one per key: the key and
+      the state columns) and one DataFrame per sink. A sink row is staged by the subtask that owns
+      the key it carries; rows without the key column must keep the records' ``sink_subtask``.
+
+    Key groups, channels, senders and transactions are the runner's: an operator never sees them.
+    """
+
+    state_schema: Any
     order_by: tuple[str, ...]
 
     def apply(self, records: Any, state: Any, key: str) -> tuple[Any, Mapping[str, Any]]: ...
@@ -176,6 +203,10 @@ class Pipeline:
     """How records go from the source stage to the operator: one of :data:`PARTITIONINGS`."""
     transforms: list[tuple[Callable[[Any], Any], dict[str, str]]] = field(default_factory=list)
     """``map()`` steps fused into the source stage, each with the schema of its output."""
+    generator_fn: Callable[..., int] | None = None
+    """What ``ckpt generate`` runs (:meth:`generator`)."""
+    quality_spec: Any = None
+    """The roles the quality suites read (:meth:`quality`), a ``QualitySpec``."""
 
     def __post_init__(self) -> None:
         _check_name("pipeline name", self.name)
@@ -209,9 +240,7 @@ class Pipeline:
             raise ValueError("map() must come before the partitioner (key_by/rebalance/broadcast/forward)")
         if not callable(fn):
             raise TypeError(f"map() needs a function DataFrame -> DataFrame, got {fn!r}")
-        out = dict(schema) if schema is not None else self.record_schema
-        if not out:
-            raise ValueError("map() schema must list at least one column")
+        out = as_dict(schema, "map() schema") if schema is not None else self.record_schema
         self.transforms.append((fn, out))
         return self
 
@@ -258,8 +287,29 @@ class Pipeline:
                 f"operator {uid!r} has keyed state ({operator.state_schema}): keyed state is partitioned "
                 f"by key, so use key_by() instead of {self.partitioning}()"
             )
+        if not callable(getattr(operator, "apply", None)):
+            raise TypeError(f"operator {uid!r} needs an apply() method (see KeyedOperator and Operator)")
+        if self.key is not None:
+            state = columns(getattr(operator, "state_schema", None) or (), f"operator {uid!r} state_schema")
+            if any(name in (self.key, DELETE) for name, _ in state):
+                raise ValueError(f"operator {uid!r} state_schema must not list the key {self.key!r} or {DELETE!r}")
+            update = getattr(operator, "state_update", "add")
+            if update not in STATE_UPDATES:
+                raise ValueError(f"operator {uid!r} state_update must be one of {STATE_UPDATES}, got {update!r}")
         self.operator, self.operator_uid = operator, _check_name("operator uid", uid)
         return self
+
+    @property
+    def state_columns(self) -> tuple[tuple[str, str], ...]:
+        """The keyed operator's state columns (besides the key), normalized; () when stateless."""
+        if self.key is None or self.operator is None:
+            return ()
+        return columns(self.operator.state_schema, f"operator {self.operator_uid!r} state_schema")
+
+    @property
+    def state_update(self) -> str:
+        """``"add"`` or ``"replace"``: how the keyed operator's returned state is applied."""
+        return getattr(self.operator, "state_update", "add")
 
     def iterate(self) -> "Pipeline":
         """Close a cycle: the keyed operator also returns, under :data:`FEEDBACK`, records (of the
@@ -285,6 +335,25 @@ class Pipeline:
         marks the checkpoint discarded, commits nothing of it and stops the run with the summary;
         the next start recovers from the last checkpoint that passed."""
         self.validate_checkpoints = on
+        return self
+
+    def generator(self, fn: Callable[..., int]) -> "Pipeline":
+        """How ``ckpt generate`` appends sample input: ``fn(spark, warehouse, rows, *, bad_fraction,
+        seed, **options)`` writes ``rows`` new source rows (about ``bad_fraction`` of them bad) and
+        returns the source table's new version; ``options`` are the ``--option KEY=VALUE`` of the
+        command line (values parsed as Python literals when they are ones, e.g. ``accounts=25``)."""
+        if not callable(fn):
+            raise TypeError(f"generator() needs a function, got {fn!r}")
+        self.generator_fn = fn
+        return self
+
+    def quality(self, spec: Any) -> "Pipeline":
+        """The roles of this pipeline's tables and columns for the quality suites
+        (:class:`checkpoint_lib.quality.spec.QualitySpec`): ``ckpt validate``, the recover DAG's
+        consistency checks and the per-checkpoint suite run on it."""
+        if getattr(spec, "pipeline", None) != self.name:
+            raise ValueError(f"quality(): the spec is for pipeline {getattr(spec, 'pipeline', None)!r}, not {self.name!r}")
+        self.quality_spec = spec
         return self
 
     def with_parallelism(self, source: int | None = None, operator: int | None = None) -> "Pipeline":

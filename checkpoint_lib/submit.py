@@ -17,6 +17,7 @@ from typing import Mapping, Sequence
 
 from .core.decider import DEFAULT_ROWS_PER_STEP
 from .core.types import MODES
+from .pipelines import ref_of
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 JOBS_DIR = Path(__file__).resolve().parent / "jobs"
@@ -57,12 +58,13 @@ def stage_args(
     pipeline: str, warehouse: str, *, stage: str, mode: str = "aligned", rows_per_checkpoint: int = DEFAULT_ROWS_PER_STEP,
     max_steps: int | None = None,
 ) -> list[str]:
-    """The CLI arguments of ``ckpt run`` (and ``jobs/run_stage.py``) for one stage, run until caught up."""
+    """The CLI arguments of ``ckpt run`` (and ``jobs/run_stage.py``) for one stage, run until caught up.
+    A pipeline this process loaded by reference is passed by its reference (:func:`ref_of`)."""
     if stage not in STAGES:
         raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}")
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-    args = [pipeline, "--warehouse", warehouse, "--stage", stage, "--mode", mode,
+    args = [ref_of(pipeline), "--warehouse", warehouse, "--stage", stage, "--mode", mode,
             "--rows-per-checkpoint", str(int(rows_per_checkpoint)), "--until-caught-up"]
     if max_steps is not None:
         args += ["--max-steps", str(int(max_steps))]
@@ -102,7 +104,7 @@ def _python_path(env: Mapping[str, str]) -> str:
 
 def ckpt_run_argv(pipeline: str, warehouse: str | os.PathLike, *options: str) -> list[str]:
     """``ckpt run`` of ``pipeline`` as a child process of this interpreter."""
-    return [sys.executable, "-m", "checkpoint_lib.cli", "run", pipeline, "--warehouse", str(warehouse), *options]
+    return [sys.executable, "-m", "checkpoint_lib.cli", "run", ref_of(pipeline), "--warehouse", str(warehouse), *options]
 
 
 def ckpt_run_env(master: str, *, kill_at: str | None = None, trace: str | os.PathLike | None = None,

@@ -1,4 +1,5 @@
-"""An independent check of the ``payments`` outputs: pandas and pyarrow, no Spark.
+"""An independent check of the reference pipelines' outputs (``payments``, ``transfers``,
+``orders``): pandas and pyarrow, no Spark.
 
 The expected ledger is computed from the landing table's files in source-offset order (table
 version, file, row) straight from the Delta log; the gold tables are read with delta-rs. Sharing
@@ -189,4 +190,72 @@ def check_transfers(warehouse: str) -> TransfersCheck:
         check.problems.append(f"money not conserved: {int(g.sum())} != {int(e.sum())}")
     if len(dlq) != len(bad):
         check.problems.append(f"dead letters hold {len(dlq)} rows, expected the {len(bad)} bad transfers")
+    return check
+
+
+@dataclass
+class OrdersCheck:
+    distinct_orders: int
+    repeats: int
+    bad_rows: int
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def summary(self) -> str:
+        head = f"{self.distinct_orders} distinct orders, {self.repeats} repeats, {self.bad_rows} bad rows"
+        return head + (": each order once, customers exact" if self.ok else "\n  - " + "\n  - ".join(self.problems))
+
+
+def expected_orders(warehouse: str) -> dict[str, pd.DataFrame]:
+    """What exactly-once processing of ``landing/orders`` must produce: ``orders`` (the first row of
+    each valid id, in offset order), ``repeats`` (the others), ``customers`` and ``bad`` rows. Exact
+    when every repeat comes within the retention window of its order (the generator's do)."""
+    landing = rows_in_offset_order(Path(warehouse) / "landing" / "orders")
+    bad = (landing["order_id"].isna() | landing["customer"].isna() | (landing["customer"].astype(str).str.strip() == "")
+           | landing["amount_cents"].isna() | (landing["amount_cents"].fillna(0) <= 0) | landing["ts"].isna())
+    good = landing[~bad].sort_values(["src_version", "src_file", "src_row"], kind="stable")
+    first = ~good.duplicated("order_id")
+    fresh = good[first]
+    last = fresh.sort_values("ts", kind="stable").groupby("customer").tail(1).set_index("customer")
+    customers = fresh.groupby("customer").agg(orders=("order_id", "size"), max_amount_cents=("amount_cents", "max"))
+    customers["last_order_id"] = last["order_id"]
+    customers["last_order_ts"] = pd.to_datetime(last["ts"], utc=True)
+    return {"orders": fresh, "repeats": good[~first], "customers": customers.sort_index(), "bad": landing[bad]}
+
+
+def check_orders(warehouse: str) -> OrdersCheck:
+    """Compare ``gold/orders``, ``gold/order_duplicates``, ``gold/customers`` and the DLQ with the
+    expected result. A repeat and its order carry the same values, so which copy a lagging channel
+    let through first does not change the tables compared (the duplicates are compared by id)."""
+    w = Path(warehouse)
+    want = expected_orders(warehouse)
+    check = OrdersCheck(len(want["orders"]), len(want["repeats"]), len(want["bad"]))
+    orders = read_delta(w / "gold" / "orders")
+    if orders["order_id"].duplicated().any():
+        check.problems.append(f"{int(orders['order_id'].duplicated().sum())} orders are in gold/orders twice")
+    missing = set(want["orders"]["order_id"]) - set(orders["order_id"])
+    extra = set(orders["order_id"]) - set(want["orders"]["order_id"])
+    if missing or extra:
+        check.problems.append(f"gold/orders lacks {len(missing)} orders and has {len(extra)} foreign ones, "
+                              f"e.g. {sorted(missing | extra)[:3]}")
+    dups = read_delta(w / "gold" / "order_duplicates")
+    if sorted(dups["order_id"]) != sorted(want["repeats"]["order_id"]):
+        check.problems.append(f"gold/order_duplicates holds {len(dups)} repeats, expected {len(want['repeats'])}")
+    got = read_delta(w / "gold" / "customers").set_index("customer").sort_index()
+    exp = want["customers"]
+    if not got.index.equals(exp.index):
+        check.problems.append(f"gold/customers has {len(got)} customers, expected {len(exp)}")
+    else:
+        wrong = ((got["orders"].astype("int64") != exp["orders"].astype("int64"))
+                 | (got["max_amount_cents"].astype("int64") != exp["max_amount_cents"].astype("int64"))
+                 | (got["last_order_id"] != exp["last_order_id"])
+                 | (pd.to_datetime(got["last_order_ts"], utc=True) != exp["last_order_ts"]))
+        if wrong.any():
+            check.problems.append(f"{int(wrong.sum())} customers have a wrong count, max or last order")
+    dlq = read_delta(w / "dlq" / "orders")
+    if len(dlq) != len(want["bad"]):
+        check.problems.append(f"dead letters hold {len(dlq)} rows, expected the {len(want['bad'])} bad rows")
     return check

@@ -1,30 +1,140 @@
-"""The reference pipelines, registered by name (``ckpt run payments``)."""
+"""Where pipelines are found: the one registry the CLI, the jobs, the DAG factory, the Checkpoints
+page, the quality suites and ``ckpt generate`` read. Pure: imports no engine.
+
+A pipeline is found
+
+- by **name**, from the entry point group :data:`GROUP` of the installed packages; checkpoint_lib
+  registers its own pipelines (``payments``, ``transfers``) that way, in its ``pyproject.toml``,
+  exactly as a user's package does::
+
+      [project.entry-points."checkpoint_lib.pipelines"]
+      orders = "mypkg.flows:orders"
+
+- or by **reference** ``module:attr`` (``ckpt run mypkg.flows:orders``), with nothing installed:
+  the module is imported (``ckpt`` puts the current directory on ``sys.path`` first, like
+  ``python -m``), and the pipeline is then known by its name for the rest of the process. Child
+  processes (spark-submit, ``ckpt run`` children) are given :func:`ref_of` the name.
+
+What an entry point or a reference points at is a :class:`~checkpoint_lib.pipeline.Pipeline` or a
+function of no arguments returning one (built when asked, so listing names imports nothing). Its
+``name`` is the pipeline's name everywhere (``_checkpoints/<name>``, ``<name>_run``...); an entry
+point's name must equal it.
+"""
 
 from __future__ import annotations
 
-from typing import Callable
+import importlib
+import re
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
 
+from ..layout import check_name
 from ..pipeline import Pipeline
 
+GROUP = "checkpoint_lib.pipelines"
+"""The entry point group pipelines are registered in."""
 
-def _payments() -> Pipeline:
-    from .payments import build
+_REFERENCE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 
-    return build()
-
-
-def _transfers() -> Pipeline:
-    from .transfers import build
-
-    return build()
+_loaded: dict[str, str] = {}
+"""Pipelines this process loaded by reference: name -> ``module:attr``."""
 
 
-REGISTRY: dict[str, Callable[[], Pipeline]] = {"payments": _payments, "transfers": _transfers}
+class UnknownPipeline(ValueError):
+    """No pipeline of that name is registered, or a reference does not lead to one."""
 
 
-def get(name: str) -> Pipeline:
+def is_reference(text: str) -> bool:
+    """True for ``module:attr`` (a reference), False for a name."""
+    return ":" in text
+
+
+def _registered() -> dict[str, EntryPoint]:
+    found: dict[str, EntryPoint] = {}
+    for ep in entry_points(group=GROUP):
+        other = found.get(ep.name)
+        if other is not None and other.value != ep.value:
+            raise UnknownPipeline(
+                f"pipeline {ep.name!r} is registered twice, as {other.value} and as {ep.value} "
+                f"(entry point group {GROUP}): uninstall one")
+        found[ep.name] = ep
+    return found
+
+
+def names() -> list[str]:
+    """Every pipeline this process can find by name: the registered ones and those loaded by
+    reference. Imports no pipeline."""
+    return sorted(set(_registered()) | set(_loaded))
+
+
+def _as_pipeline(obj: Any, where: str) -> Pipeline:
+    if callable(obj) and not isinstance(obj, Pipeline):
+        obj = obj()
+    if not isinstance(obj, Pipeline):
+        raise UnknownPipeline(f"{where} is {type(obj).__name__}, not a Pipeline or a function returning one")
+    # a copy: the caller may rescale it, and a module-level Pipeline is shared
+    return obj.with_parallelism()
+
+
+def _import(ref: str) -> Pipeline:
+    if not _REFERENCE.match(ref):
+        raise UnknownPipeline(f"{ref!r} is not a pipeline reference: write module:attr, e.g. mypkg.flows:orders")
+    module_name, _, attr = ref.partition(":")
     try:
-        factory = REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown pipeline {name!r}; known: {', '.join(sorted(REGISTRY))}") from None
-    return factory().validate()
+        obj: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise UnknownPipeline(
+                f"cannot import {module_name!r} for pipeline {ref!r}: install its package, or run from the "
+                f"folder that holds it, or put that folder on PYTHONPATH") from exc
+        raise
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise UnknownPipeline(f"{module_name} has no attribute {attr!r} (pipeline {ref!r})") from None
+    return _as_pipeline(obj, ref)
+
+
+def load(ref: str) -> Pipeline:
+    """The pipeline a name or a ``module:attr`` reference leads to, validated. A reference makes
+    its pipeline's name known to this process (:func:`names`, :func:`ref_of`)."""
+    if is_reference(ref):
+        pipeline = _import(ref).validate()
+        ep = _registered().get(pipeline.name)
+        if ep is not None and ep.value != ref:
+            raise UnknownPipeline(
+                f"{ref} is pipeline {pipeline.name!r}, but that name is registered as {ep.value} "
+                f"(entry point group {GROUP}): two pipelines cannot share a name")
+        previous = _loaded.setdefault(pipeline.name, ref)
+        if previous != ref:
+            raise UnknownPipeline(f"{ref} and {previous} are both pipeline {pipeline.name!r}: two pipelines cannot share a name")
+        return pipeline
+    name = check_name("pipeline name", ref)
+    if name in _loaded:
+        return _import(_loaded[name]).validate()
+    ep = _registered().get(name)
+    if ep is None:
+        known = ", ".join(names()) or "none"
+        raise UnknownPipeline(
+            f"unknown pipeline {name!r}; registered: {known}. Register it under the entry point group "
+            f"{GROUP} of its package, or pass it as module:attr (e.g. mypkg.flows:{name})")
+    pipeline = _as_pipeline(ep.load(), f"entry point {name} = {ep.value}")
+    if pipeline.name != name:
+        raise UnknownPipeline(f"entry point {name} = {ep.value} is pipeline {pipeline.name!r}: the names must match")
+    return pipeline.validate()
+
+
+get = load
+"""The pipeline of a name (or reference): what every caller that has a pipeline name uses."""
+
+
+def name_of(ref: str) -> str:
+    """The pipeline name of a name or reference (a reference is imported, a name only checked)."""
+    return load(ref).name if is_reference(ref) else check_name("pipeline name", ref)
+
+
+def ref_of(name: str) -> str:
+    """How another process finds pipeline ``name``: its reference when this process loaded it by
+    one, else the name (registered)."""
+    return _loaded.get(name, name)

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping
 
 from ..pipeline import DeltaSink, DeltaSource, Pipeline
+from ..quality.spec import QualitySpec
 
 SOURCE_SCHEMA = {"event_id": "string", "account": "string", "amount_cents": "long", "ts": "timestamp"}
 LEDGER_SCHEMA = (
@@ -36,9 +37,10 @@ def payment_errors(df: Any) -> Any:
 
 
 class RunningBalance:
-    """Keeps ``balance_cents`` and ``event_count`` per account; emits ledger rows and balances."""
+    """Keeps ``balance_cents`` and ``event_count`` per account; emits ledger rows and balances.
+    Additive state: the state it returns is what the flush adds to each account."""
 
-    state_schema = (("balance_cents", "long"), ("event_count", "long"))
+    state_schema = "balance_cents long, event_count long"
     order_by = ("src_version", "src_file", "src_row")
 
     def apply(self, records: Any, state: Any, key: str) -> tuple[Any, Mapping[str, Any]]:
@@ -53,17 +55,15 @@ class RunningBalance:
         ledger = joined.select(
             "event_id", key, "amount_cents",
             (F.col("prior_balance") + F.sum("amount_cents").over(running)).alias("balance_after_cents"),
-            "sink_subtask",
         )
-        per_key = joined.groupBy(key, "key_group", "sink_subtask", "prior_balance", "prior_count").agg(
+        per_key = joined.groupBy(key, "prior_balance", "prior_count").agg(
             F.sum("amount_cents").alias("balance_cents"), F.count(F.lit(1)).alias("event_count")
         )
-        deltas = per_key.select(key, "key_group", "balance_cents", "event_count")
+        deltas = per_key.select(key, "balance_cents", "event_count")
         balances = per_key.select(
             key,
             (F.col("prior_balance") + F.col("balance_cents")).alias("balance_cents"),
             (F.col("prior_count") + F.col("event_count")).alias("event_count"),
-            "sink_subtask",
         )
         return deltas, {"ledger": ledger, "balances": balances}
 
@@ -72,6 +72,29 @@ def account_digits(accounts: int) -> int:
     """Digits of a generated account number (``acct-000042``): 6, or more so that ``accounts``
     distinct numbers never collide (Spark's ``lpad`` cuts a longer string to the width)."""
     return max(6, len(str(max(accounts, 1) - 1)))
+
+
+def quality_spec() -> QualitySpec:
+    """What the quality suites check of this pipeline (checkpoint_lib.quality.spec)."""
+
+    def balance() -> Any:
+        from pyspark.sql import functions as F
+
+        return F.sum("amount_cents").cast("long")
+
+    def count() -> Any:
+        from pyspark.sql import functions as F
+
+        return F.count(F.lit(1)).cast("long")
+
+    return QualitySpec(
+        pipeline="payments",
+        event_sink="ledger",
+        event_id="event_id",
+        event_columns=("account", "amount_cents"),
+        key_sink="balances",
+        aggregates={"balance_cents": balance, "event_count": count},
+    )
 
 
 def build() -> Pipeline:
@@ -83,6 +106,8 @@ def build() -> Pipeline:
         .sink("ledger", DeltaSink("gold/ledger", LEDGER_SCHEMA))
         .sink("balances", DeltaSink("gold/balances", BALANCES_SCHEMA, mode="upsert", keys=("account",)))
         .dead_letters("dlq/payments")
+        .generator(generate)
+        .quality(quality_spec())
     )
 
 

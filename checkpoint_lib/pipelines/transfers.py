@@ -21,6 +21,7 @@ import random
 from typing import Any, Mapping
 
 from ..pipeline import FEEDBACK, Bootstrap, DeltaSink, DeltaSource, Pipeline
+from ..quality.spec import QualitySpec
 from .payments import account_digits
 
 ACCOUNTS_SCHEMA = {"account": "string", "opening_cents": "long"}
@@ -70,25 +71,65 @@ class Bank:
     """Keeps ``balance_cents`` per account. A debit lowers it and sends a credit to ``dst``'s
     owner over the feedback edge; a credit raises it. Emits the new balance of every touched account."""
 
-    state_schema = (("balance_cents", "long"),)
+    state_schema = "balance_cents long"
     order_by = OFFSETS
 
     def apply(self, records: Any, state: Any, key: str) -> tuple[Any, Mapping[str, Any]]:
         from pyspark.sql import functions as F
 
         signed = F.when(F.col("movement") == DEBIT, -F.col("amount_cents")).otherwise(F.col("amount_cents"))
-        per_key = records.groupBy(key, "key_group", "sink_subtask").agg(F.sum(signed).alias("balance_cents"))
+        per_key = records.groupBy(key).agg(F.sum(signed).alias("balance_cents"))
         prior = state.select(F.col(key), F.col("balance_cents").alias("prior_balance"))
         balances = per_key.join(prior, key, "left").select(
             key, (F.coalesce("prior_balance", F.lit(0)) + F.col("balance_cents")).alias("balance_cents"),
-            "sink_subtask",
         )
         credits = records.where(F.col("movement") == DEBIT).select(
             F.col("counterparty").alias("account"), F.col(key).alias("counterparty"), "transfer_id",
             "amount_cents", F.lit(CREDIT).alias("movement"), "sink_subtask", *OFFSETS,
         )
-        deltas = per_key.select(key, "key_group", "balance_cents")
+        deltas = per_key.select(key, "balance_cents")
         return deltas, {"account_balances": balances, FEEDBACK: credits}
+
+
+def quality_spec() -> QualitySpec:
+    """Balances only move: a valid transfer debits ``src`` and credits ``dst``; the openings (the
+    bootstrap table) are credits. In flight, a debit not yet applied moves nothing until it is
+    (``full``: both sides), a credit adds to its account."""
+
+    def balance() -> Any:
+        from pyspark.sql import functions as F
+
+        return F.sum("amount_cents").cast("long")
+
+    def source_records(ctx: Any, valid: Any) -> Any:
+        from pyspark.sql import functions as F
+
+        openings = ctx.spark.read.format("delta").load(ctx.path("landing/accounts")).select(
+            "account", F.col("opening_cents").alias("amount_cents"))
+        debits = valid.select(F.col("src").alias("account"), (-F.col("amount_cents")).alias("amount_cents"))
+        credits = valid.select(F.col("dst").alias("account"), "amount_cents")
+        return openings.unionByName(debits).unionByName(credits)
+
+    def channel_records(channel: Any, full: bool) -> Any:
+        from pyspark.sql import functions as F
+
+        debit = F.col("movement") == "debit"
+        applied = channel.select("account", F.when(debit, -F.col("amount_cents"))
+                                 .otherwise(F.col("amount_cents")).alias("amount_cents"))
+        if not full:
+            return applied
+        onward = channel.where(debit).select(F.col("counterparty").alias("account"), "amount_cents")
+        return applied.unionByName(onward)
+
+    return QualitySpec(
+        pipeline="transfers",
+        event_sink=None,
+        event_id=None,
+        key_sink="account_balances",
+        aggregates={"balance_cents": balance},
+        source_records=source_records,
+        channel_records=channel_records,
+    )
 
 
 def build() -> Pipeline:
@@ -104,6 +145,8 @@ def build() -> Pipeline:
                                             keys=("account",)))
         .dead_letters("dlq/transfers")
         .validated_per_checkpoint()
+        .generator(generate)
+        .quality(quality_spec())
     )
 
 

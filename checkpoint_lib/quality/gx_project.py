@@ -16,7 +16,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from .result import ExpectationOutcome
 
@@ -55,6 +55,15 @@ class SuiteSpec:
         if doc.get("suite") != name or not isinstance(doc.get("views"), dict):
             raise ValueError(f"suite file {path} must have \"suite\": {name!r} and a \"views\" object")
         return cls(name, doc.get("description", ""), doc["views"])
+
+    def with_expectations(self, extra: Mapping[str, Sequence[Any]]) -> "SuiteSpec":
+        """This suite plus views checked by GX expectation objects (a pipeline's own invariants)."""
+        clash = sorted(set(extra) & set(self.views))
+        if clash:
+            raise ValueError(f"suite {self.name!r} already has views {clash}")
+        added = {view: {"description": f"{view}: the pipeline's own expectations", "gx": list(exps)}
+                 for view, exps in extra.items()}
+        return SuiteSpec(self.name, self.description, {**self.views, **added})
 
 
 def _quiet_gx() -> None:
@@ -112,6 +121,15 @@ class GxProject:
     def _expectations(self, view: str, spec: Mapping[str, Any]) -> list[Any]:
         from great_expectations.expectations.registry import get_expectation_impl
 
+        if "gx" in spec:  # expectation objects: copies, so the pipeline's own are never bound to a suite
+            out = []
+            for i, e in enumerate(spec["gx"]):
+                if not isinstance(e, self.gx.expectations.Expectation):
+                    raise ValueError(f"view {view!r}, expectation {i}: {e!r} is not a GX expectation")
+                copy = e.copy(deep=True)
+                copy.id = None
+                out.append(copy)
+            return out
         out = []
         for i, e in enumerate(spec.get("expectations", [])):
             try:

@@ -2,8 +2,8 @@
 
 The suites in ``expectations/`` are written against *standard views* (``events``, ``keys``,
 ``conservation``...), never against a pipeline's own column names. A :class:`QualitySpec` maps a
-pipeline onto those views, so the same suites check ``payments`` today and ``transfers`` (issue 4)
-once it exists: register a spec for it in :data:`SPECS`.
+pipeline onto those views, so the same suites check every pipeline that declares one
+(``Pipeline.quality(QualitySpec(...))``, where the pipeline is built).
 
 Aggregates must be *additive* (sums and counts): the conservation check adds them up across keys,
 across operator state and channel state, and compares them with the same aggregate over the source.
@@ -12,7 +12,7 @@ across operator state and channel state, and compares them with the same aggrega
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,13 @@ class QualitySpec:
       same form (default: the records themselves). ``full=False``: what replaying them applies at
       once (the restored state); ``full=True``: all they lead to (what the pipeline converges to,
       e.g. a replayed debit also credits ``dst`` through the feedback edge).
+    - ``distinct_events``: the source may repeat an event id (upstream retries) and the pipeline
+      passes each id on once: the event sink must hold every distinct valid id exactly once.
+    - ``expectations``: the pipeline's own invariants, GX-native: sink name -> a list of GX
+      expectations (``gx.expectations.ExpectColumnValuesToBeBetween(column="orders", min_value=1)``)
+      its table must meet at the validated checkpoint (the after-restore suite, view
+      ``sink_<name>``, in the same Data Docs). A function returning that mapping defers importing GX
+      to the validation.
     """
 
     pipeline: str
@@ -43,79 +50,21 @@ class QualitySpec:
     dead_letter_offset: tuple[str, ...] = ("src_version", "src_file", "src_row")
     source_records: Callable[[Any, Any], Any] | None = None
     channel_records: Callable[[Any, bool], Any] | None = None
+    distinct_events: bool = False
+    expectations: Mapping[str, Sequence[Any]] | Callable[[], Mapping[str, Sequence[Any]]] = field(default_factory=dict)
 
-
-def _payments() -> QualitySpec:
-    def balance() -> Any:
-        from pyspark.sql import functions as F
-
-        return F.sum("amount_cents").cast("long")
-
-    def count() -> Any:
-        from pyspark.sql import functions as F
-
-        return F.count(F.lit(1)).cast("long")
-
-    return QualitySpec(
-        pipeline="payments",
-        event_sink="ledger",
-        event_id="event_id",
-        event_columns=("account", "amount_cents"),
-        key_sink="balances",
-        aggregates={"balance_cents": balance, "event_count": count},
-    )
-
-
-def _transfers() -> QualitySpec:
-    """Balances only move: a valid transfer debits ``src`` and credits ``dst``; the openings (the
-    bootstrap table) are credits. In flight, a debit not yet applied moves nothing until it is
-    (``full``: both sides), a credit adds to its account."""
-
-    def balance() -> Any:
-        from pyspark.sql import functions as F
-
-        return F.sum("amount_cents").cast("long")
-
-    def source_records(ctx: Any, valid: Any) -> Any:
-        from pyspark.sql import functions as F
-
-        openings = ctx.spark.read.format("delta").load(ctx.path("landing/accounts")).select(
-            "account", F.col("opening_cents").alias("amount_cents"))
-        debits = valid.select(F.col("src").alias("account"), (-F.col("amount_cents")).alias("amount_cents"))
-        credits = valid.select(F.col("dst").alias("account"), "amount_cents")
-        return openings.unionByName(debits).unionByName(credits)
-
-    def channel_records(channel: Any, full: bool) -> Any:
-        from pyspark.sql import functions as F
-
-        debit = F.col("movement") == "debit"
-        applied = channel.select("account", F.when(debit, -F.col("amount_cents"))
-                                 .otherwise(F.col("amount_cents")).alias("amount_cents"))
-        if not full:
-            return applied
-        onward = channel.where(debit).select(F.col("counterparty").alias("account"), "amount_cents")
-        return applied.unionByName(onward)
-
-    return QualitySpec(
-        pipeline="transfers",
-        event_sink=None,
-        event_id=None,
-        key_sink="account_balances",
-        aggregates={"balance_cents": balance},
-        source_records=source_records,
-        channel_records=channel_records,
-    )
-
-
-SPECS: dict[str, Callable[[], QualitySpec]] = {"payments": _payments, "transfers": _transfers}
-"""Pipelines with quality specs, by name."""
+    def sink_expectations(self) -> dict[str, list[Any]]:
+        """:attr:`expectations` (called first when it is a function), sink name -> GX expectations."""
+        found = self.expectations() if callable(self.expectations) else self.expectations
+        return {name: list(exps) for name, exps in (found or {}).items()}
 
 
 def get_spec(pipeline_name: str) -> QualitySpec:
-    try:
-        return SPECS[pipeline_name]()
-    except KeyError:
-        raise ValueError(
-            f"pipeline {pipeline_name!r} has no quality spec; known: {', '.join(sorted(SPECS))} "
-            "(register one in checkpoint_lib/quality/spec.py)"
-        ) from None
+    """The spec the pipeline declares (:meth:`Pipeline.quality`), or the generic one every pipeline
+    gets: no event sink and no aggregates, so the suites check what needs no roles - nothing lost
+    (valid + dead-lettered = source rows, each bad row dead-lettered once), the restored state
+    equal to its snapshot, every subtask acknowledged, and the cut consistent (n >= m)."""
+    from ..pipelines import get
+
+    spec = get(pipeline_name).quality_spec
+    return spec if spec is not None else QualitySpec(pipeline=pipeline_name, event_sink=None, event_id=None)

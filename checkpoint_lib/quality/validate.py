@@ -47,7 +47,7 @@ def _run(
     build: Callable[[V.Context, V.CheckpointFacts], tuple[dict[str, Any], V.RestoreFacts | None, list[str]]],
     raise_on_failure: bool, progress: Callable[[str, str], None] | None = None,
 ) -> QualityResult:
-    from .gx_project import GxProject, SuiteSpec
+    from .gx_project import GxProject
 
     check_checkpoint_id(checkpoint_id)
     ctx = _context(spark, pipeline_name, warehouse)
@@ -69,7 +69,7 @@ def _run(
         result.notes += notes
         result.run_name = f"{pipeline_name}-{kind}-c{facts.checkpoint_id}-e{result.epoch}-{stamp}"
         project = GxProject(quality_root(ctx.warehouse, pipeline_name), pipeline_name)
-        result.outcomes = project.run(SuiteSpec.load(SUITES[kind]), views, result.run_name, progress=progress)
+        result.outcomes = project.run(suite_for(kind, ctx.spec), views, result.run_name, progress=progress)
         result.metrics = _metrics(views)
     except Exception as exc:
         result.error = f"{type(exc).__name__}: {exc}"
@@ -86,6 +86,19 @@ def _run(
     if not result.success and raise_on_failure:
         raise QualityCheckFailed(result.summary(), result)
     return result
+
+
+def suite_for(kind: str, spec: Any) -> Any:
+    """The suite a validation of ``kind`` runs for a pipeline of quality ``spec``: the shipped JSON
+    suite, plus (after a restore) the pipeline's own expectations on its sinks."""
+    from .gx_project import SuiteSpec
+
+    suite = SuiteSpec.load(SUITES[kind])
+    if kind == RESTORE:
+        own = spec.sink_expectations()
+        if own:
+            suite = suite.with_expectations({V.sink_view(name): exps for name, exps in own.items()})
+    return suite
 
 
 def _metrics(views: dict[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ table version its sources acknowledged):
 ``keys``           one row per key: ``in_source/in_sink/in_state`` and ``sink_matches_source`` /
                    ``state_matches_source`` (the key sink and the snapshot's state plus its channel
                    state agree with the aggregates recomputed from the source)
-``totals``         one row: ``source_rows``, ``valid_rows``, ``bad_rows``, ``dead_letters``,
+``totals``         one row: ``source_rows``, ``valid_rows``, ``bad_rows``, ``dead_letters``, ``repeats``,
                    ``distinct_dead_letters``, ``sink_rows`` (nothing lost: valid + dead = source; the
                    event sink counts with what was in flight at the checkpoint)
 ``restored_state`` one row per key of the state table right after the latest restore, or of the
@@ -213,7 +213,7 @@ def snapshot_state(ctx: Context, acks: list[dict[str, Any]]) -> DataFrame:
     """The keyed state a checkpoint pinned: each subtask's key groups at its table version."""
     p = ctx.pipeline
     path = str(state_table(ctx.root, p.operator_uid))
-    values = [c for c, _ in p.operator.state_schema]
+    values = [c for c, _ in p.state_columns]
     ranges: dict[int, list[tuple[int, int]]] = {}  # table version -> the key groups pinned at it
     for a in sorted(acks, key=lambda a: a["index"]):
         if a["operator"] != p.operator_uid:
@@ -282,6 +282,11 @@ def _all_true(columns: list[Any]) -> Any:
     return out
 
 
+def sink_view(sink: str) -> str:
+    """The view a pipeline's own expectations on ``sink`` check: its table at the checkpoint."""
+    return f"sink_{sink}"
+
+
 def restore_views(ctx: Context, facts: CheckpointFacts, restore: RestoreFacts | None) -> dict[str, DataFrame]:
     spec, key = ctx.spec, ctx.pipeline.key
     src = source_rows(ctx, facts.source_version)
@@ -295,15 +300,21 @@ def restore_views(ctx: Context, facts: CheckpointFacts, restore: RestoreFacts | 
         ledger = ctx.materialize(ledger, "ledger")
         views["ledger"] = ledger
         cols = list(spec.event_columns)
+        copies = F.lit(1) if spec.distinct_events else F.count(F.lit(1))  # repeats of an id are one event
         s = valid.groupBy(F.col(spec.event_id).alias("event_id")).agg(
-            F.count(F.lit(1)).alias("source_copies"), *[F.first(c).alias(f"source_{c}") for c in cols])
+            copies.alias("source_copies"), *[F.first(c).alias(f"source_{c}") for c in cols])
         # records in flight at the checkpoint reach the event sink after it: they count as there
+        # (with distinct events, an id in flight that the sink already holds is a repeat, not a copy)
         channel = channel_state_rows(ctx, facts.checkpoint_id)
-        landed = ledger.select("event_id", *cols)
+        landed = ledger.select("event_id", *cols, F.lit(True).alias("in_sink"))
         if channel is not None:
-            landed = landed.unionByName(channel.select(F.col(spec.event_id).alias("event_id"), *cols))
+            landed = landed.unionByName(channel.select(F.col(spec.event_id).alias("event_id"), *cols,
+                                                       F.lit(False).alias("in_sink")))
+        in_sink = F.sum(F.col("in_sink").cast("long"))
+        sink_copies = (F.when(in_sink > 0, in_sink).otherwise(F.lit(1)) if spec.distinct_events
+                       else F.count(F.lit(1)))
         k = landed.groupBy("event_id").agg(
-            F.count(F.lit(1)).alias("sink_copies"), *[F.first(c).alias(f"sink_{c}") for c in cols])
+            sink_copies.alias("sink_copies"), *[F.first(c).alias(f"sink_{c}") for c in cols])
         views["events"] = ctx.materialize(
             s.join(k, "event_id", "full_outer").select(
                 "event_id",
@@ -354,11 +365,21 @@ def restore_views(ctx: Context, facts: CheckpointFacts, restore: RestoreFacts | 
         offset = list(spec.dead_letter_offset)
         totals = totals.crossJoin(dlq.agg(F.count(F.lit(1)).alias("dead_letters"),
                                           F.countDistinct(*offset).alias("distinct_dead_letters")))
-    if ledger is not None:
-        totals = totals.crossJoin(landed.agg(F.count(F.lit(1)).alias("sink_rows")))  # + in flight
+    if ledger is not None:  # + in flight
+        sink_rows = k.agg(F.sum("sink_copies")) if spec.distinct_events else landed.agg(F.count(F.lit(1)))
+        totals = totals.crossJoin(sink_rows.toDF("sink_rows"))
     else:
         totals = totals.withColumn("sink_rows", F.col("valid_rows"))
+    if ledger is not None and spec.distinct_events:  # valid rows that repeat an id: not sink rows
+        totals = totals.crossJoin(valid.agg((F.count(F.lit(1)) - F.countDistinct(spec.event_id)).alias("repeats")))
+    else:
+        totals = totals.withColumn("repeats", F.lit(0).cast("long"))
     views["totals"] = ctx.materialize(totals.select(*[F.col(c).cast("long").alias(c) for c in totals.columns]), "totals")
+    for name in spec.sink_expectations():  # the pipeline's own invariants, on its sinks at c
+        if name not in ctx.pipeline.sinks:
+            raise ValueError(f"the quality spec of {ctx.pipeline.name!r} has expectations for sink {name!r}, "
+                             f"which the pipeline does not declare ({sorted(ctx.pipeline.sinks)})")
+        views[sink_view(name)] = sink_at(ctx, name, facts.checkpoint_id)
 
     if restore is not None:
         views["restored_state"] = ctx.materialize(restored_state_view(ctx, restore), "restored_state")
@@ -382,6 +403,8 @@ def restored_state_view(ctx: Context, restore: RestoreFacts) -> DataFrame:
     if version is None:
         raise QualityCheckError(f"the state table has no version from before the restore of epoch {restore.epoch}")
     restored = ctx.spark.read.format("delta").option("versionAsOf", version).load(path)
+    if not aggs:
+        return _restored_state_any(ctx, restore, restored)
     if restore.checkpoint_id is None:
         expected = restored.select(key, *[F.col(c).cast("long").alias(c) for c in aggs]).limit(0)
     else:
@@ -396,6 +419,40 @@ def restored_state_view(ctx: Context, restore: RestoreFacts) -> DataFrame:
         F.coalesce("in_snapshot", F.lit(False)).alias("in_snapshot"),
         _all_true([F.col(f"restored_{c}").eqNullSafe(F.col(f"snapshot_{c}")) for c in aggs]).alias("values_equal"),
         *[f"restored_{c}" for c in aggs], *[f"snapshot_{c}" for c in aggs],
+    )
+
+
+def _restored_state_any(ctx: Context, restore: RestoreFacts, restored: DataFrame) -> DataFrame:
+    """:func:`restored_state_view` for any state (no additive aggregates declared): every state
+    column of every key equals the snapshot's. The keys the replayed channel state touched are
+    not comparable without running the operator: they count as equal."""
+    key, columns = ctx.pipeline.key, ctx.pipeline.state_columns
+
+    def values(df: DataFrame, side: str) -> list:
+        # maps have no equality in Spark: compare their entries, sorted
+        return [(F.array_sort(F.map_entries(c)) if t.startswith("map") else F.col(c)).alias(f"{side}_{c}")
+                for c, t in columns]
+
+    if restore.checkpoint_id is None:
+        expected, replayed = restored.limit(0), None
+    else:
+        expected = snapshot_state(ctx, ctx.store.acks(restore.checkpoint_id))
+        channel = channel_state_rows(ctx, restore.checkpoint_id)
+        replayed = None if channel is None else channel.select(F.col(key).alias("key")).distinct()
+    r = restored.select(F.col(key).alias("key"), F.lit(True).alias("in_restored"), *values(restored, "restored"))
+    s = expected.select(F.col(key).alias("key"), F.lit(True).alias("in_snapshot"), *values(expected, "snapshot"))
+    joined = r.join(s, "key", "full_outer")
+    if replayed is not None:
+        joined = joined.join(replayed.withColumn("replayed", F.lit(True)), "key", "left")
+    else:
+        joined = joined.withColumn("replayed", F.lit(False))
+    replay = F.coalesce("replayed", F.lit(False))
+    return joined.select(
+        "key",
+        (F.coalesce("in_restored", F.lit(False)) | replay).alias("in_restored"),
+        (F.coalesce("in_snapshot", F.lit(False)) | replay).alias("in_snapshot"),
+        (_all_true([F.col(f"restored_{c}").eqNullSafe(F.col(f"snapshot_{c}")) for c, _ in columns]) | replay)
+        .alias("values_equal"),
     )
 
 

@@ -35,11 +35,11 @@ from ..core.recovery import SINK_STATE_KEY, RecoveryPlan
 from ..core.twophase import TransactionIdPool, TwoPhaseCommitSink
 from ..core.types import Barrier, BarrierMode, CheckpointKind, SubtaskAck
 from ..delta import log as delta_log
-from ..pipeline import FEEDBACK
+from ..pipeline import FEEDBACK, SINK_SUBTASK
 from .channels import BARRIER, DATA, END, ChannelEvent
 from .context import RunContext
 from .partitioning import route
-from .state import KEY_GROUP
+from .state import KEY_GROUP, key_group_column, subtask_column
 
 _ROW_BYTES = 64  # channel-state size estimate per row (the Delta files are compressed; rows are exact)
 
@@ -264,17 +264,37 @@ class KeyedStage:
         # inputs (step files or a pinned channel segment, a pinned state version): the state is
         # cached for the flush; the records are read again by each write, a Parquet scan that costs
         # less than building a cache of them (measured on 1M-row steps, 2 cores).
-        records = records.withColumn("sink_subtask", F.col("receiver"))
+        records = records.withColumn(SINK_SUBTASK, F.col("receiver")).drop("receiver", "sender", KEY_GROUP)
         state = ctx.topology.state
         if state is None:
             deltas, outputs = None, p.operator.apply(records)
         else:
-            state_before = ctx.cached(state.read(self.state_version))
+            state_before = ctx.cached(state.read(self.state_version)).drop(KEY_GROUP)
             deltas, outputs = p.operator.apply(records, state_before, p.key)
         try:
-            self._apply_outputs(deltas, outputs, receivers)
+            self._apply_outputs(deltas, self._attributed(outputs), receivers)
         finally:
             ctx.uncache()
+
+    def _attributed(self, outputs: Any) -> dict[str, DataFrame]:
+        """The operator's outputs, each row with the ``sink_subtask`` whose transaction stages it:
+        the one the row keeps, else (keyed) the subtask owning the key it carries. Records sent back
+        to the operator (:data:`FEEDBACK`) must keep theirs: it is the channel's sender."""
+        p, P = self.ctx.pipeline, self.ctx.topology.P
+        if not isinstance(outputs, dict):
+            outputs = dict(outputs or {})
+        out = {}
+        for name, df in outputs.items():
+            if SINK_SUBTASK not in df.columns:
+                # a record sent back (a cycle) is sent by the subtask that produced it, not by its key's owner
+                if p.key is None or p.key not in df.columns or name == FEEDBACK:
+                    keep = f"the key column {p.key!r} or {SINK_SUBTASK!r}" if p.key and name != FEEDBACK else repr(SINK_SUBTASK)
+                    raise ValueError(f"operator {p.operator_uid!r}: the rows it returns for {name!r} must keep "
+                                     f"{keep} (it says whose transaction stages each row)")
+                df = df.withColumn(SINK_SUBTASK, subtask_column(
+                    key_group_column(p.key, p.max_parallelism), P, p.max_parallelism))
+            out[name] = df
+        return out
 
     def _apply_outputs(self, deltas: DataFrame | None, outputs: dict[str, DataFrame], receivers: list[int]) -> None:
         ctx, t = self.ctx, self.ctx.topology
@@ -295,9 +315,12 @@ class KeyedStage:
             self._write_feedback(back.select("sender", "receiver", *t.payload.fieldNames()))
         if t.state is None:
             return
+        if KEY_GROUP not in deltas.columns:
+            deltas = deltas.withColumn(KEY_GROUP, key_group_column(p.key, p.max_parallelism))
         ctx.fence()
         ctx.reached("flush_merge")  # past its epoch check, the MERGE not yet committed
-        self.state_version = t.state.add(deltas, before_retry=ctx.fence, epoch=ctx.epoch)
+        update = t.state.replace if p.state_update == "replace" else t.state.add
+        self.state_version = update(deltas, before_retry=ctx.fence, epoch=ctx.epoch)
         if self.state_compact_every and self.flushes % self.state_compact_every == 0:
             ctx.fence()
             # same rows, fewer files: a snapshot of this flush may pin either version

@@ -1,7 +1,8 @@
 """Keyed state in a Delta table, by key group.
 
 The table holds one row per key with its ``key_group``; a subtask's state is the rows of the key
-groups it owns. Updates are MERGEs (one Delta commit each). A snapshot costs nothing: it is the
+groups it owns. Updates are MERGEs (one Delta commit each) of the keys a flush changed: added to
+(:meth:`KeyedStateTable.add`, additive state) or replaced and deleted (:meth:`KeyedStateTable.replace`). A snapshot costs nothing: it is the
 table version after the subtask's last update before its barrier, plus its key-group range
 (``{"table_version": v, "key_groups": [start, end]}``). Restore rebuilds the table from those
 versions (time travel): one RESTORE when every subtask snapshotted the same version, otherwise a
@@ -20,6 +21,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..core.keygroups import DEFAULT_MAX_PARALLELISM
+from ..pipeline import DELETE
 from . import tables
 
 KEY_GROUP = "key_group"
@@ -55,7 +57,8 @@ def subtask_column(key_group: F.Column, parallelism: int, max_parallelism: int =
 
 
 class KeyedStateTable:
-    def __init__(self, spark: SparkSession, path: str, key: str, values: T.StructType, *, app_id: str | None = None):
+    def __init__(self, spark: SparkSession, path: str, key: str, values: T.StructType, *, app_id: str | None = None,
+                 key_type: T.DataType | None = None):
         self.spark = spark
         self.path = path
         self.app_id = app_id
@@ -65,7 +68,7 @@ class KeyedStateTable:
         self.key = key
         self.values = values
         self.schema = T.StructType(
-            [T.StructField(KEY_GROUP, T.IntegerType(), False), T.StructField(key, T.StringType(), False)]
+            [T.StructField(KEY_GROUP, T.IntegerType(), False), T.StructField(key, key_type or T.StringType(), False)]
             + list(values.fields)
         )
 
@@ -102,25 +105,49 @@ class KeyedStateTable:
         """Add ``deltas`` (key, key_group and one column per value) to the state; new keys are
         inserted. Returns the table version after the MERGE. With ``epoch``, the MERGE is fenced
         inside its commit (FencedError after it if a newer epoch fenced the table: nothing landed)."""
-        from delta.tables import DeltaTable
-
         names = self.values.fieldNames()
+        return self._merge(
+            deltas, "MERGE of a flush", before_retry, epoch,
+            lambda m: m.whenMatchedUpdate(set={n: F.col(f"s.{n}") + F.col(f"d.{n}") for n in names})
+            .whenNotMatchedInsert(values=self._insert_values()),
+        )
+
+    def replace(self, rows: DataFrame, before_retry: Callable[[], None] | None = None, *,
+                epoch: int | None = None) -> int:
+        """Make each key of ``rows`` (key, key_group and one column per value, at most one row per
+        key) hold that row; a row whose ``delete_column`` is true removes its key. Keys not in
+        ``rows`` keep their state. Returns the table version after the MERGE; fenced like :meth:`add`."""
+        names = self.values.fieldNames()
+        deleting = DELETE in rows.columns
+        if not deleting:
+            rows = rows.withColumn(DELETE, F.lit(False))
+        drop = F.coalesce(F.col(f"d.{DELETE}"), F.lit(False))
+
+        def clauses(m):
+            if deleting:
+                m = m.whenMatchedDelete(condition=drop)
+            return (m.whenMatchedUpdate(set={n: F.col(f"d.{n}") for n in names})
+                    .whenNotMatchedInsert(condition=~drop, values=self._insert_values()))
+
+        return self._merge(rows, "MERGE of a flush (replace)", before_retry, epoch, clauses)
+
+    def _insert_values(self) -> dict:
+        return {KEY_GROUP: F.col(f"d.{KEY_GROUP}"), self.key: F.col(f"d.{self.key}"),
+                **{n: F.col(f"d.{n}") for n in self.values.fieldNames()}}
+
+    def _merge(self, rows: DataFrame, what: str, before_retry: Callable[[], None] | None, epoch: int | None,
+               clauses: Callable) -> int:
+        from delta.tables import DeltaTable
 
         def merge() -> None:
             with self._stamp(epoch):
-                (
+                clauses(
                     DeltaTable.forPath(self.spark, self.path).alias("s")
-                    .merge(deltas.alias("d"), f"s.{self.key} = d.{self.key}")
-                    .whenMatchedUpdate(set={n: F.col(f"s.{n}") + F.col(f"d.{n}") for n in names})
-                    .whenNotMatchedInsert(
-                        values={KEY_GROUP: F.col(f"d.{KEY_GROUP}"), self.key: F.col(f"d.{self.key}"),
-                                **{n: F.col(f"d.{n}") for n in names}}
-                    )
-                    .execute()
-                )
+                    .merge(rows.alias("d"), f"s.`{self.key}` = d.`{self.key}`")
+                ).execute()
 
-        # a conflicting MERGE committed nothing, so adding the deltas again adds them once
-        tables.retry_conflicts(merge, f"state {self.path}: MERGE of a flush", before_retry=before_retry)
+        # a conflicting MERGE committed nothing, so applying the rows again applies them once
+        tables.retry_conflicts(merge, f"state {self.path}: {what}", before_retry=before_retry)
         self._fenced(epoch)
         return self.version()
 

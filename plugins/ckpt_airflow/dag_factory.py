@@ -1,10 +1,14 @@
-"""The DAG factory: four DAGs for every pipeline registered in ``checkpoint_lib.pipelines``.
+"""The DAG factory: four DAGs for every registered pipeline (:mod:`checkpoint_lib.pipelines`).
 
 A deployment's DAGs folder needs one file that puts them in its globals (``dags/checkpoint_lib_dags.py``)::
 
     from ckpt_airflow.dag_factory import dags_for_every_pipeline
 
     globals().update(dags_for_every_pipeline())
+
+A pipeline that is not registered (no entry point) gets its DAGs from its reference, in a DAG file
+of its own: ``globals().update(build_dags("mypkg.flows:orders"))``. Parsing that file is what makes
+the name known to the task processes that run its DAGs.
 
 - ``<pipeline>_run``: the stages as separate tasks (``source`` then ``keyed``), on a schedule;
   each run reads what landed since the previous one (incremental) and ends with a checkpoint.
@@ -41,7 +45,7 @@ from airflow.sdk import DAG, Param, TriggerRule
 
 from checkpoint_lib.core.decider import DEFAULT_ROWS_PER_STEP
 from checkpoint_lib.core.types import MODES
-from checkpoint_lib.pipelines import REGISTRY
+from checkpoint_lib.pipelines import get, name_of, names
 from ckpt_airflow.operators import (
     AbortCheckpointOperator,
     CommitCheckpointOperator,
@@ -86,7 +90,7 @@ def settings_for(pipeline: str) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"CKPT_DAG_SETTINGS[{pipeline!r}]: unknown keys {sorted(unknown)}; known: {sorted(DEFAULTS)}")
     base = dict(DEFAULTS)
-    if REGISTRY[pipeline]().feedback:
+    if get(pipeline).feedback:
         base["mode"] = "unaligned"
     return {**base, **overrides}
 
@@ -191,6 +195,8 @@ def _dry_run_gate(validated: Any):
 
 
 def build_dags(pipeline: str) -> dict[str, DAG]:
+    """The four DAGs of ``pipeline``: a registered name or a ``module:attr`` reference."""
+    pipeline = name_of(pipeline)
     s = settings_for(pipeline)
     dags = (build_run_dag(pipeline, s), build_snapshot_dag(pipeline, s), build_recover_dag(pipeline, s),
             build_maintenance_dag(pipeline, s))
@@ -202,6 +208,6 @@ def dags_for_every_pipeline() -> dict[str, DAG]:
     """The four DAGs of every registered pipeline, by dag id (Airflow takes them from the globals of
     the DAG file that calls this, and attributes them to that file)."""
     dags: dict[str, DAG] = {}
-    for name in sorted(REGISTRY):
+    for name in names():
         dags.update(build_dags(name))
     return dags

@@ -260,11 +260,6 @@ class ValidateRestoreOperator(CheckpointBaseOperator):
     def execute(self, context: Any) -> Any:
         from checkpoint_lib.control import parse_checkpoint_id
         from checkpoint_lib.quality import validate_restore
-        from checkpoint_lib.quality.spec import SPECS
-
-        if self.pipeline not in SPECS:  # said loudly, and the task shows as skipped, not passed
-            raise AirflowSkipException(
-                f"pipeline {self.pipeline!r} has no quality spec yet: this restore was NOT validated")
 
         cid = parse_checkpoint_id(self.checkpoint_id)
         result = validate_restore(self.hook.spark(), self.pipeline, self.hook.warehouse, cid, raise_on_failure=False)

@@ -96,9 +96,9 @@ def _warehouse() -> str:
 
 
 def _pipelines() -> list[str]:
-    from checkpoint_lib.pipelines import REGISTRY
+    from checkpoint_lib.pipelines import names
 
-    return sorted(REGISTRY)
+    return names()
 
 
 # --- who may read which pipeline ---------------------------------------------------------------

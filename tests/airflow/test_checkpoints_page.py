@@ -128,9 +128,10 @@ def test_only_users_who_may_read_a_pipelines_dags_see_it(tmp_path, monkeypatch, 
         assert api.get("viewer", "/api/v2/dags/payments_run").status_code == 404
 
         for user in ("admin", "viewer"):
-            assert api.get(user, "/checkpoints/api/pipelines").json() == ["payments", "transfers"]
+            assert api.get(user, "/checkpoints/api/pipelines").json() == ["orders", "payments", "transfers"]
             page = api.get(user, "/checkpoints/")
             assert page.status_code == 200 and 'href="?pipeline=transfers"' in page.text
+            page = api.get(user, "/checkpoints/?pipeline=payments")
             assert f">{cid}<" in page.text and "data-quality report" in page.text
             assert api.get(user, "/checkpoints/api/payments/checkpoints").json()[0]["checkpoint_id"] == cid
             assert api.get(user, f"/checkpoints/api/payments/checkpoints/{cid}/acks").json() == []  # pending: none yet
@@ -152,13 +153,37 @@ def test_only_users_who_may_read_a_pipelines_dags_see_it(tmp_path, monkeypatch, 
                 assert r.json() == {"detail": "Forbidden"}, path  # nothing of the pipeline, not even whether it exists
 
 
+def test_a_pipeline_a_users_package_registers_shows_with_no_edit_to_checkpoint_lib(tmp_path, monkeypatch,
+                                                                                    migrated_db):
+    """The page lists what the registry finds: here the entry point a user's installed package
+    (tests/fixtures/userpkg) declares, and its checkpoint history shows like a built-in's."""
+    from importlib.metadata import EntryPoint
+
+    from checkpoint_lib import pipelines
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "fixtures" / "userpkg"))
+    registered = pipelines._registered()
+    monkeypatch.setattr(pipelines, "_registered", lambda: {
+        **registered, "visits": EntryPoint("visits", "userpkg.flows:visits", pipelines.GROUP)})
+    warehouse = tmp_path / "warehouse"
+    store = PipelineControl(warehouse, "visits").store
+    store.begin_epoch()
+    cid = store.get_and_increment()
+    store.record_pending(cid, trigger_time=1.0, epoch=1)
+    monkeypatch.setenv("CKPT_WAREHOUSE", str(warehouse))
+    with api_server(tmp_path, {"admin": "admin"}) as api:
+        assert "visits" in api.get("admin", "/checkpoints/api/pipelines").json()
+        assert 'href="?pipeline=visits"' in api.get("admin", "/checkpoints/").text
+        assert api.get("admin", "/checkpoints/api/visits/checkpoints").json()[0]["checkpoint_id"] == cid
+
+
 def test_a_pipeline_needs_read_access_to_every_one_of_its_dags(tmp_path, monkeypatch, migrated_db):
     warehouse = tmp_path / "warehouse"
     cid = _store_with_a_checkpoint(warehouse)
     monkeypatch.setenv("CKPT_WAREHOUSE", str(warehouse))
     users = {"payments_reader": "viewer", "payments_run_reader": "viewer", "admin": "admin"}
     with api_server(tmp_path, users, f"{__name__}.PerDagAuthManager") as api:
-        assert api.get("admin", "/checkpoints/api/pipelines").json() == ["payments", "transfers"]
+        assert api.get("admin", "/checkpoints/api/pipelines").json() == ["orders", "payments", "transfers"]
 
         assert api.get("payments_reader", "/checkpoints/api/pipelines").json() == ["payments"]
         page = api.get("payments_reader", "/checkpoints/")

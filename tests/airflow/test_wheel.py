@@ -28,6 +28,9 @@ from checkpoint_lib.control import PipelineControl
 from checkpoint_lib.verify import check_payments
 from helpers import REPO, append_payments
 from history import synthetic_history
+from visits import check_visits
+
+USERPKG = REPO / "tests" / "fixtures" / "userpkg"
 
 DAG_FILE = '''from ckpt_airflow.dag_factory import dags_for_every_pipeline
 
@@ -67,6 +70,14 @@ def installed(tmp_path_factory):
     python = venv / "bin" / "python"
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(wheel)],
                    check=True, capture_output=True, timeout=600)
+    # a data team's own package (tests/fixtures/userpkg), built and installed the same way: its
+    # pipeline is registered by its entry point, with no edit to checkpoint_lib
+    user_source = shutil.copytree(USERPKG, root / "userpkg-src", ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w",
+                    str(root / "dist"), str(user_source)], check=True, capture_output=True, timeout=600)
+    (user_wheel,) = (root / "dist").glob("ckpt_userpkg-*.whl")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
+                    str(user_wheel)], check=True, capture_output=True, timeout=600)
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                                check=True, capture_output=True, text=True).stdout.strip())
     (site / "zz_dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
@@ -122,6 +133,18 @@ def test_the_wheel_installs_the_library_the_cli_and_the_provider(installed):
         assert f'"{dag}"' in dags, dags[-2000:]
 
 
+def test_a_users_package_registers_its_pipeline_everywhere(installed):
+    """The user's wheel's entry point is all it takes: the CLI lists and loads its pipeline, and the
+    DAG factory builds its four DAGs from the same DAGs folder file."""
+    w = installed
+    listed = _run(w, "-m", "checkpoint_lib.cli", "pipelines")
+    assert "visits" in listed and "landing/visits -> last_page -> gold/visit_log, gold/visitors" in listed, listed
+    _run(w, "-m", "airflow", "dags", "reserialize")
+    dags = _run(w, "-m", "airflow", "dags", "list", "-o", "json")
+    for dag in ("visits_run", "visits_snapshot", "visits_recover", "visits_maintenance"):
+        assert f'"{dag}"' in dags, dags[-2000:]
+
+
 def test_the_recover_dag_plans_a_recovery_from_the_wheel(installed, tmp_path):
     """A DAG run of the wheel's operators on a checkpoint history (no Spark: the dry run reads the
     store and prints the plan; the slow test below runs Spark from the wheel)."""
@@ -150,3 +173,25 @@ def test_the_payments_dags_run_from_the_wheel(installed):
     out = _run(w, "-m", "airflow", "dags", "test", "payments_recover", "-c",
                json.dumps({"checkpoint_id": str(latest.checkpoint_id), "dry_run": True}))
     assert "state=success" in out and "restore checkpoint" in out, out[-4000:]
+
+
+@pytest.mark.slow  # CI tier: the registration above, and tests/crash/test_user_pipeline.py from a checkout
+def test_a_users_pipeline_from_its_wheel_is_killed_then_recovered_by_its_run_dag(installed):
+    """The user's pipeline, installed: ``ckpt generate`` and ``ckpt run`` by name, the run killed -9
+    between a checkpoint's completion and its commit, then ``airflow dags test visits_run``
+    recovers it and processes the rest: exactly once."""
+    w = installed
+    warehouse = w["root"] / "visits-warehouse"
+    env = {**w["env"], "CKPT_WAREHOUSE": str(warehouse)}
+    for seed in (1, 2, 3):
+        subprocess.run([str(w["venv"] / "bin" / "ckpt"), "generate", "visits", "--rows", "150", "--bad-fraction",
+                        "0.05", "--seed", str(seed), "--warehouse", str(warehouse)], env=env, check=True,
+                       capture_output=True, timeout=900)
+    crashed = subprocess.run([str(w["venv"] / "bin" / "ckpt"), "run", "visits", "--warehouse", str(warehouse),
+                              "--rows-per-checkpoint", "150"], env={**env, "CKPT_KILL_AT": "commit:2"},
+                             capture_output=True, text=True, timeout=900)
+    assert crashed.returncode == -9, crashed.stdout + crashed.stderr[-3000:]
+    r = subprocess.run([str(w["python"]), "-m", "airflow", "dags", "test", "visits_run"], env=env,
+                       capture_output=True, text=True, timeout=900, cwd=w["root"])
+    assert r.returncode == 0 and "state=success" in r.stdout + r.stderr, (r.stdout + r.stderr)[-4000:]
+    check_visits(warehouse)

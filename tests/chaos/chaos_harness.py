@@ -1,6 +1,7 @@
 """The chaos harness: kill -9 real ``ckpt run`` processes at random instants, recover, compare.
 
-A :class:`Scenario` is drawn from a seed: a pipeline (``payments`` or ``transfers``), a barrier
+A :class:`Scenario` is drawn from a seed: a pipeline (``payments`` or ``transfers``; ``orders`` from
+seed :data:`ORDERS_SEEDS` on), a barrier
 mode (every mode the pipeline supports; a lagging source subtask in the non-aligned modes, so
 records are in flight and unaligned checkpoints carry channel state), a first kill and then up to
 three more, each during the recovery the one before it left to do (a chain: recovery killed,
@@ -39,7 +40,11 @@ TIMEOUT = float(os.environ.get("CKPT_TEST_RUN_TIMEOUT", "900"))
 MODES = {
     "payments": ("aligned", "unaligned", "aligned_with_timeout", "at_least_once"),
     "transfers": ("unaligned", "aligned_with_timeout"),  # a cycle: aligned modes cannot checkpoint it
+    # replaced state (dedup within a window): at-least-once would repeat state updates by design
+    "orders": ("aligned", "unaligned", "aligned_with_timeout"),
 }
+ORDERS_SEEDS = 1000
+"""Seeds from here on are ``orders`` scenarios (the seeds below keep the scenarios they always drew)."""
 # Where a first kill may land, with the highest hit count that a 3-version run surely reaches
 # (per-subtask phases are hit once per keyed subtask and checkpoint).
 FIRST_KILLS = {
@@ -80,7 +85,7 @@ class Scenario:
         """Both stages chained in the one process (the runner's default) unless a source lags, the
         pipeline has a cycle, or the first kill is in the channel log's write, which only an
         unchained run reaches (it then runs with ``--no-chaining``)."""
-        return self.pipeline == "payments" and not self.lagging and self.first.phase != "channel_write"
+        return self.pipeline != "transfers" and not self.lagging and self.first.phase != "channel_write"
 
     @property
     def label(self) -> str:
@@ -107,8 +112,10 @@ def scenario(seed: int) -> Scenario:
     """The scenario of ``seed``: deterministic, so a failing seed can be run again alone."""
     rng = random.Random(seed)
     pipeline = "payments" if rng.random() < 0.7 else "transfers"
+    if seed >= ORDERS_SEEDS:
+        pipeline = "orders"
     mode = rng.choice(MODES[pipeline])
-    lagging = 1 if pipeline == "payments" and mode != "aligned" else 0
+    lagging = 1 if pipeline != "transfers" and mode != "aligned" else 0
     phases = [p for p in FIRST_KILLS if (p != "feedback_write" or pipeline == "transfers")
               and (p != "channel_state" or mode in ("unaligned", "aligned_with_timeout"))]
     if rng.random() < 0.2:
@@ -128,7 +135,12 @@ def scenario(seed: int) -> Scenario:
 
 def landing(spark, warehouse: str, s: Scenario) -> None:
     """The scenario's input: 3 landing versions of 400 rows, 3% bad."""
-    if s.pipeline == "payments":
+    if s.pipeline == "orders":
+        from checkpoint_lib.pipelines.orders import generate
+
+        for v in range(VERSIONS):
+            generate(spark, warehouse, ROWS, bad_fraction=0.03, customers=25, repeat_fraction=0.1, seed=s.seed * 100 + v)
+    elif s.pipeline == "payments":
         from checkpoint_lib.pipelines.payments import generate
 
         for v in range(VERSIONS):
@@ -145,7 +157,7 @@ def _command(warehouse: str, s: Scenario) -> list[str]:
                         "--lagging-sources", str(s.lagging))
     if s.mode == "aligned_with_timeout":
         cmd += ["--alignment-timeout", "0.5"]
-    if s.pipeline == "payments" and not s.lagging and not s.chained:
+    if s.pipeline != "transfers" and not s.lagging and not s.chained:
         cmd.append("--no-chaining")
     return cmd
 
@@ -180,7 +192,7 @@ def _run(warehouse: str, s: Scenario, kill: Kill | None, trace: Path) -> tuple[i
 
 def run_scenario(spark, warehouse: str | Path, s: Scenario) -> Outcome:
     """Land the input, kill, kill each recovery the chain names, recover undisturbed, verify."""
-    from checkpoint_lib.verify import check_payments, check_transfers
+    from checkpoint_lib.verify import check_orders, check_payments, check_transfers
 
     warehouse = str(warehouse)
     started = time.monotonic()
@@ -205,6 +217,8 @@ def run_scenario(spark, warehouse: str | Path, s: Scenario) -> Outcome:
         if s.pipeline == "payments":
             check = check_payments(warehouse, exact_order=not s.lagging, at_least_once=s.mode == "at_least_once")
             out.repeats = check.repeats
+        elif s.pipeline == "orders":
+            check = check_orders(warehouse)
         else:
             check = check_transfers(warehouse)
         out.survived = check.ok

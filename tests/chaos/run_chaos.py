@@ -16,6 +16,7 @@ Exit status 1 if any run mismatched or any input was not handled as expected.
 from __future__ import annotations
 
 import argparse
+from itertools import zip_longest
 import platform
 import shutil
 import sys
@@ -39,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=24, help="chaos scenarios (seeds first-seed..), default 24")
     ap.add_argument("--first-seed", type=int, default=0)
+    ap.add_argument("--orders-runs", type=int, default=6,
+                    help=f"orders scenarios too (seeds {harness.ORDERS_SEEDS}..), default 6")
     ap.add_argument("--results", default=".chaos/results.jsonl", help="outcomes, one JSON line per scenario")
     ap.add_argument("--docs", default="docs/reliability.md", help="the page whose generated part is rewritten")
     ap.add_argument("--fresh", action="store_true", help="forget earlier outcomes (after a code change)")
@@ -59,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     results.parent.mkdir(parents=True, exist_ok=True)
     if args.fresh:
         results.unlink(missing_ok=True)
-    seeds = range(args.first_seed, args.first_seed + args.runs)
+    seeds = [*range(args.first_seed, args.first_seed + args.runs),
+             *range(harness.ORDERS_SEEDS, harness.ORDERS_SEEDS + args.orders_runs)]
     done = {o.seed for o in harness.load(results)}
     spark = get_spark(master="local[2]", ui=False)
     started = time.monotonic()
@@ -80,7 +84,11 @@ def main(argv: list[str] | None = None) -> int:
                       f"{' (not reached: ' + ', '.join(outcome.not_reached) + ')' if outcome.not_reached else ''}"
                       f" -> {verdict} ({outcome.seconds:.0f} s)", flush=True)
 
-        todo = [seed for seed in seeds if seed not in done]
+        # the orders scenarios interleaved with the others, so a run stopped early has some of each
+        base, orders = ([s for s in part if s not in done] for part in (
+            range(args.first_seed, args.first_seed + args.runs),
+            range(harness.ORDERS_SEEDS, harness.ORDERS_SEEDS + args.orders_runs)))
+        todo = [s for pair in zip_longest(base, orders) for s in pair if s is not None]
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
             for f in [pool.submit(one, seed) for seed in todo]:
                 f.result()

@@ -18,6 +18,7 @@ from checkpoint_lib.pipelines.payments import generate
 from checkpoint_lib.spark.runner import PipelineRunner, SchemaMismatchError
 from checkpoint_lib.verify import check_payments, read_delta
 from channel_writes import channel_writes
+from in_process_kills import raise_at
 from statsd import StatsdCollector
 
 pytestmark = pytest.mark.spark
@@ -417,15 +418,9 @@ def test_rescaling_3_to_5_to_2_restores_state_by_key_group_and_recommits_every_o
     for seed in (51, 52, 53):
         generate(spark, str(tmp_path), ROWS // 2, bad_fraction=0.02, accounts=30, seed=seed)
     at3 = runner(spark, tmp_path, rows_per_checkpoint=ROWS // 2)
-    assert at3.P == 3
+    assert at3.topology.P == 3
 
-    def die_before_second_commit(phase, seen=[]):  # noqa: B006 - the counter is the point
-        if phase == "commit":
-            seen.append(phase)
-            if len(seen) == 2:
-                raise RuntimeError("killed between completion and commit")
-
-    at3.ctx.kills.reached = die_before_second_commit
+    at3.ctx.kills.reached = raise_at("commit", 2)  # completed, not committed
     with pytest.raises(RuntimeError, match="killed"):
         at3.run()
     store = DeltaCheckpointStore.open(f"{tmp_path}/_checkpoints/payments")

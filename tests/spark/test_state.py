@@ -134,3 +134,30 @@ def test_our_session_reads_versions_older_than_the_deleted_file_retention(spark,
     finally:
         spark.conf.set(enforce, "false")
     assert old() == 5
+
+
+def test_replace_sets_deletes_and_leaves_untouched_keys_alone(spark, tmp_path):
+    """General keyed state: a flush's rows replace their keys' state, ``_delete`` removes a key,
+    keys it does not name keep theirs, and the version before reads as it was."""
+    from pyspark.sql import functions as F
+
+    path = str(tmp_path / "state")
+    table = _table(spark, path)
+    before = table.add(_deltas(spark, (0, 10)))  # acct-00000..09: 10 cents, 1 event each
+    rows = spark.createDataFrame(
+        [("acct-00001", 500, 7, False), ("acct-00002", 0, 0, True), ("acct-00042", 3, 1, False),
+         ("acct-00043", 9, 9, True)],  # a new key deleted: nothing is inserted
+        "account string, balance_cents long, event_count long, _delete boolean",
+    ).withColumn("key_group", key_group_column("account"))
+    after = table.replace(rows)
+    now = {r.account: (r.balance_cents, r.event_count) for r in table.read(after).collect()}
+    assert now["acct-00001"] == (500, 7)  # replaced, not added
+    assert "acct-00002" not in now and "acct-00043" not in now
+    assert now["acct-00042"] == (3, 1)
+    assert now["acct-00003"] == (10, 1) and len(now) == 10  # untouched keys keep their state
+    assert table.read(before).agg(F.sum("balance_cents")).first()[0] == 100  # the pinned version is whole
+
+    # without the delete column, every row is a new value
+    again = table.replace(spark.createDataFrame([("acct-00001", 1, 1)], "account string, balance_cents long, "
+                                                "event_count long").withColumn("key_group", key_group_column("account")))
+    assert {r.account: r.balance_cents for r in table.read(again).collect()}["acct-00001"] == 1

@@ -1,0 +1,61 @@
+"""README's "Your first pipeline" runs as written: its Python blocks are saved under the names their
+first line gives (``# file: myflows.py``) in an empty folder, its shell block runs there line by
+line with this environment's ``ckpt`` and ``python``, and the outputs are what the text promises."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from checkpoint_lib.verify import read_delta
+
+pytestmark = [pytest.mark.spark]
+README = Path(__file__).resolve().parents[2] / "README.md"
+TIMEOUT = float(os.environ.get("CKPT_TEST_RUN_TIMEOUT", "900"))
+
+
+def tutorial() -> tuple[dict[str, str], list[str]]:
+    text = README.read_text()
+    section = text[text.index("## Your first pipeline"):]
+    section = section[: section.index("\n## ", 3)]
+    files, commands = {}, []
+    for lang, body in re.findall(r"```(\w+)\n(.*?)```", section, re.S):
+        first = body.splitlines()[0]
+        if lang == "python" and first.startswith("# file: "):
+            files[first.removeprefix("# file: ").strip()] = body
+        elif lang == "bash":
+            commands += [line for line in body.splitlines() if line.strip()]
+    return files, commands
+
+
+def test_the_tutorial_blocks_are_found():
+    files, commands = tutorial()
+    assert set(files) == {"myflows.py", "land.py"}
+    assert [c.split()[:2] for c in commands] == [["python", "land.py"], ["ckpt", "run"], ["ckpt", "validate"],
+                                                 ["ckpt", "checkpoints"]]
+
+
+def test_your_first_pipeline_runs_as_written(tmp_path):
+    files, commands = tutorial()
+    for name, body in files.items():
+        (tmp_path / name).write_text(body)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "CKPT_SPARK_MASTER": "local[2]", "CKPT_SPARK_UI": "0"}
+    env.pop("PYTHONPATH", None)  # the user's folder, nothing of this checkout's
+    for command in commands:
+        done = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=TIMEOUT)
+        assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        if command.startswith("ckpt validate"):
+            assert "passed" in done.stdout.lower(), done.stdout
+    visitors = read_delta(tmp_path / "wh" / "gold" / "visitors").sort_values("visitor")
+    assert list(visitors["visitor"]) == [f"u{i}" for i in range(7)]
+    assert list(visitors["visits"]) == [len(range(i, 100, 7)) for i in range(7)]
+    # the last page of visitor u<i> is its last visit's: visit j = the largest j < 100 with j % 7 == i
+    assert list(visitors["last_page"]) == [f"/p/{max(range(i, 100, 7)) % 5}" for i in range(7)]
+    assert len(read_delta(tmp_path / "wh" / "gold" / "visit_log")) == 100
