@@ -30,6 +30,8 @@ def _run(folder, warehouse, kill_at: str | None = None) -> subprocess.CompletedP
                           text=True, timeout=TIMEOUT)
 
 
+@pytest.mark.slow  # CI tier: tests/cli/test_readme_tutorial.py (a pipeline by reference through the CLI, replaced
+# state, validated), tests/spark/test_orders.py (replaced state across a crash), test_wheel.py (registration)
 def test_a_user_pipeline_by_reference_is_killed_recovered_and_validated(spark, tmp_path, monkeypatch):
     folder = shutil.copytree(USERPKG, tmp_path / "userpkg", ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.syspath_prepend(str(folder))

@@ -102,6 +102,26 @@ def test_per_checkpoint_suite_passes_on_the_healthy_run(spark, healthy, tmp_path
     assert steps == [("computed", v) for v in views] + [("validated", v) for v in views]  # what the CLI's bar shows
 
 
+def test_a_pipeline_without_a_quality_spec_gets_the_generic_suite(spark, healthy, tmp_path, monkeypatch):
+    """No roles declared: what needs none is still checked (nothing lost, restored state = its
+    snapshot on every state column), and a lost dead letter fails it."""
+    import dataclasses
+
+    from checkpoint_lib.pipelines import payments
+
+    build = payments.build
+    monkeypatch.setattr(payments, "build", lambda: dataclasses.replace(build(), quality_spec=None))
+    w = _copy(healthy, tmp_path)
+    generic = validate_restore(spark, "payments", str(w))
+    assert generic.success and {o.view for o in generic.outcomes} == {"totals", "restored_state"}, generic.summary()
+    from delta.tables import DeltaTable
+
+    DeltaTable.forPath(spark, f"{w}/dlq/payments").delete("true")
+    with pytest.raises(QualityCheckFailed) as err:
+        validate_restore(spark, "payments", str(w))
+    assert ("totals", "table") in _failed(err.value)
+
+
 def test_a_duplicated_ledger_row_fails(spark, healthy, tmp_path):
     w = _copy(healthy, tmp_path)
     ledger = f"{w}/gold/ledger"

@@ -25,7 +25,8 @@ def check(warehouse) -> None:
     assert result.repeats > 20 and result.bad_rows > 0  # repeats within a batch and across batches
 
 
-def test_orders_exactly_once_across_a_crash_and_rescaled_3_to_5_to_2(spark, tmp_path):
+@pytest.mark.parametrize("narrow", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["3to5", "3to5to2"])
+def test_orders_exactly_once_across_a_crash_and_rescaled_3_to_5_to_2(spark, tmp_path, narrow):
     w = str(tmp_path)
     for seed in (1, 2, 3):
         generate(spark, w, ROWS, bad_fraction=0.04, customers=12, repeat_fraction=0.2, seed=seed)
@@ -42,31 +43,29 @@ def test_orders_exactly_once_across_a_crash_and_rescaled_3_to_5_to_2(spark, tmp_
     assert at5.restored == crashed_at
     check(w)
 
-    generate(spark, w, ROWS, bad_fraction=0.04, customers=12, repeat_fraction=0.2, seed=4)
-    at2 = PipelineRunner(get("orders").with_parallelism(operator=2), w, spark, rows_per_checkpoint=ROWS).run()
-    assert at2.restored == at5.completed[-1] and at2.rows_in == ROWS
-    check(w)
+    if narrow:  # CI tier: the restore at 5 above rescales; this one narrows to 2 with a new version
+        generate(spark, w, ROWS, bad_fraction=0.04, customers=12, repeat_fraction=0.2, seed=4)
+        at2 = PipelineRunner(get("orders").with_parallelism(operator=2), w, spark, rows_per_checkpoint=ROWS).run()
+        assert at2.restored == at5.completed[-1] and at2.rows_in == ROWS
+        check(w)
+        assert validate_checkpoint(spark, "orders", w).success
 
     # the generic suites hold on it (each distinct order once; state, sink and source agree per
     # customer), and so do the pipeline's own GX expectations on its sinks
     restored = validate_restore(spark, "orders", w)
     assert restored.success, restored.summary(verbose=True)
     assert {"events", "keys", "totals", "sink_customers", "sink_orders"} <= {o.view for o in restored.outcomes}
-    assert validate_checkpoint(spark, "orders", w).success
 
-    # a customer whose count was zeroed breaks the pipeline's own expectation (and the generic keys view)
+    # a tampered copy: a customer's count zeroed breaks the pipeline's own expectation (and the
+    # generic keys view), an order written twice breaks exactly-once
     from delta.tables import DeltaTable
 
     customers = DeltaTable.forPath(spark, f"{w}/gold/customers")
     victim = customers.toDF().first()["customer"]
     customers.update(f"customer = '{victim}'", {"orders": "0"})
-    with pytest.raises(QualityCheckFailed) as failed:
-        validate_restore(spark, "orders", w)
-    assert ("sink_customers", "orders") in {(o.view, o.target) for o in failed.value.result.failed}
-
-    # and an order written twice breaks exactly-once
     target = f"{w}/gold/orders"
     spark.read.format("delta").load(target).limit(1).write.format("delta").mode("append").save(target)
     with pytest.raises(QualityCheckFailed) as failed:
         validate_restore(spark, "orders", w)
-    assert ("events", "sink_copies") in {(o.view, o.target) for o in failed.value.result.failed}
+    found = {(o.view, o.target) for o in failed.value.result.failed}
+    assert {("sink_customers", "orders"), ("events", "sink_copies")} <= found, found
