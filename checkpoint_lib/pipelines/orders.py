@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..pipeline import DeltaSink, DeltaSource, Pipeline
-from ..quality.spec import QualitySpec
+from ..quality.spec import QualitySpec, count_rows
 
 SOURCE_SCHEMA = "order_id string, customer string, amount_cents long, ts timestamp"
 OFFSETS = ("src_version", "src_file", "src_row")
@@ -99,10 +99,6 @@ def quality_spec() -> QualitySpec:
     sink and source agree (the source's repeats counted once: the generator repeats an order
     within a day, far inside the retention)."""
 
-    def count() -> Any:
-        from pyspark.sql import functions as F
-
-        return F.count(F.lit(1)).cast("long")
 
     def distinct_orders(ctx: Any, valid: Any) -> Any:
         return valid.dropDuplicates(["order_id"])
@@ -126,7 +122,7 @@ def quality_spec() -> QualitySpec:
         event_id="order_id",
         event_columns=("customer", "amount_cents"),
         key_sink="customers",
-        aggregates={"orders": count},
+        aggregates={"orders": count_rows},
         source_records=distinct_orders,
         distinct_events=True,
         expectations=invariants,

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping
 
 from ..pipeline import DeltaSink, DeltaSource, Pipeline
-from ..quality.spec import QualitySpec
+from ..quality.spec import QualitySpec, count_rows, sum_of
 
 SOURCE_SCHEMA = {"event_id": "string", "account": "string", "amount_cents": "long", "ts": "timestamp"}
 LEDGER_SCHEMA = (
@@ -77,15 +77,7 @@ def account_digits(accounts: int) -> int:
 def quality_spec() -> QualitySpec:
     """What the quality suites check of this pipeline (checkpoint_lib.quality.spec)."""
 
-    def balance() -> Any:
-        from pyspark.sql import functions as F
 
-        return F.sum("amount_cents").cast("long")
-
-    def count() -> Any:
-        from pyspark.sql import functions as F
-
-        return F.count(F.lit(1)).cast("long")
 
     return QualitySpec(
         pipeline="payments",
@@ -93,7 +85,7 @@ def quality_spec() -> QualitySpec:
         event_id="event_id",
         event_columns=("account", "amount_cents"),
         key_sink="balances",
-        aggregates={"balance_cents": balance, "event_count": count},
+        aggregates={"balance_cents": sum_of("amount_cents"), "event_count": count_rows},
     )
 
 

@@ -21,7 +21,7 @@ import random
 from typing import Any, Mapping
 
 from ..pipeline import FEEDBACK, Bootstrap, DeltaSink, DeltaSource, Pipeline
-from ..quality.spec import QualitySpec
+from ..quality.spec import QualitySpec, sum_of
 from .payments import account_digits
 
 ACCOUNTS_SCHEMA = {"account": "string", "opening_cents": "long"}
@@ -96,10 +96,6 @@ def quality_spec() -> QualitySpec:
     bootstrap table) are credits. In flight, a debit not yet applied moves nothing until it is
     (``full``: both sides), a credit adds to its account."""
 
-    def balance() -> Any:
-        from pyspark.sql import functions as F
-
-        return F.sum("amount_cents").cast("long")
 
     def source_records(ctx: Any, valid: Any) -> Any:
         from pyspark.sql import functions as F
@@ -126,7 +122,7 @@ def quality_spec() -> QualitySpec:
         event_sink=None,
         event_id=None,
         key_sink="account_balances",
-        aggregates={"balance_cents": balance},
+        aggregates={"balance_cents": sum_of("amount_cents")},
         source_records=source_records,
         channel_records=channel_records,
     )

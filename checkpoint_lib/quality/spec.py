@@ -59,6 +59,24 @@ class QualitySpec:
         return {name: list(exps) for name, exps in (found or {}).items()}
 
 
+def count_rows() -> Any:
+    """The aggregate of ``QualitySpec.aggregates`` that counts records (as a long)."""
+    from pyspark.sql import functions as F
+
+    return F.count(F.lit(1)).cast("long")
+
+
+def sum_of(column: str) -> Callable[[], Any]:
+    """The aggregate of ``QualitySpec.aggregates`` that sums ``column`` (as a long)."""
+
+    def total() -> Any:
+        from pyspark.sql import functions as F
+
+        return F.sum(column).cast("long")
+
+    return total
+
+
 def get_spec(pipeline_name: str) -> QualitySpec:
     """The spec the pipeline declares (:meth:`Pipeline.quality`), or the generic one every pipeline
     gets: no event sink and no aggregates, so the suites check what needs no roles - nothing lost

@@ -287,8 +287,9 @@ class KeyedStage:
         for name, df in outputs.items():
             if SINK_SUBTASK not in df.columns:
                 # a record sent back (a cycle) is sent by the subtask that produced it, not by its key's owner
-                if p.key is None or p.key not in df.columns or name == FEEDBACK:
-                    keep = f"the key column {p.key!r} or {SINK_SUBTASK!r}" if p.key and name != FEEDBACK else repr(SINK_SUBTASK)
+                by_key = p.key is not None and name != FEEDBACK
+                if not by_key or p.key not in df.columns:
+                    keep = f"the key column {p.key!r} or {SINK_SUBTASK!r}" if by_key else repr(SINK_SUBTASK)
                     raise ValueError(f"operator {p.operator_uid!r}: the rows it returns for {name!r} must keep "
                                      f"{keep} (it says whose transaction stages each row)")
                 df = df.withColumn(SINK_SUBTASK, subtask_column(

@@ -115,19 +115,18 @@ class KeyedStateTable:
     def replace(self, rows: DataFrame, before_retry: Callable[[], None] | None = None, *,
                 epoch: int | None = None) -> int:
         """Make each key of ``rows`` (key, key_group and one column per value, at most one row per
-        key) hold that row; a row whose ``delete_column`` is true removes its key. Keys not in
+        key) hold that row; a row whose ``_delete`` column is true removes its key. Keys not in
         ``rows`` keep their state. Returns the table version after the MERGE; fenced like :meth:`add`."""
         names = self.values.fieldNames()
         deleting = DELETE in rows.columns
-        if not deleting:
-            rows = rows.withColumn(DELETE, F.lit(False))
         drop = F.coalesce(F.col(f"d.{DELETE}"), F.lit(False))
 
         def clauses(m):
             if deleting:
                 m = m.whenMatchedDelete(condition=drop)
-            return (m.whenMatchedUpdate(set={n: F.col(f"d.{n}") for n in names})
-                    .whenNotMatchedInsert(condition=~drop, values=self._insert_values()))
+            m = m.whenMatchedUpdate(set={n: F.col(f"d.{n}") for n in names})
+            insert = ~drop if deleting else None
+            return m.whenNotMatchedInsert(condition=insert, values=self._insert_values())
 
         return self._merge(rows, "MERGE of a flush (replace)", before_retry, epoch, clauses)
 
