@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Callable, Mapping, Protocol
 
 from .core.keygroups import DEFAULT_MAX_PARALLELISM, check_parallelism
@@ -141,6 +142,52 @@ the key's state (its other columns are ignored)."""
 
 STATE_UPDATES = ("add", "replace")
 
+TTL_COLUMN = "_ttl_written"
+"""The hidden state column of an operator with a :class:`StateTtl`: the event time of the newest
+record that wrote the key's state."""
+
+
+@dataclass(frozen=True)
+class StateTtl:
+    """Keyed state that expires, as Flink's ``StateTtlConfig`` (update on create and write, never
+    return expired), but in **event time**, so a replay after a crash expires exactly what the
+    failure-free run expired.
+
+    ``time_column`` is a timestamp column of the records. A key's state is *written* at the newest
+    ``time_column`` of the records that wrote it. In a flush, the state of a key is *expired*
+    when it was written more than ``ttl`` before the key's earliest record in that flush: the
+    operator then sees no state for the key (as for a new key), additive state starts again from
+    the returned values, and a replaced row holds what the operator returned.
+
+    Cleanup: every flush deletes the rows written more than ``ttl + cleanup_lateness`` before the
+    newest write of the operator (default lateness: ``ttl``), so idle keys do not grow the state
+    forever. A record more than ``cleanup_lateness`` behind the newest one is *late*: it may find
+    the old state of its key already cleaned up.
+    """
+
+    ttl: timedelta | float
+    time_column: str
+    cleanup_lateness: timedelta | float | None = None
+
+    def __post_init__(self) -> None:
+        as_delta = (lambda v: v if isinstance(v, timedelta) else timedelta(seconds=float(v)))
+        object.__setattr__(self, "ttl", as_delta(self.ttl))
+        lateness = self.ttl if self.cleanup_lateness is None else as_delta(self.cleanup_lateness)
+        object.__setattr__(self, "cleanup_lateness", lateness)
+        if self.ttl <= timedelta(0) or lateness < timedelta(0):
+            raise ValueError(f"state TTL must be positive and its cleanup lateness not negative: {self}")
+        if not isinstance(self.time_column, str) or not self.time_column:
+            raise ValueError("StateTtl needs the records' time_column")
+
+    @property
+    def ttl_seconds(self) -> int:
+        return int(self.ttl.total_seconds())
+
+    @property
+    def cleanup_seconds(self) -> int:
+        """How long after a key's last write its row is cleaned up, past the newest write."""
+        return int((self.ttl + self.cleanup_lateness).total_seconds())
+
 
 class Operator(Protocol):
     """A stateless operator (after ``rebalance()``, ``broadcast()`` or ``forward()``): ``apply``
@@ -164,6 +211,7 @@ class KeyedOperator(Protocol):
       keys it returns no row for keep theirs. ``"add"``: each row's values are added to the key's
       (sums and counts; the fast path of additive state);
     - ``order_by``: the columns that order a key's records (usually the source offset);
+    - ``state_ttl`` (optional): a :class:`StateTtl`: the key's state expires in event time;
     - ``apply(records, state, key)`` gets the records of one flush (the record columns, the source
       offset ``src_version``, ``src_file``, ``src_row``, and :data:`SINK_SUBTASK`) and the state
       before them (the key and the state columns; keys without state have no row), and returns
@@ -296,6 +344,18 @@ class Pipeline:
             update = getattr(operator, "state_update", "add")
             if update not in STATE_UPDATES:
                 raise ValueError(f"operator {uid!r} state_update must be one of {STATE_UPDATES}, got {update!r}")
+            ttl = getattr(operator, "state_ttl", None)
+            if ttl is not None:
+                if not isinstance(ttl, StateTtl):
+                    raise TypeError(f"operator {uid!r} state_ttl must be a StateTtl, got {ttl!r}")
+                if not state:
+                    raise ValueError(f"operator {uid!r} has a state_ttl but no state_schema")
+                if any(name == TTL_COLUMN for name, _ in state):
+                    raise ValueError(f"operator {uid!r} state_schema must not list {TTL_COLUMN!r}")
+                kind = self.record_schema.get(ttl.time_column)
+                if kind is None or kind.lower() not in ("timestamp", "timestamp_ntz"):
+                    raise ValueError(f"operator {uid!r} state_ttl time_column {ttl.time_column!r} must be a timestamp "
+                                     f"column of the records, got {kind!r}")
         self.operator, self.operator_uid = operator, _check_name("operator uid", uid)
         return self
 
@@ -310,6 +370,17 @@ class Pipeline:
     def state_update(self) -> str:
         """``"add"`` or ``"replace"``: how the keyed operator's returned state is applied."""
         return getattr(self.operator, "state_update", "add")
+
+    @property
+    def state_ttl(self) -> StateTtl | None:
+        """The keyed operator's :class:`StateTtl` (None: its state never expires)."""
+        return getattr(self.operator, "state_ttl", None) if self.state_columns else None
+
+    @property
+    def stored_state_columns(self) -> tuple[tuple[str, str], ...]:
+        """The columns of the state table besides the key and key group: the operator's, and
+        :data:`TTL_COLUMN` when its state expires."""
+        return self.state_columns + (((TTL_COLUMN, "timestamp"),) if self.state_ttl else ())
 
     def iterate(self) -> "Pipeline":
         """Close a cycle: the keyed operator also returns, under :data:`FEEDBACK`, records (of the

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict, deque
 from dataclasses import replace
+from datetime import timedelta
 from typing import Any, Callable
 
 from pyspark.sql import DataFrame
@@ -35,11 +36,11 @@ from ..core.recovery import SINK_STATE_KEY, RecoveryPlan
 from ..core.twophase import TransactionIdPool, TwoPhaseCommitSink
 from ..core.types import Barrier, BarrierMode, CheckpointKind, SubtaskAck
 from ..delta import log as delta_log
-from ..pipeline import FEEDBACK, SINK_SUBTASK
+from ..pipeline import FEEDBACK, SINK_SUBTASK, TTL_COLUMN
 from .channels import BARRIER, DATA, END, ChannelEvent
 from .context import RunContext
 from .partitioning import route
-from .state import KEY_GROUP, key_group_column, subtask_column
+from .state import FIRST_RECORD, KEY_GROUP, expired, key_group_column, subtask_column
 
 _ROW_BYTES = 64  # channel-state size estimate per row (the Delta files are compressed; rows are exact)
 
@@ -266,15 +267,36 @@ class KeyedStage:
         # less than building a cache of them (measured on 1M-row steps, 2 cores).
         records = records.withColumn(SINK_SUBTASK, F.col("receiver")).drop("receiver", "sender", KEY_GROUP)
         state = ctx.topology.state
-        if state is None:
-            deltas, outputs = None, p.operator.apply(records)
-        else:
-            state_before = ctx.cached(state.read(self.state_version)).drop(KEY_GROUP)
-            deltas, outputs = p.operator.apply(records, state_before, p.key)
+        expire_before = None
         try:
-            self._apply_outputs(deltas, self._attributed(outputs), receivers)
+            if state is None:
+                deltas, outputs = None, p.operator.apply(records)
+            elif p.state_ttl is None:
+                state_before = ctx.cached(state.read(self.state_version)).drop(KEY_GROUP)
+                deltas, outputs = p.operator.apply(records, state_before, p.key)
+            else:
+                deltas, outputs, expire_before = self._apply_with_ttl(records, state)
+            self._apply_outputs(deltas, self._attributed(outputs), receivers, expire_before)
         finally:
             ctx.uncache()
+
+    def _apply_with_ttl(self, records: DataFrame, state) -> tuple[DataFrame, Any, Any]:
+        """Run the operator on state that expires in event time (:class:`StateTtl`): it sees no
+        state for a key written more than the TTL before the key's earliest record here; the state
+        it returns carries the write time and that earliest record for the MERGE; and the rows
+        written ``ttl + cleanup_lateness`` before the newest write are cleaned up by the MERGE."""
+        ctx, p = self.ctx, self.ctx.pipeline
+        ttl, key = p.state_ttl, p.key
+        stored = ctx.cached(state.read(self.state_version)).drop(KEY_GROUP)
+        times = ctx.cached(records.groupBy(key).agg(F.min(ttl.time_column).alias(FIRST_RECORD),
+                                                    F.max(ttl.time_column).alias(TTL_COLUMN)))
+        visible = (stored.join(times.select(key, FIRST_RECORD), key, "left")
+                   .where(~expired(F.col(TTL_COLUMN), F.col(FIRST_RECORD), ttl))
+                   .drop(FIRST_RECORD, TTL_COLUMN))
+        deltas, outputs = p.operator.apply(records, visible, key)
+        newest = stored.select(TTL_COLUMN).unionByName(times.select(TTL_COLUMN)).agg(F.max(TTL_COLUMN)).first()[0]
+        expire_before = None if newest is None else newest - timedelta(seconds=ttl.cleanup_seconds)
+        return deltas.join(times, key, "left"), outputs, expire_before
 
     def _attributed(self, outputs: Any) -> dict[str, DataFrame]:
         """The operator's outputs, each row with the ``sink_subtask`` whose transaction stages it:
@@ -297,7 +319,8 @@ class KeyedStage:
             out[name] = df
         return out
 
-    def _apply_outputs(self, deltas: DataFrame | None, outputs: dict[str, DataFrame], receivers: list[int]) -> None:
+    def _apply_outputs(self, deltas: DataFrame | None, outputs: dict[str, DataFrame], receivers: list[int],
+                       expire_before: Any = None) -> None:
         ctx, t = self.ctx, self.ctx.topology
         p = ctx.pipeline
         missing = sorted(set(t.sinks) - set(outputs))
@@ -321,7 +344,7 @@ class KeyedStage:
         ctx.fence()
         ctx.reached("flush_merge")  # past its epoch check, the MERGE not yet committed
         update = t.state.replace if p.state_update == "replace" else t.state.add
-        self.state_version = update(deltas, before_retry=ctx.fence, epoch=ctx.epoch)
+        self.state_version = update(deltas, before_retry=ctx.fence, epoch=ctx.epoch, expire_before=expire_before)
         if self.state_compact_every and self.flushes % self.state_compact_every == 0:
             ctx.fence()
             # same rows, fewer files: a snapshot of this flush may pin either version

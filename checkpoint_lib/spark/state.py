@@ -13,7 +13,7 @@ stay readable until the table is vacuumed, which must therefore keep what retain
 from __future__ import annotations
 
 from contextlib import nullcontext
-
+from datetime import datetime
 from typing import Callable, Mapping, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
@@ -21,10 +21,20 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..core.keygroups import DEFAULT_MAX_PARALLELISM
-from ..pipeline import DELETE
+from ..pipeline import DELETE, TTL_COLUMN, StateTtl
 from . import tables
 
 KEY_GROUP = "key_group"
+FIRST_RECORD = "_ttl_first"
+"""In the rows a flush hands to a MERGE of state with a TTL: the event time of the key's earliest
+record in the flush (what decides whether its stored state expired)."""
+
+
+def expired(written: F.Column, first_record: F.Column, ttl: StateTtl) -> F.Column:
+    """Whether state written at ``written`` is expired for a flush whose earliest record of the
+    key is at ``first_record`` (false when either is unknown): the one definition of expiry."""
+    late = written + F.expr(f"INTERVAL {ttl.ttl_seconds} SECONDS") < first_record
+    return F.coalesce(late, F.lit(False))
 
 # A flush's MERGE touches keys spread over every file of the table. Without deletion vectors Delta
 # rewrites each touched file whole, so every checkpoint would rewrite the whole state; with them it
@@ -58,9 +68,12 @@ def subtask_column(key_group: F.Column, parallelism: int, max_parallelism: int =
 
 class KeyedStateTable:
     def __init__(self, spark: SparkSession, path: str, key: str, values: T.StructType, *, app_id: str | None = None,
-                 key_type: T.DataType | None = None):
+                 key_type: T.DataType | None = None, ttl: StateTtl | None = None):
         self.spark = spark
         self.path = path
+        self.ttl = ttl
+        """With a TTL, ``values`` ends with :data:`TTL_COLUMN` and the rows a flush MERGEs carry
+        :data:`FIRST_RECORD`: expired state is reset, not added to (see :class:`StateTtl`)."""
         self.app_id = app_id
         """Delta idempotent-write application id of the fence: with it, every write by an epoch is
         stamped ``epoch << 32 | next table version`` and refused inside its commit once a newer
@@ -101,34 +114,66 @@ class KeyedStateTable:
         assert self.app_id is not None, "a fenced state table needs an application id"
         tables.raise_fence(self.spark, self.path, self.app_id, epoch, self.version() + 1)
 
-    def add(self, deltas: DataFrame, before_retry: Callable[[], None] | None = None, *, epoch: int | None = None) -> int:
+    def add(self, deltas: DataFrame, before_retry: Callable[[], None] | None = None, *, epoch: int | None = None,
+            expire_before: datetime | None = None) -> int:
         """Add ``deltas`` (key, key_group and one column per value) to the state; new keys are
         inserted. Returns the table version after the MERGE. With ``epoch``, the MERGE is fenced
-        inside its commit (FencedError after it if a newer epoch fenced the table: nothing landed)."""
-        names = self.values.fieldNames()
+        inside its commit (FencedError after it if a newer epoch fenced the table: nothing landed).
+        With a TTL, an expired key's state is replaced by its deltas, and ``expire_before`` deletes
+        the rows of other keys written before it (cleanup)."""
+        reset = self._expired()
+
+        def value(n: str) -> F.Column:
+            added = F.col(f"s.{n}") + F.col(f"d.{n}")
+            return added if reset is None else F.when(reset, F.col(f"d.{n}")).otherwise(added)
+
         return self._merge(
             deltas, "MERGE of a flush", before_retry, epoch,
-            lambda m: m.whenMatchedUpdate(set={n: F.col(f"s.{n}") + F.col(f"d.{n}") for n in names})
-            .whenNotMatchedInsert(values=self._insert_values()),
+            lambda m: self._cleanup(
+                m.whenMatchedUpdate(set={**{n: value(n) for n in self._operator_values()}, **self._written()})
+                .whenNotMatchedInsert(values=self._insert_values()), expire_before),
         )
 
     def replace(self, rows: DataFrame, before_retry: Callable[[], None] | None = None, *,
-                epoch: int | None = None) -> int:
+                epoch: int | None = None, expire_before: datetime | None = None) -> int:
         """Make each key of ``rows`` (key, key_group and one column per value, at most one row per
         key) hold that row; a row whose ``_delete`` column is true removes its key. Keys not in
-        ``rows`` keep their state. Returns the table version after the MERGE; fenced like :meth:`add`."""
-        names = self.values.fieldNames()
+        ``rows`` keep their state (with a TTL, unless written before ``expire_before``). Returns the
+        table version after the MERGE; fenced like :meth:`add`."""
         deleting = DELETE in rows.columns
         drop = F.coalesce(F.col(f"d.{DELETE}"), F.lit(False))
 
         def clauses(m):
             if deleting:
                 m = m.whenMatchedDelete(condition=drop)
-            m = m.whenMatchedUpdate(set={n: F.col(f"d.{n}") for n in names})
+            m = m.whenMatchedUpdate(set={**{n: F.col(f"d.{n}") for n in self._operator_values()}, **self._written()})
             insert = ~drop if deleting else None
-            return m.whenNotMatchedInsert(condition=insert, values=self._insert_values())
+            return self._cleanup(m.whenNotMatchedInsert(condition=insert, values=self._insert_values()), expire_before)
 
         return self._merge(rows, "MERGE of a flush (replace)", before_retry, epoch, clauses)
+
+    def _operator_values(self) -> list[str]:
+        return [n for n in self.values.fieldNames() if n != TTL_COLUMN]
+
+    def _expired(self) -> F.Column | None:
+        """In a MERGE with a TTL: the stored row is expired for the flush's records of its key."""
+        if self.ttl is None:
+            return None
+        return expired(F.col(f"s.{TTL_COLUMN}"), F.col(f"d.{FIRST_RECORD}"), self.ttl)
+
+    def _written(self) -> dict[str, F.Column]:
+        """With a TTL, the write time a matched key keeps: the newest of its records (its stored
+        one too, unless that expired)."""
+        reset = self._expired()
+        if reset is None:
+            return {}
+        newest = F.greatest(F.col(f"s.{TTL_COLUMN}"), F.col(f"d.{TTL_COLUMN}"))
+        return {TTL_COLUMN: F.when(reset, F.col(f"d.{TTL_COLUMN}")).otherwise(newest)}
+
+    def _cleanup(self, merge, expire_before: datetime | None):
+        if self.ttl is None or expire_before is None:
+            return merge
+        return merge.whenNotMatchedBySourceDelete(condition=F.col(f"s.{TTL_COLUMN}") < F.lit(expire_before))
 
     def _insert_values(self) -> dict:
         return {KEY_GROUP: F.col(f"d.{KEY_GROUP}"), self.key: F.col(f"d.{self.key}"),

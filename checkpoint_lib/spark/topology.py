@@ -64,9 +64,9 @@ class Topology:
         self.state: KeyedStateTable | None = None  # a stateless operator (not key_by) has none
         if p.keyed:
             self.state = KeyedStateTable(
-                spark, str(state_table(self.root, p.operator_uid)), p.key, tables.struct_type(p.state_columns),
+                spark, str(state_table(self.root, p.operator_uid)), p.key, tables.struct_type(p.stored_state_columns),
                 app_id=f"{app_prefix(p.name)}/state/{p.operator_uid}",
-                key_type=T._parse_datatype_string(p.record_schema[p.key]),
+                key_type=T._parse_datatype_string(p.record_schema[p.key]), ttl=p.state_ttl,
             )
         self.dlq_path = self.path(p.dlq_path)
         self.sinks: dict[str, DeltaTwoPhaseSink] = pipeline_sinks(spark, p, self.warehouse, self.root,
