@@ -12,7 +12,10 @@ PYTEST_ARGS ?=
 # Reinstall only when the venv is missing or the pins changed.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -c constraints.txt -e '.[all,dev]'
+	# uv installs the same pins as pip in half the time (parallel downloads and unpacking); pip
+	# is the fallback wherever uv cannot run or reach the index (pip's find-links, say).
+	$(PY) -m pip install -q -c constraints.txt uv && $(VENV)/bin/uv pip install --python $(PY) \
+		-c constraints.txt -e '.[all,dev]' || $(PY) -m pip install -c constraints.txt -e '.[all,dev]'
 	touch $@
 
 setup: $(STAMP)

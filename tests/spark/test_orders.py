@@ -56,6 +56,8 @@ def test_orders_exactly_once_across_a_crash_and_rescaled_3_to_5_to_2(spark, tmp_
     assert restored.success, restored.summary(verbose=True)
     assert {"events", "keys", "totals", "sink_customers", "sink_orders"} <= {o.view for o in restored.outcomes}
 
+    if not narrow:  # CI tier: the healthy suites; the slow one also fails a tampered copy
+        return
     # a tampered copy: a customer's count zeroed breaks the pipeline's own expectation (and the
     # generic keys view), an order written twice breaks exactly-once
     from delta.tables import DeltaTable

@@ -97,7 +97,9 @@ def test_a_pinned_version_outlives_deltas_retention_even_in_a_default_session(sp
     table = _table(spark, path)
     pinned = table.add(_deltas(spark, (0, 100)))
     _age(tmp_path / "state" / "_delta_log", 60)  # the pinned version's log, past both retentions
-    for _ in range(12):  # past delta.checkpointInterval (10): a log checkpoint, and with it the cleanup
+    # a log checkpoint every 2 commits (10 by default), and with it the log cleanup, sooner
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.checkpointInterval' = '2')")
+    for _ in range(3):
         table.add(_deltas(spark, (0, 10)))
     assert any(f.name.endswith(".checkpoint.parquet") for f in (tmp_path / "state" / "_delta_log").iterdir())
 
