@@ -33,3 +33,28 @@ def spark() -> Iterator[SparkSession]:
     session = get_spark(master="local[2]", ui=False)
     yield session
     stop_spark()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3-compatible server (SeaweedFS, tests/s3server.py) on 127.0.0.1 for the whole run,
+    started the first time a test asks for it."""
+    from s3server import SeaweedServer
+
+    server = SeaweedServer(tmp_path_factory.mktemp("seaweed")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, request):
+    """This test's warehouse prefix on the S3 server, ``s3://warehouse/<test>-<random>``, with the
+    standard AWS variables (endpoint, keys, region) set the way a user sets them (by a patcher of
+    its own: a test's ``monkeypatch.undo()`` leaves them set)."""
+    import secrets
+
+    with pytest.MonkeyPatch.context() as env:
+        for key, value in s3_server.env().items():
+            env.setenv(key, value)
+        name = "".join(c if c.isalnum() else "-" for c in request.node.name)[:60]
+        yield f"s3://warehouse/{name}-{secrets.token_hex(4)}"

@@ -33,8 +33,8 @@ Uniqueness comes from creating ``root/_ids/<id>`` with ``O_CREAT | O_EXCL``: exa
 succeeds, atomically, on a local or POSIX filesystem, and the marker survives a crash the instant
 it exists (the directory is fsynced before the id is returned, so also a power loss). An object
 store needs the equivalent conditional put (``If-None-Match: *`` on S3, GCS's
-``ifGenerationMatch=0``, Azure's ``If-None-Match``): pass an object implementing
-:class:`Reservations` as ``reservations=`` for a non-local ``root``.
+``ifGenerationMatch=0``, Azure's ``If-None-Match``): :mod:`checkpoint_lib.objectstore` is that
+:class:`Reservations` for an ``s3://``, ``gs://`` or ``az://`` root.
 
 Every id that is written to the table (``record_pending``, ``record_aborted``, ``add``) is also
 marked first, so the markers are a superset of the ids in the table and a counter that probes
@@ -125,6 +125,7 @@ from ..core.twophase import SinkSnapshot, Transaction
 from ..core.stores import apply_retention
 from ..core.types import CheckpointId, CheckpointKind, SubtaskAck, SubtaskId
 from ..files import fsync_dir
+from ..objectstore import ObjectStoreReservations, is_remote, verify_conditional_put
 
 log = logging.getLogger(__name__)
 
@@ -499,8 +500,10 @@ class DeltaCheckpointStore:
     """A pipeline's durable ``CheckpointIdCounter`` + ``CompletedCheckpointStore`` + epochs.
 
     The constructor does no I/O; tables and directories are created on first write (or eagerly by
-    :meth:`open`). ``root`` is a local path (or ``file://`` URI); for any other URI pass
-    ``reservations`` (a conditional-put :class:`Reservations`) and, if needed, ``storage_options``.
+    :meth:`open`). ``root`` is a local path (or ``file://`` URI) or an object-store URI
+    (``s3://bucket/prefix``, ``gs://``, ``az://``), whose ids and epochs are reserved by conditional
+    puts (:class:`~checkpoint_lib.objectstore.ObjectStoreReservations`; a store that ignores them is
+    refused); ``storage_options`` are delta-rs / object_store settings, the environment's by default.
 
     ``epoch``: the attempt this instance writes as (set by :meth:`begin_epoch`, or given). When set,
     :meth:`add` refuses with :class:`FencedError` once a newer epoch exists, and rows carry it;
@@ -522,14 +525,12 @@ class DeltaCheckpointStore:
             raise ValueError("retained must be >= 1")
         root_str = str(root)
         local = root_str[len("file://") :] if root_str.startswith("file://") else root_str
-        is_local = "://" not in local
+        is_local = not is_remote(local)
+        if is_local and "://" in local:
+            raise ValueError(f"{root_str}: not a local path nor an object-store URI (s3://, gs://, az://)")
         if reservations is None:
-            if not is_local:
-                raise ValueError(
-                    f"{root_str}: id and epoch reservations need create-if-absent; on an object "
-                    "store pass reservations= (a conditional-put implementation of Reservations)"
-                )
-            reservations = LocalReservations(local)
+            # on an object store: conditional puts, the store checked to honour them on first use
+            reservations = LocalReservations(local) if is_local else ObjectStoreReservations(local, storage_options)
         self.root = local.rstrip("/") if not is_local else str(Path(local))
         self.retained = retained
         self.epoch = epoch
@@ -590,6 +591,10 @@ class DeltaCheckpointStore:
     def _ensure_table(self, name: str) -> None:
         if name in self._created:
             return
+        if not self._is_local:
+            # every write reaches here first: delta-rs's commits are as unique as the store's
+            # create-if-absent, so a store that ignores it is refused before anything is written
+            verify_conditional_put(self.root, self._storage_options)
         DeltaTable.create(
             self._uri(name),
             _SCHEMAS[name],

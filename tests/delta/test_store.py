@@ -92,11 +92,6 @@ def test_rejects_retained_below_one(root):
         DeltaCheckpointStore(root, retained=0)
 
 
-def test_object_store_root_needs_conditional_put_reservations():
-    with pytest.raises(ValueError, match="conditional-put"):
-        DeltaCheckpointStore("s3://bucket/_checkpoints/p")
-
-
 def test_imports_without_spark():
     code = "import sys, checkpoint_lib.delta.store; assert 'pyspark' not in sys.modules, 'pyspark'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)

@@ -25,8 +25,12 @@ if _CORE_TESTS not in sys.path:
 from test_store_contract import checkpoint, ids  # noqa: E402
 
 
-@pytest.fixture
-def root(tmp_path) -> Path:
+@pytest.fixture(params=["posix", "s3"])
+def root(request, tmp_path):
+    """The control plane on a local folder, and on a real S3-compatible server (conditional puts
+    and delta-rs's conditional commits instead of O_EXCL and rename): the same races, the same outcomes."""
+    if request.param == "s3":
+        return request.getfixturevalue("s3") + "/_checkpoints/pipeline"
     return tmp_path / "_checkpoints" / "pipeline"
 
 
@@ -146,8 +150,9 @@ def test_racing_starters_of_one_stage_get_exactly_one_session(root, monkeypatch)
     assert [(r["stage"], r["session"]) for r in starts] == [("source", 1)]
 
 
-def test_an_orphan_session_marker_does_not_stall_the_stage(root):
+def test_an_orphan_session_marker_does_not_stall_the_stage(tmp_path):
     """A process killed after claiming the old marker file and before writing its start row."""
+    root = tmp_path / "_checkpoints" / "pipeline"  # the old markers were files
     store = DeltaCheckpointStore.open(root)
     epoch = store.begin_epoch("a")
     store.record_restored(epoch, None, {"source": {}})
