@@ -48,6 +48,6 @@ def synthetic_history(w: Path) -> Path:
                            str(w / "_quality" / "payments" / "data_docs" / "index.html"),
                            [ExpectationOutcome("ledger", "expect_column_values_to_be_unique", "event_id", True)],
                            metrics={"valid_rows": 291, "dead_letters": 9, "sink_rows": 291, "restored_state_keys": 12},
-                           started_at=t + 7, finished_at=t + 8, validation_id="v1")
+                           started_at=t + 7, finished_at=t + 8, validation_id="v1", restore_known=True)
     ValidationLog(root).record(result)
     return w

@@ -59,6 +59,9 @@ class QualityResult:
     finished_at: float = 0.0
     validation_id: str = ""
     error: str | None = None
+    restore_known: bool = False
+    """What the validated epoch restored was read (``restored_checkpoint_id`` None then means it
+    started from scratch); a restore validation that failed before that says nothing about it."""
 
     @property
     def success(self) -> bool:
@@ -71,7 +74,7 @@ class QualityResult:
 
     def headline(self) -> str:
         what = f"{self.kind} validation of {self.pipeline} checkpoint {self.checkpoint_id}"
-        if self.kind == RESTORE:
+        if self.kind == RESTORE and self.restore_known:
             what += f" (epoch {self.epoch} restored {_restored(self.restored_checkpoint_id)})"
         if self.error:
             return f"{what}: ERROR {self.error}"

@@ -66,6 +66,7 @@ def _run(
         views, restore, notes = build(ctx, facts)
         if restore is not None:
             result.epoch, result.restored_checkpoint_id = restore.epoch, restore.checkpoint_id
+            result.restore_known = True
         result.notes += notes
         result.run_name = f"{pipeline_name}-{kind}-c{facts.checkpoint_id}-e{result.epoch}-{stamp}"
         project = GxProject(quality_root(ctx.warehouse, pipeline_name), pipeline_name)
