@@ -192,9 +192,10 @@ class StateTtl:
 class Operator(Protocol):
     """A stateless operator (after ``rebalance()``, ``broadcast()`` or ``forward()``): ``apply``
     gets the records of one flush (the record columns, the source offset ``src_version``,
-    ``src_file``, ``src_row`` and :data:`SINK_SUBTASK`) and returns one DataFrame per sink. Each
-    sink row must keep the ``sink_subtask`` of the record it came from: it says whose two-phase
-    transaction stages the row."""
+    ``src_file``, ``src_row``, and :data:`SINK_SUBTASK`, the index of the subtask, read-only) and
+    returns one DataFrame per sink. Like a Flink operator it runs as
+    one instance per subtask: ``apply`` is called once per subtask with that subtask's records, and
+    the rows it returns are staged by that subtask's transaction (nothing to carry for it)."""
 
     def apply(self, records: Any) -> Mapping[str, Any]: ...
 
@@ -217,7 +218,8 @@ class KeyedOperator(Protocol):
       before them (the key and the state columns; keys without state have no row), and returns
       ``(state, outputs)``: the state rows of the keys it changed (at most one per key: the key and
       the state columns) and one DataFrame per sink. A sink row is staged by the subtask that owns
-      the key it carries; rows without the key column must keep the records' ``sink_subtask``.
+      the key it carries; rows without the key column must keep the records' :data:`SINK_SUBTASK`
+      (records sent back through a cycle keep it: it is their channel's sender).
 
     Key groups, channels, senders and transactions are the runner's: an operator never sees them.
     """

@@ -270,7 +270,7 @@ class KeyedStage:
         expire_before = None
         try:
             if state is None:
-                deltas, outputs = None, p.operator.apply(records)
+                deltas, outputs = None, self._per_subtask(records, receivers)
             elif p.state_ttl is None:
                 state_before = ctx.cached(state.read(self.state_version)).drop(KEY_GROUP)
                 deltas, outputs = p.operator.apply(records, state_before, p.key)
@@ -279,6 +279,19 @@ class KeyedStage:
             self._apply_outputs(deltas, self._attributed(outputs), receivers, expire_before)
         finally:
             ctx.uncache()
+
+    def _per_subtask(self, records: DataFrame, receivers: list[int]) -> dict[str, DataFrame]:
+        """A stateless operator runs as one instance per subtask, as in Flink: ``apply`` once per
+        receiving subtask on that subtask's records (lazily: one plan, unioned), and every row an
+        instance returns is staged by its subtask's transaction, so the operator keeps no
+        bookkeeping column of ours."""
+        outputs: dict[str, DataFrame] = {}
+        for r in receivers:
+            returned = self.ctx.pipeline.operator.apply(records.where(F.col(SINK_SUBTASK) == r))
+            for name, df in dict(returned or {}).items():
+                df = df.withColumn(SINK_SUBTASK, F.lit(r))
+                outputs[name] = df if name not in outputs else outputs[name].unionByName(df)
+        return outputs
 
     def _apply_with_ttl(self, records: DataFrame, state) -> tuple[DataFrame, Any, Any]:
         """Run the operator on state that expires in event time (:class:`StateTtl`): it sees no

@@ -223,9 +223,17 @@ def test_sigkill_at_any_point_leaves_a_readable_store_and_no_reused_id(root):
         """
     )
     seen_max = 0
-    for delay in (0.9, 1.3, 1.7):
+
+    def markers_now() -> int:
+        return len(list((root / "_ids").iterdir())) if (root / "_ids").exists() else 0
+
+    for delay in (0.0, 0.2, 0.45):
+        before = markers_now()
         p = subprocess.Popen([sys.executable, "-c", code, str(root)], cwd=REPO)
-        time.sleep(delay)
+        deadline = time.monotonic() + 60  # the writer's imports take a while on a busy machine
+        while markers_now() <= before and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(delay)  # then kill it somewhere in its loop: reserve -> pending -> complete
         os.kill(p.pid, signal.SIGKILL)
         p.wait()
         store = DeltaCheckpointStore(root, retained=2)

@@ -27,8 +27,8 @@ class Tag:
     def apply(self, records):
         assert not {"receiver", "sender", "key_group"} & set(records.columns), records.columns
         out = records.select(
-            "event_id", "account", "amount_eur", F.col("sink_subtask").alias("handled_by"), "src_file", "sink_subtask"
-        )
+            "event_id", "account", "amount_eur", F.col("sink_subtask").alias("handled_by"), "src_file"
+        )  # no bookkeeping column kept: the runner stages each instance's rows by its subtask
         return {"out": out}
 
 
