@@ -328,7 +328,7 @@ def _cmd_savepoint(args: argparse.Namespace) -> int:
         raise ValueError("a savepoint is injected by the source stage: use --stage source or all")
     from .control import PipelineControl
 
-    control = PipelineControl(os.path.abspath(args.warehouse), args.pipeline)
+    control = PipelineControl(args.warehouse, args.pipeline)
     if args.request_timeout > 0 and control.source_running():
         # a running pipeline takes it at its next step, as Flink's savepoint of a running job:
         # nothing is stopped or replayed

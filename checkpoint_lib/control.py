@@ -56,7 +56,7 @@ from .core.decider import CheckpointConfig, Verdict, decide
 from .core.errors import CheckpointError, FailureReason, UnknownCheckpointError
 from .files import fsync_dir, read_json, write_once
 from .layout import check_pipeline_name as validate_pipeline_name
-from .layout import checkpoint_root
+from .layout import checkpoint_root, warehouse_location
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -203,7 +203,7 @@ class PipelineControl:
     """
 
     def __init__(self, warehouse: str | os.PathLike[str], pipeline: str, *, store: "DeltaCheckpointStore | None" = None):
-        self.warehouse = os.path.abspath(warehouse)
+        self.warehouse = warehouse_location(warehouse)
         self.pipeline_name = validate_pipeline_name(pipeline)
         self.root = checkpoint_root(self.warehouse, pipeline)
         self.requests = CheckpointRequests(self.root)

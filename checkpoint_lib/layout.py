@@ -19,6 +19,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from .objectstore import ObjectUri, is_remote
+
 NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 """Pipeline, operator and sink names: each becomes a path segment and part of a Delta app id."""
 CHECKPOINTS = "_checkpoints"
@@ -38,9 +40,24 @@ def check_pipeline_name(name: Any) -> str:
     return check_name("pipeline name", name)
 
 
-def checkpoint_root(warehouse: str | os.PathLike[str], pipeline: str) -> Path:
-    """``<warehouse>/_checkpoints/<pipeline>``, absolute, for a well-formed pipeline name."""
-    return Path(os.path.abspath(os.path.expanduser(warehouse))) / CHECKPOINTS / check_pipeline_name(pipeline)
+def location(path: str | os.PathLike[str]) -> Path | ObjectUri:
+    """A location in a warehouse: a :class:`~pathlib.Path` on a filesystem, an
+    :class:`~checkpoint_lib.objectstore.ObjectUri` on an object store (``s3://``, ``gs://``, ``az://``);
+    both join with ``/``."""
+    return ObjectUri(str(path)) if is_remote(str(path)) else Path(path)
+
+
+def warehouse_location(warehouse: str | os.PathLike[str]) -> str:
+    """The one normal form of a warehouse root: an object-store URI as given (no trailing ``/``), a
+    local path absolute (``~`` expanded)."""
+    if is_remote(str(warehouse)):
+        return str(ObjectUri(str(warehouse)))
+    return os.path.abspath(os.path.expanduser(warehouse))
+
+
+def checkpoint_root(warehouse: str | os.PathLike[str], pipeline: str) -> Path | ObjectUri:
+    """``<warehouse>/_checkpoints/<pipeline>`` (absolute when local), for a well-formed pipeline name."""
+    return location(warehouse_location(warehouse)) / CHECKPOINTS / check_pipeline_name(pipeline)
 
 
 DATA_PLANE = ("channels", "state", "channel_state", "transactions", "staging")
@@ -53,26 +70,26 @@ Spark writes those files to before the commit that adds them (not hidden: once a
 part of the table, e.g. after an OPTIMIZE, or was never committed, VACUUM deletes it)."""
 
 
-def channel_log(root: str | os.PathLike[str], sender: str, receiver: str) -> Path:
+def channel_log(root: str | os.PathLike[str], sender: str, receiver: str) -> Path | ObjectUri:
     """The channel log of the edge ``sender -> receiver`` (operator uids; ``source`` for the sources)."""
-    return Path(root) / "channels" / f"{sender}_{receiver}"
+    return location(root) / "channels" / f"{sender}_{receiver}"
 
 
-def state_table(root: str | os.PathLike[str], operator: str) -> Path:
+def state_table(root: str | os.PathLike[str], operator: str) -> Path | ObjectUri:
     """The keyed state table of operator ``operator``."""
-    return Path(root) / "state" / operator
+    return location(root) / "state" / operator
 
 
-def channel_state_table(root: str | os.PathLike[str]) -> Path:
+def channel_state_table(root: str | os.PathLike[str]) -> Path | ObjectUri:
     """The in-flight records every unaligned checkpoint logged (by checkpoint id)."""
-    return Path(root) / "channel_state"
+    return location(root) / "channel_state"
 
 
-def sink_transactions(root: str | os.PathLike[str], sink: str) -> Path:
+def sink_transactions(root: str | os.PathLike[str], sink: str) -> Path | ObjectUri:
     """What the transactions of sink ``sink`` wrote and not yet committed or aborted."""
-    return Path(root) / "transactions" / sink
+    return location(root) / "transactions" / sink
 
 
-def source_manifest(root: str | os.PathLike[str]) -> Path:
+def source_manifest(root: str | os.PathLike[str]) -> Path | ObjectUri:
     """The manifest table of a landing folder source (its version is the source offset)."""
-    return Path(root) / "sources" / "manifest"
+    return location(root) / "sources" / "manifest"

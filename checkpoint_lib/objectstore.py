@@ -46,6 +46,29 @@ def is_remote(location: str) -> bool:
     return cloud_of(location) is not None
 
 
+class ObjectUri(str):
+    """A location on an object store (``s3://bucket/a/b``), joined like a :class:`pathlib.Path`
+    (``uri / "state" / "op"``) without losing its ``//``, which a Path would collapse."""
+
+    def __new__(cls, value: str) -> "ObjectUri":
+        text = str(value)
+        if not is_remote(text):
+            raise ValueError(f"{text!r} is not an object-store URI (s3://, gs://, az://)")
+        return super().__new__(cls, text.rstrip("/"))
+
+    def __truediv__(self, part: object) -> "ObjectUri":
+        return ObjectUri(f"{self}/{str(part).strip('/')}")
+
+    @property
+    def name(self) -> str:
+        return self.rsplit("/", 1)[-1]
+
+    @property
+    def parent(self) -> "ObjectUri":
+        head = self.rsplit("/", 1)[0]
+        return self if head.endswith(":/") else ObjectUri(head)
+
+
 def _store(location: str, options: Mapping[str, str] | None) -> Any:
     """An obstore store scoped to ``location`` (bucket and prefix). ``options`` are object_store
     settings (``aws_endpoint``, ``aws_allow_http``...), the environment's fill the rest."""
@@ -91,6 +114,37 @@ def _refusal(location: Any, why: str) -> str:
             "On S3 and S3-compatible servers use one that enforces If-None-Match: * (AWS S3 does since "
             "2024-08; MinIO, SeaweedFS and Ceph RGW recent versions do), and do not set "
             "aws_conditional_put=disabled; see docs/object-storage.md.")
+
+
+def env_from_connection(conn_type: str, login: str | None, password: str | None,
+                        extra: dict[str, Any] | None) -> dict[str, str]:
+    """The standard variables delta-rs, obstore and Spark's S3A read, from an Airflow connection to
+    the warehouse's object store (pure: the caller reads the connection):
+
+    - ``aws``: login = access key id, password = secret key; extra ``region_name``,
+      ``endpoint_url`` (an S3-compatible server; ``http://`` also sets ``AWS_ALLOW_HTTP``),
+      ``aws_session_token``;
+    - ``google_cloud_platform``: extra ``key_path`` (a service-account key file);
+    - ``wasb`` / ``azure``: login = storage account name, password = account key.
+    """
+    extra = {k.removeprefix(f"extra__{conn_type}__"): v for k, v in (extra or {}).items() if v not in (None, "")}
+    env: dict[str, str] = {}
+    if conn_type == "aws":
+        pairs = {"AWS_ACCESS_KEY_ID": login, "AWS_SECRET_ACCESS_KEY": password,
+                 "AWS_SESSION_TOKEN": extra.get("aws_session_token"), "AWS_REGION": extra.get("region_name"),
+                 "AWS_ENDPOINT_URL": extra.get("endpoint_url")}
+        env = {k: str(v) for k, v in pairs.items() if v}
+        if env.get("AWS_ENDPOINT_URL", "").startswith("http://"):
+            env["AWS_ALLOW_HTTP"] = "true"
+    elif conn_type == "google_cloud_platform":
+        if extra.get("key_path"):
+            env["GOOGLE_SERVICE_ACCOUNT"] = str(extra["key_path"])
+    elif conn_type in ("wasb", "azure"):
+        env = {k: str(v) for k, v in {"AZURE_STORAGE_ACCOUNT_NAME": login, "AZURE_STORAGE_ACCOUNT_KEY": password}.items() if v}
+    else:
+        raise ValueError(f"a connection of type {conn_type!r} does not configure an object store "
+                         "(aws, google_cloud_platform or wasb)")
+    return env
 
 
 _verified: set[str] = set()

@@ -20,6 +20,9 @@ warehouse, launcher) is read by every hook, operator and sensor unless they name
 (``ckpt_conn_id``); it is optional: without it the environment and the Variable answer. A
 connection named explicitly must exist. ``host`` = Spark master, extra
 ``{"warehouse": "/data/warehouse", "launcher": "spark-submit"}``.
+Connection ``ckpt_storage`` (type ``aws``, ``google_cloud_platform`` or ``wasb``; another id in the
+checkpoint_lib connection's extra ``storage_conn_id``) is optional: the credentials of a warehouse
+on object storage (``s3://``...), exported to the task's environment; without it the environment's.
 Connection ``ckpt_airflow_api`` (type ``http``) is optional: host = the api-server URL, login and
 password of a user allowed to pause DAGs; without it, DAGs are not paused in Airflow (the
 pipeline's own pause flag in the warehouse still stops this provider's tasks).
@@ -41,7 +44,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from airflow.sdk.bases.hook import BaseHook
 
 from checkpoint_lib.core.decider import DEFAULT_ROWS_PER_STEP
-from checkpoint_lib.layout import DATA_PLANE, checkpoint_root
+from checkpoint_lib.layout import DATA_PLANE, checkpoint_root, warehouse_location
+from checkpoint_lib.objectstore import env_from_connection, is_remote
 from checkpoint_lib.submit import build_submit_argv, stage_args, submit_env
 
 if TYPE_CHECKING:
@@ -54,6 +58,7 @@ LAUNCHERS = ("session", "spark-submit")
 WAREHOUSE_ENV = "CKPT_WAREHOUSE"
 WAREHOUSE_VARIABLE = "ckpt_warehouse"
 API_CONN_ID = "ckpt_airflow_api"
+STORAGE_CONN_ID = "ckpt_storage"
 
 
 class WarehouseNotConfigured(RuntimeError):
@@ -71,7 +76,7 @@ def resolve_warehouse(explicit: str | None = None, conn_extra: dict[str, Any] | 
     for candidate in candidates:
         value = candidate()
         if value:
-            return os.path.abspath(value)
+            return warehouse_location(value)
     raise WarehouseNotConfigured(
         f"no warehouse configured: set the environment variable {WAREHOUSE_ENV}, the Airflow Variable "
         f"{WAREHOUSE_VARIABLE!r}, or the extra 'warehouse' of the connection"
@@ -138,6 +143,7 @@ class CheckpointHook(BaseHook):
         self._launcher = launcher
         self._conn_extra: dict[str, Any] | None = None
         self._conn_host: str | None = None
+        self._storage_applied = False
         self._control: PipelineControl | None = None
         self._child: subprocess.Popen[bytes] | None = None
 
@@ -162,7 +168,31 @@ class CheckpointHook(BaseHook):
     @property
     def warehouse(self) -> str:
         self._connection()
-        return resolve_warehouse(self._warehouse, self._conn_extra)
+        warehouse = resolve_warehouse(self._warehouse, self._conn_extra)
+        if is_remote(warehouse):
+            self._storage_credentials()
+        return warehouse
+
+    def _storage_credentials(self) -> None:
+        """A warehouse on object storage: the credentials of the connection ``storage_conn_id``
+        (the checkpoint_lib connection's extra, else ``ckpt_storage``; type ``aws``,
+        ``google_cloud_platform`` or ``wasb``), exported as the standard variables delta-rs,
+        obstore and Spark read, for this task process and the processes it starts. Without the
+        connection, the environment's own credentials are used."""
+        if self._storage_applied:
+            return
+        self._storage_applied = True
+        conn_id = (self._conn_extra or {}).get("storage_conn_id") or STORAGE_CONN_ID
+        try:
+            conn = self.get_connection(conn_id)
+        except Exception:  # noqa: BLE001 - AirflowNotFoundException: the environment configures it
+            if (self._conn_extra or {}).get("storage_conn_id"):  # named explicitly: must exist
+                raise
+            log.debug("no connection %s: object-store credentials come from the environment", conn_id)
+            return
+        env = env_from_connection(conn.conn_type, conn.login, conn.password, dict(conn.extra_dejson or {}))
+        os.environ.update(env)
+        log.info("object-store credentials from connection %s (%s)", conn_id, ", ".join(sorted(env)))
 
     @property
     def spark_master(self) -> str:
