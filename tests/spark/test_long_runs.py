@@ -38,7 +38,7 @@ from checkpoint_lib.verify import (
 pytestmark = pytest.mark.spark
 ROWS = 24  # rows per landing version (two files): one version is one source step
 CHECKPOINTS = 12  # at least this many completed in one process
-VERSIONS = CHECKPOINTS + 1  # one checkpoint per source step, plus the final one
+VERSIONS = CHECKPOINTS - 1  # one checkpoint per source step, plus the final one: CHECKPOINTS in all
 
 
 def config() -> CheckpointConfig:
