@@ -14,6 +14,7 @@ from checkpoint_lib.verify import expected_payments, landing_in_offset_order, re
 pytestmark = [pytest.mark.spark]
 
 
+@pytest.mark.slow  # CI tier: the benchmark's own check; make bench and bench-quick compare every contender with it
 def test_floor_is_exact_and_the_comparison_catches_a_wrong_contender(spark, tmp_path):
     w = str(tmp_path / "w")
     for v in range(2):
