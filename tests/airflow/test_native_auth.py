@@ -19,6 +19,7 @@ from helpers import REPO, airflow_env, free_port, wait_healthy
 pytestmark = pytest.mark.airflow  # four Airflow components, ~2 GB, about a minute
 
 
+@pytest.mark.slow  # CI tier: four native Airflow components (~40 s); test_compose checks the compose deployment's auth
 def test_make_airflow_requires_a_login_with_the_generated_password(tmp_path):
     port = free_port()
     home = tmp_path / "home"
