@@ -181,18 +181,18 @@ class CheckpointHook(BaseHook):
         connection, the environment's own credentials are used."""
         if self._storage_applied:
             return
-        self._storage_applied = True
         conn_id = (self._conn_extra or {}).get("storage_conn_id") or STORAGE_CONN_ID
         try:
             conn = self.get_connection(conn_id)
         except Exception:  # noqa: BLE001 - AirflowNotFoundException: the environment configures it
-            if (self._conn_extra or {}).get("storage_conn_id"):  # named explicitly: must exist
+            if (self._conn_extra or {}).get("storage_conn_id"):  # named explicitly: must exist, every time
                 raise
             log.debug("no connection %s: object-store credentials come from the environment", conn_id)
-            return
-        env = env_from_connection(conn.conn_type, conn.login, conn.password, dict(conn.extra_dejson or {}))
-        os.environ.update(env)
-        log.info("object-store credentials from connection %s (%s)", conn_id, ", ".join(sorted(env)))
+        else:
+            env = env_from_connection(conn.conn_type, conn.login, conn.password, dict(conn.extra_dejson or {}))
+            os.environ.update(env)
+            log.info("object-store credentials from connection %s (%s)", conn_id, ", ".join(sorted(env)))
+        self._storage_applied = True
 
     @property
     def spark_master(self) -> str:

@@ -41,8 +41,10 @@ def test_the_hook_takes_the_object_store_credentials_from_a_connection(s3_server
 
     monkeypatch.setenv("AIRFLOW_CONN_CHECKPOINT_LIB_DEFAULT", json.dumps({
         "conn_type": "checkpoint_lib", "extra": {"warehouse": warehouse, "storage_conn_id": "named_but_missing"}}))
-    with pytest.raises(AirflowNotFoundException):  # a connection named explicitly must exist
-        _ = CheckpointHook("payments").warehouse
+    named = CheckpointHook("payments")
+    for _ in range(2):  # a connection named explicitly must exist, every time the hook is asked
+        with pytest.raises(AirflowNotFoundException):
+            _ = named.warehouse
 
 
 def test_connections_of_each_cloud_become_the_standard_variables():
