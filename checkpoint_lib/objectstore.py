@@ -71,7 +71,8 @@ class ObjectUri(str):
 
 def _store(location: str, options: Mapping[str, str] | None) -> Any:
     """An obstore store scoped to ``location`` (bucket and prefix). ``options`` are object_store
-    settings (``aws_endpoint``, ``aws_allow_http``...), the environment's fill the rest."""
+    settings (``aws_endpoint``, ``aws_allow_http``...); obstore reads the rest, ``AWS_ALLOW_HTTP``
+    included, from the environment."""
     from obstore.store import from_url
 
     config: dict[str, Any] = {}
@@ -82,8 +83,6 @@ def _store(location: str, options: Mapping[str, str] | None) -> Any:
             client["allow_http"] = str(value).lower() in ("1", "true", "yes")
         else:
             config[name] = value
-    if "allow_http" not in client and os.environ.get("AWS_ALLOW_HTTP", "").lower() in ("1", "true", "yes"):
-        client["allow_http"] = True
     url = str(location).replace("s3a://", "s3://", 1)
     kwargs: dict[str, Any] = {"client_options": client} if client else {}
     if config:

@@ -99,7 +99,6 @@ def quality_spec() -> QualitySpec:
     sink and source agree (the source's repeats counted once: the generator repeats an order
     within a day, far inside the retention)."""
 
-
     def distinct_orders(ctx: Any, valid: Any) -> Any:
         return valid.dropDuplicates(["order_id"])
 

@@ -76,9 +76,6 @@ def account_digits(accounts: int) -> int:
 
 def quality_spec() -> QualitySpec:
     """What the quality suites check of this pipeline (checkpoint_lib.quality.spec)."""
-
-
-
     return QualitySpec(
         pipeline="payments",
         event_sink="ledger",

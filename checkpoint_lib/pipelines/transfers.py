@@ -96,7 +96,6 @@ def quality_spec() -> QualitySpec:
     bootstrap table) are credits. In flight, a debit not yet applied moves nothing until it is
     (``full``: both sides), a credit adds to its account."""
 
-
     def source_records(ctx: Any, valid: Any) -> Any:
         from pyspark.sql import functions as F
 
