@@ -1,11 +1,12 @@
 """The "checkpoint now" request files of a pipeline (``<warehouse>/_checkpoints/<p>/requests``):
 written by whoever asks (the snapshot DAG, ``ckpt savepoint``, the REST plugin) and answered by the
-running pipeline's next source step. Each file is written once, atomically (``link`` of a fsynced
-temporary file), so a request and its outcome are never half-written and two writers race safely:
-exactly one outcome (honoured or cancelled) wins.
+running pipeline's next source step. Each file is written once, whole (a ``link`` of a fsynced
+temporary file on a filesystem, a conditional put on an object store), so a request and its outcome
+are never half-written and two writers race safely: exactly one outcome (honoured or cancelled) wins.
 
 Shared by :mod:`checkpoint_lib.control` (the asking side) and the runner (the answering side),
-so neither imports the other. Pure standard library (files written by :mod:`checkpoint_lib.files`).
+so neither imports the other. Pure standard library (files through :mod:`checkpoint_lib.files`, on
+a local warehouse or an object store alike).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from .core.errors import UnknownCheckpointError
-from .files import read_json, write_once
+from .files import files_at
+from .layout import location
+from .objectstore import ObjectUri
 
 REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,199}$")
 
@@ -62,12 +65,14 @@ REQUEST_KINDS = ("checkpoint", "savepoint")
 
 
 class CheckpointRequests:
-    """The request files of one pipeline (``<root>/requests``). No I/O in the constructor."""
+    """The request files of one pipeline (``<root>/requests``), on a local warehouse or an object
+    store. No I/O in the constructor."""
 
     def __init__(self, root: str | os.PathLike[str]):
-        self.directory = Path(root) / "requests"
+        self.directory = location(root) / "requests"
+        self._files = files_at(self.directory)
 
-    def _paths(self, request_id: str) -> tuple[Path, Path]:
+    def _paths(self, request_id: str) -> tuple[Path | ObjectUri, Path | ObjectUri]:
         rid = validate_request_id(request_id)
         return self.directory / f"{rid}.request", self.directory / f"{rid}.outcome"
 
@@ -78,8 +83,8 @@ class CheckpointRequests:
             raise ValueError(f"a request asks for one of {REQUEST_KINDS}, not {kind!r}")
         req, _ = self._paths(request_id)
         when = time.time() if now is None else now
-        made = write_once(req, {"request_id": request_id, "requested_at": when, "requested_by": requested_by,
-                                 "kind": kind})
+        made = self._files.write_once(req, {"request_id": request_id, "requested_at": when,
+                                            "requested_by": requested_by, "kind": kind})
         request = self.get(request_id)
         assert request is not None
         return request, made
@@ -87,10 +92,10 @@ class CheckpointRequests:
     def get(self, request_id: str) -> Request | None:
         """The request with its outcome, or None if it was never made."""
         req, out = self._paths(request_id)
-        doc = read_json(req)
+        doc = self._files.read_json(req)
         if doc is None:
             return None
-        outcome = read_json(out) or {}
+        outcome = self._files.read_json(out) or {}
         return Request(
             request_id=doc["request_id"], requested_at=float(doc["requested_at"]),
             requested_by=doc.get("requested_by", ""), checkpoint_id=outcome.get("checkpoint_id"),
@@ -100,19 +105,14 @@ class CheckpointRequests:
 
     def all(self) -> list[Request]:
         """Every request, oldest first."""
-        if not self.directory.is_dir():
-            return []
-        ids = [p.name[: -len(".request")] for p in self.directory.glob("*.request")]
+        ids = [n[: -len(".request")] for n in self._files.names(self.directory) if n.endswith(".request")]
         requests = [r for r in (self.get(i) for i in ids if REQUEST_ID.match(i)) if r is not None]
         return sorted(requests, key=lambda r: (r.requested_at, r.request_id))
 
     def open(self) -> list[Request]:
         """Requests no source step honoured and nobody cancelled yet, oldest first. One directory
         listing; only the open requests' files are read (the source stage calls this every step)."""
-        try:
-            names = set(os.listdir(self.directory))
-        except FileNotFoundError:
-            return []
+        names = set(self._files.names(self.directory))
         ids = [n[: -len(".request")] for n in names if n.endswith(".request")]
         waiting = [i for i in ids if f"{i}.outcome" not in names and REQUEST_ID.match(i)]
         requests = [r for r in (self.get(i) for i in waiting) if r is not None and r.state == "requested"]
@@ -125,7 +125,7 @@ class CheckpointRequests:
         for r in requests:
             _, out = self._paths(r.request_id)
             doc = {"checkpoint_id": int(checkpoint_id), "epoch": int(epoch), "honoured_at": time.time()}
-            if write_once(out, doc):
+            if self._files.write_once(out, doc):
                 won.append(r)
         return won
 
@@ -135,7 +135,7 @@ class CheckpointRequests:
         _, out = self._paths(request_id)
         if self.get(request_id) is None:
             raise UnknownCheckpointError(f"no checkpoint request {request_id!r}")
-        write_once(out, {"cancelled": reason or "cancelled"})
+        self._files.write_once(out, {"cancelled": reason or "cancelled"})
         request = self.get(request_id)
         assert request is not None
         return request

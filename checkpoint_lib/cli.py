@@ -63,10 +63,13 @@ def _json(args: argparse.Namespace) -> bool:
 
 
 def _spark(args: argparse.Namespace):
-    from .spark.session import get_spark
+    from .spark.session import get_spark, use_warehouse
 
-    return get_spark(master=getattr(args, "master", None), app_name="ckpt",
-                     extra_conf=dict(getattr(args, "spark_conf", None) or ()))
+    spark = get_spark(master=getattr(args, "master", None), app_name="ckpt",
+                      extra_conf=dict(getattr(args, "spark_conf", None) or ()))
+    if getattr(args, "warehouse", None):
+        use_warehouse(spark, args.warehouse)
+    return spark
 
 
 def _spark_conf_pair(text: str) -> tuple[str, str]:

@@ -419,9 +419,10 @@ class PipelineControl:
         if not any(todo.values()):
             return CommitOutcome(cid, epoch, {}, done)
         if spark is None:
-            from .spark.session import get_spark
+            from .spark.session import get_spark, use_warehouse
 
             spark = get_spark(app_name=f"ckpt-commit-{self.pipeline_name}")
+            use_warehouse(spark, self.warehouse)
         if self.pipeline().validate_checkpoints and not self.store.validated(cid):
             # the gate: validated first (the stage process may have died before its verdict)
             from .quality import validate_before_commit

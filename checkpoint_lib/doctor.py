@@ -60,7 +60,8 @@ def java() -> Check:
 
 
 def jars() -> Check:
-    """Every Delta jar present, with the bytes its pinned SHA-256 names."""
+    """Every jar present (Delta's and S3A's), with the bytes its pinned SHA-256 names; whether the
+    S3 log store was built."""
     from .spark import jars as delta_jars
 
     directory = delta_jars.jar_dir()
@@ -74,7 +75,10 @@ def jars() -> Check:
     if foreign:
         return Check("jars", False, f"not the pinned bytes (SHA-256): {', '.join(foreign)} in {directory}",
                      f"delete {'them' if len(foreign) > 1 else 'it'} and {fix}")
-    return Check("jars", True, f"{len(delta_jars.ARTIFACTS)} Delta {delta_jars.DELTA_JAR_VERSION} jars in {directory}")
+    logstore = ("the S3 log store built" if delta_jars.logstore_jar(directory).is_file()
+                else "no S3 log store (no JDK at set-up: s3:// warehouses are refused)")
+    return Check("jars", True, f"{len(delta_jars.ARTIFACTS)} jars (Delta {delta_jars.DELTA_JAR_VERSION}, S3A) in "
+                 f"{directory}, {logstore}")
 
 
 def warehouse(path: str) -> Check:

@@ -16,6 +16,13 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from .delta import log as delta_log
+from .files import files_at
+from .layout import location, warehouse_location
+
+
+def _root(warehouse: str | Path) -> Path | str:
+    """The warehouse as a location to join with ``/`` (a local path or an object-store URI)."""
+    return location(warehouse_location(warehouse))
 
 
 @dataclass
@@ -45,18 +52,19 @@ class PaymentsCheck:
 def rows_in_offset_order(path: str | Path, upto: int | None = None) -> pd.DataFrame:
     """Every row a Delta table's log added up to version ``upto`` (default latest), with its offset
     (``src_version``, ``src_file``, ``src_row``), read with pyarrow (no Spark)."""
-    path = Path(path)
+    path = location(path)
     latest = delta_log.latest_version(path) if upto is None else upto
     frames = []
     for f in delta_log.added_files(path, -1, latest if latest is not None else -1):
-        table = pq.read_table(path / unquote(f.path)).to_pandas()
+        with files_at(path).open(path / unquote(f.path)) as fh:
+            table = pq.read_table(fh).to_pandas()
         table["src_version"], table["src_file"], table["src_row"] = f.version, f.path, range(len(table))
         frames.append(table)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def landing_in_offset_order(warehouse: str, upto: int | None = None) -> pd.DataFrame:
-    rows = rows_in_offset_order(Path(warehouse) / "landing" / "payments", upto)
+    rows = rows_in_offset_order(_root(warehouse) / "landing" / "payments", upto)
     if rows.empty:
         return pd.DataFrame(columns=["event_id", "account", "amount_cents", "ts", "src_version", "src_file", "src_row"])
     return rows
@@ -89,7 +97,7 @@ def check_payments(warehouse: str, *, exact_order: bool = True, at_least_once: b
     every ledger row's ``balance_after_cents`` (the source-offset order of aligned runs).
     ``at_least_once``: repeated effects are allowed and counted (``repeats``), only missing or
     foreign ones are problems; balances then may hold repeated amounts and are not compared."""
-    w = Path(warehouse)
+    w = _root(warehouse)
     landing = landing_in_offset_order(warehouse)
     want_ledger, want_balances, bad = expected_payments(landing)
     ledger = read_delta(w / "gold" / "ledger")
@@ -152,7 +160,7 @@ class TransfersCheck:
 
 def expected_transfers(warehouse: str, upto: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(balances per account, bad transfers) for the transfers up to table version ``upto``."""
-    w = Path(warehouse)
+    w = _root(warehouse)
     accounts = rows_in_offset_order(w / "landing" / "accounts")
     transfers = rows_in_offset_order(w / "landing" / "transfers", upto)
     bad_mask = (
@@ -172,7 +180,7 @@ def expected_transfers(warehouse: str, upto: int | None = None) -> tuple[pd.Data
 
 def check_transfers(warehouse: str) -> TransfersCheck:
     """Compare ``gold/account_balances`` and the DLQ with the expected result."""
-    w = Path(warehouse)
+    w = _root(warehouse)
     want, bad = expected_transfers(warehouse)
     got = read_delta(w / "gold" / "account_balances")
     dlq = read_delta(w / "dlq" / "transfers")
@@ -213,7 +221,7 @@ def expected_orders(warehouse: str) -> dict[str, pd.DataFrame]:
     """What exactly-once processing of ``landing/orders`` must produce: ``orders`` (the first row of
     each valid id, in offset order), ``repeats`` (the others), ``customers`` and ``bad`` rows. Exact
     when every repeat comes within the retention window of its order (the generator's do)."""
-    landing = rows_in_offset_order(Path(warehouse) / "landing" / "orders")
+    landing = rows_in_offset_order(_root(warehouse) / "landing" / "orders")
     bad = (landing["order_id"].isna() | landing["customer"].isna() | (landing["customer"].astype(str).str.strip() == "")
            | landing["amount_cents"].isna() | (landing["amount_cents"].fillna(0) <= 0) | landing["ts"].isna())
     good = landing[~bad].sort_values(["src_version", "src_file", "src_row"], kind="stable")
@@ -230,7 +238,7 @@ def check_orders(warehouse: str) -> OrdersCheck:
     """Compare ``gold/orders``, ``gold/order_duplicates``, ``gold/customers`` and the DLQ with the
     expected result. A repeat and its order carry the same values, so which copy a lagging channel
     let through first does not change the tables compared (the duplicates are compared by id)."""
-    w = Path(warehouse)
+    w = _root(warehouse)
     want = expected_orders(warehouse)
     check = OrdersCheck(len(want["orders"]), len(want["repeats"]), len(want["bad"]))
     orders = read_delta(w / "gold" / "orders")

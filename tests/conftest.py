@@ -58,3 +58,13 @@ def s3(s3_server, request):
             env.setenv(key, value)
         name = "".join(c if c.isalnum() else "-" for c in request.node.name)[:60]
         yield f"s3://warehouse/{name}-{secrets.token_hex(4)}"
+
+
+@pytest.fixture(params=["posix", pytest.param("s3", marks=pytest.mark.objectstore)])
+def storage_root(request, tmp_path):
+    """A folder of the test's own on a local disk (``posix``) and on the S3 server (``s3``), as
+    :func:`checkpoint_lib.layout.location` gives them (a Path, an ObjectUri): a test that takes it
+    runs on both, and must see the same outcomes."""
+    from checkpoint_lib.layout import location
+
+    return location(request.getfixturevalue("s3")) if request.param == "s3" else tmp_path

@@ -2,7 +2,8 @@
 
 Sources use it to plan replayable, incremental reads: an offset is a table version, and the data of
 versions ``(a, b]`` is exactly the files those commits added (the table must be append-only). Only
-the log's JSON commit files are read, on the driver: metadata, never data.
+the log's JSON commit files are read, on the driver: metadata, never data; from a local table or
+one on an object store alike (:mod:`checkpoint_lib.files`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
+
+from ..files import files_at
+from ..layout import location
+from ..objectstore import ObjectUri
 
 _COMMIT = re.compile(r"^(\d{20})\.json$")
 
@@ -34,22 +39,25 @@ class AddedFile:
     size: int
 
 
+def _log(table: str | os.PathLike) -> Path | ObjectUri:
+    return location(table) / "_delta_log"
+
+
 def is_delta_table(table: str | os.PathLike) -> bool:
-    return (Path(table) / "_delta_log").is_dir() and latest_version(table) is not None
+    return latest_version(table) is not None
 
 
 def latest_version(table: str | os.PathLike) -> int | None:
-    log = Path(table) / "_delta_log"
-    if not log.is_dir():
-        return None
-    versions = [int(m.group(1)) for name in os.listdir(log) if (m := _COMMIT.match(name))]
+    """The newest version with a JSON commit (one listing of ``_delta_log``); None: not a Delta table."""
+    log = _log(table)
+    versions = [int(m.group(1)) for name in files_at(log).names(log) if (m := _COMMIT.match(name))]
     return max(versions, default=None)
 
 
 def _actions(table: str | os.PathLike, version: int) -> Iterator[dict[str, Any]]:
-    path = Path(table) / "_delta_log" / f"{version:020d}.json"
+    path = _log(table) / f"{version:020d}.json"
     try:
-        text = path.read_text()
+        text = files_at(path).read_text(path)
     except FileNotFoundError:
         raise MissingLogError(
             f"{path} is gone (Delta log retention): version {version} can no longer be read "

@@ -18,6 +18,9 @@ Delta statistics, read from the Parquet footers). So
 - an abort deletes every data folder an intent names, finished or not, then the control folder;
 - recovery finds every transaction that wrote anything by listing the control folders.
 
+The folders are local or on an object store (``s3://...``), through :mod:`checkpoint_lib.files`;
+the paths an append sink's add actions carry are relative to the table root either way.
+
 Pure Python and pyarrow (no Spark, no JVM). The data folders of one write hold a folder per
 transaction (``<data>/<write id>/txn_handle=<handle>/``: one Spark job writes every subtask's
 transaction of a flush).
@@ -28,15 +31,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import uuid
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 from urllib.parse import quote
 
 from ..core.twophase import Transaction
-from ..files import read_json, write_once
+from ..files import files_at
+from ..layout import location
+from ..objectstore import ObjectUri
 
 TXN_FILE = "txn.json"
 WRITE_PREFIX = "w-"
@@ -61,12 +66,16 @@ class PendingFile:
 
 class PendingFiles:
     """The pending files of one sink: data written under ``data`` (inside the target for an append
-    sink, whose add actions are then relative to ``table_root``), bookkeeping under ``control``."""
+    sink, whose add actions are then relative to ``table_root``), bookkeeping under ``control``.
+    Each a local path or an object-store URI. No I/O in the constructor."""
 
-    def __init__(self, control: str, data: str, table_root: str | None = None):
-        self.control = control
-        self.data = data
-        self.table_root = table_root
+    def __init__(self, control: str | os.PathLike[str], data: str | os.PathLike[str],
+                 table_root: str | os.PathLike[str] | None = None):
+        self.control = location(control)
+        self.data = location(data)
+        self.table_root = None if table_root is None else location(table_root)
+        self._control_files = files_at(self.control)
+        self._data_files = files_at(self.data)
 
     # writing ----------------------------------------------------------------------------------
 
@@ -76,37 +85,32 @@ class PendingFiles:
         partitioned by :data:`HANDLE_COLUMN`."""
         write = uuid.uuid4().hex
         for t in txns:
-            folder = os.path.join(self.control, t.handle)
-            os.makedirs(folder, exist_ok=True)
-            write_once(Path(folder, TXN_FILE), t.to_dict())  # False: an earlier write made it
-            write_once(Path(folder, WRITE_PREFIX + write), {})
-        return os.path.join(self.data, write)
+            folder = self.control / t.handle
+            self._control_files.write_once(folder / TXN_FILE, t.to_dict())  # False: an earlier write made it
+            self._control_files.write_once(folder / (WRITE_PREFIX + write), {})
+        return str(self.data / write)
 
     def seal_write(self, write_dir: str, txns: Iterable[Transaction]) -> int:
         """After the Spark write into ``write_dir``: each transaction's manifest of the files it got
         (statistics from the Parquet footers; the write's bookkeeping files removed). Returns the
         rows written."""
-        write = os.path.basename(write_dir)
-        _drop_markers(write_dir)
+        written = location(write_dir)
+        _drop_markers(written)
         total = 0
         for t in txns:
-            folder = os.path.join(write_dir, f"{HANDLE_COLUMN}={t.handle}")
-            files = [_describe(os.path.join(folder, n), self.table_root)
-                     for n in sorted(os.listdir(folder)) if n.endswith(".parquet")] if os.path.isdir(folder) else []
+            files = _describe_folder(written / f"{HANDLE_COLUMN}={t.handle}", self.table_root)
             total += sum(f.rows for f in files)
-            manifest = {"write": write, "files": [dataclasses.asdict(f) for f in files]}
-            write_once(Path(self.control, t.handle, WRITE_PREFIX + write + ".json"), manifest)
+            manifest = {"write": written.name, "files": [dataclasses.asdict(f) for f in files]}
+            self._control_files.write_once(self.control / t.handle / f"{WRITE_PREFIX}{written.name}.json", manifest)
         return total
 
     # reading ----------------------------------------------------------------------------------
 
     def transactions(self) -> list[Transaction]:
         """Every transaction that wrote (or began to write) something and was not forgotten."""
-        if not os.path.isdir(self.control):
-            return []
         out = []
-        for handle in os.listdir(self.control):
-            doc = read_json(Path(self.control, handle, TXN_FILE))
+        for handle in self._control_files.names(self.control):
+            doc = self._control_files.read_json(self.control / handle / TXN_FILE)
             if doc is not None:
                 out.append(Transaction.from_dict({**doc, "checkpoint_id": None}))
             # no txn.json: a crash before the first write of it finished starting; nothing was written
@@ -117,12 +121,11 @@ class PendingFiles:
         (unless ``missing_ok``)."""
         out: list[PendingFile] = []
         for t in txns:
-            folder = os.path.join(self.control, t.handle)
-            names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
-            for name in names:
+            folder = self.control / t.handle
+            for name in self._control_files.names(folder):
                 if name.startswith(WRITE_PREFIX) and name.endswith(".json"):
-                    out += [PendingFile(**f) for f in read_json(Path(folder, name))["files"]]
-        lost = [] if missing_ok else [f.path for f in out if not os.path.exists(self._absolute(f.path))]
+                    out += [PendingFile(**f) for f in self._control_files.read_json(folder / name)["files"]]
+        lost = [] if missing_ok else [f.path for f in out if not self._data_files.exists(self._absolute(f.path))]
         if lost:
             raise PendingFilesLostError(
                 f"{len(lost)} files of transactions {sorted(t.handle for t in txns)} are gone before their commit "
@@ -131,8 +134,8 @@ class PendingFiles:
             )
         return out
 
-    def _absolute(self, path: str) -> str:
-        return path if self.table_root is None else os.path.join(self.table_root, path)
+    def _absolute(self, path: str) -> Path | ObjectUri:
+        return location(path) if self.table_root is None else self.table_root / path
 
     # forgetting --------------------------------------------------------------------------------
 
@@ -141,16 +144,14 @@ class PendingFiles:
         abort; or the staged files of a committed upsert). Idempotent; data first, so a crash in
         between leaves an intent that names what is left to delete."""
         for t in txns:
-            folder = os.path.join(self.control, t.handle)
-            if not os.path.isdir(folder):
-                continue
+            folder = self.control / t.handle
             if delete_data:
-                for name in os.listdir(folder):
+                for name in self._control_files.names(folder):
                     if name.startswith(WRITE_PREFIX) and not name.endswith(".json"):
-                        write_dir = os.path.join(self.data, name[len(WRITE_PREFIX):])
-                        shutil.rmtree(os.path.join(write_dir, f"{HANDLE_COLUMN}={t.handle}"), ignore_errors=True)
+                        write_dir = self.data / name[len(WRITE_PREFIX):]
+                        self._data_files.delete_tree(write_dir / f"{HANDLE_COLUMN}={t.handle}")
                         _remove_if_no_transaction_left(write_dir)
-            shutil.rmtree(folder, ignore_errors=True)
+            self._control_files.delete_tree(folder)
 
 
 def add_actions(files: Iterable[PendingFile]) -> list:
@@ -160,45 +161,63 @@ def add_actions(files: Iterable[PendingFile]) -> list:
     return [AddAction(f.path, f.size, {}, f.modification_time, True, f.stats) for f in files]
 
 
-def describe_written(folder: str, table_root: str | None) -> list[PendingFile]:
+def describe_written(folder: str | os.PathLike[str], table_root: str | os.PathLike[str] | None) -> list[PendingFile]:
     """The Parquet files one Spark write left in ``folder`` (its markers removed), each with its
     Delta statistics from the footer: what a commit adds. Paths relative to ``table_root``."""
-    _drop_markers(folder)
-    names = sorted(n for n in os.listdir(folder) if n.endswith(".parquet")) if os.path.isdir(folder) else []
-    return [_describe(os.path.join(folder, n), table_root) for n in names]
+    written = location(folder)
+    _drop_markers(written)
+    return _describe_folder(written, None if table_root is None else location(table_root))
 
 
-def _drop_markers(write_dir: str) -> None:
+def _describe_folder(folder: Path | ObjectUri, table_root: Path | ObjectUri | None) -> list[PendingFile]:
+    """The Parquet files directly in ``folder`` (none if it is missing), by name."""
+    names = [n for n in files_at(folder).names(folder) if n.endswith(".parquet")]
+    return [_describe(folder / n, table_root) for n in names]
+
+
+def _drop_markers(write_dir: Path | ObjectUri) -> None:
     """Spark's job markers and the local file system's checksums: nobody reads them, and a VACUUM
     would never delete the hidden ones."""
-    for root, _dirs, names in os.walk(write_dir):
-        for n in names:
-            if n == "_SUCCESS" or (n.startswith(".") and n.endswith(".crc")):
-                os.remove(os.path.join(root, n))
+    files = files_at(write_dir)
+    for path in files.walk(write_dir):
+        if path.name == "_SUCCESS" or (path.name.startswith(".") and path.name.endswith(".crc")):
+            files.delete(path)
 
 
-def _remove_if_no_transaction_left(write_dir: str) -> None:
+def _remove_if_no_transaction_left(write_dir: Path | ObjectUri) -> None:
     """Delete a write's folder once no transaction's files are left in it (what else is there is
     Spark's: markers, or the temporary files of a write a crash interrupted)."""
-    try:
-        names = os.listdir(write_dir)
-    except FileNotFoundError:
-        return
-    if not any(n.startswith(HANDLE_COLUMN + "=") for n in names):
-        shutil.rmtree(write_dir, ignore_errors=True)
+    files = files_at(write_dir)
+    if not any(n.startswith(HANDLE_COLUMN + "=") for n in files.names(write_dir)):
+        files.delete_tree(write_dir)
 
 
-def _describe(path: str, table_root: str | None) -> PendingFile:
+def _relative(path: Path | ObjectUri, table_root: Path | ObjectUri | None) -> str:
+    """``path`` as an add action names it: relative to ``table_root`` (``os.path.relpath`` on a
+    filesystem, the rest of the URI after the root's on an object store), or whole without one."""
+    if table_root is None:
+        return str(path)
+    if isinstance(table_root, Path):
+        return os.path.relpath(path, table_root)
+    if not str(path).startswith(f"{table_root}/"):
+        raise ValueError(f"{path} is not inside the table {table_root}")
+    return str(path)[len(str(table_root)) + 1:]
+
+
+def _describe(path: Path | ObjectUri, table_root: Path | ObjectUri | None) -> PendingFile:
     import pyarrow.parquet as pq
 
-    st = os.stat(path)
-    meta = pq.ParquetFile(path).metadata
-    relative = os.path.relpath(path, table_root) if table_root is not None else path
-    if quote(relative, safe="/=") != relative:  # a Delta log path is a URI: ours never need escaping
+    files = files_at(path)
+    st = files.stat(path)
+    with closing(files.open(path)) as fh:
+        meta = pq.ParquetFile(fh).metadata
+    relative = _relative(path, table_root)
+    # A path relative to the table goes into the Delta log, where it is a URI: ours never need escaping.
+    # (An absolute one, of an upsert sink's file, is only read by Spark.)
+    if table_root is not None and quote(relative, safe="/=") != relative:
         raise ValueError(f"{relative!r} would need URI escaping in the Delta log")
     return PendingFile(
-        path=relative,
-        size=st.st_size, modification_time=int(st.st_mtime * 1000), rows=meta.num_rows,
+        path=relative, size=st.size, modification_time=st.modification_time, rows=meta.num_rows,
         stats=json.dumps(_stats(meta)),
     )
 

@@ -10,13 +10,15 @@ Layout for pipeline ``p`` in warehouse ``W``::
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
-from ..layout import check_pipeline_name, checkpoint_root
+from ..layout import check_pipeline_name, checkpoint_root, warehouse_location
+from ..objectstore import ObjectUri, is_remote
 
 __all__ = ["check_checkpoint_id", "check_pipeline_name", "checkpoint_root", "data_docs_index", "inside", "quality_root",
-           "report_path", "warehouse_root"]
+           "publish_data_docs", "report_path", "warehouse_root"]
 
 
 def check_checkpoint_id(value: int | None) -> int | None:
@@ -27,16 +29,24 @@ def check_checkpoint_id(value: int | None) -> int | None:
     return value
 
 
-def warehouse_root(warehouse: str | os.PathLike) -> Path:
-    """The absolute warehouse path; it must exist (nothing is validated in a typo'd directory)."""
+def warehouse_root(warehouse: str | os.PathLike) -> Path | ObjectUri:
+    """The absolute warehouse path; it must exist (nothing is validated in a typo'd directory). On
+    an object store, the URI (a prefix always "exists": :func:`open_store <checkpoint_lib.quality.views.open_store>`
+    refuses a warehouse without the pipeline's checkpoint store)."""
+    if is_remote(str(warehouse)):
+        return ObjectUri(warehouse_location(warehouse))
     root = Path(warehouse).expanduser().resolve()
     if not root.is_dir():
         raise FileNotFoundError(f"warehouse {str(warehouse)!r} does not exist ({root})")
     return root
 
 
-def inside(root: Path, relative: str) -> Path:
+def inside(root: Path | ObjectUri, relative: str) -> Path | ObjectUri:
     """``root/relative``, refusing anything that would resolve outside ``root``."""
+    if isinstance(root, ObjectUri):
+        if any(part in ("", ".", "..") for part in relative.strip("/").split("/")):
+            raise ValueError(f"{relative!r} points outside the warehouse {root}")
+        return root / relative
     path = (root / relative).resolve()
     if path != root and root not in path.parents:
         raise ValueError(f"{relative!r} points outside the warehouse {root}")
@@ -44,13 +54,38 @@ def inside(root: Path, relative: str) -> Path:
 
 
 def quality_root(warehouse: str | os.PathLike, pipeline_name: str) -> Path:
-    """``W/_quality/<pipeline>``: the GX project root of the pipeline."""
-    return Path(warehouse).expanduser().resolve() / "_quality" / check_pipeline_name(pipeline_name)
+    """``W/_quality/<pipeline>``: the GX project root of the pipeline. GX works on a local folder:
+    for a warehouse on an object store that is this machine's working copy (under the user's cache,
+    one per warehouse), and :func:`publish_data_docs` copies the Data Docs into the warehouse."""
+    name = check_pipeline_name(pipeline_name)
+    if is_remote(str(warehouse)):
+        uri = warehouse_location(warehouse)
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
+        return cache / "checkpoint_lib" / "quality" / hashlib.sha256(uri.encode()).hexdigest()[:16] / name
+    return Path(warehouse).expanduser().resolve() / "_quality" / name
 
 
-def data_docs_index(warehouse: str | os.PathLike, pipeline_name: str) -> Path:
+def data_docs_index(warehouse: str | os.PathLike, pipeline_name: str) -> Path | ObjectUri:
     """``W/_quality/<pipeline>/data_docs/index.html`` (exists once a validation ran)."""
+    if is_remote(str(warehouse)):
+        return ObjectUri(warehouse_location(warehouse)) / "_quality" / check_pipeline_name(pipeline_name) / "data_docs" / "index.html"
     return quality_root(warehouse, pipeline_name) / "data_docs" / "index.html"
+
+
+def publish_data_docs(warehouse: str | os.PathLike, pipeline_name: str) -> None:
+    """For a warehouse on an object store: copy the Data Docs GX built in :func:`quality_root` to
+    ``W/_quality/<pipeline>/data_docs/`` (pages first, ``index.html`` last, so the index never
+    links a page not there yet). Nothing to do for a local warehouse, where GX writes in place."""
+    if not is_remote(str(warehouse)):
+        return
+    from ..files import files_at
+
+    local = quality_root(warehouse, pipeline_name) / "data_docs"
+    target = data_docs_index(warehouse, pipeline_name).parent
+    files = files_at(target)
+    pages = sorted(p for p in local.rglob("*") if p.is_file())
+    for page in sorted(pages, key=lambda p: p.name == "index.html"):
+        files.put(target / page.relative_to(local).as_posix(), page.read_bytes())
 
 
 def report_path(warehouse: str | os.PathLike, pipeline_name: str) -> Path:

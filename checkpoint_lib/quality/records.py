@@ -20,6 +20,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..layout import location
+from ..objectstore import is_remote
 from .result import QualityResult
 
 SCHEMA = pa.schema(
@@ -50,12 +52,13 @@ class ValidationLog:
     """Append and read the ``validations`` table under a pipeline's checkpoint root."""
 
     def __init__(self, checkpoint_root: str | Path):
-        self.path = str(Path(checkpoint_root) / "validations")
+        self.path = str(location(checkpoint_root) / "validations")
 
     def _create(self) -> None:
         from deltalake import DeltaTable
 
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        if not is_remote(self.path):
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         DeltaTable.create(self.path, SCHEMA, mode="ignore", name="validations",
                           configuration={"delta.checkpointInterval": "10"})
 

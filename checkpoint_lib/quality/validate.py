@@ -24,7 +24,8 @@ from typing import Any, Callable
 from pyspark.sql import SparkSession
 
 from . import views as V
-from .paths import check_checkpoint_id, check_pipeline_name, data_docs_index, quality_root, warehouse_root
+from .paths import (check_checkpoint_id, check_pipeline_name, data_docs_index, publish_data_docs, quality_root,
+                    warehouse_root)
 from .records import ValidationLog
 from .result import CHECKPOINT, RESTORE, QualityCheckError, QualityCheckFailed, QualityResult
 from .spec import get_spec
@@ -71,6 +72,7 @@ def _run(
         result.run_name = f"{pipeline_name}-{kind}-c{facts.checkpoint_id}-e{result.epoch}-{stamp}"
         project = GxProject(quality_root(ctx.warehouse, pipeline_name), pipeline_name)
         result.outcomes = project.run(suite_for(kind, ctx.spec), views, result.run_name, progress=progress)
+        publish_data_docs(ctx.warehouse, pipeline_name)
         result.metrics = _metrics(views)
     except Exception as exc:
         result.error = f"{type(exc).__name__}: {exc}"

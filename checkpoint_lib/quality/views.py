@@ -48,6 +48,7 @@ from pyspark.sql import types as T
 
 from ..delta import log as delta_log
 from ..delta.store import RESTORED, DeltaCheckpointStore
+from ..files import files_at
 from ..layout import channel_state_table, checkpoint_root, state_table
 from ..pipeline import DeltaSource, Pipeline
 from ..spark.tables import struct_type
@@ -124,7 +125,7 @@ class Context:
 
 def open_store(warehouse: Path, pipeline_name: str) -> DeltaCheckpointStore:
     root = checkpoint_root(warehouse, pipeline_name)
-    if not (root / "checkpoints").is_dir():
+    if not files_at(root).is_dir(root / "checkpoints"):
         raise QualityCheckError(f"pipeline {pipeline_name!r} has no checkpoint store in {warehouse} (run it first)")
     return DeltaCheckpointStore(root)  # a reader: no retention of its own, creates nothing
 

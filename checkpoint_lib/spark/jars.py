@@ -43,6 +43,13 @@ from ..history import human_bytes
 
 __all__ = [
     "ARTIFACTS",
+    "DELTA_ARTIFACTS",
+    "LOGSTORE_CLASS",
+    "S3A_ARTIFACTS",
+    "LogStoreMissingError",
+    "build_logstore",
+    "logstore_jar",
+    "require_logstore",
     "DELTA_JAR_VERSION",
     "JAR_DIR_ENV",
     "MAVEN_REPO_ENV",
@@ -105,7 +112,7 @@ class Artifact:
         return f"{self.group.replace('.', '/')}/{self.name}/{self.version}/{self.file_name}"
 
 
-ARTIFACTS: tuple[Artifact, ...] = (
+DELTA_ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("io.delta", f"delta-spark_{SPARK_MINOR_VERSION}_2.13", DELTA_JAR_VERSION,
              "27d4fd8b1f879535c573ed1c718177d6a27f24d3e626ba02e216369725721ead"),
     Artifact("io.delta", "delta-storage", DELTA_JAR_VERSION,
@@ -124,6 +131,91 @@ ARTIFACTS: tuple[Artifact, ...] = (
              "e581bbf3fc5622d16b57366dd41e10fc56921fb202879de2ef487f87dd9b30e7"),
 )
 """Every jar Delta Lake needs on top of pyspark 4.2.0's own jars."""
+
+S3A_ARTIFACTS: tuple[Artifact, ...] = (
+    Artifact("org.apache.hadoop", "hadoop-aws", "3.5.0",
+             "66bd9eefb938b1a1657487324b63c13df2d8b17164a1dd24e0ef37b905bc5baa"),
+    Artifact("software.amazon.awssdk", "s3", "2.35.4",
+             "f23532c5223be9b0bfec0d72837ed09ed34dbdf8022818ba145b20076a78b4bc"),
+    Artifact("software.amazon.awssdk", "sts", "2.35.4",
+             "8d0f7816d3f96e3f00249f5d054d926e939a104bcf9ef57676ee0b16c59684d2"),
+    Artifact("software.amazon.awssdk", "s3-transfer-manager", "2.35.4",
+             "0eec78870b3d0abc509a847072cf963cb2ae6e360dc6161a9449b3398c470476"),
+    Artifact("software.amazon.awssdk", "apache-client", "2.35.4",
+             "6eade21b482724ed0a4613eaa95d20e47e7a81304bd28538ac427fece94a7740"),
+    Artifact("software.amazon.awssdk", "netty-nio-client", "2.35.4",
+             "b82f8b33e5c85273a47da45ede884d7ccb31c9c2f69e6910a76c5c48fa1275dc"),
+    Artifact("software.amazon.s3.analyticsaccelerator", "analyticsaccelerator-s3", "1.3.1",
+             "4959a9747cbb479c73c3ffbcd479bee5b014f8b2880994585a8693fb9d24675e"),
+    Artifact("software.amazon.awssdk", "aws-xml-protocol", "2.35.4",
+             "4f59176da2522c357b1993e4a890fde529f12f365795ef86269bde4a3984cd0d"),
+    Artifact("software.amazon.awssdk", "protocol-core", "2.35.4",
+             "f2532eca6ba2142fe4821d5decb03c83a3e15dc8bfae2240e7f2efa75f9868b5"),
+    Artifact("software.amazon.awssdk", "arns", "2.35.4",
+             "c63cc29f76a8527e9e10b621703163df541dc5cb315508dc2898518602c75380"),
+    Artifact("software.amazon.awssdk", "profiles", "2.35.4",
+             "0f4ef7ca72ccd80dd49ebeaf7f3ce60a7d7a00da59a91aeeae6e91052bbacbd8"),
+    Artifact("software.amazon.awssdk", "crt-core", "2.35.4",
+             "2c6aaa17bf9ccbb9d962dded4351e73decb197e3c5519970e0dae17e05d3df62"),
+    Artifact("software.amazon.awssdk", "http-auth", "2.35.4",
+             "3ec933a06e751a05e195eb3589209e23c44e1897263b6fcae34ef4cc63cd4491"),
+    Artifact("software.amazon.awssdk", "identity-spi", "2.35.4",
+             "188d73db7d4e2361654bc3c5a1b3eaeb445d0500fb012cc46c5d67975adf97bf"),
+    Artifact("software.amazon.awssdk", "http-auth-spi", "2.35.4",
+             "4495463406bb98eb136f2c3f3604ed5f08ec9974ebc3f34f2121b20679f61d5c"),
+    Artifact("software.amazon.awssdk", "http-auth-aws", "2.35.4",
+             "c4acb92fdec90bfd9b67bfab8e41b69cd152c03cacc10281a8ab464791856e01"),
+    Artifact("software.amazon.awssdk", "checksums", "2.35.4",
+             "94464af4374d08ecf33ca06ed4d03e1615529e547726e26b56abacefbeee7948"),
+    Artifact("software.amazon.awssdk", "checksums-spi", "2.35.4",
+             "88b5af85ac2d3c862be8856be4e683ab31932e4a5a3c1c45af864d2671ac7cec"),
+    Artifact("software.amazon.awssdk", "retries-spi", "2.35.4",
+             "668638751d059c527ddd41ffa4dcebe36a7c14860ed56776df09b861c14dc7dd"),
+    Artifact("software.amazon.awssdk", "aws-query-protocol", "2.35.4",
+             "9b4cf9b78977cc9f5b4ceae9c435dedbde6a055a0f8d9e053eaca945715e2a9f"),
+    Artifact("software.amazon.awssdk", "sdk-core", "2.35.4",
+             "fa559a4ce598852f3519c8f3b36250f583b0858a7611eedc4a81997778c617f4"),
+    Artifact("software.amazon.awssdk", "utils", "2.35.4",
+             "642aeef536a071668f0b772f05f9d21573abf6955e7b6fb5fdb893760cca10e8"),
+    Artifact("software.amazon.awssdk", "annotations", "2.35.4",
+             "6f36bd87155d1dd85d6efbdd29e532e3759a022211feb71affebee1aa34f04b8"),
+    Artifact("software.amazon.awssdk", "regions", "2.35.4",
+             "77eae87b34ce96ecdf916a9bc06684dbeafcb6d38ef0513285fa5d5d6d41f5ca"),
+    Artifact("software.amazon.awssdk", "aws-core", "2.35.4",
+             "fdb5fc8f1a48d97fa7d04d3460fb42f6973c7b1bbe1b9d317871ef0162bcb623"),
+    Artifact("software.amazon.awssdk", "json-utils", "2.35.4",
+             "80d67a6bb3e7eb49c7d4b6e4ba4c1463ed7da0192b795158328602dc131c5ecc"),
+    Artifact("software.amazon.awssdk", "auth", "2.35.4",
+             "6b601323004833fb4a857ffc95db4795e0e6320eb93e64b1246c655c9ff04994"),
+    Artifact("software.amazon.awssdk", "http-client-spi", "2.35.4",
+             "728be89b2a07b595edb0adee3a2cbbbdd4cb1f4caddde0d08c3979fe2620dedb"),
+    Artifact("software.amazon.awssdk", "metrics-spi", "2.35.4",
+             "c2a4ee90a21081317e2e6eba0c414d05d3d518aed2f86b1c1710a7367b450487"),
+    Artifact("org.reactivestreams", "reactive-streams", "1.0.4",
+             "f75ca597789b3dac58f61857b9ac2e1034a68fa672db35055a8fb4509e325f28"),
+    Artifact("software.amazon.awssdk", "endpoints-spi", "2.35.4",
+             "ef02441bda916959b8341290b49c68cc35538e1ad6f8629b75d8334dc6653e00"),
+    Artifact("software.amazon.awssdk", "retries", "2.35.4",
+             "f99fb2f8c66d7e859955b3542d3af8f9de8f23a21d5e3250f0f2c5f18487e469"),
+    Artifact("software.amazon.eventstream", "eventstream", "1.0.1",
+             "0c37d8e696117f02c302191b8110b0d0eb20fa412fce34c3a269ec73c16ce822"),
+    Artifact("software.amazon.awssdk", "utils-lite", "2.35.4",
+             "e004806def5e22ec98edc48a133ff3317166255e1ba29d93d129e9fdfa64a7be"),
+    Artifact("software.amazon.awssdk", "third-party-jackson-core", "2.35.4",
+             "32f4252c6c2df8f3a4aff885e6dc77024ad6b4cb48455d07b461ec30c41643ea"),
+    Artifact("software.amazon.awssdk", "http-auth-aws-eventstream", "2.35.4",
+             "709107552f302be3fa9e05969a3779f5c0f07fb809e6fa1fa571a6f0c61326dd"),
+)
+"""Spark's S3A connector for pyspark 4.2.0's Hadoop 3.5.0 (a warehouse on ``s3://``): ``hadoop-aws``
+3.5.0 and the AWS SDK v2 2.35.4 modules it loads, resolved like :data:`DELTA_ARTIFACTS` (12.3 MiB),
+instead of the SDK's 654 MiB ``bundle`` that hadoop-aws's pom names."""
+
+ARTIFACTS: tuple[Artifact, ...] = DELTA_ARTIFACTS + S3A_ARTIFACTS
+"""Every jar set-up downloads."""
+
+LOGSTORE_SOURCE = Path(__file__).with_name("S3ConditionalLogStore.java")
+LOGSTORE_CLASS = "io.checkpointlib.delta.S3ConditionalLogStore"
+"""Delta's log store for S3 that commits with a conditional put (:func:`build_logstore`)."""
 
 
 class MissingJarsError(RuntimeError):
@@ -182,7 +274,8 @@ def missing_jars(directory: Path | None = None) -> list[str]:
 
 
 def ensure_jars(directory: Path | None = None) -> list[Path]:
-    """Return the paths of all required jars, or raise :class:`MissingJarsError`.
+    """Return the paths of all required jars (and of the S3 log store when it was built), or raise
+    :class:`MissingJarsError`.
 
     Never downloads anything: sessions must start offline and fast.
     """
@@ -190,7 +283,75 @@ def ensure_jars(directory: Path | None = None) -> list[Path]:
     missing = missing_jars(directory)
     if missing:
         raise MissingJarsError(directory, missing)
-    return jar_paths(directory)
+    logstore = logstore_jar(directory)
+    return jar_paths(directory) + ([logstore] if logstore.is_file() else [])
+
+
+class LogStoreMissingError(RuntimeError):
+    """The warehouse is on S3 but the conditional-put Delta log store was not built (set-up found
+    no JDK): Spark's stock S3 log store would let two writers overwrite each other's commit."""
+
+
+def logstore_jar(directory: Path | None = None) -> Path:
+    """Where set-up puts the compiled log store; named by its source's hash, so an edited source
+    is built again."""
+    digest = hashlib.sha256(LOGSTORE_SOURCE.read_bytes()).hexdigest()[:12]
+    return (directory or jar_dir()) / f"checkpoint-lib-s3-logstore-{digest}.jar"
+
+
+def require_logstore(directory: Path | None = None) -> Path:
+    """The built log store, or :class:`LogStoreMissingError` saying how to build it."""
+    jar = logstore_jar(directory)
+    if not jar.is_file():
+        raise LogStoreMissingError(
+            f"a warehouse on S3 needs {LOGSTORE_CLASS} (Delta commits with If-None-Match: *), and "
+            f"{jar} is not built. Fix: install a JDK 17+ (javac; e.g. `apt install openjdk-17-jdk-headless`) "
+            "and run `make setup` (or `ckpt setup`) again. Delta's stock S3 log store is not used "
+            "instead: two writers of one table could overwrite each other's commit.")
+    return jar
+
+
+def build_logstore(directory: Path | None = None) -> Path | None:
+    """Compile :data:`LOGSTORE_CLASS` with ``javac`` against pyspark's Hadoop API and Delta's
+    storage jar into :func:`logstore_jar` (a temporary file renamed into place). Returns the jar,
+    or None when there is no JDK; idempotent."""
+    directory = directory or jar_dir()
+    target = logstore_jar(directory)
+    if target.is_file():
+        return target
+    java_home = os.environ.get("JAVA_HOME")
+    javac = str(Path(java_home, "bin", "javac")) if java_home and Path(java_home, "bin", "javac").is_file() \
+        else shutil.which("javac")
+    if javac is None:
+        return None
+    import subprocess
+    import zipfile
+
+    import pyspark
+
+    spark_jars = Path(pyspark.__file__).parent / "jars"
+    classpath = [*sorted(spark_jars.glob("hadoop-client-api-*.jar")), directory / f"delta-storage-{DELTA_JAR_VERSION}.jar"]
+    with _fetch_lock(directory):
+        tmp = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=directory))
+        try:
+            classes = tmp / "classes"
+            done = subprocess.run([javac, "--release", "17", "-nowarn", "-cp", os.pathsep.join(map(str, classpath)),
+                                   "-d", str(classes), str(LOGSTORE_SOURCE)], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise LogStoreMissingError(f"javac could not build {LOGSTORE_SOURCE.name}:\n{done.stderr[-2000:]}")
+            part = tmp / target.name
+            with zipfile.ZipFile(part, "w", zipfile.ZIP_DEFLATED) as jar:
+                jar.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\n\n")
+                for cls in sorted(classes.rglob("*.class")):
+                    jar.write(cls, cls.relative_to(classes).as_posix())
+            with open(part, "rb") as fh:
+                os.fsync(fh.fileno())
+            for stale in directory.glob("checkpoint-lib-s3-logstore-*.jar"):
+                stale.unlink()
+            os.replace(part, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
 
 
 def fetch_jars(
@@ -230,7 +391,7 @@ def setup_main() -> int:
     This is what ``make setup`` and ``ckpt setup`` run.
     """
     directory = jar_dir()
-    print(f"Delta {DELTA_JAR_VERSION} jars for Spark {SPARK_MINOR_VERSION} in {directory}")
+    print(f"Delta {DELTA_JAR_VERSION} and S3A jars for Spark {SPARK_MINOR_VERSION} in {directory}")
     try:
         fetched = {path.name for path in fetch_jars(directory, progress=_indent_print)}
     except JarFetchError as exc:
@@ -240,6 +401,16 @@ def setup_main() -> int:
         status = "downloaded" if path.name in fetched else "present"
         print(f"  {status:<10}  {path.name}  ({human_bytes(path.stat().st_size)})")
     print(f"{len(ARTIFACTS)} jars ready, {len(fetched)} downloaded.")
+    try:
+        built = build_logstore(directory)
+    except LogStoreMissingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if built is None:
+        print("  note: no JDK (javac) found, so the S3 log store was not built: a warehouse on s3:// will be "
+              "refused until a JDK 17+ is installed and set-up runs again (local warehouses need none).")
+    else:
+        print(f"  S3 log store {LOGSTORE_CLASS} in {built.name}")
     return 0
 
 

@@ -26,7 +26,6 @@ SIGCONT), ``CKPT_PHASE_TRACE=file`` logs every point passed (tests/crash, tests/
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
@@ -45,6 +44,7 @@ from ..core.types import BarrierMode, CheckpointKind
 from ..delta import log as delta_log
 from ..delta.store import DeltaCheckpointStore
 from ..killpoints import KillPoints
+from ..layout import warehouse_location
 from ..metrics import PipelineMetrics
 from ..pipeline import Pipeline
 from . import tables
@@ -52,6 +52,7 @@ from .completion import Completion
 from .context import RunContext, RunSummary
 from .keyed_stage import KeyedStage
 from .recovery import Recovery
+from .session import use_warehouse
 from .source_stage import SchemaMismatchError, SourceStage
 from .topology import Topology
 
@@ -108,7 +109,8 @@ class PipelineRunner:
             raise ValueError(f"rows_per_checkpoint must be >= 1, got {rows_per_checkpoint}")
         if state_compact_every < 0:
             raise ValueError(f"state_compact_every must be >= 0 (0: never), got {state_compact_every}")
-        self.warehouse = os.path.abspath(warehouse)
+        self.warehouse = warehouse_location(warehouse)
+        use_warehouse(spark, self.warehouse)
         self.spark = spark
         self.rows_per_checkpoint = rows_per_checkpoint
         self.config = config or CheckpointConfig(interval=0, max_concurrent=1, timeout=3600, retained=5)

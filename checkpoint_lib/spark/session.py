@@ -27,12 +27,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from checkpoint_lib.spark.jars import SPARK_MINOR_VERSION, ensure_jars, jar_dir
+from checkpoint_lib.objectstore import cloud_of
+from checkpoint_lib.spark.jars import LOGSTORE_CLASS, SPARK_MINOR_VERSION, ensure_jars, jar_dir, require_logstore
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["get_spark", "resolve_master", "session_conf", "stop_spark"]
+__all__ = ["get_spark", "resolve_master", "s3a_conf", "session_conf", "stop_spark", "use_warehouse"]
 
 MASTER_ENV = "CKPT_SPARK_MASTER"
 UI_ENV = "CKPT_SPARK_UI"
@@ -103,6 +104,14 @@ def session_conf(
         # whose files a VACUUM did delete still fails to read (missing file), so nothing is read wrong.
         "spark.databricks.delta.vacuum.enforceTimeTravelWithinDeletedFileRetentionDuration": "false",
     }
+    if any(Path(jar).name.startswith("hadoop-aws-") for jar in jars):
+        # s3:// paths through the S3A connector (as on EMR), so a warehouse URI is the same string
+        # for Spark, delta-rs and obstore; Delta commits there with a conditional put.
+        conf["spark.hadoop.fs.s3.impl"] = "org.apache.hadoop.fs.s3a.S3AFileSystem"
+        conf["spark.hadoop.fs.AbstractFileSystem.s3.impl"] = "org.apache.hadoop.fs.s3a.S3A"
+    if any(Path(jar).name.startswith("checkpoint-lib-s3-logstore-") for jar in jars):
+        conf["spark.delta.logStore.s3.impl"] = LOGSTORE_CLASS
+        conf["spark.delta.logStore.s3a.impl"] = LOGSTORE_CLASS
     if local:
         # A local driver never needs to be reached from elsewhere; binding to loopback avoids
         # failures on hosts whose name does not resolve.
@@ -174,6 +183,56 @@ def get_spark(
             )
         _session = session
         return session
+
+
+def s3a_conf(env: Mapping[str, str]) -> dict[str, str]:
+    """The Hadoop settings of S3A from the standard variables delta-rs and obstore read (pure):
+    ``AWS_ENDPOINT_URL`` (an S3-compatible server: path-style requests, TLS only for https),
+    ``AWS_REGION``, and the keys ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (+
+    ``AWS_SESSION_TOKEN``). Without keys S3A's default chain applies (profile, instance role)."""
+    conf: dict[str, str] = {}
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        conf["fs.s3a.endpoint"] = endpoint
+        conf["fs.s3a.connection.ssl.enabled"] = "false" if endpoint.startswith("http://") else "true"
+        virtual = env.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST", "false").lower() in ("1", "true", "yes")
+        conf["fs.s3a.path.style.access"] = "false" if virtual else "true"
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if region:
+        conf["fs.s3a.endpoint.region"] = region
+    if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
+        conf["fs.s3a.access.key"] = env["AWS_ACCESS_KEY_ID"]
+        conf["fs.s3a.secret.key"] = env["AWS_SECRET_ACCESS_KEY"]
+        if env.get("AWS_SESSION_TOKEN"):
+            conf["fs.s3a.session.token"] = env["AWS_SESSION_TOKEN"]
+            conf["fs.s3a.aws.credentials.provider"] = "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
+        else:
+            conf["fs.s3a.aws.credentials.provider"] = "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
+    return conf
+
+
+def use_warehouse(spark: SparkSession, warehouse: str) -> None:
+    """Make ``spark`` able to work in ``warehouse``: nothing for a local one; for ``s3://`` the S3A
+    settings of this process's environment (read now, so credentials a caller exported after the
+    JVM started count) and a refusal unless Delta commits there with a conditional put. Other
+    clouds hold the control plane only, for now."""
+    cloud = cloud_of(warehouse)
+    if cloud is None:
+        return
+    if cloud != "s3":
+        raise NotImplementedError(
+            f"{warehouse}: Spark's data plane runs on s3:// (S3 and S3-compatible stores) so far; on "
+            f"{cloud} only the control plane (ckpt history, the store) does. See docs/object-storage.md.")
+    logstore = spark.sparkContext.getConf().get("spark.delta.logStore.s3.impl", None)
+    if logstore != LOGSTORE_CLASS:
+        require_logstore()  # names the fix when set-up could not build it
+        raise RuntimeError(
+            f"{warehouse}: this Spark session was started without {LOGSTORE_CLASS} (it was started "
+            "before set-up built it, or outside checkpoint_lib.spark.session); Delta's stock S3 log store "
+            "would let two writers overwrite each other's commit. Start it with get_spark().")
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    for key, value in s3a_conf(os.environ).items():
+        hadoop.set(key, value)
 
 
 def stop_spark() -> None:

@@ -30,7 +30,6 @@ Tables stamped before this scheme (one application id per epoch, ``.../e<epoch>`
 
 from __future__ import annotations
 
-import os
 from collections import defaultdict
 
 from typing import Callable, Iterable
@@ -43,6 +42,7 @@ from pyspark.sql import types as T
 from ..core.twophase import Transaction
 from ..delta.log import is_delta_table
 from ..delta.pending import HANDLE_COLUMN, PendingFiles, add_actions
+from ..files import files_at
 from ..layout import PENDING_FOLDER, sink_transactions
 from ..pipeline import Pipeline, check_relative_path
 from . import tables
@@ -399,7 +399,7 @@ class DeltaTwoPhaseSink:
             files = DeltaTable(self.target, version=version).file_uris()
         except Exception as exc:  # noqa: BLE001 - delta-rs cannot rebuild that version
             raise self._unavailable(checkpoint_id, f"version {version} cannot be read ({str(exc).splitlines()[0]})") from None
-        missing = [f for f in files if not os.path.exists(f.removeprefix("file://"))]
+        missing = [f for f in files if not files_at(f).exists(f.removeprefix("file://"))]
         if missing:
             raise self._unavailable(checkpoint_id, f"version {version} lost {len(missing)} data files to VACUUM "
                                                    f"(e.g. {missing[0]})")

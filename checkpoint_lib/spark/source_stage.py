@@ -13,7 +13,6 @@ checkpoint, the sources acknowledge with their offsets before the barrier goes o
 from __future__ import annotations
 
 import os
-import shutil
 import uuid
 from typing import Any, Callable
 
@@ -374,6 +373,7 @@ class SourceStage:
         folder (unreferenced, so unseen), one delta-rs commit adds them, on the very snapshot whose
         stamp filtered them: a writer racing us (a zombie) makes us filter again."""
         from ..delta.pending import add_actions, describe_written
+        from ..files import files_at
 
         app = f"{app_prefix(self.ctx.pipeline.name)}/dlq"
         cols = list(self.ctx.pipeline.source_spec.schema)
@@ -387,15 +387,15 @@ class SourceStage:
                 F.col("_error").alias("error"), "src_version", "src_file", "src_row",
                 F.lit(self.ctx.epoch).cast("long").alias("epoch"),
             )
-            folder = os.path.join(self.t.dlq_path, PENDING_FOLDER, f"v{end_version}-{uuid.uuid4().hex}")
+            folder = f"{self.t.dlq_path}/{PENDING_FOLDER}/v{end_version}-{uuid.uuid4().hex}"
             rows.write.parquet(folder)
             files = [f for f in describe_written(folder, self.t.dlq_path) if f.rows]
             if not files:  # nothing bad since the stamp: nothing to stamp either
-                shutil.rmtree(folder, ignore_errors=True)
+                files_at(folder).delete_tree(folder)
                 return
             if tables.stamped_commit(self.t.dlq_path, app, add_actions(files), lambda have: end_version if have == stamp else None,
                                      what="the dead-letter table") is not None:
                 return
-            shutil.rmtree(folder, ignore_errors=True)  # filtered on a stamp that moved: filter again
+            files_at(folder).delete_tree(folder)  # filtered on a stamp that moved: filter again
         raise tables.ConcurrentWriterError(f"{self.t.dlq_path}: {DLQ_ATTEMPTS} attempts to append dead letters "
                                            "lost to concurrent writers")

@@ -15,6 +15,7 @@ from pyspark.sql import Column, SparkSession
 from pyspark.sql import types as T
 
 from ..delta.log import is_delta_table
+from ..objectstore import is_remote
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -261,7 +262,8 @@ def create_if_missing(
     table (the loser's commit of version 0 fails). An existing table keeps its own properties."""
     if is_delta_table(path):
         return
-    os.makedirs(os.path.dirname(path.rstrip("/")) or ".", exist_ok=True)
+    if not is_remote(path):  # an object store has no folders to make
+        os.makedirs(os.path.dirname(path.rstrip("/")) or ".", exist_ok=True)
     from delta.tables import DeltaTable
 
     builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)

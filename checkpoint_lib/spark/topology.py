@@ -10,14 +10,13 @@ Building it reads and writes nothing.
 
 from __future__ import annotations
 
-import os
 from typing import Callable
 
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
 from ..core.types import SubtaskId
-from ..layout import channel_log, channel_state_table, checkpoint_root, source_manifest, state_table
+from ..layout import channel_log, channel_state_table, checkpoint_root, source_manifest, state_table, warehouse_location
 from ..pipeline import FolderSource, Pipeline
 from . import tables
 from .channels import DeltaChannelLog
@@ -36,7 +35,7 @@ class Topology:
                  check_epoch: Callable[[int], None] | None = None):
         p = pipeline
         self.pipeline = p
-        self.warehouse = os.path.abspath(warehouse)
+        self.warehouse = warehouse_location(warehouse)
         self.root = str(checkpoint_root(self.warehouse, p.name))
         self.S, self.P = p.source_parallelism, p.keyed_parallelism
         self.sources = [SubtaskId(SOURCE, i) for i in range(self.S)]

@@ -255,9 +255,11 @@ class CheckpointHook(BaseHook):
 
     def spark(self):
         """The shared SparkSession of this process (started on first use, with Delta)."""
-        from checkpoint_lib.spark.session import get_spark
+        from checkpoint_lib.spark.session import get_spark, use_warehouse
 
-        return get_spark(master=self.spark_master, app_name=f"ckpt-{self.pipeline}", ui=False)
+        spark = get_spark(master=self.spark_master, app_name=f"ckpt-{self.pipeline}", ui=False)
+        use_warehouse(spark, self.warehouse)
+        return spark
 
     def run_stage(self, stage: str, *, mode: str = "aligned", rows_per_checkpoint: int = DEFAULT_ROWS_PER_STEP,
                   max_steps: int | None = None) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """``checkpoint_lib.control``: the runtime control API an orchestrator calls. Delta store + files,
-no JVM: validation, durable requests and their races, the request policy (min pause, max
-concurrent), progress, abort, the idempotent and fenced commit phase, the pause flag."""
+no JVM: validation, durable requests and their races (on a local folder and on a real S3-compatible
+server), the request policy (min pause, max concurrent), progress, abort, the idempotent and fenced
+commit phase, the pause flag."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from checkpoint_lib.core.errors import CheckpointError, FailureReason, FencedErr
 from checkpoint_lib.core.recovery import SINK_STATE_KEY
 from checkpoint_lib.core.twophase import SinkSnapshot, Transaction
 from checkpoint_lib.core.types import CheckpointKind, SubtaskAck, SubtaskId
+from checkpoint_lib.files import files_at
 
 
 # --- validation -----------------------------------------------------------------------------------
@@ -83,25 +85,27 @@ def test_constructor_does_no_io(tmp_path):
 
 
 @pytest.mark.race
-def test_request_is_idempotent_and_honoured_once(tmp_path):
-    requests = CheckpointRequests(tmp_path)
+def test_request_is_idempotent_and_honoured_once(storage_root):
+    requests = CheckpointRequests(storage_root)
+    assert requests.open() == [] and requests.all() == [] and not has_open_requests(storage_root)
     first, made = requests.create("run-1", "dag")
     again, made_again = requests.create("run-1", "someone else")
     assert made and not made_again and again == first and first.state == "requested"
     assert [r.request_id for r in requests.open()] == ["run-1"]
-    assert has_open_requests(tmp_path)
-    assert [r.request_id for r in honour_requests(tmp_path, 5, epoch=2)] == ["run-1"]
-    assert honour_requests(tmp_path, 6, epoch=2) == []  # nothing open any more
+    assert has_open_requests(storage_root)
+    assert [r.request_id for r in honour_requests(storage_root, 5, epoch=2)] == ["run-1"]
+    assert honour_requests(storage_root, 6, epoch=2) == []  # nothing open any more
     got = requests.get("run-1")
     assert (got.state, got.checkpoint_id, got.epoch) == ("honoured", 5, 2)
-    assert not has_open_requests(tmp_path)
-    assert not list((tmp_path / "requests").glob(".*tmp"))  # no temporary files left
+    assert not has_open_requests(storage_root) and requests.all() == [got]
+    # one file per request and outcome, no temporary file left
+    assert files_at(storage_root).names(storage_root / "requests") == ["run-1.outcome", "run-1.request"]
 
 
 @pytest.mark.race
-def test_cancel_and_honour_race_has_exactly_one_winner(tmp_path):
+def test_cancel_and_honour_race_has_exactly_one_winner(storage_root):
     for i in range(20):
-        requests = CheckpointRequests(tmp_path / str(i))
+        requests = CheckpointRequests(storage_root / str(i))
         requests.create("r")
         results = {}
         barrier = threading.Barrier(2)
@@ -123,9 +127,9 @@ def test_cancel_and_honour_race_has_exactly_one_winner(tmp_path):
         assert results["cancel"] == final
 
 
-def test_cancel_of_an_unknown_request(tmp_path):
+def test_cancel_of_an_unknown_request(storage_root):
     with pytest.raises(UnknownCheckpointError):
-        CheckpointRequests(tmp_path).cancel("nope", "x")
+        CheckpointRequests(storage_root).cancel("nope", "x")
 
 
 # --- the policy, progress, abort -------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The driver-side Delta log reader (no Spark): schema and features must survive log retention."""
+"""The driver-side Delta log reader (no Spark): schema and features must survive log retention; on a
+local table and on one on a real S3-compatible server (SeaweedFS) alike."""
 
 from __future__ import annotations
 
@@ -6,7 +7,15 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from checkpoint_lib.delta.log import MissingLogError, added_files, schema_at, table_features
+from checkpoint_lib.delta.log import (
+    MissingLogError,
+    added_files,
+    is_delta_table,
+    latest_version,
+    schema_at,
+    table_features,
+)
+from checkpoint_lib.files import files_at
 
 SCHEMA = pa.schema([("event_id", pa.string()), ("account", pa.string()), ("amount_cents", pa.int64())])
 
@@ -21,17 +30,24 @@ def _table(path, versions: int) -> str:
 def _expire(path, below: int) -> None:
     """What Delta's log cleanup does after a log checkpoint: commits older than it are deleted."""
     for v in range(below):
-        (path / "_delta_log" / f"{v:020d}.json").unlink()
+        files_at(path).delete(path / "_delta_log" / f"{v:020d}.json")
 
 
-def test_schema_and_features_are_read_from_the_log_checkpoint_once_the_first_commits_are_gone(tmp_path):
-    table = _table(tmp_path, 4)
+def test_the_latest_version_is_that_of_the_newest_commit(storage_root):
+    assert latest_version(storage_root / "t") is None and not is_delta_table(storage_root / "t")
+    table = _table(storage_root / "t", 3)
+    assert latest_version(table) == 2 and is_delta_table(table)
+    assert not is_delta_table(storage_root / "t" / "_delta_log")  # a folder, but not a table
+
+
+def test_schema_and_features_are_read_from_the_log_checkpoint_once_the_first_commits_are_gone(storage_root):
+    table = _table(storage_root, 4)
     want = {"event_id": "string", "account": "string", "amount_cents": "long"}
     assert schema_at(table, 3) == want  # from the JSON commits
     plain_features = table_features(table, 3)
     DeltaTable(table).create_checkpoint()  # at version 3
-    _table(tmp_path, 2)  # versions 4, 5 after it
-    _expire(tmp_path, 3)  # the metaData action (version 0) is gone
+    _table(storage_root, 2)  # versions 4, 5 after it
+    _expire(storage_root, 3)  # the metaData action (version 0) is gone
     assert schema_at(table, 5) == want
     assert table_features(table, 5) == plain_features
     assert [f.version for f in added_files(table, 3, 5)] == [4, 5]  # newer commits still read
@@ -39,18 +55,18 @@ def test_schema_and_features_are_read_from_the_log_checkpoint_once_the_first_com
         added_files(table, 0, 5)  # what retention removed cannot be read incrementally: said so
 
 
-def test_without_a_log_checkpoint_a_missing_commit_is_a_clear_error(tmp_path):
-    table = _table(tmp_path, 3)
-    _expire(tmp_path, 1)
+def test_without_a_log_checkpoint_a_missing_commit_is_a_clear_error(storage_root):
+    table = _table(storage_root, 3)
+    _expire(storage_root, 1)
     with pytest.raises(MissingLogError, match="can no longer be read"):
         schema_at(table, 2)
 
 
-def test_the_step_planner_plans_what_plan_steps_does_and_parses_each_commit_once(tmp_path, monkeypatch):
+def test_the_step_planner_plans_what_plan_steps_does_and_parses_each_commit_once(storage_root, monkeypatch):
     from checkpoint_lib.delta import log
     from checkpoint_lib.delta.log import StepPlanner, plan_steps
 
-    table = _table(tmp_path, 7)  # versions 0..6, one row each
+    table = _table(storage_root, 7)  # versions 0..6, one row each
     want = {after: plan_steps(added_files(table, after, 6), 3)[0] for after in (-1, 2, 5)}
     parsed = []
     actions = log._actions

@@ -230,3 +230,46 @@ def test_session_is_shared_and_configured(spark) -> None:
     assert spark.sparkContext.getConf().get("spark.ui.enabled") == "false"
     with pytest.raises(RuntimeError, match="stop_spark"):
         get_spark(master="local[1]")
+
+
+def test_s3a_settings_come_from_the_standard_variables() -> None:
+    from checkpoint_lib.spark.session import s3a_conf
+
+    assert s3a_conf({}) == {}
+    conf = s3a_conf({"AWS_ENDPOINT_URL": "http://127.0.0.1:8333", "AWS_REGION": "eu-west-1",
+                     "AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "secret"})
+    assert conf == {"fs.s3a.endpoint": "http://127.0.0.1:8333", "fs.s3a.connection.ssl.enabled": "false",
+                    "fs.s3a.path.style.access": "true", "fs.s3a.endpoint.region": "eu-west-1",
+                    "fs.s3a.access.key": "id", "fs.s3a.secret.key": "secret",
+                    "fs.s3a.aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"}
+    temporary = s3a_conf({"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "s", "AWS_SESSION_TOKEN": "t",
+                          "AWS_ENDPOINT_URL": "https://s3.example", "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "true"})
+    assert temporary["fs.s3a.session.token"] == "t" and temporary["fs.s3a.connection.ssl.enabled"] == "true"
+    assert temporary["fs.s3a.path.style.access"] == "false"
+    assert temporary["fs.s3a.aws.credentials.provider"].endswith("TemporaryAWSCredentialsProvider")
+
+
+def test_a_session_maps_s3_to_s3a_and_commits_there_with_the_conditional_log_store(tmp_path: Path) -> None:
+    from checkpoint_lib.spark.session import session_conf
+
+    plain = session_conf("local[1]", jars=[tmp_path / "delta-spark_4.2_2.13-4.4.0.jar"])
+    assert "spark.hadoop.fs.s3.impl" not in plain and "spark.delta.logStore.s3.impl" not in plain
+    conf = session_conf("local[1]", jars=[tmp_path / "hadoop-aws-3.5.0.jar", jars.logstore_jar(tmp_path)])
+    assert conf["spark.hadoop.fs.s3.impl"] == "org.apache.hadoop.fs.s3a.S3AFileSystem"
+    assert conf["spark.delta.logStore.s3.impl"] == conf["spark.delta.logStore.s3a.impl"] == jars.LOGSTORE_CLASS
+
+
+def test_the_log_store_is_built_once_by_javac_and_its_absence_is_named(tmp_path: Path, monkeypatch) -> None:
+    real = Path(__file__).resolve().parents[2] / ".cache" / "jars"
+    (tmp_path / f"delta-storage-{jars.DELTA_JAR_VERSION}.jar").symlink_to(real / f"delta-storage-{jars.DELTA_JAR_VERSION}.jar")
+    with pytest.raises(jars.LogStoreMissingError, match="install a JDK"):
+        jars.require_logstore(tmp_path)
+    built = jars.build_logstore(tmp_path)
+    assert built == jars.logstore_jar(tmp_path) == jars.require_logstore(tmp_path)
+    with zipfile.ZipFile(built) as jar:
+        assert "io/checkpointlib/delta/S3ConditionalLogStore.class" in jar.namelist()
+    assert jars.build_logstore(tmp_path) == built and not list(tmp_path.glob(".fetch-*"))
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    built.unlink()
+    assert jars.build_logstore(tmp_path) is None  # no JDK: set-up says so, and s3:// is refused
