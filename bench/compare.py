@@ -58,6 +58,7 @@ ROOT = str(Path(__file__).resolve().parent.parent)
 sys.path.insert(0, ROOT)  # run as a script: bench.* importable
 
 from bench import cluster as cluster_bench  # noqa: E402
+from bench import object_store as object_store_bench  # noqa: E402
 from bench import recovery as recovery_bench  # noqa: E402
 from bench import results as results_log  # noqa: E402
 from bench import state_growth as state_bench  # noqa: E402
@@ -75,7 +76,7 @@ def label_of(mode: str) -> str:
     return "ours, checkpointing off" if mode == OFF else f"ours, {mode.replace('_', '-')}"
 
 
-SECTIONS = (recovery_bench, state_bench, cluster_bench)  # each: add_arguments, QUICK, its run and render
+SECTIONS = (recovery_bench, state_bench, cluster_bench, object_store_bench)  # each: add_arguments, QUICK, its run and render
 QUICK = {"sizes": "100000", "rows_per_checkpoint": 25_000, "accounts": 2_000,
          "results": ""}  # a quick run's figures are a smoke test: they stay out of the results log
 
@@ -366,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
         local = logged_throughput(store, args.rows_per_checkpoint, args.accounts, args.since) if store else results
         clustered = logged("cluster", cluster_bench.cluster(spark, base, args, log, local)) \
             if ours and not args.skip_cluster else []
+        stored = logged("object-store", object_store_bench.object_store(spark, base, args, log)) \
+            if ours and not args.skip_object_store else []
     finally:
         if args.work is None and not args.keep:
             shutil.rmtree(base, ignore_errors=True)
@@ -381,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         ("recovery", recovery_bench, recovered, recovery_bench.render_recovery),
         ("state", state_bench, states, state_bench.render_state),
         ("cluster", cluster_bench, clustered, cluster_bench.render_cluster),
+        ("object-store", object_store_bench, stored, object_store_bench.render_object_store),
     ):
         if rows:
             sections[name] = f"{measured}; {section.describe(args)}. Command: `{command}`\n\n{render(rows)}"

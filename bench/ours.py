@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 import statistics
 import time
 from typing import Any
@@ -16,8 +17,19 @@ channel log, as when the source and keyed stages run as separate processes (the 
 
 
 def copy_landing(src_warehouse: str, dst_warehouse: str) -> None:
-    """Every contender reads the same bytes: copy the generated landing table (a file copy)."""
-    shutil.copytree(f"{src_warehouse}/landing", f"{dst_warehouse}/landing")
+    """Every contender reads the same bytes: copy the generated landing table (a file copy; an
+    upload of each file when the destination is on an object store)."""
+    from checkpoint_lib.files import files_at
+    from checkpoint_lib.layout import location
+    from checkpoint_lib.objectstore import is_remote
+
+    if not is_remote(dst_warehouse):
+        shutil.copytree(f"{src_warehouse}/landing", f"{dst_warehouse}/landing")
+        return
+    src, dst = Path(src_warehouse, "landing"), location(dst_warehouse) / "landing"
+    files = files_at(dst)
+    for path in sorted(p for p in src.rglob("*") if p.is_file() and not p.name.endswith(".crc")):
+        files.put(dst / path.relative_to(src).as_posix(), path.read_bytes())
 
 
 def run_ours(spark: Any, warehouse: str, *, mode: str, rows_per_checkpoint: int, lagging_sources: int = 0,

@@ -4,7 +4,6 @@ show the checkpoint history, and verify the outputs independently."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -53,16 +52,18 @@ def run_demo(warehouse: str, rows: int = 200_000) -> int:
     from .pipelines import get
     from .pipelines.payments import generate
     from .spark.runner import PipelineRunner
-    from .spark.session import get_spark
+    from .spark.session import get_spark, use_warehouse
     from .verify import check_payments
     from .delta.store import DeltaCheckpointStore
-    from .layout import checkpoint_root
+    from .files import files_at
+    from .layout import checkpoint_root, location, warehouse_location
 
-    w = Path(warehouse).resolve() / "demo"
-    if w.exists():
-        shutil.rmtree(w)
-    w.mkdir(parents=True)
+    w = location(warehouse_location(warehouse)) / "demo"  # a local folder, or a prefix on s3://
+    files_at(w).delete_tree(w)
+    if isinstance(w, Path):
+        w.mkdir(parents=True)
     spark = get_spark(app_name="ckpt-demo")
+    use_warehouse(spark, str(w))
     per_version = max(1, rows // 8)
 
     _say(f"generating {rows // 2} payments (1% bad rows) in 4 table versions under {w}/landing/payments")

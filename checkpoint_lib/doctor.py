@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import urlparse
 
+from .objectstore import is_remote
+
 MIN_JAVA = 17
 """Spark 4 runs on Java 17 and 21."""
 
@@ -83,7 +85,11 @@ def jars() -> Check:
 
 def warehouse(path: str) -> Check:
     """The warehouse can be written: probed with a temporary file; a missing one needs a
-    writable parent (``ckpt run`` creates it), and is not created here."""
+    writable parent (``ckpt run`` creates it), and is not created here. On an object store: the
+    store honours conditional puts (a probe object created twice, then deleted) and, for ``s3://``,
+    the conditional Delta log store was built."""
+    if is_remote(path):
+        return _remote_warehouse(path)
     target = Path(path).expanduser().absolute()
     if target.exists() and not target.is_dir():
         return Check("warehouse", False, f"{target} is a file, not a folder", "choose another --warehouse")
@@ -99,6 +105,26 @@ def warehouse(path: str) -> Check:
     if probe != target:
         return Check("warehouse", True, f"{target} does not exist yet; `ckpt run` creates it (in {probe}, writable)")
     return Check("warehouse", True, f"{target} is writable")
+
+
+def _remote_warehouse(uri: str) -> Check:
+    from .objectstore import ConditionalPutUnsupported, cloud_of, verify_conditional_put
+    from .spark.jars import LogStoreMissingError, require_logstore
+
+    try:
+        verify_conditional_put(uri.rstrip("/"))
+    except ConditionalPutUnsupported as exc:
+        return Check("warehouse", False, str(exc), "use a store that enforces If-None-Match: * (docs/object-storage.md)")
+    except Exception as exc:  # noqa: BLE001 - unreachable, no credentials, no such bucket
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return Check("warehouse", False, f"{uri}: {first}",
+                     "check AWS_ENDPOINT_URL / AWS_REGION and the keys (or the ckpt_storage connection), and that the bucket exists")
+    if cloud_of(uri) == "s3":
+        try:
+            require_logstore()
+        except LogStoreMissingError as exc:
+            return Check("warehouse", False, str(exc), "install a JDK and run `make setup` (or `ckpt setup`)")
+    return Check("warehouse", True, f"{uri} is reachable and honours conditional puts")
 
 
 def master(url: str) -> Check:

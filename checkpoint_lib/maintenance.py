@@ -102,6 +102,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 from .layout import check_pipeline_name as validate_pipeline_name
 from .files import fsync_dir
 from .history import human_bytes
+from .objectstore import is_remote
 from .layout import channel_state_table, checkpoint_root
 
 if TYPE_CHECKING:
@@ -290,6 +291,11 @@ def maintain(
     policy = policy or RetentionPolicy()
     wall = time.time()
     now = wall if now is None else float(now)
+    if is_remote(str(warehouse)):
+        raise NotImplementedError(
+            f"{warehouse}: ckpt maintain works on a local or mounted warehouse only, so far (its rules list, "
+            "age and delete files with POSIX calls); on object storage use the store's lifecycle rules for "
+            "_quality/ and VACUUM the tables, as docs/object-storage.md says")
     warehouse = os.path.abspath(warehouse)
     root = checkpoint_root(warehouse, name)
     quality = Path(warehouse) / "_quality" / name

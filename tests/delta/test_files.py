@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import threading
 import time
 
@@ -131,3 +132,24 @@ def test_an_object_store_is_built_once_per_bucket_and_environment(monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")  # another server: another client
     assert files._at("s3://b/x")[0] is not store
     assert files_module.files_at("s3://b") is files_module.files_at("gs://c")  # one ObjectFiles, its stores kept
+
+
+def test_what_does_not_run_on_object_storage_yet_says_so_before_touching_it():
+    """ckpt maintain and the landing folder source are POSIX-only so far: on s3:// they refuse,
+    naming what to use instead, rather than work on a local folder called "s3:"."""
+    from checkpoint_lib.maintenance import maintain
+    from checkpoint_lib.spark.landing import LandingFolderSource
+
+    with pytest.raises(NotImplementedError, match="lifecycle rules"):
+        maintain("s3://bucket/w", "payments")
+    with pytest.raises(NotImplementedError, match="DeltaSource"):
+        LandingFolderSource(None, "s3://bucket/w/landing/visits", "s3://bucket/w/_checkpoints/v/sources/manifest",
+                            {"page": "string"})
+    assert not os.path.exists("s3:")
+
+
+def test_put_replaces_a_published_file_whole(storage_root, files):
+    path = storage_root / "_quality" / "p" / "data_docs" / "index.html"
+    files.put(path, b"<html>one</html>")
+    files.put(path, b"<html>two</html>")
+    assert files.read_bytes(path) == b"<html>two</html>" and files.names(path.parent) == ["index.html"]

@@ -119,3 +119,20 @@ def test_remote_locations_are_told_from_local_ones():
     assert not any(is_remote(u) for u in ("/tmp/w", "w", "file:///tmp/w", "C:/w"))
     with pytest.raises(ValueError, match="not a local path nor an object-store URI"):
         DeltaCheckpointStore("hdfs://nn/w/_checkpoints/p")
+
+
+def test_doctor_probes_a_remote_warehouse_and_refuses_one_that_ignores_conditional_puts(s3, s3_server, monkeypatch):
+    from s3server import ANONYMOUS_BUCKET, HeaderDroppingProxy
+
+    from checkpoint_lib import doctor
+
+    check = doctor.warehouse(s3)
+    assert check.ok and "honours conditional puts" in check.detail, check
+    with HeaderDroppingProxy(s3_server.port) as proxy:
+        for key in s3_server.env():
+            monkeypatch.delenv(key, raising=False)
+        for key, value in {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}", "AWS_SKIP_SIGNATURE": "true",
+                           "AWS_ALLOW_HTTP": "true", "AWS_REGION": "us-east-1"}.items():
+            monkeypatch.setenv(key, value)
+        check = doctor.warehouse(f"s3://{ANONYMOUS_BUCKET}/doctor-{s3.rsplit('-', 1)[-1]}")
+    assert not check.ok and "does not honour create-if-absent" in check.detail and "If-None-Match" in check.fix
