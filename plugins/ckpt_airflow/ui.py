@@ -230,7 +230,11 @@ def _acks(control: PipelineControl, cid: int) -> list[dict[str, Any]]:
 
 
 def _quality_dir(pipeline: str) -> Path:
-    return Path(_warehouse()).resolve() / "_quality" / pipeline / "data_docs"
+    """The Data Docs this page serves: in the warehouse, or, for one on an object store, in this
+    machine's GX working copy (checkpoint_lib.quality.paths.quality_root)."""
+    from checkpoint_lib.quality.paths import quality_root
+
+    return quality_root(_warehouse(), pipeline) / "data_docs"
 
 
 # --- JSON --------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import cluster, recovery, state_growth
+from bench import cluster, object_store, recovery, state_growth
 from bench.compare import SECTIONS, write_section
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
@@ -28,6 +28,9 @@ def test_every_section_has_its_markers_in_the_docs_and_a_table(tmp_path):
         "cluster": cluster.render_cluster([{
             "events": 5_000_000, "workers": 2, "cores": 1, "submit_s": 700.0, "seconds": 650.0,
             "events_per_s": 7692.3, "local_s": None}]),
+        "object-store": object_store.render_object_store([{
+            "events": 1_000_000, "where": "S3 (SeaweedFS on 127.0.0.1)", "seconds": 120.0, "checkpoints": 10,
+            "median_checkpoint_ms": 9000.0, "events_per_s": 8333.3, "vs_disk": 1.5}]),
     }
     for name, body in tables.items():
         write_section(doc, name, body)
@@ -35,6 +38,7 @@ def test_every_section_has_its_markers_in_the_docs_and_a_table(tmp_path):
     assert "| 50% (5 of 10 versions) | 500,000 | 4.2 | 61.0 | 122 | 65.2 | yes |" in text
     assert "| 1,000,000 | 50,000 | 9000 | 9500 | 30.0 MiB | 3.0 MiB | 0.10 | 40.0 |" in text
     assert "| 5,000,000 | 2 x 1 | 700.0 | 650.0 | 7,692 |  | yes |" in text
+    assert "| 1,000,000 | S3 (SeaweedFS on 127.0.0.1) | 120.0 | 8,333 | 10 | 9,000 | 1.50 | yes |" in text
     write_section(doc, "recovery", tables["recovery"])  # written again: replaced, not added
     assert doc.read_text() == text
     write_section(doc, "throughput-250000", "| a new interval |")  # no markers yet: added at the end
@@ -62,10 +66,12 @@ def test_quick_sets_small_sizes_for_every_section_but_keeps_what_is_given():
     args, sizes, skew_size = parse_args(["--quick", "--state-events", "1000"])
     assert sizes == [100_000] == [skew_size]
     assert (args.recovery_interval, args.state_sizes, args.cluster_size) == (2_000, "10000,50000", 20_000)
+    assert args.object_store_size == 20_000
     assert args.state_events == 1000
     assert args.results == ""  # a quick run keeps its figures out of bench/results.jsonl
     args, sizes, _ = parse_args(["--sizes", "", "--skip-state"])
     assert sizes == [] and args.skip_state and args.cluster_size == 5_000_000
+    assert args.object_store_size == 1_000_000 and not args.skip_object_store
 
 
 def test_generated_account_numbers_are_wide_enough_never_to_collide():
