@@ -78,7 +78,7 @@ def render_object_store(rows: list[dict]) -> str:
     return table(
         ["events", "warehouse", "run (s)", "events/s", "checkpoints", "median checkpoint (ms)", "time / local disk",
          "outputs exact"],
-        [[f"{r['events']:,}", r["where"], f"{r['seconds']:.1f}", f"{r['events_per_s']:,.0f}", r["checkpoints"],
+        [[f"{r['events']:,}", r["where"], f"{r['seconds']:.1f}", f"{r['events_per_s']:,.0f}", str(r["checkpoints"]),
           f"{r['median_checkpoint_ms']:,.0f}", f"{r['vs_disk']:.2f}", "yes"] for r in rows],
     )
 
