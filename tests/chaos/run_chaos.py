@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--orders-runs", type=int, default=6,
                     help=f"orders scenarios too (seeds {harness.ORDERS_SEEDS}..), default 6")
-    ap.add_argument("--results", default=".chaos/results.jsonl", help="outcomes, one JSON line per scenario")
+    ap.add_argument("--results", default="tests/chaos/results.jsonl",
+                    help="outcomes, one JSON line per scenario (tracked, like bench/results.jsonl: the evidence behind docs/reliability.md)")
     ap.add_argument("--docs", default="docs/reliability.md", help="the page whose generated part is rewritten")
     ap.add_argument("--fresh", action="store_true", help="forget earlier outcomes (after a code change)")
     ap.add_argument("--jobs", type=int, default=1,
