@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 
 import pytest
 
@@ -148,3 +149,18 @@ def test_spark_and_delta_rs_appending_to_one_s3_table_at_once_lose_no_commit(spa
     got = sorted(DeltaTable(table).to_pyarrow_table().column("id").to_pylist())
     assert got == [*range(1000, 1000 + rounds), *range(2000, 2000 + rounds)]
     assert DeltaTable(table).version() == 2 * rounds  # every commit its own version: none overwritten
+
+
+@pytest.mark.slow  # CI tier: payments killed on S3 above; this is `CKPT_WAREHOUSE=s3://... ckpt demo`, as a user runs it
+def test_the_demo_runs_against_the_object_store(s3, tmp_path):
+    """The README's demo with the warehouse on the server: a kill -9, the recovery, the independent
+    check and the GX suites, their Data Docs published to the bucket, nothing written locally."""
+    env = {**os.environ, "CKPT_WAREHOUSE": s3, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-m", "checkpoint_lib.cli", "demo", "--rows", "8000"], env=env,
+                          capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "kill -9" in done.stdout and "restored checkpoint" in done.stdout
+    assert "exactly once, nothing lost" in done.stdout and done.stdout.count("PASSED") == 2, done.stdout[-3000:]
+    docs = data_docs_index(f"{s3}/demo", "payments")
+    assert f"Data Docs:    {docs}" in done.stdout and files_at(docs).exists(docs)
+    assert not (tmp_path / "s3:").exists()
