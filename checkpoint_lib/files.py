@@ -85,6 +85,11 @@ class Files(Protocol):
     def is_dir(self, path: PathLike) -> bool:
         ...
 
+    def entries(self, folder: PathLike) -> list[tuple[str, FileStat]]:
+        """The files directly under ``folder`` (not its sub-folders) with their size and time,
+        sorted by name, from one listing; ``[]`` if it is missing."""
+        ...
+
     def exists(self, path: PathLike) -> bool:
         """Whether ``path`` is a file or a folder."""
         ...
@@ -177,6 +182,22 @@ class LocalFiles(Files):
     def is_dir(self, path: PathLike) -> bool:
         return self._path(path).is_dir()
 
+    def entries(self, folder: PathLike) -> list[tuple[str, FileStat]]:
+        out = []
+        try:
+            with os.scandir(self._path(folder)) as listing:
+                for entry in listing:
+                    try:
+                        if not entry.is_file():
+                            continue
+                        st = entry.stat()
+                    except FileNotFoundError:  # removed since the listing
+                        continue
+                    out.append((entry.name, FileStat(st.st_size, int(st.st_mtime * 1000))))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted(out, key=lambda e: e[0])
+
     def exists(self, path: PathLike) -> bool:
         return self._path(path).exists()
 
@@ -260,6 +281,19 @@ class ObjectFiles(Files):
 
     def is_dir(self, path: PathLike) -> bool:
         return next(self._objects(path), None) is not None
+
+    def entries(self, folder: PathLike) -> list[tuple[str, FileStat]]:
+        import obstore
+
+        store, prefix, _ = self._at(folder)
+        skip = len(prefix) + 1 if prefix else 0
+        out = []
+        for chunk in obstore.list(store, prefix or None, chunk_size=1000):
+            for meta in chunk:
+                name = meta["path"][skip:]
+                if "/" not in name:
+                    out.append((name, FileStat(int(meta["size"]), int(meta["last_modified"].timestamp() * 1000))))
+        return sorted(out, key=lambda e: e[0])
 
     def exists(self, path: PathLike) -> bool:
         try:

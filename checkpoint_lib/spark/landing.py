@@ -79,7 +79,9 @@ Rules for the landing folder
 ----------------------------
 - Files must be complete when they appear: writers write ``name.tmp`` (or ``_name`` / ``.name``)
   in the folder itself and rename it to its final name, which is atomic on POSIX (a rename within
-  one filesystem). Names starting with ``.`` or ``_`` or ending in one of :data:`IGNORED_SUFFIXES`
+  one filesystem). On an object store (``s3://``) a file is an object, which appears whole when its
+  upload completes: upload it under its final name (the folder is listed from the objects,
+  :mod:`checkpoint_lib.files`). Names starting with ``.`` or ``_`` or ending in one of :data:`IGNORED_SUFFIXES`
   are never registered; neither are directories (only the folder's top level is listed).
 - A name is registered once, forever: never reuse a file name (include a timestamp or a UUID), and
   never change or delete a registered file. A registered file that vanished
@@ -111,6 +113,7 @@ from pyspark.sql import types as T
 
 from ..delta import log as delta_log
 from ..delta.log import AddedFile
+from ..files import files_at
 from ..objectstore import is_remote
 
 FORMATS = ("json", "csv", "parquet")
@@ -201,13 +204,10 @@ class LandingFolderSource:
             raise ValueError(f"schema columns {clash} are reserved by the landing source")
         if estimated_row_bytes < 1:
             raise ValueError(f"estimated_row_bytes must be >= 1, got {estimated_row_bytes}")
-        if is_remote(str(folder)):
-            raise NotImplementedError(
-                f"{folder}: a landing folder source reads a local or mounted folder only, so far; on object "
-                "storage land the data as a Delta table (a DeltaSource), which runs there")
         self.spark = spark
-        self.folder = os.path.abspath(folder)
-        self.manifest_path = os.path.abspath(manifest_path)
+        self.folder = _absolute(folder)
+        self.manifest_path = _absolute(manifest_path)
+        self._files = files_at(self.folder)
         self.format = format
         self.estimated_row_bytes = estimated_row_bytes
         fields = []
@@ -253,7 +253,7 @@ class LandingFolderSource:
         from deltalake import write_deltalake
         from deltalake.exceptions import CommitFailedError
 
-        if not os.path.isdir(self.folder):
+        if not is_remote(self.folder) and not os.path.isdir(self.folder):  # (an object store has no empty folders)
             raise FileNotFoundError(f"landing folder {self.folder} does not exist")
         for attempt in range(_COMMIT_RETRIES):
             known = self._registered_names(self.latest_version())
@@ -289,9 +289,10 @@ class LandingFolderSource:
         seen = self._registered_names(after) if after >= 0 else set()
         found: list[AddedFile] = []
         for data_file in delta_log.added_files(self.manifest_path, max(after, -1), upto):
-            path = os.path.join(self.manifest_path, unquote(data_file.path))
+            path = f"{self.manifest_path}/{unquote(data_file.path)}"
             try:
-                table = pq.read_table(path, columns=["file", "size", "rows"])
+                with files_at(path).open(path) as fh:
+                    table = pq.read_table(fh, columns=["file", "size", "rows"])
             except FileNotFoundError:
                 raise FileNotFoundError(
                     f"manifest data file {path} of version {data_file.version} is gone (was the "
@@ -317,20 +318,8 @@ class LandingFolderSource:
 
     def _list(self) -> list[_Listed]:
         """The folder's complete files, sorted by name: names and sizes only."""
-        listed = []
-        with os.scandir(self.folder) as entries:
-            for entry in entries:
-                if is_ignored(entry.name):
-                    continue
-                try:
-                    if not entry.is_file():
-                        continue
-                    stat = entry.stat()
-                except FileNotFoundError:  # removed since the listing: not ours to register
-                    continue
-                modified = datetime.fromtimestamp(stat.st_mtime, tz=timezone.utc)
-                listed.append(_Listed(entry.name, stat.st_size, modified))
-        return sorted(listed, key=lambda f: f.name)
+        return [_Listed(name, st.size, datetime.fromtimestamp(st.modification_time / 1000, tz=timezone.utc))
+                for name, st in self._files.entries(self.folder) if not is_ignored(name)]
 
     def _manifest_rows(self, files: list[_Listed]) -> pa.Table:
         now = datetime.now(timezone.utc)
@@ -347,9 +336,10 @@ class LandingFolderSource:
     def _row_count(self, f: _Listed) -> tuple[int, bool]:
         """(rows, exact): the Parquet footer's row count, else an estimate from the size."""
         if self.format == "parquet":
-            path = os.path.join(self.folder, f.name)
+            path = f"{self.folder}/{f.name}"
             try:
-                return pq.read_metadata(path).num_rows, True
+                with self._files.open(path) as fh:
+                    return pq.read_metadata(fh).num_rows, True
             except Exception as e:  # pyarrow raises ArrowInvalid/OSError for a bad footer
                 raise UnsupportedFileError(
                     f"{path} is not a readable Parquet file ({e}); was it written in place instead "
@@ -388,7 +378,7 @@ class LandingFolderSource:
             self._check_unchanged(f)
         if not files:
             return self.spark.createDataFrame([], self.output_schema())
-        paths = [_spark_path(os.path.join(self.folder, f.path)) for f in files]
+        paths = [_spark_path(f"{self.folder}/{f.path}") for f in files]
         df = self._read_parquet(paths) if self.format == "parquet" else self._read_text(paths)
         mapping = self.spark.createDataFrame(list(versions.items()), "src_file string, src_version long")
         # A left join and a loud failure: a row whose file name did not match is never dropped.
@@ -444,9 +434,9 @@ class LandingFolderSource:
         )
 
     def _check_unchanged(self, f: AddedFile) -> None:
-        path = os.path.join(self.folder, f.path)
+        path = f"{self.folder}/{f.path}"
         try:
-            size = os.stat(path).st_size
+            size = self._files.stat(path).size
         except FileNotFoundError:
             raise LandingFileMissingError(
                 f"{path} (registered by manifest version {f.version} of {self.manifest_path}) is "
@@ -521,6 +511,11 @@ def _check_name(name: str, folder: str) -> None:
             f"{os.path.join(folder, name)}: file names with ':' cannot be read by Spark (Hadoop "
             "paths); rename it (nothing was registered)"
         )
+
+
+def _absolute(path: str | os.PathLike) -> str:
+    """A local path made absolute; an object-store URI as given (no trailing ``/``)."""
+    return str(path).rstrip("/") if is_remote(str(path)) else os.path.abspath(path)
 
 
 def _spark_path(path: str) -> str:

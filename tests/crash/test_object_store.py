@@ -164,3 +164,38 @@ def test_the_demo_runs_against_the_object_store(s3, tmp_path):
     docs = data_docs_index(f"{s3}/demo", "payments")
     assert f"Data Docs:    {docs}" in done.stdout and files_at(docs).exists(docs)
     assert not (tmp_path / "s3:").exists()
+
+
+def test_a_landing_folder_on_s3_is_read_once_and_its_bad_lines_dead_lettered(spark, s3):
+    """The folder source on a bucket prefix: files listed from the objects (a temporary name is
+    ignored until it is "renamed", i.e. put under its final name), registered in a manifest on S3,
+    read by Spark through S3A; a file landing later is read alone."""
+    import json
+
+    from storage import put
+    from folder_payments import events, expected, folder_payments
+
+    from checkpoint_lib.spark.runner import PipelineRunner
+    from checkpoint_lib.verify import read_delta
+
+    use_warehouse(spark, s3)
+    folder = location(s3) / "landing" / "payment_files"
+    first, second = events("f1", 30), events("f2", 20)
+    put(folder / "part-001.json", ("\n".join([json.dumps(e) for e in first] + ["{not json"]) + "\n").encode())
+    put(folder / "part-002.json", ("\n".join(json.dumps(e) for e in second) + "\n").encode())
+    put(folder / ".part-003.json.inprogress", b"{half a file")
+
+    def run():
+        return PipelineRunner(folder_payments(), s3, spark, rows_per_checkpoint=20).run()
+
+    run()
+    balances = read_delta(f"{s3}/gold/files_balances")
+    assert {r.account: (r.balance_cents, r.event_count) for r in balances.itertuples()} == expected(first + second)
+    dlq = read_delta(f"{s3}/dlq/payment_files")
+    assert list(dlq["src_file"]) == ["part-001.json"] and list(dlq["src_row"]) == [30]
+    third = events("f3", 15)
+    put(folder / "part-004.json", ("\n".join(json.dumps(e) for e in third) + "\n").encode())
+    run()
+    assert len(read_delta(f"{s3}/gold/files_ledger")) == len(first + second + third)
+    balances = read_delta(f"{s3}/gold/files_balances")
+    assert {r.account: (r.balance_cents, r.event_count) for r in balances.itertuples()} == expected(first + second + third)

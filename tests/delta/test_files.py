@@ -135,17 +135,23 @@ def test_an_object_store_is_built_once_per_bucket_and_environment(monkeypatch):
 
 
 def test_what_does_not_run_on_object_storage_yet_says_so_before_touching_it():
-    """ckpt maintain and the landing folder source are POSIX-only so far: on s3:// they refuse,
-    naming what to use instead, rather than work on a local folder called "s3:"."""
+    """ckpt maintain is POSIX-only so far: on s3:// it refuses, naming what to use instead, rather
+    than work on a local folder called "s3:"."""
     from checkpoint_lib.maintenance import maintain
-    from checkpoint_lib.spark.landing import LandingFolderSource
 
     with pytest.raises(NotImplementedError, match="lifecycle rules"):
         maintain("s3://bucket/w", "payments")
-    with pytest.raises(NotImplementedError, match="DeltaSource"):
-        LandingFolderSource(None, "s3://bucket/w/landing/visits", "s3://bucket/w/_checkpoints/v/sources/manifest",
-                            {"page": "string"})
     assert not os.path.exists("s3:")
+
+
+def test_entries_are_the_files_directly_under_a_folder_with_their_sizes(storage_root, files):
+    folder = storage_root / "landing"
+    put(folder / "b.json", b"12345")
+    put(folder / "a.json", b"1")
+    put(folder / "sub" / "c.json", b"123")
+    assert [(name, st.size) for name, st in files.entries(folder)] == [("a.json", 1), ("b.json", 5)]
+    assert all(st.modification_time > 1_700_000_000_000 for _, st in files.entries(folder))
+    assert files.entries(storage_root / "missing") == []
 
 
 def test_put_replaces_a_published_file_whole(storage_root, files):

@@ -7,28 +7,13 @@ from __future__ import annotations
 import json
 import os
 
-import pandas as pd
 import pytest
+from folder_payments import events, expected, folder_payments
 
-from checkpoint_lib.pipeline import DeltaSink, FolderSource, Pipeline
-from checkpoint_lib.pipelines.payments import BALANCES_SCHEMA, LEDGER_SCHEMA, SOURCE_SCHEMA, RunningBalance, payment_errors
 from checkpoint_lib.spark.runner import PipelineRunner
 from checkpoint_lib.verify import read_delta
 
 pytestmark = pytest.mark.spark
-
-
-def folder_payments() -> Pipeline:
-    return (
-        Pipeline("payments_files")
-        .source(FolderSource("landing/payment_files", SOURCE_SCHEMA, format="json", validate=payment_errors),
-                parallelism=2)
-        .key_by("account", parallelism=3)
-        .process(RunningBalance(), uid="balance")
-        .sink("ledger", DeltaSink("gold/files_ledger", LEDGER_SCHEMA))
-        .sink("balances", DeltaSink("gold/files_balances", BALANCES_SCHEMA, mode="upsert", keys=("account",)))
-        .dead_letters("dlq/payment_files")
-    )
 
 
 def write_file(folder, name: str, lines: list[str]) -> None:
@@ -37,17 +22,6 @@ def write_file(folder, name: str, lines: list[str]) -> None:
     with open(tmp, "w") as f:
         f.write("\n".join(lines) + "\n")
     os.rename(tmp, os.path.join(folder, name))  # appear complete, atomically
-
-
-def events(prefix: str, n: int, accounts: int = 7) -> list[dict]:
-    return [{"event_id": f"{prefix}-{i}", "account": f"a{i % accounts}", "amount_cents": (i * 37) % 1000 - 400,
-             "ts": "2026-01-01T00:00:00Z"} for i in range(n)]
-
-
-def expected(good: list[dict]) -> dict[str, tuple[int, int]]:
-    df = pd.DataFrame(good)
-    agg = df.groupby("account")["amount_cents"].agg(["sum", "count"])
-    return {a: (int(r["sum"]), int(r["count"])) for a, r in agg.iterrows()}
 
 
 def test_landing_folder_pipeline_is_exactly_once_and_dead_letters_bad_lines(spark, tmp_path):
