@@ -73,9 +73,11 @@ def data_docs_index(warehouse: str | os.PathLike, pipeline_name: str) -> Path | 
 
 
 def publish_data_docs(warehouse: str | os.PathLike, pipeline_name: str) -> None:
-    """For a warehouse on an object store: copy the Data Docs GX built in :func:`quality_root` to
-    ``W/_quality/<pipeline>/data_docs/`` (pages first, ``index.html`` last, so the index never
-    links a page not there yet). Nothing to do for a local warehouse, where GX writes in place."""
+    """For a warehouse on an object store: make ``W/_quality/<pipeline>/data_docs/`` a copy of the
+    Data Docs GX built in :func:`quality_root`: pages first, ``index.html`` next (so the index never
+    links a page not there yet), then the pages the local copy no longer has are deleted (a run
+    ``ckpt maintain`` dropped: the new index no longer links them). Nothing to do for a local
+    warehouse, where GX writes in place."""
     if not is_remote(str(warehouse)):
         return
     from ..files import files_at
@@ -83,9 +85,12 @@ def publish_data_docs(warehouse: str | os.PathLike, pipeline_name: str) -> None:
     local = quality_root(warehouse, pipeline_name) / "data_docs"
     target = data_docs_index(warehouse, pipeline_name).parent
     files = files_at(target)
-    pages = sorted(p for p in local.rglob("*") if p.is_file())
-    for page in sorted(pages, key=lambda p: p.name == "index.html"):
-        files.put(target / page.relative_to(local).as_posix(), page.read_bytes())
+    pages = {p.relative_to(local).as_posix(): p for p in local.rglob("*") if p.is_file()}
+    for name in sorted(pages, key=lambda n: n == "index.html"):
+        files.put(target / name, pages[name].read_bytes())
+    for published in list(files.walk(target)):
+        if str(published)[len(str(target)) + 1:] not in pages:
+            files.delete(published)
 
 
 def report_path(warehouse: str | os.PathLike, pipeline_name: str) -> Path:

@@ -159,3 +159,24 @@ def test_put_replaces_a_published_file_whole(storage_root, files):
     files.put(path, b"<html>one</html>")
     files.put(path, b"<html>two</html>")
     assert files.read_bytes(path) == b"<html>two</html>" and files.names(path.parent) == ["index.html"]
+
+
+@pytest.mark.objectstore
+def test_data_docs_are_published_to_an_object_store_warehouse_and_dropped_pages_go(s3, tmp_path, monkeypatch):
+    from checkpoint_lib.quality.paths import data_docs_index, publish_data_docs, quality_root
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    local = quality_root(s3, "payments") / "data_docs"
+    assert tmp_path in local.parents  # GX's working copy is on this machine
+    for name in ("index.html", "validations/run1.html", "validations/run2.html"):
+        (local / name).parent.mkdir(parents=True, exist_ok=True)
+        (local / name).write_text(f"<html>{name}</html>")
+    publish_data_docs(s3, "payments")
+    index = data_docs_index(s3, "payments")
+    files = files_at(index)
+    assert files.names(index.parent / "validations") == ["run1.html", "run2.html"]
+    (local / "validations" / "run1.html").unlink()  # ckpt maintain dropped that run
+    (local / "index.html").write_text("<html>index without run1</html>")
+    publish_data_docs(s3, "payments")
+    assert files.names(index.parent / "validations") == ["run2.html"]
+    assert files.read_bytes(index) == b"<html>index without run1</html>"
