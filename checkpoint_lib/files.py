@@ -107,6 +107,11 @@ class Files(Protocol):
         """Every file under ``folder``, at any depth (none if it is missing)."""
         ...
 
+    def walk_entries(self, folder: PathLike) -> Iterator[tuple[Location, FileStat]]:
+        """Every file under ``folder``, at any depth, with its size and time: what :meth:`walk`
+        gives, from the same listing on an object store (no request per file)."""
+        ...
+
     def stat(self, path: PathLike) -> FileStat:
         ...
 
@@ -212,6 +217,14 @@ class LocalFiles(Files):
             for name in names:
                 yield Path(root, name)
 
+    def walk_entries(self, folder: PathLike) -> Iterator[tuple[Path, FileStat]]:
+        for path in self.walk(folder):
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:  # removed since the listing
+                continue
+            yield path, FileStat(size=st.st_size, modification_time=int(st.st_mtime * 1000))
+
     def stat(self, path: PathLike) -> FileStat:
         st = os.stat(self._path(path))
         return FileStat(size=st.st_size, modification_time=int(st.st_mtime * 1000))
@@ -264,14 +277,20 @@ class ObjectFiles(Files):
         store, key, _ = self._at(path)
         obstore.put(store, key, data)  # a single PUT: atomic
 
-    def _objects(self, folder: PathLike) -> Iterator[tuple[str, str]]:
-        """(bucket URI, key) of every object under ``folder``."""
+    def _listing(self, folder: PathLike) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(bucket URI, obstore's metadata: ``path`` (the key), ``size``, ``last_modified``) of
+        every object under ``folder``."""
         import obstore
 
         store, key, bucket = self._at(folder)
         for chunk in obstore.list(store, key or None, chunk_size=1000):
             for meta in chunk:
-                yield bucket, meta["path"]
+                yield bucket, meta
+
+    def _objects(self, folder: PathLike) -> Iterator[tuple[str, str]]:
+        """(bucket URI, key) of every object under ``folder``."""
+        for bucket, meta in self._listing(folder):
+            yield bucket, meta["path"]
 
     def names(self, folder: PathLike) -> list[str]:
         # From the objects under the folder, not a delimiter listing: see the module docstring.
@@ -283,16 +302,13 @@ class ObjectFiles(Files):
         return next(self._objects(path), None) is not None
 
     def entries(self, folder: PathLike) -> list[tuple[str, FileStat]]:
-        import obstore
-
-        store, prefix, _ = self._at(folder)
+        _, prefix, _ = self._at(folder)
         skip = len(prefix) + 1 if prefix else 0
         out = []
-        for chunk in obstore.list(store, prefix or None, chunk_size=1000):
-            for meta in chunk:
-                name = meta["path"][skip:]
-                if "/" not in name:
-                    out.append((name, FileStat(int(meta["size"]), int(meta["last_modified"].timestamp() * 1000))))
+        for _, meta in self._listing(folder):
+            name = meta["path"][skip:]
+            if "/" not in name:
+                out.append((name, _file_stat(meta)))
         return sorted(out, key=lambda e: e[0])
 
     def exists(self, path: PathLike) -> bool:
@@ -326,18 +342,26 @@ class ObjectFiles(Files):
         for bucket, key in self._objects(folder):
             yield ObjectUri(f"{bucket}/{key}")
 
+    def walk_entries(self, folder: PathLike) -> Iterator[tuple[ObjectUri, FileStat]]:
+        for bucket, meta in self._listing(folder):
+            yield ObjectUri(f"{bucket}/{meta['path']}"), _file_stat(meta)
+
     def stat(self, path: PathLike) -> FileStat:
         import obstore
 
         store, key, _ = self._at(path)
-        meta = obstore.head(store, key)
-        return FileStat(size=int(meta["size"]), modification_time=int(meta["last_modified"].timestamp() * 1000))
+        return _file_stat(obstore.head(store, key))
 
     def open(self, path: PathLike) -> BinaryIO:
         import obstore
 
         store, key, _ = self._at(path)
         return io.BufferedReader(_ObjectReader(obstore.open_reader(store, key)))
+
+
+def _file_stat(meta: Mapping[str, Any]) -> FileStat:
+    """The size and time of an object from obstore's metadata (of a listing or a HEAD)."""
+    return FileStat(size=int(meta["size"]), modification_time=int(meta["last_modified"].timestamp() * 1000))
 
 
 class _ObjectReader(io.RawIOBase):

@@ -81,6 +81,14 @@ Delta after 30 days).
 
 ``dry_run=True`` decides everything the same way and deletes nothing. Spark (``spark=``) is needed
 for the data-plane rules only; without it they are reported as skipped.
+
+On an object store (``s3://bucket/prefix``) the rules are the same: files are listed, aged and
+deleted through :mod:`checkpoint_lib.files` (one listing gives names, sizes and times; ages come
+from ``Last-Modified``, whole seconds, which windows of hours and days do not notice), the control
+tables go through delta-rs and the data plane through Spark's S3A, both on the URI. GX works in this
+machine's working copy (:func:`~checkpoint_lib.quality.paths.quality_root`), so the GX runs are
+deleted there and leave the bucket's Data Docs at the next publish. A store that ignores
+conditional puts is refused before the first overwrite, as every writer refuses it.
 """
 
 from __future__ import annotations
@@ -91,19 +99,20 @@ import math
 import os
 import random
 import re
-import shutil
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
+from urllib.parse import unquote
 
-from .layout import check_pipeline_name as validate_pipeline_name
-from .files import fsync_dir
+from .files import FileStat, Files, Location, files_at, fsync_dir
 from .history import human_bytes
-from .objectstore import is_remote
-from .layout import channel_state_table, checkpoint_root
+from .layout import channel_state_table, checkpoint_root, location, warehouse_location
+from .layout import check_pipeline_name as validate_pipeline_name
+from .objectstore import is_remote, verify_conditional_put
+from .quality.paths import quality_root
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -120,12 +129,6 @@ _RUN_TIME = "%Y%m%dT%H%M%S.%fZ"
 _MARKER = re.compile(r"^\d{20}$")
 
 ROWS, FILES, MARKERS, REQUESTS, RUNS = "rows", "files", "markers", "requests", "runs"
-
-
-OBJECT_STORE_SKIP = (
-    "the warehouse is on an object store: ckpt maintain runs on local or mounted warehouses only, so far "
-    "(its rules list, age and delete files with POSIX calls); there, expire _quality/ with the bucket's "
-    "lifecycle rules and VACUUM the tables (docs/object-storage.md)")
 
 
 @dataclass(frozen=True)
@@ -297,25 +300,25 @@ def maintain(
     policy = policy or RetentionPolicy()
     wall = time.time()
     now = wall if now is None else float(now)
-    if is_remote(str(warehouse)):  # skipped, not failed: the daily DAG must not page anyone for it
-        report = MaintenanceReport(name, str(warehouse).rstrip("/"), dry_run, wall)
-        report.rules.append(RuleOutcome("everything", f"_checkpoints/{name}", ROWS, skipped=OBJECT_STORE_SKIP))
-        report.finished_at = time.time()
-        return report
-    warehouse = os.path.abspath(warehouse)
+    warehouse = warehouse_location(warehouse)
     root = checkpoint_root(warehouse, name)
-    quality = Path(warehouse) / "_quality" / name
+    files = files_at(root)
+    quality = quality_root(warehouse, name)  # GX's folder: on this machine (a working copy for a remote warehouse)
     report = MaintenanceReport(name, warehouse, dry_run, wall)
     report.bytes_before = _du(root) + _du(quality)
-    if not root.is_dir():
+    if not files.is_dir(root):
         report.rules.append(RuleOutcome("everything", _rel(root, warehouse), ROWS,
                                         skipped="the pipeline has no checkpoint store here (never ran)"))
         report.finished_at = time.time()
         return report
+    if is_remote(warehouse) and not dry_run:
+        # the rewrites' compare-and-swap is delta-rs's conditional put of the commit file: never
+        # overwrite a table on a store that ignores it (checked once per process, as the store does)
+        verify_conditional_put(str(root))
     from .delta.store import DeltaCheckpointStore
 
-    store = DeltaCheckpointStore(root)  # a reader: no retention of its own, creates nothing
-    ctx = _Context(store, Path(warehouse), root, quality, policy, now, wall, dry_run, report)
+    store = DeltaCheckpointStore(str(root))  # a reader: no retention of its own, creates nothing
+    ctx = _Context(store, files, location(warehouse), root, quality, policy, now, wall, dry_run, report)
     report.needs = needs = read_needs(store)
     log.info("maintenance of %s: %s", name, needs.to_dict())
 
@@ -342,8 +345,10 @@ def maintain(
 @dataclass
 class _Context:
     store: "DeltaCheckpointStore"
-    warehouse: Path
-    root: Path
+    files: Files
+    """The files of the checkpoint root (local, or on the object store); ``quality`` is always local."""
+    warehouse: Location
+    root: Location
     quality: Path
     policy: RetentionPolicy
     now: float
@@ -362,7 +367,7 @@ class _Context:
             log.info("maintenance %s on %s skipped: %s", outcome.rule, outcome.target, outcome.skipped)
         return outcome
 
-    def rel(self, path: Path | str) -> str:
+    def rel(self, path: Location | str) -> str:
         return _rel(path, self.warehouse)
 
     def hours_back_to(self, cutoff: float) -> float:
@@ -377,11 +382,18 @@ class _Context:
         return self.wall - self.policy.file_retention_hours * 3600
 
 
-def _rel(path: Path | str, warehouse: Path | str) -> str:
-    try:
-        return str(Path(path).relative_to(warehouse))
-    except ValueError:
-        return str(path)
+def _rel(path: Location | str, warehouse: Location | str) -> str:
+    """``path`` relative to the warehouse (as given when it lies elsewhere: GX's working copy of a
+    remote warehouse)."""
+    if is_remote(str(path)) or is_remote(str(warehouse)):
+        prefix = str(warehouse).rstrip("/") + "/"
+        return str(path)[len(prefix):] if str(path).startswith(prefix) else str(path)
+    for base in (Path(warehouse), Path(warehouse).resolve()):  # quality_root resolves symbolic links
+        try:
+            return str(Path(path).relative_to(base))
+        except ValueError:
+            continue
+    return str(path)
 
 
 # --- what is needed --------------------------------------------------------------------------
@@ -616,58 +628,76 @@ def _rewrite_validations(ctx: _Context) -> None:
 # --- files: markers, requests, GX results --------------------------------------------------
 
 
-def _unlink(path: Path, dry_run: bool) -> int:
-    """Delete one file (unless ``dry_run``); returns its size (0 if it was gone already)."""
-    try:
-        size = path.stat().st_size
-        if not dry_run:
-            path.unlink()
-        return size
-    except FileNotFoundError:
-        return 0
+def _unlink(files: Files, path: Location, dry_run: bool, size: int | None = None) -> int:
+    """Delete one file (unless ``dry_run``); returns its size (``size`` if a listing gave it, else
+    asked; 0 if it was gone already)."""
+    if size is None:
+        try:
+            size = files.stat(path).size
+        except FileNotFoundError:
+            return 0
+    if not dry_run:
+        files.delete(path)
+    return size
+
+
+def _sync(folder: Location) -> None:
+    """Make deletions in ``folder`` durable: a directory fsync on a filesystem; an object store's
+    DELETE is durable once answered."""
+    if isinstance(folder, Path):
+        fsync_dir(folder)
+
+
+def _relative_parts(path: Location, base: Location) -> list[str]:
+    """The segments of ``path`` below ``base`` (both a Path or both an object-store URI)."""
+    return str(path)[len(str(base).rstrip("/")) + 1:].split("/")
 
 
 def _delete_markers(ctx: _Context) -> None:
-    needs = ctx.needs
+    needs, files = ctx.needs, ctx.files
     ids_dir = ctx.root / "_ids"
     outcome = ctx.add(RuleOutcome("id markers", ctx.rel(ids_dir), MARKERS,
                                   keeps=f"markers of ids >= {needs.floor} (the counter starts above the largest "
                                         f"id in the table, {needs.max_id}, which is kept)"))
-    names = sorted(os.listdir(ids_dir)) if ids_dir.is_dir() else []
     kept = 0
-    for name in names:
+    for name, stat in files.entries(ids_dir):
         if _MARKER.match(name) and int(name) < needs.floor:
-            outcome.bytes_freed += _unlink(ids_dir / name, ctx.dry_run)
+            outcome.bytes_freed += _unlink(files, ids_dir / name, ctx.dry_run, stat.size)
             outcome.deleted += 1
         else:
             kept += 1
     outcome.kept = kept
     if not ctx.dry_run and outcome.deleted:
-        fsync_dir(ids_dir)
+        _sync(ids_dir)
     legacy = ctx.add(RuleOutcome("legacy markers", ctx.rel(ctx.root), MARKERS, kept=0,
                                  keeps="none: epochs and sessions are no longer reserved with marker files"))
     for namespace in ("_epochs", "_sessions"):
         directory = ctx.root / namespace
-        if not directory.is_dir():
+        if not files.is_dir(directory):
             continue
-        for path in sorted(directory.rglob("*")):
-            if path.is_file():
-                legacy.bytes_freed += _unlink(path, ctx.dry_run)
-                legacy.deleted += 1
+        for _path, stat in files.walk_entries(directory):
+            legacy.bytes_freed += stat.size
+            legacy.deleted += 1
         if not ctx.dry_run:
-            shutil.rmtree(directory, ignore_errors=True)
+            files.delete_tree(directory)
 
 
 def _delete_requests(ctx: _Context) -> None:
     from .checkpoint_requests import REQUEST_ID, CheckpointRequests
 
+    files = ctx.files
     requests = CheckpointRequests(ctx.root)
     cutoff = ctx.now - ctx.policy.request_days * 86400
     outcome = ctx.add(RuleOutcome("requests", ctx.rel(requests.directory), REQUESTS, kept=0,
                                   keeps=f"open requests, and decided ones made in the last {ctx.policy.request_days:g} days"))
-    if not requests.directory.is_dir():
+    listed = dict(files.entries(requests.directory))  # one listing, with sizes and times
+    if not listed:
         return
-    names = set(os.listdir(requests.directory))
+    names = set(listed)
+
+    def size(name: str) -> int | None:
+        return listed[name].size if name in listed else None
+
     for name in sorted(names):
         if not name.endswith(".request"):
             continue
@@ -678,58 +708,57 @@ def _delete_requests(ctx: _Context) -> None:
             continue
         # the request first: without it the outcome is ignored (open() lists requests), whereas an
         # outcome deleted first would show the request as open and a source step would honour it again
-        outcome.bytes_freed += _unlink(requests.directory / name, ctx.dry_run)
-        outcome.bytes_freed += _unlink(requests.directory / f"{request_id}.outcome", ctx.dry_run)
+        outcome.bytes_freed += _unlink(files, requests.directory / name, ctx.dry_run, size(name))
+        outcome.bytes_freed += _unlink(files, requests.directory / f"{request_id}.outcome", ctx.dry_run,
+                                       size(f"{request_id}.outcome"))
         outcome.deleted += 1
     for name in sorted(names):  # an outcome whose request went (a maintenance killed in between)
         if name.endswith(".outcome") and f"{name[: -len('.outcome')]}.request" not in names:
-            outcome.bytes_freed += _unlink(requests.directory / name, ctx.dry_run)
-        elif name.startswith(".") and name.endswith(".tmp"):  # a writer killed before its link
-            path = requests.directory / name
-            try:  # by the clock, never a simulated now: a writer's file in flight is seconds old
-                if path.stat().st_mtime < ctx.wall - max(ctx.policy.request_days * 86400, 3600):
-                    outcome.bytes_freed += _unlink(path, ctx.dry_run)
-            except FileNotFoundError:
-                pass
+            outcome.bytes_freed += _unlink(files, requests.directory / name, ctx.dry_run, size(name))
+        elif name.startswith(".") and name.endswith(".tmp"):  # a writer killed before its link (on a filesystem)
+            # by the clock, never a simulated now: a writer's file in flight is seconds old
+            if listed[name].modification_time / 1000 < ctx.wall - max(ctx.policy.request_days * 86400, 3600):
+                outcome.bytes_freed += _unlink(files, requests.directory / name, ctx.dry_run, size(name))
     if not ctx.dry_run and outcome.deleted:
-        fsync_dir(requests.directory)
+        _sync(requests.directory)
 
 
-def _gx_runs(base: Path, suffix: str) -> dict[tuple[str, ...], list[tuple[str, str, Path]]]:
+def _gx_runs(files: Files, base: Location, suffix: str) -> dict[tuple[str, ...], list[tuple[str, str, Location]]]:
     """``<base>/<suite path...>/<run name>/<run time>/<file><suffix>``: per suite path, its runs as
     ``(run time, run name, run-time directory)``."""
-    runs: dict[tuple[str, ...], dict[Path, tuple[str, str, Path]]] = defaultdict(dict)
-    if not base.is_dir():
-        return {}
-    for path in base.rglob(f"*{suffix}"):
-        parts = path.relative_to(base).parts
+    runs: dict[tuple[str, ...], dict[Location, tuple[str, str, Location]]] = defaultdict(dict)
+    for path in files.walk(base):
+        if not str(path).endswith(suffix):
+            continue
+        parts = _relative_parts(path, base)
         if len(parts) < 4:
             continue
         run_dir = path.parent
-        runs[parts[:-3]][run_dir] = (parts[-2], parts[-3], run_dir)
+        runs[tuple(parts[:-3])][run_dir] = (parts[-2], parts[-3], run_dir)
     return {suite: sorted(found.values()) for suite, found in runs.items()}
 
 
 def _delete_gx_runs(ctx: _Context) -> None:
     needs = ctx.needs
     cutoff = ctx.now - ctx.policy.result_days * 86400
+    files = files_at(ctx.quality)  # GX works on a local folder, whatever the warehouse
     kinds = (("gx results", ctx.quality / "gx" / "uncommitted" / "validations", ".json"),
              ("data docs pages", ctx.quality / "data_docs" / "validations", ".html"))
     for rule, base, suffix in kinds:
         outcome = ctx.add(RuleOutcome(rule, ctx.rel(base), RUNS, kept=0,
                                       keeps="runs on protected ids and ids at or above the floor, the newest run of "
                                             f"each suite's view, runs naming no checkpoint for {ctx.policy.result_days:g} days"))
-        for suite, runs in _gx_runs(base, suffix).items():
+        for suite, runs in _gx_runs(files, base, suffix).items():
             for i, (run_time, run_name, run_dir) in enumerate(runs):
                 if i == len(runs) - 1 or not _gx_run_droppable(needs, run_name, run_time, cutoff):
                     outcome.kept = (outcome.kept or 0) + 1
                     continue
                 outcome.deleted += 1
-                for f in sorted(p for p in run_dir.rglob("*") if p.is_file()):
-                    outcome.bytes_freed += _unlink(f, ctx.dry_run)
+                outcome.bytes_freed += sum(stat.size for _, stat in files.walk_entries(run_dir))
                 if not ctx.dry_run:
-                    shutil.rmtree(run_dir, ignore_errors=True)
-                    _rmdir_empty(run_dir.parent, stop=base)
+                    files.delete_tree(run_dir)
+                    if isinstance(run_dir, Path):  # a filesystem keeps the folders a run emptied
+                        _rmdir_empty(run_dir.parent, stop=base)
 
 
 def _gx_run_droppable(needs: Needs, run_name: str, run_time: str, cutoff: float) -> bool:
@@ -755,25 +784,26 @@ def _rmdir_empty(directory: Path, *, stop: Path) -> None:
 # --- the data plane (Spark) -----------------------------------------------------------------
 
 
-def _delta_tables(directory: Path) -> list[Path]:
-    if not directory.is_dir():
-        return []
-    return sorted(p for p in directory.iterdir() if (p / "_delta_log").is_dir())
+def _delta_tables(files: Files, directory: Location) -> list[Location]:
+    """The Delta tables directly under ``directory`` (sorted by name)."""
+    return [directory / name for name in files.names(directory) if files.is_dir(directory / name / "_delta_log")]
 
 
 def _data_plane(ctx: _Context, spark: "SparkSession | None") -> None:
+    files = ctx.files
     channel_state = channel_state_table(ctx.root)
-    logs = _delta_tables(ctx.root / "channels")
-    staging = _delta_tables(ctx.root / "staging")
-    states = _delta_tables(ctx.root / "state")
-    others = [*logs, *staging, *([channel_state] if (channel_state / "_delta_log").is_dir() else [])]
+    logs = _delta_tables(files, ctx.root / "channels")
+    staging = _delta_tables(files, ctx.root / "staging")
+    states = _delta_tables(files, ctx.root / "state")
+    has_channel_state = files.is_dir(channel_state / "_delta_log")
+    others = [*logs, *staging, *([channel_state] if has_channel_state else [])]
     if spark is None:
         why = "no Spark session: the data-plane rules need one (ckpt maintain without --no-spark)"
         ctx.add(RuleOutcome("channel_state rows", ctx.rel(channel_state), ROWS, skipped=why))
         for table in [*others, *states]:
             ctx.add(RuleOutcome("vacuum", ctx.rel(table), FILES, skipped=why))
         return
-    if (channel_state / "_delta_log").is_dir():
+    if has_channel_state:
         _delete_channel_state(ctx, spark, channel_state)
     cutoff = ctx.file_cutoff
     for table in others:
@@ -784,7 +814,7 @@ def _data_plane(ctx: _Context, spark: "SparkSession | None") -> None:
         _vacuum_state(ctx, spark, table, cutoff)
 
 
-def _delete_channel_state(ctx: _Context, spark: "SparkSession", path: Path) -> None:
+def _delete_channel_state(ctx: _Context, spark: "SparkSession", path: Location) -> None:
     from pyspark.sql import functions as F
 
     from .spark import tables
@@ -819,7 +849,7 @@ _VACUUM_SETTINGS = {
 }
 
 
-def _vacuum_spark(ctx: _Context, spark: "SparkSession", table: Path, hours: float, keeps: str) -> RuleOutcome:
+def _vacuum_spark(ctx: _Context, spark: "SparkSession", table: Location, hours: float, keeps: str) -> RuleOutcome:
     """VACUUM ``table`` keeping files removed less than ``hours`` ago, rounded up to whole hours.
     A table with no file old enough to go (none outside its latest version older than the window:
     VACUUM takes nothing younger) gets no VACUUM at all; a dry run lists what would go."""
@@ -828,7 +858,7 @@ def _vacuum_spark(ctx: _Context, spark: "SparkSession", table: Path, hours: floa
     outcome = ctx.add(RuleOutcome("vacuum", ctx.rel(table), FILES, keeps=keeps))
     # Delta rounds RETAIN to the NEAREST whole hour (0.4 h would keep nothing): round up ourselves
     hours = math.ceil(hours)
-    before = _data_files(table)
+    before = _data_files(ctx.files, table)
     outcome.kept = len(before)
     if not _may_vacuum(table, before, ctx.wall - hours * 3600):
         return outcome
@@ -836,63 +866,50 @@ def _vacuum_spark(ctx: _Context, spark: "SparkSession", table: Path, hours: floa
     with tables.session_confs(spark, _VACUUM_SETTINGS):
         if ctx.dry_run:
             listed = [r[0] for r in spark.sql(f"VACUUM delta.`{quoted}` RETAIN {hours} HOURS DRY RUN").collect()]
-            gone = {os.path.normpath(p[len("file:"):] if p.startswith("file:") else p) for p in listed}
-            gone = {p for p in gone if p in before}  # files (the listing also names empty directories)
+            gone = {_file_key(p) for p in listed} & set(before)  # files (the listing also names empty directories)
         else:
             spark.sql(f"VACUUM delta.`{quoted}` RETAIN {hours} HOURS").collect()
-            gone = set(before) - set(_data_files(table))
+            gone = set(before) - set(_data_files(ctx.files, table))
     outcome.deleted = len(gone)
-    outcome.bytes_freed = sum(before.get(p, 0) for p in gone)
-    outcome.kept = len(before) - len(gone & set(before))
+    outcome.bytes_freed = sum(before[p].size for p in gone)
+    outcome.kept = len(before) - len(gone)
     return outcome
 
 
-def _data_files(table: Path) -> dict[str, int]:
-    """Every file of a Delta table outside its log and hidden files (what VACUUM considers), with
-    its size."""
+def _file_key(uri: str) -> str:
+    """One spelling of a file's location, whoever names it: a local path normalized (Spark says
+    ``file:/x``, delta-rs ``file:///x`` or ``/x``), an object-store URI as it is, but ``s3a://`` as
+    ``s3://`` (the scheme a warehouse is given in)."""
+    if is_remote(uri):
+        return "s3://" + uri[len("s3a://"):] if uri.startswith("s3a://") else uri
+    for prefix in ("file://", "file:"):
+        if uri.startswith(prefix):
+            uri = uri[len(prefix):]
+            break
+    return os.path.normpath(uri)
+
+
+def _data_files(files: Files, table: Location) -> dict[str, FileStat]:
+    """Every file of a Delta table outside its log and hidden files (what VACUUM considers), by
+    :func:`_file_key`, with its size and time (one listing)."""
     out = {}
-    for dirpath, dirs, names in os.walk(table):
-        dirs[:] = [d for d in dirs if not d.startswith(("_", "."))]
-        for name in names:
-            if not name.startswith(("_", ".")):
-                path = os.path.join(dirpath, name)
-                try:
-                    out[os.path.normpath(path)] = os.stat(path).st_size
-                except FileNotFoundError:
-                    pass
+    for path, stat in files.walk_entries(table):
+        if not any(part.startswith(("_", ".")) for part in _relative_parts(path, table)):
+            out[_file_key(str(path))] = stat
     return out
 
 
-def _may_vacuum(table: Path, files: Mapping[str, int], cutoff: float) -> bool:
+def _may_vacuum(table: Location, files: Mapping[str, FileStat], cutoff: float) -> bool:
     """False only when VACUUM surely deletes nothing: every file not in the latest version was
     written after ``cutoff`` (VACUUM deletes only files older than its window). Saves a Spark job
     per table on most days."""
-    from urllib.parse import unquote
-
     from deltalake import DeltaTable
 
     try:
-        live = {os.path.normpath(unquote(u[len("file://"):] if u.startswith("file://") else u))
-                for u in DeltaTable(str(table)).file_uris()}
+        live = {_file_key(unquote(u)) for u in DeltaTable(str(table)).file_uris()}
     except Exception:  # delta-rs cannot read this table's log: let Delta decide
         return True
-    for path in files:
-        if path in live:
-            continue
-        try:
-            if os.stat(path).st_mtime < cutoff:
-                return True
-        except FileNotFoundError:
-            continue
-    return False
-
-
-def _size(uri: str) -> int:
-    path = uri[len("file:"):] if uri.startswith("file:") else uri
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return 0
+    return any(path not in live and stat.modification_time / 1000 < cutoff for path, stat in files.items())
 
 
 def pinned_state_versions(store: "DeltaCheckpointStore", needs: Needs, operator: str) -> dict[int, int]:
@@ -921,13 +938,15 @@ def pinned_state_versions(store: "DeltaCheckpointStore", needs: Needs, operator:
     return pinned
 
 
-def commit_time(table: Path, version: int) -> float | None:
+def commit_time(table: Location | str, version: int) -> float | None:
     """When ``version`` of a Delta table was committed (seconds): the earliest of its commit's own
-    timestamps and the commit file's modification time. None when its commit file is gone."""
-    path = table / "_delta_log" / f"{version:020d}.json"
+    timestamps and the commit file's modification time (whole seconds on an object store, rounded
+    down: never later). None when its commit file is gone."""
+    files = files_at(table)
+    path = location(table) / "_delta_log" / f"{version:020d}.json"
     try:
-        text = path.read_text()
-        stamps = [path.stat().st_mtime]
+        text = files.read_text(path)
+        stamps = [files.stat(path).modification_time / 1000]
     except FileNotFoundError:
         return None
     for line in text.splitlines():
@@ -942,7 +961,7 @@ def commit_time(table: Path, version: int) -> float | None:
     return min(stamps)
 
 
-def _vacuum_state(ctx: _Context, spark: "SparkSession", table: Path, cutoff: float) -> None:
+def _vacuum_state(ctx: _Context, spark: "SparkSession", table: Location, cutoff: float) -> None:
     operator = table.name
     needs = ctx.needs
     pinned = pinned_state_versions(ctx.store, needs, operator)
@@ -976,12 +995,15 @@ def _vacuum_state(ctx: _Context, spark: "SparkSession", table: Path, cutoff: flo
 _LOG_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d+)\.(\d+))?\.parquet$")
 
 
-def log_checkpoints(table: Path) -> list[int]:
+def log_checkpoints(table: Location | str, names: Sequence[str] | None = None) -> list[int]:
     """Versions of ``table`` with a complete Delta log checkpoint (one file, or every part of a
-    multi-part one), ascending. V2 checkpoints are not counted (never treated as a start)."""
+    multi-part one), ascending, from the ``names`` in its ``_delta_log`` (default: listed). V2
+    checkpoints are not counted (never treated as a start)."""
+    if names is None:
+        names = files_at(table).names(location(table) / "_delta_log")
     single: set[int] = set()
     parts: dict[tuple[int, int], set[int]] = defaultdict(set)
-    for name in os.listdir(table / "_delta_log"):
+    for name in names:
         m = _LOG_CHECKPOINT.match(name)
         if m is None:
             continue
@@ -1002,41 +1024,40 @@ def _state_logs(ctx: _Context) -> None:
     from C on stays reproducible (C's checkpoint and the commits after it), so a restore of any
     retained checkpoint or savepoint, a running MERGE and a stopped stage resuming read what they
     read before; no commit is made on the table."""
-    cutoff = ctx.file_cutoff
-    for table in _delta_tables(ctx.root / "state"):
-        outcome = ctx.add(RuleOutcome("delta log", ctx.rel(table / "_delta_log"), FILES))
+    cutoff, files = ctx.file_cutoff, ctx.files
+    for table in _delta_tables(files, ctx.root / "state"):
+        log_dir = table / "_delta_log"
+        outcome = ctx.add(RuleOutcome("delta log", ctx.rel(log_dir), FILES))
         pinned = pinned_state_versions(ctx.store, ctx.needs, table.name)
         if not pinned:
             outcome.skipped = "no protected or pending checkpoint pins a version of it"
             continue
         oldest = min(pinned.values())
-        start = max((v for v in log_checkpoints(table) if v <= oldest), default=None)
+        listed = files.entries(log_dir)  # one listing, with sizes and times
+        start = max((v for v in log_checkpoints(table, [n for n, _ in listed]) if v <= oldest), default=None)
         if start is None:
             outcome.skipped = f"no log checkpoint at or before version {oldest}, the oldest pinned"
             continue
         outcome.keeps = (f"the log checkpoint of version {start} and every commit after it (version {oldest} is "
                          "the oldest a protected or pending checkpoint pins)")
         doomed, kept = [], 0
-        for f in (table / "_delta_log").iterdir():
-            m = _LOG_FILE.match(f.name)
-            try:
-                if m and int(m.group(1)) < start and f.stat().st_mtime < cutoff:
-                    doomed.append(f)
-                else:
-                    kept += 1
-            except FileNotFoundError:
-                continue
+        for name, stat in listed:
+            m = _LOG_FILE.match(name)
+            if m and int(m.group(1)) < start and stat.modification_time / 1000 < cutoff:
+                doomed.append((name, stat.size))
+            else:
+                kept += 1
         outcome.deleted, outcome.kept = len(doomed), kept
-        outcome.bytes_freed = sum(_size(str(f)) for f in doomed)
+        outcome.bytes_freed = sum(size for _, size in doomed)
         if not ctx.dry_run:
-            for f in sorted(doomed):  # oldest first: a gap never opens above what is left
-                _unlink(f, False)
+            for name, _ in sorted(doomed):  # oldest first: a gap never opens above what is left
+                files.delete(log_dir / name)
 
 
 # --- the control tables' removed files ----------------------------------------------------------
 
 
-def _control_tables(ctx: _Context) -> Iterator[tuple[Path, Any]]:
+def _control_tables(ctx: _Context) -> Iterator[tuple[Location, Any]]:
     """Each control table that exists, with its delta-rs handle."""
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
@@ -1057,7 +1078,9 @@ def _vacuum_control_tables(ctx: _Context) -> None:
                                             "(a reader of an older snapshot, a commit in flight)"))
         listed = dt.vacuum(retention_hours=hours, dry_run=True, enforce_retention_duration=False, full=True)
         outcome.deleted = len(listed)
-        outcome.bytes_freed = sum(_size(str(path / f)) for f in listed)
+        if listed:  # paths relative to the table
+            sizes = {"/".join(_relative_parts(f, path)): stat.size for f, stat in ctx.files.walk_entries(path)}
+            outcome.bytes_freed = sum(sizes.get(f, 0) for f in listed)
         if listed and not ctx.dry_run:  # a VACUUM commits twice (start, end): only when it has work
             dt.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False, full=True)
         outcome.kept = len(dt.file_uris())
@@ -1070,23 +1093,16 @@ def _log_retention(hours: float) -> str:
     return f"interval {int(math.ceil(hours * 60))} minutes"
 
 
-def _expired_log_files(table: Path, cutoff: float) -> list[Path]:
-    """Commit files Delta's log clean-up takes: older than ``cutoff`` and below the latest log
-    checkpoint (a reader starts from that checkpoint; nothing before it is read)."""
+def _expired_log_files(files: Files, table: Location, cutoff: float) -> list[tuple[str, int]]:
+    """Commit files Delta's log clean-up takes (name, size): older than ``cutoff`` and below the
+    latest log checkpoint (a reader starts from that checkpoint; nothing before it is read)."""
     log_dir = table / "_delta_log"
     try:
-        last = int(json.loads((log_dir / "_last_checkpoint").read_text())["version"])
-    except (FileNotFoundError, ValueError, KeyError):
+        last = int((files.read_json(log_dir / "_last_checkpoint") or {})["version"])
+    except (ValueError, KeyError, TypeError):  # no log checkpoint yet, or not one we can read
         return []
-    out = []
-    for f in log_dir.iterdir():
-        m = _LOG_FILE.match(f.name)
-        try:
-            if m and int(m.group(1)) < last and f.stat().st_mtime < cutoff:
-                out.append(f)
-        except FileNotFoundError:
-            pass
-    return out
+    return [(name, stat.size) for name, stat in files.entries(log_dir)
+            if (m := _LOG_FILE.match(name)) and int(m.group(1)) < last and stat.modification_time / 1000 < cutoff]
 
 
 def _control_logs(ctx: _Context) -> None:
@@ -1108,10 +1124,10 @@ def _control_logs(ctx: _Context) -> None:
         outcome = ctx.add(RuleOutcome("delta log", ctx.rel(path / "_delta_log"), FILES,
                                       keeps=f"commit files of the last {ctx.policy.control_log_hours:g} h, and every one "
                                             "from the latest log checkpoint on"))
-        expired = _expired_log_files(path, cutoff)
+        expired = _expired_log_files(ctx.files, path, cutoff)
         outcome.deleted = len(expired)
-        outcome.bytes_freed = sum(_size(str(f)) for f in expired)
-        listed = set(os.listdir(path / "_delta_log"))
+        outcome.bytes_freed = sum(size for _, size in expired)
+        listed = set(ctx.files.names(path / "_delta_log"))
         if ctx.dry_run:
             outcome.kept = len(listed) - len(expired)
             continue
@@ -1128,18 +1144,10 @@ def _control_logs(ctx: _Context) -> None:
             outcome.skipped = f"could not set the log retention: {_REWRITE_ATTEMPTS} commits lost to concurrent writers"
             continue
         DeltaTable(str(path)).cleanup_metadata()  # (a commit's own hook may have cleaned up already)
-        after = set(os.listdir(path / "_delta_log"))
+        after = set(ctx.files.names(path / "_delta_log"))
         outcome.deleted, outcome.kept = len(listed - after), len(after)
 
 
-def _du(path: Path) -> int:
-    total = 0
-    if not path.exists():
-        return 0
-    for dirpath, _dirs, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(dirpath, f)).st_size
-            except OSError:
-                pass
-    return total
+def _du(path: Location) -> int:
+    """The bytes of every file under ``path`` (one listing on an object store)."""
+    return sum(stat.size for _, stat in files_at(path).walk_entries(path))

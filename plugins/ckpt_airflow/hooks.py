@@ -313,10 +313,11 @@ class CheckpointHook(BaseHook):
         if with_spark and self.launcher == "spark-submit":
             self._submit("maintain.py", [self.pipeline, "--warehouse", self.warehouse, *(["--dry-run"] if dry_run else [])])
             return {"pipeline": self.pipeline, "dry_run": dry_run, "launcher": "spark-submit"}
+        from checkpoint_lib.files import files_at
         from checkpoint_lib.maintenance import maintain
 
         root = checkpoint_root(self.warehouse, self.pipeline)
-        data_plane = any((root / d).is_dir() for d in DATA_PLANE)
+        data_plane = any(files_at(root).is_dir(root / d) for d in DATA_PLANE)  # a local folder or an s3:// prefix
         spark = self.spark() if with_spark and data_plane else None  # no JVM for a pipeline that never ran
         report = maintain(self.warehouse, self.pipeline, spark, dry_run=dry_run)
         self.log.info("%s", report.describe())

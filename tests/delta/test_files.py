@@ -134,14 +134,37 @@ def test_an_object_store_is_built_once_per_bucket_and_environment(monkeypatch):
     assert files_module.files_at("s3://b") is files_module.files_at("gs://c")  # one ObjectFiles, its stores kept
 
 
-def test_what_does_not_run_on_object_storage_yet_says_so_before_touching_it():
-    """ckpt maintain is POSIX-only so far: on s3:// it skips (the daily DAG must not fail), saying
-    why and what to use instead, rather than work on a local folder called "s3:"."""
+@pytest.mark.objectstore
+def test_maintain_on_an_object_store_works_there_and_never_on_a_local_folder_named_s3(s3, tmp_path, monkeypatch):
+    """ckpt maintain on s3:// lists and deletes through the store: a pipeline that never ran there
+    is reported as such, and nothing lands in a local folder called "s3:" (tests/delta/test_maintenance.py
+    runs every rule on the server)."""
     from checkpoint_lib.maintenance import maintain
 
-    report = maintain("s3://bucket/w", "payments")
-    assert len(report.rules) == 1 and "lifecycle rules" in report.rules[0].skipped
-    assert not os.path.exists("s3:")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    report = maintain(s3, "payments")
+    assert report.warehouse == s3 and len(report.rules) == 1 and "never ran" in report.rules[0].skipped
+    assert report.rules[0].target == "_checkpoints/payments"
+    assert not os.path.exists("s3:") and os.listdir(tmp_path) == []
+
+
+def test_walk_entries_are_every_file_under_a_folder_with_its_size_and_time(storage_root, files):
+    folder = storage_root / "table"
+    before = time.time()
+    put(folder / "part-0.parquet", b"12345")
+    put(folder / "_delta_log" / f"{0:020d}.json", b"{}")
+    put(folder / "key=1" / "part-1.parquet", b"123")
+    put(storage_root / "table_sibling" / "x", b"x")  # a longer name with the folder's as prefix
+    after = time.time()
+    found = {str(path): st for path, st in files.walk_entries(folder)}
+    assert set(found) == {str(p) for p in files.walk(folder)} == {
+        str(folder / "part-0.parquet"), str(folder / "_delta_log" / f"{0:020d}.json"), str(folder / "key=1" / "part-1.parquet")}
+    assert {name.rsplit("/", 1)[-1]: st.size for name, st in found.items()} == {
+        "part-0.parquet": 5, f"{0:020d}.json": 2, "part-1.parquet": 3}
+    assert all(int(before) * 1000 - 1000 <= st.modification_time <= after * 1000 + 1000 for st in found.values())
+    assert all(isinstance(path, type(storage_root)) for path, _ in files.walk_entries(folder))
+    assert list(files.walk_entries(storage_root / "missing")) == []
 
 
 def test_entries_are_the_files_directly_under_a_folder_with_their_sizes(storage_root, files):

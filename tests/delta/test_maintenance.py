@@ -1,7 +1,9 @@
 """checkpoint_lib.maintenance, the delta-rs parts (no Spark): every rule keeps what the retained
 checkpoints, savepoints, an owed rollback, the newest restore and the live sessions need, drops the
 rest, a dry run deletes nothing, and a write that lands while a rule rewrites a table is never lost.
-The data-plane rules (channel state, VACUUM of the Spark tables) are in tests/spark/test_maintenance_restore.py.
+Each test runs with the warehouse on a local folder and on a real S3-compatible server (SeaweedFS,
+tests/s3server.py): the same outcomes. The data-plane rules (channel state, VACUUM of the Spark
+tables) are in tests/spark/test_maintenance_restore.py.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
+from storage import put
 
 from checkpoint_lib import maintenance
 from checkpoint_lib.control import CheckpointRequests
@@ -21,7 +24,10 @@ from checkpoint_lib.core.checkpoints import CompletedCheckpoint
 from checkpoint_lib.core.errors import FailureReason
 from checkpoint_lib.core.types import CheckpointKind, SubtaskAck, SubtaskId
 from checkpoint_lib.delta.store import DeltaCheckpointStore
+from checkpoint_lib.files import files_at
+from checkpoint_lib.layout import location
 from checkpoint_lib.maintenance import RetentionPolicy, maintain, sessions_to_keep
+from checkpoint_lib.quality.paths import quality_root
 from checkpoint_lib.quality.records import ValidationLog
 from checkpoint_lib.quality.result import QualityResult
 
@@ -38,12 +44,21 @@ def completed(cid: int, kind: CheckpointKind = CheckpointKind.CHECKPOINT) -> Com
     return CompletedCheckpoint(cid, kind, t, t + 1, acks, {s: t + 1 for s in acks})
 
 
+@pytest.fixture
+def warehouse(storage_root, tmp_path, monkeypatch):
+    """A warehouse on a local folder (``posix``) and on the S3 server (``s3``); GX's working copy of
+    a remote warehouse (quality_root: under the user's cache) inside the test's own folder."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return storage_root
+
+
 class Pipeline:
     """Drives one pipeline's control plane as the runner and the snapshot DAG do."""
 
-    def __init__(self, warehouse: Path, retained: int = 3):
-        self.warehouse = warehouse
-        self.root = warehouse / "_checkpoints" / "payments"
+    def __init__(self, warehouse, retained: int = 3):
+        self.warehouse = location(warehouse)
+        self.root = self.warehouse / "_checkpoints" / "payments"
+        self.files = files_at(self.root)
         self.store = DeltaCheckpointStore.open(self.root, retained=retained)
         self.requests = CheckpointRequests(self.root)
         self.epoch = self.store.begin_epoch()
@@ -79,11 +94,12 @@ class Pipeline:
         return cid
 
 
-def gx_run(warehouse: Path, cid: int | None, when: float, view: str = "subtasks") -> list[Path]:
-    """A fake GX result and its Data Docs page, laid out as GX 1.x writes them."""
+def gx_run(warehouse, cid: int | None, when: float, view: str = "subtasks") -> list[Path]:
+    """A fake GX result and its Data Docs page, laid out as GX 1.x writes them (in the warehouse's
+    ``_quality/payments``, or a remote warehouse's working copy on this machine)."""
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(when))
     name = f"payments-checkpoint-c{cid}-e1-{stamp}Z" if cid is not None else f"payments-checkpoint-error-{stamp}Z"
-    q = warehouse / "_quality" / "payments"
+    q = quality_root(warehouse, "payments")
     out = []
     for base, suffix in ((q / "gx" / "uncommitted" / "validations", ".json"), (q / "data_docs" / "validations", ".html")):
         f = base / "payments" / "per_checkpoint" / view / name / f"{stamp}.000000Z" / f"warehouse-x{suffix}"
@@ -93,9 +109,14 @@ def gx_run(warehouse: Path, cid: int | None, when: float, view: str = "subtasks"
     return out
 
 
-def files_under(*roots: Path) -> dict[str, tuple[int, int]]:
-    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns)
-            for r in roots if r.exists() for p in r.rglob("*") if p.is_file()}
+def files_under(*roots) -> dict[str, tuple[int, int]]:
+    """Every file under ``roots`` (local folders or object-store prefixes), with its size and time."""
+    return {str(p): (st.size, st.modification_time) for r in roots for p, st in files_at(r).walk_entries(r)}
+
+
+def everything(p: "Pipeline") -> dict[str, tuple[int, int]]:
+    """Every file of the pipeline: the warehouse, and GX's working copy when it is elsewhere."""
+    return files_under(p.warehouse, quality_root(p.warehouse, "payments"))
 
 
 def resume_points(store: DeltaCheckpointStore, epoch: int) -> dict:
@@ -112,8 +133,8 @@ def resume_points(store: DeltaCheckpointStore, epoch: int) -> dict:
 
 
 @pytest.fixture
-def world(tmp_path):
-    p = Pipeline(tmp_path)
+def world(warehouse):
+    p = Pipeline(warehouse)
     savepoint = None
     for i in range(14):
         if i == 2:
@@ -147,9 +168,11 @@ def test_every_rule_keeps_what_is_needed_and_drops_the_rest(world):
     assert p.savepoint in retained and len(retained) == 4  # three checkpoints and the savepoint
 
     fresh, stale = p.requests.directory / ".r.request.host.1.2.tmp", p.requests.directory / ".r.request.host.1.1.tmp"
-    fresh.write_text("{}")  # a request being written right now: its link is next
-    stale.write_text("{}")  # one whose writer was killed a month ago
-    os.utime(stale, (time.time() - 30 * DAY, time.time() - 30 * DAY))
+    put(fresh, b"{}")  # a request being written right now: its link is next
+    local = isinstance(p.root, Path)  # an object store's times cannot be set (nor are temporary files written there)
+    if local:
+        put(stale, b"{}")  # one whose writer was killed a month ago
+        os.utime(stale, (time.time() - 30 * DAY, time.time() - 30 * DAY))
     now = T0 + 3600 * 15 + 30 * DAY  # a month later: every decided request is old
     report = maintain(p.warehouse, "payments", now=now, policy=NOW_POLICY)
     needs = report.needs
@@ -174,31 +197,32 @@ def test_every_rule_keeps_what_is_needed_and_drops_the_rest(world):
     sessions = DeltaTable(str(p.root / "sessions")).to_pyarrow_table().to_pylist()
     assert len(sessions) == 1 + 2 * 2  # the restored row and each stage's last session
     # markers: only below the floor went; the counter never goes back
-    markers = sorted(int(n) for n in os.listdir(p.root / "_ids"))
+    markers = sorted(int(n) for n in p.files.names(p.root / "_ids"))
     assert markers == list(range(needs.floor, before["max"] + 1))
     assert store.get_and_increment() == before["max"] + 1
     # requests: decided and old ones went, the open one stays
     left = {r.request_id: r.state for r in p.requests.all()}
     assert left == {"open-one": "requested"}
-    assert fresh.exists() and not stale.exists()  # ages of files on disk go by the clock, not by now
+    assert p.files.exists(fresh) and not p.files.exists(stale)  # ages of files go by the clock, not by now
     # validations: rows of dropped ids went; retained ones and the newest stay
     vals = {r["checkpoint_id"] for r in ValidationLog(p.root).rows()}
     assert p.savepoint in vals and 1 not in vals and vals <= kept_ids
     # GX runs: results and pages of dropped ids (and the old error run) went, the rest stay
-    runs = {d.name for d in (p.warehouse / "_quality/payments/gx/uncommitted/validations/payments/per_checkpoint/subtasks").iterdir()}
-    pages = {d.name for d in (p.warehouse / "_quality/payments/data_docs/validations/payments/per_checkpoint/subtasks").iterdir()}
+    q = quality_root(p.warehouse, "payments")
+    runs = {d.name for d in (q / "gx/uncommitted/validations/payments/per_checkpoint/subtasks").iterdir()}
+    pages = {d.name for d in (q / "data_docs/validations/payments/per_checkpoint/subtasks").iterdir()}
     assert runs == pages and {n.split("-e1-")[0] for n in runs} == {
         f"payments-checkpoint-c{c}" for c in (p.savepoint, 12, 13)}
     assert report.rule("gx results").deleted == report.rule("data docs pages").deleted == 3
     # the control tables' removed files are gone: what remains is what the log references
     for name in ("checkpoints", "acks", "sessions", "validations"):
         dt = DeltaTable(str(p.root / name))
-        on_disk = {f.name for f in (p.root / name).glob("*.parquet")}
+        on_disk = {n for n in p.files.names(p.root / name) if n.endswith(".parquet")}
         assert on_disk == {Path(u).name for u in dt.file_uris()}, name
     # the control tables' logs start at their latest log checkpoint; the fences are in it
     log_dir = p.root / "checkpoints" / "_delta_log"
     assert report.rule("delta log", "_checkpoints/payments/checkpoints/_delta_log").deleted > 0
-    assert not (log_dir / f"{0:020d}.json").exists()
+    assert not p.files.exists(log_dir / f"{0:020d}.json")
     config = DeltaTable(str(p.root / "checkpoints")).metadata().configuration
     assert config["delta.logRetentionDuration"] == config["delta.deletedFileRetentionDuration"] == "interval 0 minutes"
     # the data-plane rules said why they did nothing
@@ -221,9 +245,9 @@ def test_a_dry_run_deletes_nothing(world):
     p = world
     for cid in (1, 3, 13):
         gx_run(p.warehouse, cid, T0 + 3600 * cid)
-    before = files_under(p.warehouse)
+    before = everything(p)
     report = maintain(p.warehouse, "payments", dry_run=True, now=T0 + 60 * DAY, policy=NOW_POLICY)
-    assert files_under(p.warehouse) == before
+    assert everything(p) == before
     assert report.dry_run and "DRY RUN" in report.describe()
     for rule in ("checkpoints rows", "acks rows", "sessions rows", "id markers", "requests", "gx results", "delta log"):
         assert report.rule(rule).deleted > 0, rule
@@ -233,9 +257,10 @@ def test_a_dry_run_deletes_nothing(world):
         assert real.rule(rule).deleted == report.rule(rule).deleted, rule
 
 
-def state_table(p: Pipeline, versions: int, log_checkpoints_at: tuple[int, ...]) -> Path:
+def state_table(p: Pipeline, versions: int, log_checkpoints_at: tuple[int, ...]):
     """The keyed operator's state table as Delta lays it out (one commit per flush, a log
-    checkpoint now and then), every log file an hour old."""
+    checkpoint now and then), every log file an hour old on a disk (on an object store, as old as
+    it is: the rules' window is 0 here)."""
     import pyarrow as pa
     from deltalake import write_deltalake
 
@@ -244,8 +269,9 @@ def state_table(p: Pipeline, versions: int, log_checkpoints_at: tuple[int, ...])
         write_deltalake(str(table), pa.table({"key_group": [v % 128], "balance_cents": [v]}), mode="append")
         if v in log_checkpoints_at:
             DeltaTable(str(table)).create_checkpoint()
-    for f in (table / "_delta_log").iterdir():
-        os.utime(f, (time.time() - 3600, time.time() - 3600))
+    if isinstance(table, Path):
+        for f in (table / "_delta_log").iterdir():
+            os.utime(f, (time.time() - 3600, time.time() - 3600))
     return table
 
 
@@ -262,11 +288,11 @@ def test_a_state_tables_log_is_cleaned_below_the_oldest_pinned_version_and_every
 
     dry = maintain(p.warehouse, "payments", dry_run=True, now=T0 + 60 * DAY, policy=NOW_POLICY)
     target = "_checkpoints/payments/state/balance/_delta_log"
-    assert dry.rule("delta log", target).deleted == 10 and (table / "_delta_log" / f"{0:020d}.json").exists()
+    assert dry.rule("delta log", target).deleted == 10 and p.files.exists(table / "_delta_log" / f"{0:020d}.json")
     report = maintain(p.warehouse, "payments", now=T0 + 60 * DAY, policy=NOW_POLICY)
     outcome = report.rule("delta log", target)
     assert outcome.deleted == 10 and "log checkpoint of version 10" in outcome.keeps
-    left = sorted(int(f.name[:20]) for f in (table / "_delta_log").iterdir() if f.name[:20].isdigit())
+    left = sorted(int(n[:20]) for n in p.files.names(table / "_delta_log") if n[:20].isdigit())
     assert left[0] == 10  # versions 0-9 went; the checkpoint of 10 and the commits after it stay
     assert {v: DeltaTable(str(table), version=v).to_pyarrow_table().num_rows for v in before} == before
     with pytest.raises(Exception):
@@ -326,12 +352,14 @@ def test_a_write_landing_during_a_rewrite_is_never_lost(world, monkeypatch):
 
 
 @pytest.mark.race
-def test_maintenance_racing_a_running_pipeline_loses_nothing(tmp_path):
+@pytest.mark.parametrize("storage_root", ["posix", pytest.param("s3", marks=[pytest.mark.objectstore, pytest.mark.slow])],
+                         indirect=True)  # on S3 a minute: CI pins the race deterministically (the test above)
+def test_maintenance_racing_a_running_pipeline_loses_nothing(warehouse):
     """A pipeline thread keeps checkpointing (requests, sessions, pending, acks, completion,
     validation rows) while maintenance runs again and again: every checkpoint the pipeline
     completed is there unless it was below the floor, every status is the one the pipeline wrote,
     and the sessions still resume where the last run ended."""
-    p = Pipeline(tmp_path)
+    p = Pipeline(warehouse)
     for _ in range(3):
         p.run()
     done: dict[int, str] = {}
@@ -354,7 +382,7 @@ def test_maintenance_racing_a_running_pipeline_loses_nothing(tmp_path):
     reports = []
     try:
         while worker.is_alive() and len(reports) < 25:
-            reports.append(maintain(tmp_path, "payments", now=T0 + 400 * DAY,
+            reports.append(maintain(warehouse, "payments", now=T0 + 400 * DAY,
                                     policy=RetentionPolicy(file_retention_hours=1.0)))
     finally:
         stop.set()
@@ -363,7 +391,7 @@ def test_maintenance_racing_a_running_pipeline_loses_nothing(tmp_path):
     assert len(reports) >= 2
     print("maintenance runs:", len(reports), "rewrites refused by a concurrent commit:",
           sum(r.retries for rep in reports for r in rep.rules))
-    final = maintain(tmp_path, "payments", now=T0 + 400 * DAY, policy=RetentionPolicy(file_retention_hours=1.0))
+    final = maintain(warehouse, "payments", now=T0 + 400 * DAY, policy=RetentionPolicy(file_retention_hours=1.0))
     reader = DeltaCheckpointStore(p.root)
     statuses = {h["checkpoint_id"]: h["status"] for h in reader.history()}
     floor = final.needs.floor
@@ -377,8 +405,8 @@ def test_maintenance_racing_a_running_pipeline_loses_nothing(tmp_path):
     assert reader.get_and_increment() == max(done) + 1
 
 
-def test_an_owed_rollback_and_the_newest_restore_keep_what_they_read(tmp_path):
-    p = Pipeline(tmp_path)
+def test_an_owed_rollback_and_the_newest_restore_keep_what_they_read(warehouse):
+    p = Pipeline(warehouse)
     for _ in range(8):
         p.run()
     store = p.store
@@ -394,7 +422,7 @@ def test_an_owed_rollback_and_the_newest_restore_keep_what_they_read(tmp_path):
     dead = store.begin_epoch()
     store.record_rollback(dead, 12)
     before_plan = DeltaCheckpointStore(p.root).recovery_plan().describe()
-    report = maintain(tmp_path, "payments", now=T0 + 60 * DAY, policy=NOW_POLICY)
+    report = maintain(warehouse, "payments", now=T0 + 60 * DAY, policy=NOW_POLICY)
     assert report.needs.owed_rollback == 12 and report.needs.restored == 6 and 6 < report.needs.floor
     reader = DeltaCheckpointStore(p.root)
     assert reader.owed_rollback() == 12 and reader.recovery_plan().describe() == before_plan
@@ -419,11 +447,11 @@ def test_sessions_to_keep_keeps_what_resuming_reads():
     assert sessions_to_keep(rows[1:3]) == rows[1:3]  # no epoch finished restoring: everything stays
 
 
-def test_a_pipeline_that_never_ran_is_left_alone(tmp_path):
-    report = maintain(tmp_path, "payments")
-    assert not (tmp_path / "_checkpoints").exists()
+def test_a_pipeline_that_never_ran_is_left_alone(warehouse):
+    report = maintain(warehouse, "payments")
+    assert files_under(warehouse) == {}  # nothing created (not even a probe of the store)
     assert report.rules[0].skipped and "never ran" in report.rules[0].skipped
     with pytest.raises(ValueError, match="pipeline name"):
-        maintain(tmp_path, "../etc")
+        maintain(warehouse, "../etc")
     with pytest.raises(ValueError, match="must be a number"):
         RetentionPolicy(request_days=-1)

@@ -140,3 +140,65 @@ def test_after_maintenance_the_oldest_retained_checkpoint_still_restores_exactly
     check = check_payments(str(w))
     assert check.ok, check.summary()
     assert check.ledger_rows == check.valid_rows
+
+
+@pytest.mark.objectstore
+def test_the_data_plane_rules_on_an_object_store_warehouse(spark, s3, tmp_path, monkeypatch):
+    """The Spark rules with the warehouse on S3 (S3A; obstore lists and deletes): the channel state
+    of dropped ids is deleted, a channel log's removed files are VACUUMed, the state table's window
+    reaches back to the commit of its oldest pinned version, its log goes below the log checkpoint
+    at or before it; a dry run names the same files and deletes nothing."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+    from history import completed
+
+    from checkpoint_lib.files import files_at
+    from checkpoint_lib.layout import location
+    from checkpoint_lib.spark.session import use_warehouse
+
+    monkeypatch.chdir(tmp_path)  # nothing may land in a local folder named "s3:"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    use_warehouse(spark, s3)
+    root = location(s3) / "_checkpoints" / "payments"
+    store = DeltaCheckpointStore.open(root, retained=2)
+    epoch = store.begin_epoch()
+    store.record_restored(epoch, None, {})
+    for cid in range(1, 6):  # checkpoint c pins version c of the state table: 4 and 5 retained
+        store.record_pending(cid, epoch=epoch, trigger_time=1_790_000_000.0 + cid)
+        store.add(completed(cid, 1_790_000_000.0 + cid))
+    state, log, cs = root / "state" / "balance", root / "channels" / "source_balance", root / "channel_state"
+    for v in range(7):  # one overwrite per version: each removes the files of the one before
+        spark.createDataFrame([(v % 3, v)], "key_group int, balance_cents long").write.format("delta") \
+            .mode("overwrite").save(str(state))
+        if v == 2:
+            DeltaTable(str(state)).create_checkpoint()
+    for v in range(3):
+        spark.createDataFrame([(v, "x")], "seq long, payload string").write.format("delta").mode("overwrite").save(str(log))
+    write_deltalake(str(cs), pa.table({"checkpoint_id": pa.array([1, 2, 3, 4, 5, 5], pa.int64())}))
+    files = files_at(root)
+
+    def everything() -> dict[str, tuple[int, int]]:
+        return {str(p): (st.size, st.modification_time) for p, st in files.walk_entries(root)}
+
+    before = everything()
+    dry = maintain(s3, "payments", spark, dry_run=True, policy=EAGER)
+    assert everything() == before
+    report = maintain(s3, "payments", spark, policy=EAGER)
+    print(report.describe())
+    assert not [r for r in report.rules if r.skipped]
+    channels = "_checkpoints/payments/channels/source_balance"
+    assert report.rule("vacuum", channels).deleted == dry.rule("vacuum", channels).deleted > 0
+    assert {n for n in files.names(log) if n.endswith(".parquet")} == \
+        {u.rsplit("/", 1)[-1] for u in DeltaTable(str(log)).file_uris()}
+    assert report.rule("channel_state rows").deleted == dry.rule("channel_state rows").deleted == 3
+    left = spark.read.format("delta").load(str(cs)).select("checkpoint_id").collect()
+    assert sorted(r.checkpoint_id for r in left) == [4, 5, 5]
+    pin = report.oldest_pinned_state["balance"]
+    assert (pin["pinned_by"], pin["oldest_version"]) == (4, 4) and pin["retain_hours"] < 0.5
+    assert report.rule("vacuum", "_checkpoints/payments/state/balance").deleted == 0  # all removed within the window
+    state_log = "_checkpoints/payments/state/balance/_delta_log"
+    assert report.rule("delta log", state_log).deleted == dry.rule("delta log", state_log).deleted > 0
+    assert min(int(n[:20]) for n in files.names(state / "_delta_log") if n[:20].isdigit()) == 2
+    assert spark.read.format("delta").option("versionAsOf", 4).load(str(state)).collect()[0].balance_cents == 4
+    assert report.bytes_after < report.bytes_before
+    assert not (tmp_path / "s3:").exists()
