@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 TIMEOUT = float(os.environ.get("CKPT_BENCH_RUN_TIMEOUT", "14400"))
-_RUN_LINE = re.compile(r"epoch \d+: read (\d+) rows in ([\d.]+) s")
+_RUN_LINE = re.compile(r"epoch \d+: read ([\d,]+) rows in ([\d.]+) s")
+"""``ckpt run``'s summary line (its row count printed with thousands separators)."""
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -89,7 +90,7 @@ def cluster(spark: Any, base: str, args: argparse.Namespace, log, local: list[di
     m = _RUN_LINE.search(proc.stdout)
     if m is None:
         raise RuntimeError(f"jobs/run_stage.py did not print its summary:\n{proc.stdout[-2000:]}")
-    rows_in, run_s = int(m.group(1)), float(m.group(2))
+    rows_in, run_s = int(m.group(1).replace(",", "")), float(m.group(2))
     check(spark, floor_out, w, "ours aligned on the standalone cluster")
     same = [r for r in local if r["events"] == size and r["contender"] == "ours, aligned"]
     row = {

@@ -172,3 +172,10 @@ def test_interval_trend_compares_the_first_and_last_tenth_of_a_run():
     trend = interval_trend(list(reversed(times)))  # the history is newest first: order is not assumed
     assert trend == {"interval_s_first_tenth": 10.0, "interval_s_last_tenth": 15.0}
     assert interval_trend([5.0, 1.0]) == {}  # checkpointing off: a first and a final checkpoint only
+
+
+def test_the_cluster_section_reads_the_summary_line_ckpt_run_prints():
+    from bench.cluster import _RUN_LINE
+
+    m = _RUN_LINE.search("epoch 1: read 20,000 rows in 52.8 s (378 rows/s), 2 checkpoints completed, 0 aborted")
+    assert m is not None and (int(m.group(1).replace(",", "")), float(m.group(2))) == (20_000, 52.8)
