@@ -136,6 +136,16 @@ def _encode(doc: Mapping[str, Any]) -> bytes:
     return json.dumps(dict(doc), sort_keys=True).encode("utf-8")
 
 
+def _temporary(path: Path) -> Path:
+    """A name beside ``path`` no other writer (process, host) uses: where a file is written before
+    it is linked or renamed to ``path``."""
+    return path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+
+
+def _local_stat(st: os.stat_result) -> FileStat:
+    return FileStat(size=st.st_size, modification_time=int(st.st_mtime * 1000))
+
+
 class LocalFiles(Files):
     """A POSIX filesystem. A file written once is durable when :meth:`write_once` returns: written
     to a unique temporary file, fsynced, ``link``ed to its name (atomic, and refused if the name
@@ -151,7 +161,7 @@ class LocalFiles(Files):
     def write_once(self, path: PathLike, doc: Mapping[str, Any]) -> bool:
         path = self._path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+        tmp = _temporary(path)
         with open(tmp, "xb") as fh:
             fh.write(_encode(doc))
             fh.flush()
@@ -171,7 +181,7 @@ class LocalFiles(Files):
     def put(self, path: PathLike, data: bytes) -> None:
         path = self._path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+        tmp = _temporary(path)
         try:
             tmp.write_bytes(data)
             os.replace(tmp, path)
@@ -198,7 +208,7 @@ class LocalFiles(Files):
                         st = entry.stat()
                     except FileNotFoundError:  # removed since the listing
                         continue
-                    out.append((entry.name, FileStat(st.st_size, int(st.st_mtime * 1000))))
+                    out.append((entry.name, _local_stat(st)))
         except (FileNotFoundError, NotADirectoryError):
             return []
         return sorted(out, key=lambda e: e[0])
@@ -223,11 +233,11 @@ class LocalFiles(Files):
                 st = os.stat(path)
             except FileNotFoundError:  # removed since the listing
                 continue
-            yield path, FileStat(size=st.st_size, modification_time=int(st.st_mtime * 1000))
+            yield path, _local_stat(st)
 
     def stat(self, path: PathLike) -> FileStat:
         st = os.stat(self._path(path))
-        return FileStat(size=st.st_size, modification_time=int(st.st_mtime * 1000))
+        return _local_stat(st)
 
     def open(self, path: PathLike) -> BinaryIO:
         return open(self._path(path), "rb")
