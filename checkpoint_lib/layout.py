@@ -55,6 +55,16 @@ def warehouse_location(warehouse: str | os.PathLike[str]) -> str:
     return os.path.abspath(os.path.expanduser(warehouse))
 
 
+def below(path: str | os.PathLike[str], base: str | os.PathLike[str]) -> str:
+    """The part of ``path`` under the folder ``base``, ``/``-joined (``s3://b/w/t/x`` under
+    ``s3://b/w`` is ``t/x``; the same for local paths, taken as written); ValueError if ``path``
+    is not under ``base``."""
+    prefix = str(base).rstrip("/") + "/"
+    if not str(path).startswith(prefix):
+        raise ValueError(f"{path} is not under {base}")
+    return str(path)[len(prefix):]
+
+
 def checkpoint_root(warehouse: str | os.PathLike[str], pipeline: str) -> Path | ObjectUri:
     """``<warehouse>/_checkpoints/<pipeline>`` (absolute when local), for a well-formed pipeline name."""
     return location(warehouse_location(warehouse)) / CHECKPOINTS / check_pipeline_name(pipeline)

@@ -109,7 +109,7 @@ from urllib.parse import unquote
 
 from .files import FileStat, Files, Location, files_at, fsync_dir
 from .history import human_bytes
-from .layout import channel_state_table, checkpoint_root, location, warehouse_location
+from .layout import below, channel_state_table, checkpoint_root, location, warehouse_location
 from .layout import check_pipeline_name as validate_pipeline_name
 from .objectstore import is_remote, verify_conditional_put
 from .quality.paths import quality_root
@@ -386,8 +386,10 @@ def _rel(path: Location | str, warehouse: Location | str) -> str:
     """``path`` relative to the warehouse (as given when it lies elsewhere: GX's working copy of a
     remote warehouse)."""
     if is_remote(str(path)) or is_remote(str(warehouse)):
-        prefix = str(warehouse).rstrip("/") + "/"
-        return str(path)[len(prefix):] if str(path).startswith(prefix) else str(path)
+        try:
+            return below(path, warehouse)
+        except ValueError:
+            return str(path)
     for base in (Path(warehouse), Path(warehouse).resolve()):  # quality_root resolves symbolic links
         try:
             return str(Path(path).relative_to(base))
@@ -650,7 +652,7 @@ def _sync(folder: Location) -> None:
 
 def _relative_parts(path: Location, base: Location) -> list[str]:
     """The segments of ``path`` below ``base`` (both a Path or both an object-store URI)."""
-    return str(path)[len(str(base).rstrip("/")) + 1:].split("/")
+    return below(path, base).split("/")
 
 
 def _delete_markers(ctx: _Context) -> None:

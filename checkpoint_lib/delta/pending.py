@@ -40,7 +40,7 @@ from urllib.parse import quote
 
 from ..core.twophase import Transaction
 from ..files import files_at
-from ..layout import location
+from ..layout import below, location
 from ..objectstore import ObjectUri
 
 TXN_FILE = "txn.json"
@@ -199,9 +199,7 @@ def _relative(path: Path | ObjectUri, table_root: Path | ObjectUri | None) -> st
         return str(path)
     if isinstance(table_root, Path):
         return os.path.relpath(path, table_root)
-    if not str(path).startswith(f"{table_root}/"):
-        raise ValueError(f"{path} is not inside the table {table_root}")
-    return str(path)[len(str(table_root)) + 1:]
+    return below(path, table_root)
 
 
 def _describe(path: Path | ObjectUri, table_root: Path | ObjectUri | None) -> PendingFile:

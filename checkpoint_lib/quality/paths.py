@@ -14,7 +14,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from ..layout import check_pipeline_name, checkpoint_root, warehouse_location
+from ..layout import below, check_pipeline_name, checkpoint_root, warehouse_location
 from ..objectstore import ObjectUri, is_remote
 
 __all__ = ["check_checkpoint_id", "check_pipeline_name", "checkpoint_root", "data_docs_index", "inside", "quality_root",
@@ -89,7 +89,7 @@ def publish_data_docs(warehouse: str | os.PathLike, pipeline_name: str) -> None:
     for name in sorted(pages, key=lambda n: n == "index.html"):
         files.put(target / name, pages[name].read_bytes())
     for published in list(files.walk(target)):
-        if str(published)[len(str(target)) + 1:] not in pages:
+        if below(published, target) not in pages:
             files.delete(published)
 
 

@@ -72,3 +72,14 @@ def test_no_module_spells_the_checkpoint_folder_itself():
             if rel not in ALLOWED and (lines := _spelled_out(path)):
                 found[rel] = lines
     assert not found, f"use checkpoint_lib.layout.checkpoint_root instead: {found}"
+
+
+def test_below_is_the_part_of_a_path_under_a_folder_local_or_on_an_object_store():
+    from pathlib import Path
+
+    from checkpoint_lib.layout import below
+
+    assert below("s3://b/w/gold/ledger/part-0.parquet", "s3://b/w") == "gold/ledger/part-0.parquet"
+    assert below(Path("/w/t/_delta_log/0.json"), Path("/w/t/")) == "_delta_log/0.json"
+    with pytest.raises(ValueError, match="not under"):
+        below("s3://b/wx/t", "s3://b/w")
