@@ -97,6 +97,26 @@ def _added(table: str | os.PathLike, version: int, actions: list[dict[str, Any]]
     return sorted(files)
 
 
+def rows_unchanged_since(table: str | os.PathLike, version: int) -> bool:
+    """Whether every commit after ``version`` left the table's rows as ``version`` had them: no file
+    added or removed with a data change and no schema, property or protocol change (a fence's
+    stamp-only commit, an OPTIMIZE). False if a commit file it needs is gone."""
+    latest = latest_version(table)
+    if latest is None or latest < version:
+        return False
+    try:
+        for v in range(version + 1, latest + 1):
+            for action in _actions(table, v):
+                if "metaData" in action or "protocol" in action:
+                    return False
+                change = action.get("add") or action.get("remove")
+                if change is not None and change.get("dataChange", True):
+                    return False
+    except MissingLogError:
+        return False
+    return True
+
+
 class StepPlanner:
     """The next source step of an append-only landing table, planned incrementally: each commit of
     the log is parsed once (then kept until the offset passes it), and a step stops parsing once it

@@ -5,8 +5,9 @@ groups it owns. Updates are MERGEs (one Delta commit each) of the keys a flush c
 (:meth:`KeyedStateTable.add`, additive state) or replaced and deleted (:meth:`KeyedStateTable.replace`). A snapshot costs nothing: it is the
 table version after the subtask's last update before its barrier, plus its key-group range
 (``{"table_version": v, "key_groups": [start, end]}``). Restore rebuilds the table from those
-versions (time travel): one RESTORE when every subtask snapshotted the same version, otherwise a
-union of each subtask's key groups at its own version. The snapshot is never a copy; old versions
+versions (time travel): nothing to do when every subtask snapshotted one version and no commit
+since changed a row (a kill before the next flush), otherwise each subtask's key groups at its own
+version, written by one stamped overwrite (a RESTORE outside a recovery, when one version covers all). The snapshot is never a copy; old versions
 stay readable until the table is vacuumed, which must therefore keep what retained checkpoints pin.
 """
 
@@ -213,19 +214,27 @@ class KeyedStateTable:
         """Make the table hold, for every snapshot ``{"table_version", "key_groups"}``, exactly its
         key groups as of its version. Idempotent: running it twice gives the same table.
 
-        With ``epoch`` (a recovery, after :meth:`fence`) the rows are rewritten by one stamped
-        overwrite, so a stalled older recovery's restore landing later is refused inside its
-        commit; a Delta RESTORE cannot carry the stamp. Without, a RESTORE when one snapshot
-        covers every key group (no data rewritten)."""
+        When one snapshot covers every key group and no commit since its version changed a row,
+        nothing is written. Otherwise, with ``epoch`` (a recovery, after :meth:`fence`) the rows
+        are rewritten by one stamped overwrite, so a stalled older recovery's restore landing later
+        is refused inside its commit; a Delta RESTORE cannot carry the stamp. Without, a RESTORE
+        when one snapshot covers every key group (no data rewritten)."""
         from delta.tables import DeltaTable
+
+        from ..delta.log import rows_unchanged_since
 
         versions = {int(s["table_version"]) for s in snapshots}
         covered = sorted(tuple(s["key_groups"]) for s in snapshots)
         full = len(versions) == 1 and _covers_all(covered)
+        if full and rows_unchanged_since(self.path, min(versions)):
+            # The table still holds the snapshot (nothing since it but stamps and compactions, as
+            # after a kill before the next flush): nothing to write. After the recovery's fence no
+            # older epoch can change that, and a newer epoch's fence is checked here as a write's.
+            self._fenced(epoch)
+            return
         if full and epoch is None:
             (version,) = versions
-            if self.version() != version:
-                DeltaTable.forPath(self.spark, self.path).restoreToVersion(version)
+            DeltaTable.forPath(self.spark, self.path).restoreToVersion(version)
             return
         parts = [
             self.read(int(s["table_version"])).where(

@@ -12,6 +12,7 @@ from checkpoint_lib.delta.log import (
     added_files,
     is_delta_table,
     latest_version,
+    rows_unchanged_since,
     schema_at,
     table_features,
 )
@@ -85,3 +86,21 @@ def test_the_step_planner_plans_what_plan_steps_does_and_parses_each_commit_once
     write_deltalake(table, pa.Table.from_pylist([{"event_id": "x", "account": "a", "amount_cents": 1, "memo": "m"}],
                                                 schema=wider), mode="append", schema_mode="merge")
     assert planner.metadata_changed(6, 7) and [f.version for f in planner.next_step(6, 7, 3)] == [7]
+
+
+def test_rows_unchanged_since_a_version_allows_stamps_and_compactions_only(storage_root):
+    """What lets a recovery skip rewriting a state table that still holds its snapshot."""
+    from checkpoint_lib.spark.tables import stamped_commit
+
+    table = _table(storage_root, 3)
+    assert rows_unchanged_since(table, 2) and not rows_unchanged_since(table, 1)
+    stamped_commit(table, "app", [], lambda have: 7)  # a fence: a stamp, no file
+    DeltaTable(table).optimize.compact()  # files rewritten, rows the same (dataChange false)
+    assert latest_version(table) == 4 and rows_unchanged_since(table, 2)
+    assert not rows_unchanged_since(table, 5) and not rows_unchanged_since(storage_root / "none", 0)
+    DeltaTable(table).alter.set_table_properties({"delta.appendOnly": "false"})  # metadata: not the same table
+    assert not rows_unchanged_since(table, 2) and rows_unchanged_since(table, 5)
+    _table(storage_root, 1)  # rows added
+    assert not rows_unchanged_since(table, 5)
+    _expire(storage_root, 4)  # a commit it needs is gone: cannot tell, so no
+    assert not rows_unchanged_since(table, 2)

@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from checkpoint_lib.core.errors import FencedError
+from checkpoint_lib.core.keygroups import DEFAULT_MAX_PARALLELISM
 from checkpoint_lib.core.twophase import Transaction
 from checkpoint_lib.spark import tables
 from checkpoint_lib.spark.channels import DeltaChannelLog
@@ -219,6 +220,26 @@ def test_a_state_merge_racing_the_fence_inside_its_own_job_is_refused(spark, tmp
         state.add(deltas, epoch=1)
     assert os.path.exists(tmp_path / "fired")
     assert read_delta(path)["balance_cents"].tolist() == [100]
+
+
+def test_a_recovery_restoring_what_the_state_table_still_holds_writes_nothing(spark, tmp_path):
+    """A kill after a checkpoint and before the next flush leaves the state table at the version the
+    snapshot pinned: the recovery's restore commits nothing (the fence is the only commit since);
+    one flush later, it rewrites. An older epoch's restore is refused either way."""
+    path = str(tmp_path / "state")
+    state = _state(spark, path)
+    pinned = state.add(_deltas(spark), epoch=1)
+    everything = [{"table_version": pinned, "key_groups": [0, DEFAULT_MAX_PARALLELISM - 1]}]
+    state.fence(2)
+    fenced = state.version()
+    state.restore(everything, epoch=2)
+    assert state.version() == fenced and read_delta(path)["balance_cents"].tolist() == [110]
+    with pytest.raises(FencedError):
+        state.restore(everything, epoch=1)
+    state.add(_deltas(spark, 5), epoch=2)  # a flush after the snapshot: the restore rewrites
+    state.fence(3)
+    state.restore(everything, epoch=3)
+    assert state.version() == fenced + 3 and read_delta(path)["balance_cents"].tolist() == [110]
 
 
 @pytest.mark.slow  # CI tier: a full run and two recoveries
