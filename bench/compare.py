@@ -189,8 +189,8 @@ def provenance(rows: list[dict]) -> str:
     for command, run in runs.items():
         at = sorted(a for a in run["at"] if a)
         last = at[-1][11:] if len(at) > 1 and at[-1][:10] == at[0][:10] else at[-1] if at else ""
-        when = at[0] if len(at) < 2 else f"{at[0]} to {last}"
-        parts.append(f"`{command}` at {', '.join(sorted(run['commit']))}, {when} UTC")
+        when = "" if not at else f", {at[0]} UTC" if len(at) < 2 else f", {at[0]} to {last} UTC"
+        parts.append(f"`{command}` at {', '.join(sorted(run['commit']))}{when}")  # undated: not from the log
     machines = sorted({r.get("machine") for r in rows if r.get("machine")})
     return (f"Measured on {'; '.join(machines) or 'an unrecorded machine'}. "
             f"{'Command' if len(parts) == 1 else 'Commands'}: {'; '.join(parts)}")
