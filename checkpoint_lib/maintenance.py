@@ -756,7 +756,7 @@ def _delete_gx_runs(ctx: _Context) -> None:
                     outcome.kept = (outcome.kept or 0) + 1
                     continue
                 outcome.deleted += 1
-                outcome.bytes_freed += sum(stat.size for _, stat in files.walk_entries(run_dir))
+                outcome.bytes_freed += _du(run_dir)
                 if not ctx.dry_run:
                     files.delete_tree(run_dir)
                     if isinstance(run_dir, Path):  # a filesystem keeps the folders a run emptied
@@ -1042,14 +1042,8 @@ def _state_logs(ctx: _Context) -> None:
             continue
         outcome.keeps = (f"the log checkpoint of version {start} and every commit after it (version {oldest} is "
                          "the oldest a protected or pending checkpoint pins)")
-        doomed, kept = [], 0
-        for name, stat in listed:
-            m = _LOG_FILE.match(name)
-            if m and int(m.group(1)) < start and stat.modification_time / 1000 < cutoff:
-                doomed.append((name, stat.size))
-            else:
-                kept += 1
-        outcome.deleted, outcome.kept = len(doomed), kept
+        doomed = _log_files_below(listed, start, cutoff)
+        outcome.deleted, outcome.kept = len(doomed), len(listed) - len(doomed)
         outcome.bytes_freed = sum(size for _, size in doomed)
         if not ctx.dry_run:
             for name, _ in sorted(doomed):  # oldest first: a gap never opens above what is left
@@ -1103,8 +1097,14 @@ def _expired_log_files(files: Files, table: Location, cutoff: float) -> list[tup
         last = int((files.read_json(log_dir / "_last_checkpoint") or {})["version"])
     except (ValueError, KeyError, TypeError):  # no log checkpoint yet, or not one we can read
         return []
-    return [(name, stat.size) for name, stat in files.entries(log_dir)
-            if (m := _LOG_FILE.match(name)) and int(m.group(1)) < last and stat.modification_time / 1000 < cutoff]
+    return _log_files_below(files.entries(log_dir), last, cutoff)
+
+
+def _log_files_below(listed: Sequence[tuple[str, FileStat]], version: int, cutoff: float) -> list[tuple[str, int]]:
+    """Of a ``_delta_log`` listing, the log files of versions below ``version`` written before
+    ``cutoff`` (name, size): what a log clean-up that starts readers at ``version`` may delete."""
+    return [(name, stat.size) for name, stat in listed
+            if (m := _LOG_FILE.match(name)) and int(m.group(1)) < version and stat.modification_time / 1000 < cutoff]
 
 
 def _control_logs(ctx: _Context) -> None:

@@ -13,7 +13,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 from ..files import files_at
 from ..layout import location
@@ -97,6 +97,11 @@ def _added(table: str | os.PathLike, version: int, actions: list[dict[str, Any]]
     return sorted(files)
 
 
+def _changes_metadata(action: Mapping[str, Any]) -> bool:
+    """Whether a log action changes the table's schema, properties or protocol."""
+    return "metaData" in action or "protocol" in action
+
+
 def rows_unchanged_since(table: str | os.PathLike, version: int) -> bool:
     """Whether every commit after ``version`` left the table's rows as ``version`` had them: no file
     added or removed with a data change and no schema, property or protocol change (a fence's
@@ -107,7 +112,7 @@ def rows_unchanged_since(table: str | os.PathLike, version: int) -> bool:
     try:
         for v in range(version + 1, latest + 1):
             for action in _actions(table, v):
-                if "metaData" in action or "protocol" in action:
+                if _changes_metadata(action):
                     return False
                 change = action.get("add") or action.get("remove")
                 if change is not None and change.get("dataChange", True):
@@ -129,7 +134,7 @@ class StepPlanner:
     def _version(self, version: int) -> tuple[list[AddedFile], bool]:
         if version not in self._versions:
             actions = list(_actions(self.table, version))
-            changed = any("metaData" in a or "protocol" in a for a in actions)
+            changed = any(_changes_metadata(a) for a in actions)
             self._versions[version] = (_added(self.table, version, actions), changed)
         return self._versions[version]
 

@@ -226,16 +226,17 @@ class KeyedStateTable:
         versions = {int(s["table_version"]) for s in snapshots}
         covered = sorted(tuple(s["key_groups"]) for s in snapshots)
         full = len(versions) == 1 and _covers_all(covered)
-        if full and rows_unchanged_since(self.path, min(versions)):
-            # The table still holds the snapshot (nothing since it but stamps and compactions, as
-            # after a kill before the next flush): nothing to write. After the recovery's fence no
-            # older epoch can change that, and a newer epoch's fence is checked here as a write's.
-            self._fenced(epoch)
-            return
-        if full and epoch is None:
+        if full:
             (version,) = versions
-            DeltaTable.forPath(self.spark, self.path).restoreToVersion(version)
-            return
+            if rows_unchanged_since(self.path, version):
+                # The table still holds the snapshot (nothing since it but stamps and compactions,
+                # as after a kill before the next flush): nothing to write. After the recovery's
+                # fence no older epoch can change that; a newer epoch's fence is checked as a write's.
+                self._fenced(epoch)
+                return
+            if epoch is None:
+                DeltaTable.forPath(self.spark, self.path).restoreToVersion(version)
+                return
         parts = [
             self.read(int(s["table_version"])).where(
                 F.col(KEY_GROUP).between(int(s["key_groups"][0]), int(s["key_groups"][1]))
