@@ -92,7 +92,7 @@ def throughput(spark: Any, base: str, size: int, args: argparse.Namespace, log, 
     todo += [PEER] if "peer" in args.contenders else []
     todo += [label_of(m) for m in args.modes]
     done = {}
-    if args.resume and results is not None:
+    if args.resume and results is not None and results.path is not None:
         done = {c: r for c in [FLOOR, *todo] if (r := results.find("throughput", tuple(config.values()), c))}
         todo = [c for c in todo if c not in done]
         if done:
@@ -347,24 +347,25 @@ def main(argv: list[str] | None = None) -> int:
     command = ("python bench/compare.py " + shlex.join(argv if argv is not None else sys.argv[1:])).strip()
     spark = get_spark(app_name="checkpoint_lib-bench", ui=False)
     started = datetime.now(timezone.utc)
-    store = results_log.ResultsLog(args.results, machine=machine(spark), command=command) if args.results else None
+    # a quick run (no --results) stamps its rows the same way and logs nothing
+    store = results_log.ResultsLog(args.results or None, machine=machine(spark), command=command)
     try:
         results = []
         for size in sizes:
             results += throughput(spark, base, size, args, log, store)
-        if store is not None:  # the table holds every size measured with this interval, in any run
+        if store.path is not None:  # the table holds every size measured with this interval, in any run
             results = logged_throughput(store, args.rows_per_checkpoint, args.accounts, args.since) if results else []
         results = with_ratios(results)
 
         def logged(name: str, rows: list[dict]) -> list[dict]:  # kept as soon as the section is done
-            return [store.append(name, r) for r in rows] if store is not None else rows
+            return [store.append(name, r) for r in rows]
 
         ours = "ours" in args.contenders
         skewed = logged("skew", skew(spark, base, skew_size, args, log)) if skew_size and ours else []
         recovered = logged("recovery", recovery_bench.recovery(spark, base, args, log)) \
             if ours and not args.skip_recovery else []
         states = logged("state", state_bench.state_growth(spark, base, args, log)) if ours and not args.skip_state else []
-        local = logged_throughput(store, args.rows_per_checkpoint, args.accounts, args.since) if store else results
+        local = logged_throughput(store, args.rows_per_checkpoint, args.accounts, args.since) if store.path else results
         clustered = logged("cluster", cluster_bench.cluster(spark, base, args, log, local)) \
             if ours and not args.skip_cluster else []
         stored = logged("object-store", object_store_bench.object_store(spark, base, args, log)) \
@@ -372,8 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if args.work is None and not args.keep:
             shutil.rmtree(base, ignore_errors=True)
-    commit = store.commit if store is not None else results_log.git_commit()
-    measured = f"Measured {started:%Y-%m-%d %H:%M} UTC at {commit} on {machine(spark)}"
+    measured = f"Measured {started:%Y-%m-%d %H:%M} UTC at {store.commit} on {machine(spark)}"
     stamp = (f"{measured}; a checkpoint every {args.rows_per_checkpoint:,} events, {args.accounts:,} accounts. "
              f"Command: `{command}`")
     sections = throughput_sections(results, args) if results else {}

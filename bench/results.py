@@ -47,17 +47,18 @@ def config_of(row: Mapping[str, Any]) -> tuple:
 
 class ResultsLog:
     """Append-only JSON lines. Appends are whole lines written with one ``write`` and fsynced; a
-    torn last line (the process died inside the write) is ignored when reading."""
+    torn last line (the process died inside the write) is ignored when reading. With ``path``
+    None nothing is written or read: rows are stamped alone (``make bench-quick``)."""
 
-    def __init__(self, path: str | Path = DEFAULT, *, commit: str | None = None, machine: str = "",
+    def __init__(self, path: str | Path | None = DEFAULT, *, commit: str | None = None, machine: str = "",
                  command: str = ""):
-        self.path = Path(path)
+        self.path = None if path is None else Path(path)
         self.commit = commit if commit is not None else git_commit()
         self.machine = machine
         self.command = command
 
     def rows(self, section: str | None = None) -> list[dict]:
-        if not self.path.exists():
+        if self.path is None or not self.path.exists():
             return []
         out = []
         for line in self.path.read_text().splitlines():
@@ -69,12 +70,19 @@ class ResultsLog:
                 out.append(row)
         return out
 
-    def append(self, section: str, row: Mapping[str, Any]) -> dict:
-        full = {
+    def stamped(self, section: str, row: Mapping[str, Any]) -> dict:
+        """``row`` with where and when it was measured, as the log keeps it (a quick run's rows get
+        the same stamp without being logged)."""
+        return {
             "section": section, **row, "commit": self.commit,
             "measured_at": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
             "machine": self.machine, "command": self.command,
         }
+
+    def append(self, section: str, row: Mapping[str, Any]) -> dict:
+        full = self.stamped(section, row)
+        if self.path is None:
+            return full
         line = json.dumps(full, sort_keys=True, default=_plain) + "\n"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as f:

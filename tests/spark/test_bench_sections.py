@@ -191,3 +191,20 @@ def test_the_tables_of_a_quick_run_render_without_a_results_log():
     sections = throughput_sections(rows, args)
     text = "\n".join(sections.values())
     assert "(not recorded)" in text and "8.06" in text
+
+
+def test_a_quick_run_stamps_its_rows_with_its_command_and_commit_and_logs_nothing(tmp_path, monkeypatch):
+    """make bench-quick logs nothing, yet its tables say what measured them, like a logged run's
+    (they said "(not recorded) at unknown")."""
+    from bench.compare import parse_args, throughput_sections, with_ratios
+    from bench.results import ResultsLog
+
+    monkeypatch.chdir(tmp_path)
+    quick = ResultsLog(None, commit="abc1234", machine="2 cores", command="python bench/compare.py --quick")
+    rows = [quick.append("throughput", _row(100_000, "floor (plain Spark batch)", 3.1)),
+            quick.append("throughput", _row(100_000, "ours, aligned", 25.0))]
+    assert quick.rows() == [] and list(tmp_path.iterdir()) == []
+    args, _, _ = parse_args(["--quick"])
+    text = "\n".join(throughput_sections(with_ratios(rows), args).values())
+    assert "`python bench/compare.py --quick` at abc1234, 20" in text and "Measured on 2 cores" in text
+    assert "(not recorded)" not in text and "8.06" in text
