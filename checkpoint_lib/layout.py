@@ -48,8 +48,9 @@ def location(path: str | os.PathLike[str]) -> Path | ObjectUri:
 
 
 def warehouse_location(warehouse: str | os.PathLike[str]) -> str:
-    """The one normal form of a warehouse root: an object-store URI as given (no trailing ``/``), a
-    local path absolute (``~`` expanded)."""
+    """The one normal form of a warehouse root (and of any folder given by a user: a landing
+    folder, its manifest): an object-store URI as given (no trailing ``/``), a local path absolute
+    (``~`` expanded)."""
     if is_remote(str(warehouse)):
         return str(ObjectUri(str(warehouse)))
     return os.path.abspath(os.path.expanduser(warehouse))

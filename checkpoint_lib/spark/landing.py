@@ -114,6 +114,7 @@ from pyspark.sql import types as T
 from ..delta import log as delta_log
 from ..delta.log import AddedFile
 from ..files import files_at
+from ..layout import warehouse_location
 from ..objectstore import is_remote
 
 FORMATS = ("json", "csv", "parquet")
@@ -205,8 +206,8 @@ class LandingFolderSource:
         if estimated_row_bytes < 1:
             raise ValueError(f"estimated_row_bytes must be >= 1, got {estimated_row_bytes}")
         self.spark = spark
-        self.folder = _absolute(folder)
-        self.manifest_path = _absolute(manifest_path)
+        self.folder = warehouse_location(folder)
+        self.manifest_path = warehouse_location(manifest_path)
         self._files = files_at(self.folder)
         self.format = format
         self.estimated_row_bytes = estimated_row_bytes
@@ -511,11 +512,6 @@ def _check_name(name: str, folder: str) -> None:
             f"{os.path.join(folder, name)}: file names with ':' cannot be read by Spark (Hadoop "
             "paths); rename it (nothing was registered)"
         )
-
-
-def _absolute(path: str | os.PathLike) -> str:
-    """A local path made absolute; an object-store URI as given (no trailing ``/``)."""
-    return str(path).rstrip("/") if is_remote(str(path)) else os.path.abspath(path)
 
 
 def _spark_path(path: str) -> str:

@@ -86,6 +86,15 @@ def test_discover_registers_new_files_once_one_version_per_call(spark, tmp_path)
     assert all(r["rows_exact"] is False for r in manifest)
 
 
+def test_a_folder_given_from_home_is_the_one_in_home(spark, tmp_path, monkeypatch):
+    """``~/landing`` is the home folder's, as for a warehouse (it was taken as a folder named
+    ``~`` under the working directory)."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    s = LandingFolderSource(spark, "~/landing/", "~/manifest", SCHEMA)
+    assert (s.folder, s.manifest_path) == (str(tmp_path / "home" / "landing"), str(tmp_path / "home" / "manifest"))
+
+
 def test_is_ignored():
     assert not is_ignored("part-0001.json")
     for name in (".x.json", "_tmp_x.json", "x.TMP", "x.json.inprogress", "x.crc", "x.partial"):
