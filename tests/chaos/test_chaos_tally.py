@@ -23,3 +23,19 @@ def test_scenarios_are_deterministic_and_chain_up_to_three_recovery_kills():
     assert drawn == [scenario(seed) for seed in range(200)]
     assert {len(s.then) for s in drawn} == {0, 1, 2, 3}
     assert all(s.chain[0] == s.first for s in drawn)
+
+
+def test_the_generated_page_names_the_whole_command_and_the_scenarios_run_before():
+    """docs/reliability.md said `--runs 41` for a run of 41 payments/transfers and 41 orders seeds
+    at 2 jobs, and took the minutes of the last invocation for the whole table."""
+    import argparse
+
+    from run_chaos import command_of, generated
+
+    args = argparse.Namespace(runs=41, first_seed=0, orders_runs=41, jobs=2, skip_hostile=False, skip_races=False,
+                              results="tests/chaos/results.jsonl")
+    assert command_of(args) == 'make chaos CHAOS_ARGS="--runs 41 --orders-runs 41 --jobs 2"'
+    args.skip_races = True
+    assert command_of(args).endswith('--jobs 2 --skip-races"')
+    text = generated([], [], args, 600.0, kept=46)
+    assert "this invocation took 10 min (46 of the scenarios below were run by earlier invocations" in text
