@@ -54,6 +54,30 @@ def latest_version(table: str | os.PathLike) -> int | None:
     return max(versions, default=None)
 
 
+def clear_abandoned_creation(table: str | os.PathLike) -> bool:
+    """Remove what a table creation killed before its first commit left, and say whether there was
+    any. Delta makes the ``_delta_log`` folder before it writes commit 0, and Spark takes any such
+    folder for a table: ``CREATE TABLE IF NOT EXISTS`` then does nothing and the table is "not
+    found", in every later run. Everything under a ``_delta_log`` without a commit goes (temporary
+    and checksum files, empty folders); a commit never does, so a creation that lands meanwhile
+    keeps it (a creator racing this one may lose its temporary file: it raises, the next attempt
+    creates the table). False, touching nothing, when the table has a commit or no log folder."""
+    log = _log(table)
+    files = files_at(log)
+    if not files.exists(log) or latest_version(table) is not None:
+        return False
+    for path in list(files.walk(log)):
+        if not _COMMIT.match(path.name):
+            files.delete(path)
+    if isinstance(log, Path):  # a filesystem's folders, deepest first; one a creator wrote into stays
+        for folder, _, _ in os.walk(log, topdown=False):
+            try:
+                os.rmdir(folder)
+            except OSError:
+                pass
+    return True
+
+
 def _actions(table: str | os.PathLike, version: int) -> Iterator[dict[str, Any]]:
     path = _log(table) / f"{version:020d}.json"
     try:

@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Iterator, Mapping, TypeVar
 from pyspark.sql import Column, SparkSession
 from pyspark.sql import types as T
 
-from ..delta.log import is_delta_table
+from ..delta.log import clear_abandoned_creation, is_delta_table
 from ..objectstore import is_remote
 
 log = logging.getLogger(__name__)
@@ -259,9 +259,11 @@ def create_if_missing(
 ) -> None:
     """Create an empty Delta table at ``path`` unless one exists, with the table ``properties``
     (``delta.*`` settings) given. Idempotent and race-safe: two creators racing both end with the
-    table (the loser's commit of version 0 fails). An existing table keeps its own properties."""
+    table (the loser's commit of version 0 fails). An existing table keeps its own properties; what
+    a creation killed before its first commit left is cleared first."""
     if is_delta_table(path):
         return
+    clear_abandoned_creation(path)  # a creation killed before its first commit: Spark would see a table
     if not is_remote(path):  # an object store has no folders to make
         os.makedirs(os.path.dirname(path.rstrip("/")) or ".", exist_ok=True)
     from delta.tables import DeltaTable

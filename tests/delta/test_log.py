@@ -10,6 +10,7 @@ from deltalake import DeltaTable, write_deltalake
 from checkpoint_lib.delta.log import (
     MissingLogError,
     added_files,
+    clear_abandoned_creation,
     is_delta_table,
     latest_version,
     rows_unchanged_since,
@@ -104,3 +105,17 @@ def test_rows_unchanged_since_a_version_allows_stamps_and_compactions_only(stora
     assert not rows_unchanged_since(table, 5)
     _expire(storage_root, 4)  # a commit it needs is gone: cannot tell, so no
     assert not rows_unchanged_since(table, 2)
+
+
+def test_what_a_creation_killed_before_its_first_commit_left_is_cleared_and_a_commit_never_is(storage_root):
+    files = files_at(storage_root)
+    log = storage_root / "t" / "_delta_log"
+    assert not clear_abandoned_creation(storage_root / "t")  # nothing there
+    files.put(log / ".00000000000000000000.json.5f1e.tmp", b'{"commitInfo":{}}')  # killed before its rename
+    files.put(log / "_staged_commits" / ".keep", b"")
+    assert clear_abandoned_creation(storage_root / "t")
+    assert not files.exists(log) and not is_delta_table(storage_root / "t")
+    table = _table(storage_root / "t", 2)  # a creation that lands: its commits are never touched
+    files.put(log / ".00000000000000000002.json.9a9a.tmp", b"{}")
+    assert not clear_abandoned_creation(table)
+    assert latest_version(table) == 1 and files.exists(log / ".00000000000000000002.json.9a9a.tmp")
