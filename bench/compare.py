@@ -81,10 +81,10 @@ QUICK = {"sizes": "100000", "rows_per_checkpoint": 25_000, "accounts": 2_000,
          "results": ""}  # a quick run's figures are a smoke test: they stay out of the results log
 
 
-def throughput(spark: Any, base: str, size: int, args: argparse.Namespace, log, results=None) -> list[dict]:
+def throughput(spark: Any, base: str, size: int, args: argparse.Namespace, log, results: results_log.ResultsLog) -> list[dict]:
     """One size: every contender on the same landing table, verified against the floor. Each row
-    goes into ``results`` (a :class:`bench.results.ResultsLog`) once its outputs were checked;
-    with ``args.resume`` a contender that log already holds for this configuration is not run
+    goes into ``results`` (a :class:`bench.results.ResultsLog`; a quick run's has no path and only
+    stamps it) once its outputs were checked; with ``args.resume`` a contender that log already holds for this configuration is not run
     again (the floor runs whenever another contender needs its outputs to be checked against)."""
     k = args.rows_per_checkpoint
     config = {"events": size, "rows_per_checkpoint": k, "accounts": args.accounts}
@@ -92,7 +92,7 @@ def throughput(spark: Any, base: str, size: int, args: argparse.Namespace, log, 
     todo += [PEER] if "peer" in args.contenders else []
     todo += [label_of(m) for m in args.modes]
     done = {}
-    if args.resume and results is not None and results.path is not None:
+    if args.resume and results.path is not None:
         done = {c: r for c in [FLOOR, *todo] if (r := results.find("throughput", tuple(config.values()), c))}
         todo = [c for c in todo if c not in done]
         if done:
@@ -112,7 +112,7 @@ def throughput(spark: Any, base: str, size: int, args: argparse.Namespace, log, 
 
     def measured(contender: str, figures: dict) -> None:
         row = {**config, "contender": contender, **figures}
-        rows.append(results.append("throughput", row) if results is not None else row)
+        rows.append(results.append("throughput", row))
 
     floor_out = f"{data}/floor"
     measured(FLOOR, run_floor(spark, landing, floor_out))
@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         recovered = logged("recovery", recovery_bench.recovery(spark, base, args, log)) \
             if ours and not args.skip_recovery else []
         states = logged("state", state_bench.state_growth(spark, base, args, log)) if ours and not args.skip_state else []
-        local = logged_throughput(store, args.rows_per_checkpoint, args.accounts, args.since) if store.path else results
+        local = logged_throughput(store, args.rows_per_checkpoint, args.accounts, args.since) if store.path is not None else results
         clustered = logged("cluster", cluster_bench.cluster(spark, base, args, log, local)) \
             if ours and not args.skip_cluster else []
         stored = logged("object-store", object_store_bench.object_store(spark, base, args, log)) \

@@ -130,7 +130,8 @@ def _races(docs: Path) -> int:
 
 
 def command_of(args: argparse.Namespace) -> str:
-    """The ``make chaos`` invocation ``args`` came from, every option that changes what ran."""
+    """The ``make chaos`` invocation ``args`` came from: every option that changes what ran, and the
+    scenarios at once (``--jobs``: what the invocation's minutes depend on)."""
     given = [f"--runs {args.runs}"]
     given += [f"--first-seed {args.first_seed}"] if args.first_seed else []
     given += [f"--orders-runs {args.orders_runs}", f"--jobs {args.jobs}"]
