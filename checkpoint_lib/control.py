@@ -453,9 +453,9 @@ class PipelineControl:
         return {name: sorted(txns.values()) for name, txns in owned.items()}
 
     def _sinks(self, spark: "SparkSession | None") -> dict[str, Any]:
-        """The pipeline's sinks as :class:`~checkpoint_lib.spark.sinks.DeltaTwoPhaseSink` (the same
-        construction as the runner's: :func:`~checkpoint_lib.spark.sinks.pipeline_sinks`). With ``spark=None`` only the delta-rs reads work (the commit
-        stamps): parsing the schema needs a running Spark context."""
+        """The pipeline's sinks as :class:`~checkpoint_lib.spark.sinks.SinkWriter` (the same
+        construction as the runner's: :func:`~checkpoint_lib.spark.sinks.pipeline_sinks`). With ``spark=None`` only the
+        control-plane reads work (the commit stamps): parsing the schema needs a running Spark context."""
         from .spark.sinks import pipeline_sinks
 
         return pipeline_sinks(spark, self.pipeline(), self.warehouse, str(self.root), check_epoch=self.store.check_epoch)

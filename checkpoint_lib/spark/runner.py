@@ -53,7 +53,8 @@ from .context import RunContext, RunSummary
 from .keyed_stage import KeyedStage
 from .recovery import Recovery
 from .session import use_warehouse
-from .source_stage import SchemaMismatchError, SourceStage
+from .source_stage import SourceStage
+from .sources import SchemaMismatchError
 from .topology import Topology
 
 __all__ = ["PipelineRunner", "RunSummary", "SchemaMismatchError", "STAGES"]

@@ -26,13 +26,18 @@ skips a write whose version is not above the table's, and one racing the fence c
 application id and is skipped on retry. A recovery (epoch F) first raises every sink's stamp to ``F
 << 32 | its checkpoint`` (:meth:`fence`); the zombie reads the stamp after its write and stops.
 Tables stamped before this scheme (one application id per epoch, ``.../e<epoch>``) are still read.
+
+Every kind of sink is behind :class:`SinkWriter`, what the runtime (the keyed stage, completion,
+recovery, control, the Airflow hook) calls on a sink; :func:`pipeline_sinks` builds each from its
+declaration by the kind it was registered as (:func:`register_sink`): a new kind of sink is its
+declaration, its writer and one ``register_sink`` call, in one file.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-
-from typing import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Protocol
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import Window
@@ -43,8 +48,9 @@ from ..core.twophase import Transaction
 from ..delta.log import is_delta_table
 from ..delta.pending import HANDLE_COLUMN, PendingFiles, add_actions
 from ..files import files_at
+from ..kinds import Kinds
 from ..layout import PENDING_FOLDER, sink_transactions
-from ..pipeline import Pipeline, check_relative_path
+from ..pipeline import DeltaSink, Pipeline, check_relative_path
 from . import tables
 
 _ORDER_COLUMNS = [T.StructField("txn_seq", T.LongType(), False), T.StructField("flush", T.LongType(), False)]
@@ -64,21 +70,96 @@ def stamp_prefix(pipeline: str, sink: str) -> str:
     return f"{app_prefix(pipeline)}/{sink}/"
 
 
+class SinkWriter(Protocol):
+    """One logical sink of a pipeline (every subtask of it shares it), as the runtime uses it;
+    the transactions' bookkeeping is the core's (:mod:`checkpoint_lib.core.twophase`).
+
+    - :meth:`create`: the target and the sink's own folders, if missing (idempotent);
+    - :meth:`stage`: write ``rows`` (a DataFrame with :data:`~checkpoint_lib.delta.pending.HANDLE_COLUMN`
+      naming each row's transaction, one of ``handles``) durably into those open transactions, as
+      flush ``flush``: nothing visible in the target;
+    - :meth:`commit`: make ``txns`` (every subtask's, up to ``checkpoint_id``) visible in the
+      target, idempotently (a repeated commit is a no-op) and fenced inside the commit itself (a
+      writer of an epoch older than the sink's fence is refused with ``FencedError``); returns
+      the ones it committed;
+    - :meth:`abort` / :meth:`discard`: delete what the transactions wrote (abort also their
+      bookkeeping), never anything the target refers to;
+    - :meth:`fence`: from now on refuse every commit of an older epoch (recovery, before restoring);
+    - :meth:`uncommitted` / :meth:`is_committed`: which transactions the target does not hold yet;
+    - :meth:`rollback_version` / :meth:`rollback_to`: the target as checkpoint ``checkpoint_id``
+      committed it (for a rollback to an older checkpoint or savepoint);
+    - :meth:`open_transactions`: every transaction with files or bookkeeping left (recovery
+      aborts those no checkpoint owns).
+    """
+
+    name: str
+
+    def create(self) -> None: ...
+
+    def stage(self, rows: DataFrame, handles: dict[int, Transaction], flush: int) -> None: ...
+
+    def commit(self, txns: list[Transaction], checkpoint_id: int, writer_epoch: int) -> list[Transaction]: ...
+
+    def abort(self, txns: Iterable[Transaction]) -> None: ...
+
+    def discard(self, txns: Iterable[Transaction]) -> None: ...
+
+    def fence(self, epoch: int) -> None: ...
+
+    def uncommitted(self, txns: Iterable[Transaction]) -> list[Transaction]: ...
+
+    def is_committed(self, txn: Transaction) -> bool: ...
+
+    def rollback_version(self, checkpoint_id: int) -> int | None: ...
+
+    def rollback_to(self, checkpoint_id: int) -> int | None: ...
+
+    def open_transactions(self) -> list[Transaction]: ...
+
+
+@dataclass(frozen=True)
+class SinkSite:
+    """Where a sink writes and for whom: what a writer's factory gets. ``spark`` is None for the
+    readers that need only the control plane (the commit stamps, the rollback version)."""
+
+    spark: SparkSession | None
+    name: str  # the sink's name in the pipeline
+    location: str  # the declaration's path in the warehouse
+    transactions: str  # the sink's bookkeeping folder under the checkpoint root
+    app_prefix: str  # what the pipeline's Delta application ids start with
+    check_epoch: Callable[[int], None] | None = None
+
+
+_KINDS: Kinds[SinkWriter] = Kinds("sink", "writer", "checkpoint_lib.spark.sinks.register_sink")
+register_sink = _KINDS.register
+"""``register_sink(declaration type, factory)``: sinks declared as instances of that type (or of a
+subclass with none of its own) are run by ``factory(declaration, SinkSite)``."""
+
+
+def sink_writer(declaration: Any, site: SinkSite) -> SinkWriter:
+    return _KINDS.build(declaration, site, f"sink {site.name!r}")
+
+
 def pipeline_sinks(
     spark: SparkSession | None, pipeline: Pipeline, warehouse: str, root: str,
     check_epoch: Callable[[int], None] | None = None,
-) -> dict[str, DeltaTwoPhaseSink]:
+) -> dict[str, SinkWriter]:
     """The sinks of ``pipeline`` (warehouse ``warehouse``, checkpoint root ``root``): the one
     construction, for the runner and for :class:`~checkpoint_lib.control.PipelineControl`. With
-    ``spark=None`` only the delta-rs reads work (the commit stamps, the rollback version)."""
+    ``spark=None`` only the control-plane reads work (the commit stamps, the rollback version)."""
     return {
-        name: DeltaTwoPhaseSink(
-            spark, name, f"{warehouse}/{check_relative_path(s.path)}", str(sink_transactions(root, name)),
-            tables.struct_type(s.schema) if spark is not None else None, app_prefix=app_prefix(pipeline.name),
-            mode=s.mode, keys=s.keys, check_epoch=check_epoch,
-        )
+        name: sink_writer(s, SinkSite(spark, name, f"{warehouse}/{check_relative_path(s.path)}",
+                                      str(sink_transactions(root, name)), app_prefix(pipeline.name), check_epoch))
         for name, s in pipeline.sinks.items()
     }
+
+
+def _delta_sink(s: DeltaSink, site: SinkSite) -> "DeltaTwoPhaseSink":
+    return DeltaTwoPhaseSink(
+        site.spark, site.name, site.location, site.transactions,
+        tables.struct_type(s.schema) if site.spark is not None else None, app_prefix=site.app_prefix,
+        mode=s.mode, keys=s.keys, check_epoch=site.check_epoch,
+    )
 
 
 TXN_RETENTION = "delta.setTransactionRetentionDuration"
@@ -461,3 +542,6 @@ class DeltaTwoPhaseSink:
         ones whose clean-up a crash interrupted included): recovery re-commits those the restored
         checkpoint owns (a no-op for committed ones) and aborts the rest."""
         return self.pending.transactions()
+
+
+register_sink(DeltaSink, _delta_sink)

@@ -1,7 +1,8 @@
-"""The source stage of a process: the landing table, read step by step, to the keyed operator.
+"""The source stage of a process: the source, read step by step, to the keyed operator.
 
-A step reads the next whole versions of the landing table (about ``rows_per_step`` rows, planned
-from its Delta log: :class:`~checkpoint_lib.delta.log.StepPlanner`), sends the bad rows to the
+A step reads the next whole versions of the source (about ``rows_per_step`` rows, planned from its
+log by its reader: :mod:`checkpoint_lib.spark.sources`, the one place that knows a kind of
+source), sends the bad rows to the
 dead-letter table (a stamped append: idempotent), applies the pipeline's ``map()`` steps and routes
 the records to the operator's subtasks by its partitioner. Then, **chained** (both stages in this
 process, nothing lagging, no cycle), the records go to the keyed operator in the same Spark plan
@@ -12,7 +13,6 @@ checkpoint, the sources acknowledge with their offsets before the barrier goes o
 
 from __future__ import annotations
 
-import os
 import uuid
 from typing import Any, Callable
 
@@ -29,13 +29,10 @@ from .channels import BARRIER, DATA
 from .context import RunContext
 from .partitioning import route
 from .sinks import app_prefix
+from .sources import SourceSite, source_reader
 from .topology import OFFSET_COLUMNS
 
 DLQ_ATTEMPTS = 5
-
-
-class SchemaMismatchError(ValueError):
-    """The landing table's schema does not have the columns and types the pipeline needs."""
 
 
 class SourceStage:
@@ -50,14 +47,14 @@ class SourceStage:
         self.runs_keyed = runs_keyed  # the keyed stage runs in this process (it completes checkpoints)
         self.keyed = keyed  # chained: the keyed stage the records go to directly (None: the channel log)
         self.on_effects = on_effects
-        self._ignored_columns: list[str] = []
         self.reset()
 
     def reset(self) -> None:
-        """A new process: positions unknown until restored or resumed, the log not parsed yet."""
+        """A new process: positions unknown until restored or resumed, the source's log not parsed yet."""
         self.offset, self.next_seq = -1, 0
-        self.schema_checked_at = -1
-        self.planner = delta_log.StepPlanner(self.t.source_path)  # the landing log, parsed once per version
+        ctx, spec = self.ctx, self.ctx.pipeline.source_spec
+        self.source = source_reader(spec, SourceSite(ctx.spark, self.t.path(spec.path), self.t.root,
+                                                     ctx.pipeline.name, ctx.progress))
         # a lagging source subtask's records and barrier of the last step, not in the channel yet
         self._deferred: tuple[DataFrame | None, tuple[int, float] | None] | None = None
 
@@ -85,24 +82,15 @@ class SourceStage:
     def backlog_rows(self) -> int:
         """The rows landed (or registered, for a folder) beyond the offset: what is left to read.
         Control plane only: the log's (or manifest's) row counts, no data read."""
-        if self.t.folder is not None:
-            latest = self.t.folder.latest_version()
-            return 0 if latest is None else sum(max(f.rows, 0) for f in self.t.folder.added_files(self.offset, latest))
-        latest = delta_log.latest_version(self.t.source_path)
-        return 0 if latest is None else self.planner.rows_between(self.offset, latest)
+        latest = self.source.latest()
+        return 0 if latest is None else self.source.pending_rows(self.offset, latest)
 
     def step(self) -> bool:
         """Read the next versions of the landing table into the channel log. False: nothing new."""
         self.sync_pending()
-        if self.t.folder is not None:
+        if self.source.writes_on_discover:
             self.ctx.fence()
-            latest = self.t.folder.discover()  # registers new files: the manifest version is the offset
-        else:
-            latest = delta_log.latest_version(self.t.source_path)
-            if latest is None:
-                raise FileNotFoundError(
-                    f"no landing table at {self.t.source_path}: generate data first (ckpt generate {self.ctx.pipeline.name})"
-                )
+        latest = self.source.discover()
         if latest is None or latest <= self.offset:
             self.on_effects(self.ctx.coordinator.expire())  # no barrier without a source step...
             requested = self._requested_trigger(None)  # ...unless someone asked for a checkpoint
@@ -110,15 +98,7 @@ class SourceStage:
                 return False
             self.send(None, [], requested)
             return True
-        if self.t.folder is not None:
-            steps = delta_log.plan_steps(self.t.folder.added_files(self.offset, latest), self.rows_per_checkpoint)
-            step = steps[0] if steps else []
-        else:
-            if self.schema_checked_at != latest:
-                if self.schema_checked_at < 0 or self.planner.metadata_changed(self.schema_checked_at, latest):
-                    self._check_schema(latest)
-                self.schema_checked_at = latest
-            step = self.planner.next_step(self.offset, latest, self.rows_per_checkpoint)
+        step = self.source.next_step(self.offset, latest, self.rows_per_checkpoint)
         end_version = max((f.version for f in step), default=latest) if step else latest
         effects = self.ctx.coordinator.tick()
         triggers = [e for e in effects if isinstance(e, TriggerCheckpoint)]  # at most one
@@ -145,33 +125,6 @@ class SourceStage:
         if honoured:
             self.ctx.progress(f"checkpoint {trigger.checkpoint_id} answers requests {[r.request_id for r in honoured]}")
         return trigger
-
-    def _check_schema(self, version: int) -> None:
-        features = delta_log.table_features(self.t.source_path, version)
-        if features & {"deletionVectors", "columnMapping"}:
-            raise SchemaMismatchError(
-                f"{self.t.source_path} uses {sorted(features & {'deletionVectors', 'columnMapping'})}: "
-                "an incremental source needs plain append-only Parquet files"
-            )
-        have = delta_log.schema_at(self.t.source_path, version)
-        want = self.ctx.pipeline.source_spec.schema
-        problems = [
-            f"column {c!r} is missing" if c not in have else f"column {c!r} is {have[c]}, expected {t}"
-            for c, t in want.items()
-            if have.get(c) != t
-        ]
-        if problems:
-            raise SchemaMismatchError(
-                f"{self.t.source_path} at version {version} does not fit pipeline {self.ctx.pipeline.name!r}: "
-                + "; ".join(problems) + ". Nothing was read or written."
-            )
-        extra = sorted(set(have) - set(want))
-        if extra and extra != self._ignored_columns:  # schema drift that loses nothing the pipeline reads
-            self._ignored_columns = extra
-            self.ctx.progress(
-                f"{self.t.source_path} at version {version} has columns pipeline {self.ctx.pipeline.name!r} does not "
-                f"declare: {extra} (ignored; declare them in the source schema to use them)"
-            )
 
     def send(self, end_version: int | None, step: list, trigger: TriggerCheckpoint | None) -> None:
         """Send one source step (the landing files ``step``, up to ``end_version``; then the barrier
@@ -292,14 +245,8 @@ class SourceStage:
         wrong type, without the key they are keyed by, or refused by the source's ``validate``) go
         to the dead-letter table."""
         p = self.ctx.pipeline
-        if self.t.folder is not None:
-            df = self.t.folder.read(step)  # parse errors are in _error already
-            names = [(f.path, f.version, i % self.t.S) for i, f in enumerate(step)]
-            files = self.ctx.spark.createDataFrame(names, "src_file string, src_version long, sender int")
-            df = df.join(F.broadcast(files), ["src_file", "src_version"])
-        else:
-            df = self._read_delta_step(step).withColumn("_error", F.lit(None).cast("string"))
-        validate = p.source_spec.validate
+        df = self.source.read(step, self.t.S)  # parse errors are in _error already
+        validate = getattr(p.source_spec, "validate", None)
         if validate is not None:
             df = df.withColumn("_error", F.coalesce(F.col("_error"), validate(df)))
         # a record without its key has no key group, no subtask and no state row: a dead letter
@@ -307,11 +254,11 @@ class SourceStage:
         if key_check:
             df = df.withColumn("_error", F.coalesce(
                 F.col("_error"), F.when(F.col(p.key).isNull(), F.lit(f"null key {p.key}"))))
-        if validate is not None or key_check or self.t.folder is not None:
+        if validate is not None or key_check or self.source.caches_step:
             # Parsed text is read once, used twice (dead letters, then the channel), unpersisted
             # after the step. Parquet is read twice instead: a vectorized scan of the step's files
             # costs less than building the cache (a 1M-row step's dead letters: 2.1 s against 4.7 s).
-            if self.t.folder is not None:
+            if self.source.caches_step:
                 df = self.ctx.cached(df)
             bad = df.where(F.col("_error").isNotNull())
             self.ctx.reached("dlq")
@@ -343,28 +290,6 @@ class SourceStage:
         )
         self.ctx.progress(f"bootstrap: reading {b.path} at version {version}")
         return b.to_records(df)
-
-    def _read_delta_step(self, step: list) -> DataFrame:
-        """The step's rows of the landing Delta table with sender and offsets. The step's files are
-        known exactly from the Delta log, and the table is append-only without deletion vectors
-        or column mapping (checked with the schema), so its Parquet files are read directly: that
-        gives each row its offset (file, row index)."""
-        from urllib.parse import unquote
-
-        p = self.ctx.pipeline
-        paths = [f"{self.t.source_path}/{unquote(f.path)}" for f in step]
-        names = [(os.path.basename(unquote(f.path)), f.version, i % self.t.S) for i, f in enumerate(step)]
-        files = self.ctx.spark.createDataFrame(names, "src_file string, src_version long, sender int")
-        schema = tables.struct_type(p.source_spec.schema)
-        return (
-            self.ctx.spark.read.schema(schema).parquet(*paths)
-            .select(
-                *p.source_spec.schema.keys(),
-                F.col("_metadata.file_name").alias("src_file"),  # the name, decoded: no per-row split
-                F.col("_metadata.row_index").alias("src_row"),
-            )
-            .join(F.broadcast(files), "src_file")
-        )
 
     def _write_dlq(self, bad: DataFrame, end_version: int) -> None:
         """Append the step's bad rows, idempotently: stamped ``(dlq app id, end_version)``, and

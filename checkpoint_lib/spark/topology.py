@@ -2,10 +2,11 @@
 becomes in a warehouse, for the runner and for every reader that needs the same pieces.
 
 :class:`Topology` holds, for one pipeline at one parallelism: the subtasks (source, operator and
-sink subtasks, as the coordinator and the snapshots name them), the landing source, the channel
+sink subtasks, as the coordinator and the snapshots name them), the channel
 logs (the source edge, and the feedback edge of a cycle), the keyed state table, the sinks, the
-dead-letter table and the channel-state table, at the paths :mod:`checkpoint_lib.layout` defines.
-Building it reads and writes nothing.
+dead-letter table and the channel-state table, at the paths :mod:`checkpoint_lib.layout` defines
+(the source's reader is the source stage's: :mod:`checkpoint_lib.spark.sources`). Building it
+reads and writes nothing.
 """
 
 from __future__ import annotations
@@ -16,12 +17,11 @@ from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
 from ..core.types import SubtaskId
-from ..layout import channel_log, channel_state_table, checkpoint_root, source_manifest, state_table, warehouse_location
-from ..pipeline import FolderSource, Pipeline
+from ..layout import channel_log, channel_state_table, checkpoint_root, state_table, warehouse_location
+from ..pipeline import Pipeline
 from . import tables
 from .channels import DeltaChannelLog
-from .landing import LandingFolderSource
-from .sinks import DeltaTwoPhaseSink, app_prefix, pipeline_sinks
+from .sinks import SinkWriter, app_prefix, pipeline_sinks
 from .state import KEY_GROUP, KeyedStateTable
 
 OFFSET_COLUMNS = (("src_version", "long"), ("src_file", "string"), ("src_row", "long"))
@@ -43,14 +43,6 @@ class Topology:
         self.sink_ids = {name: [SubtaskId(f"sink_{name}", i) for i in range(self.P)] for name in p.sinks}
         self.tasks = self.sources + self.keyed + [s for ids in self.sink_ids.values() for s in ids]
 
-        src = p.source_spec
-        self.source_path = self.path(src.path)
-        self.folder: LandingFolderSource | None = None
-        if isinstance(src, FolderSource):
-            self.folder = LandingFolderSource(
-                spark, self.source_path, str(source_manifest(self.root)), src.schema,
-                format=src.format, options=src.options,
-            )
         self.payload = tables.struct_type([*p.record_schema.items(), (KEY_GROUP, "int"), *OFFSET_COLUMNS])
         self.channel = DeltaChannelLog(spark, str(channel_log(self.root, SOURCE, p.operator_uid)), self.payload)
         # a cycle: what the operator sends to itself, a log per (sending subtask, receiving subtask)
@@ -68,7 +60,7 @@ class Topology:
                 key_type=T._parse_datatype_string(p.record_schema[p.key]), ttl=p.state_ttl,
             )
         self.dlq_path = self.path(p.dlq_path)
-        self.sinks: dict[str, DeltaTwoPhaseSink] = pipeline_sinks(spark, p, self.warehouse, self.root,
+        self.sinks: dict[str, SinkWriter] = pipeline_sinks(spark, p, self.warehouse, self.root,
                                                                   check_epoch=check_epoch)
 
     def path(self, relative: str) -> str:

@@ -1,0 +1,211 @@
+"""The kinds of source a source stage reads, behind one small protocol.
+
+A source is replayable by offsets that are the versions of a log: the landing Delta table's own
+(:class:`~checkpoint_lib.pipeline.DeltaSource`), or the manifest that registers a landing folder's
+files (:class:`~checkpoint_lib.pipeline.FolderSource`, :mod:`checkpoint_lib.spark.landing`). A
+step is a list of whole versions' files (:class:`~checkpoint_lib.delta.log.AddedFile`), planned
+from that log on the driver without reading any data; the source stage does everything else the
+same way for every kind (dead letters, ``map()`` steps, routing, the channel or the chained
+operator, the sources' acknowledgements with their offsets).
+
+A new kind of source is one class implementing :class:`SourceReader` and one
+:func:`register_source` call for its declaration (a dataclass with ``path``, ``schema`` and
+``validate``, as the two above), in one file: nothing else in the runtime names a kind of source.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+from urllib.parse import unquote
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from ..delta import log as delta_log
+from ..delta.log import AddedFile
+from ..kinds import Kinds
+from ..layout import source_manifest
+from ..pipeline import DeltaSource, FolderSource
+from . import tables
+from .landing import LandingFolderSource
+
+
+class SchemaMismatchError(ValueError):
+    """The landing table's schema does not have the columns and types the pipeline needs."""
+
+
+class SourceReader(Protocol):
+    """One kind of source, as a source stage reads it. Built once per process (it may keep what
+    it parsed of its log); every method but :meth:`discover` only reads.
+
+    - ``caches_step``: its rows are parsed (text): the stage caches a step's read for the step,
+      since the dead letters and the records both read it;
+    - ``writes_on_discover``: :meth:`discover` writes (a manifest): the stage checks its fence first;
+    - :meth:`latest`: the newest offset, None before anything landed (registers nothing);
+    - :meth:`discover`: the newest offset after registering what landed, if the kind registers;
+      raises :class:`FileNotFoundError` when the source does not exist;
+    - :meth:`pending_rows`: the rows of offsets ``after+1 .. upto`` (from the log, no data read);
+    - :meth:`next_step`: the files of the next whole offsets after ``after`` (up to ``upto``)
+      holding at least ``rows_per_step`` rows (all of them if fewer); may refuse a source that no
+      longer fits the pipeline (:class:`SchemaMismatchError`) before anything is read;
+    - :meth:`read`: the step's rows, nothing collected: the declared columns, ``src_version``,
+      ``src_file``, ``src_row`` (the offset of each row), ``sender`` (the source subtask: the
+      file's position in the step modulo ``senders``) and ``_error`` (why a row is bad, null when
+      it parsed).
+    """
+
+    caches_step: bool
+    writes_on_discover: bool
+
+    def latest(self) -> int | None: ...
+
+    def discover(self) -> int | None: ...
+
+    def pending_rows(self, after: int, upto: int) -> int: ...
+
+    def next_step(self, after: int, upto: int, rows_per_step: int) -> list[AddedFile]: ...
+
+    def read(self, step: list[AddedFile], senders: int) -> DataFrame: ...
+
+
+@dataclass(frozen=True)
+class SourceSite:
+    """Where a source is read from and for whom: what a reader's factory gets."""
+
+    spark: SparkSession
+    location: str  # the declaration's path in the warehouse
+    root: str  # the pipeline's checkpoint root (a kind that registers keeps its manifest there)
+    pipeline: str
+    progress: Callable[[str], None]
+
+
+_KINDS: Kinds[SourceReader] = Kinds("source", "reader", "checkpoint_lib.spark.sources.register_source")
+register_source = _KINDS.register
+"""``register_source(declaration type, factory)``: sources declared as instances of that type (or of a
+subclass with none of its own) are run by ``factory(declaration, SourceSite)``."""
+
+
+def source_reader(declaration: Any, site: SourceSite) -> SourceReader:
+    return _KINDS.build(declaration, site, f"pipeline {site.pipeline!r}")
+
+
+class DeltaTableReader:
+    """An append-only Delta table read by version (:class:`~checkpoint_lib.pipeline.DeltaSource`).
+    Steps are planned from its log, parsed once per version
+    (:class:`~checkpoint_lib.delta.log.StepPlanner`); its schema is checked against the declared one
+    whenever a version to read changed the table's metadata; its Parquet files are read directly."""
+
+    caches_step = False
+    writes_on_discover = False
+
+    def __init__(self, spec: DeltaSource, site: SourceSite):
+        self.spec, self.site, self.path = spec, site, site.location
+        self.planner = delta_log.StepPlanner(self.path)
+        self.schema_checked_at = -1
+        self._ignored_columns: list[str] = []
+
+    def latest(self) -> int | None:
+        return delta_log.latest_version(self.path)
+
+    def discover(self) -> int | None:
+        latest = self.latest()
+        if latest is None:
+            raise FileNotFoundError(
+                f"no landing table at {self.path}: generate data first (ckpt generate {self.site.pipeline})"
+            )
+        return latest
+
+    def pending_rows(self, after: int, upto: int) -> int:
+        return self.planner.rows_between(after, upto)
+
+    def next_step(self, after: int, upto: int, rows_per_step: int) -> list[AddedFile]:
+        if self.schema_checked_at != upto:
+            if self.schema_checked_at < 0 or self.planner.metadata_changed(self.schema_checked_at, upto):
+                self._check_schema(upto)
+            self.schema_checked_at = upto
+        return self.planner.next_step(after, upto, rows_per_step)
+
+    def _check_schema(self, version: int) -> None:
+        features = delta_log.table_features(self.path, version)
+        if features & {"deletionVectors", "columnMapping"}:
+            raise SchemaMismatchError(
+                f"{self.path} uses {sorted(features & {'deletionVectors', 'columnMapping'})}: "
+                "an incremental source needs plain append-only Parquet files"
+            )
+        have = delta_log.schema_at(self.path, version)
+        want = self.spec.schema
+        problems = [
+            f"column {c!r} is missing" if c not in have else f"column {c!r} is {have[c]}, expected {t}"
+            for c, t in want.items()
+            if have.get(c) != t
+        ]
+        if problems:
+            raise SchemaMismatchError(
+                f"{self.path} at version {version} does not fit pipeline {self.site.pipeline!r}: "
+                + "; ".join(problems) + ". Nothing was read or written."
+            )
+        extra = sorted(set(have) - set(want))
+        if extra and extra != self._ignored_columns:  # schema drift that loses nothing the pipeline reads
+            self._ignored_columns = extra
+            self.site.progress(
+                f"{self.path} at version {version} has columns pipeline {self.site.pipeline!r} does not "
+                f"declare: {extra} (ignored; declare them in the source schema to use them)"
+            )
+
+    def read(self, step: list[AddedFile], senders: int) -> DataFrame:
+        """The step's files are known exactly from the Delta log, and the table is append-only
+        without deletion vectors or column mapping (checked with the schema), so its Parquet files
+        are read directly: that gives each row its offset (file, row index)."""
+        spark = self.site.spark
+        paths = [f"{self.path}/{unquote(f.path)}" for f in step]
+        names = [(os.path.basename(unquote(f.path)), f.version, i % senders) for i, f in enumerate(step)]
+        files = spark.createDataFrame(names, "src_file string, src_version long, sender int")
+        return (
+            spark.read.schema(tables.struct_type(self.spec.schema)).parquet(*paths)
+            .select(
+                *self.spec.schema.keys(),
+                F.col("_metadata.file_name").alias("src_file"),  # the name, decoded: no per-row split
+                F.col("_metadata.row_index").alias("src_row"),
+            )
+            .join(F.broadcast(files), "src_file")
+            .withColumn("_error", F.lit(None).cast("string"))
+        )
+
+
+class LandingFolderReader:
+    """A landing folder (:class:`~checkpoint_lib.pipeline.FolderSource`): its files registered in
+    a manifest under the checkpoint root, whose versions are the offsets
+    (:class:`~checkpoint_lib.spark.landing.LandingFolderSource`); text is parsed, parse errors in
+    ``_error``."""
+
+    caches_step = True
+    writes_on_discover = True
+
+    def __init__(self, spec: FolderSource, site: SourceSite):
+        self.site = site
+        self.folder = LandingFolderSource(site.spark, site.location, str(source_manifest(site.root)), spec.schema,
+                                          format=spec.format, options=spec.options)
+
+    def latest(self) -> int | None:
+        return self.folder.latest_version()
+
+    def discover(self) -> int | None:
+        return self.folder.discover()
+
+    def pending_rows(self, after: int, upto: int) -> int:
+        return sum(max(f.rows, 0) for f in self.folder.added_files(after, upto))
+
+    def next_step(self, after: int, upto: int, rows_per_step: int) -> list[AddedFile]:
+        steps = delta_log.plan_steps(self.folder.added_files(after, upto), rows_per_step)
+        return steps[0] if steps else []
+
+    def read(self, step: list[AddedFile], senders: int) -> DataFrame:
+        names = [(f.path, f.version, i % senders) for i, f in enumerate(step)]
+        files = self.site.spark.createDataFrame(names, "src_file string, src_version long, sender int")
+        return self.folder.read(step).join(F.broadcast(files), ["src_file", "src_version"])
+
+
+register_source(DeltaSource, DeltaTableReader)
+register_source(FolderSource, LandingFolderReader)
