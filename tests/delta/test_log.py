@@ -119,3 +119,27 @@ def test_what_a_creation_killed_before_its_first_commit_left_is_cleared_and_a_co
     files.put(log / ".00000000000000000002.json.9a9a.tmp", b"{}")
     assert not clear_abandoned_creation(table)
     assert latest_version(table) == 1 and files.exists(log / ".00000000000000000002.json.9a9a.tmp")
+
+
+@pytest.mark.objectstore
+def test_the_directory_marker_a_creation_killed_on_an_object_store_left_is_cleared(s3, s3_server):
+    """Through S3A, Delta's mkdirs of ``_delta_log`` leaves an empty object ``<table>/_delta_log/``
+    (Hadoop keeps directory markers): all a creation killed before commit 0 leaves on a bucket."""
+    from pyarrow import fs
+
+    from checkpoint_lib.layout import location
+
+    bucket = fs.S3FileSystem(endpoint_override=s3_server.endpoint.removeprefix("http://"), scheme="http",
+                             access_key=s3_server.access_key, secret_key=s3_server.secret_key, region="us-east-1")
+    prefix = s3.removeprefix("s3://")
+    bucket.create_dir(f"{prefix}/t/_delta_log")  # the marker, as S3A makes it
+
+    def objects() -> list[str]:
+        return [i.path.removeprefix(f"{prefix}/") for i in bucket.get_file_info(fs.FileSelector(prefix, recursive=True))]
+
+    root = location(s3)
+    assert "t/_delta_log" in objects() and files_at(root).exists(root / "t" / "_delta_log")
+    assert clear_abandoned_creation(root / "t")
+    assert objects() == ["t"]
+    _table(root / "t", 1)  # the table is created where the killed creation was
+    assert latest_version(root / "t") == 0
