@@ -82,8 +82,9 @@ class SinkWriter(Protocol):
       target, idempotently (a repeated commit is a no-op) and fenced inside the commit itself (a
       writer of an epoch older than the sink's fence is refused with ``FencedError``); returns
       the ones it committed;
-    - :meth:`abort` / :meth:`discard`: delete what the transactions wrote (abort also their
-      bookkeeping), never anything the target refers to;
+    - :meth:`discard`: forget ``txns`` once committed (and delete what they wrote that the target
+      does not hold); :meth:`abort`: delete what ``txns`` wrote and forget them, never a file the
+      target refers to (one committed before a crash kept it from being forgotten); both idempotent;
     - :meth:`fence`: from now on refuse every commit of an older epoch (recovery, before restoring);
     - :meth:`uncommitted` / :meth:`is_committed`: which transactions the target does not hold yet;
     - :meth:`rollback_version` / :meth:`rollback_to`: the target as checkpoint ``checkpoint_id``

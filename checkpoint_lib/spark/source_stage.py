@@ -86,7 +86,8 @@ class SourceStage:
         return 0 if latest is None else self.source.pending_rows(self.offset, latest)
 
     def step(self) -> bool:
-        """Read the next versions of the landing table into the channel log. False: nothing new."""
+        """Read the next versions of the source and send them downstream (chained into the
+        operator, or into the channel log). False: nothing new."""
         self.sync_pending()
         if self.source.writes_on_discover:
             self.ctx.fence()
