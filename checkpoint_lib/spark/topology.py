@@ -61,7 +61,7 @@ class Topology:
             )
         self.dlq_path = self.path(p.dlq_path)
         self.sinks: dict[str, SinkWriter] = pipeline_sinks(spark, p, self.warehouse, self.root,
-                                                                  check_epoch=check_epoch)
+                                                           check_epoch=check_epoch)
 
     def path(self, relative: str) -> str:
         """A path of the pipeline's declaration (landing, sinks, dead letters) in the warehouse."""

@@ -78,13 +78,8 @@ COMMITS: dict[str, list[int]] = {}  # target -> the checkpoints committed, in or
 
 class AuditedWriter:
     def __init__(self, spec: AuditedSink, site: SinkSite):
-        from checkpoint_lib.spark.sinks import DeltaTwoPhaseSink
-        from checkpoint_lib.spark.tables import struct_type
-
         self.name, self.location = site.name, site.location
-        self.delta = DeltaTwoPhaseSink(site.spark, site.name, site.location, site.transactions,
-                                       struct_type(spec.schema) if site.spark is not None else None,
-                                       app_prefix=site.app_prefix, check_epoch=site.check_epoch)
+        self.delta = sink_writer(DeltaSink(spec.path, spec.schema, spec.mode, spec.keys), site)  # the Delta kind's
 
     def commit(self, txns, checkpoint_id, writer_epoch):
         committed = self.delta.commit(txns, checkpoint_id, writer_epoch)
