@@ -98,7 +98,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -116,6 +115,7 @@ from ..delta.log import AddedFile
 from ..files import files_at
 from ..layout import warehouse_location
 from ..objectstore import is_remote
+from .paths import decoded_metadata, spark_path
 
 FORMATS = ("json", "csv", "parquet")
 IGNORED_PREFIXES = (".", "_")
@@ -147,7 +147,6 @@ _RESERVED_COLUMNS = frozenset({*OFFSET_COLUMNS, ERROR_COLUMN, _CORRUPT, _TYPED, 
 _RESERVED_TEXT_OPTIONS = frozenset(
     {"mode", "columnnameofcorruptrecord", "multiline", "linesep", "encoding", "charset", "wholetext"}
 )
-_GLOB_CHARS = re.compile(r"([\\\[\]{}*?])")
 _COMMIT_RETRIES = 5
 
 
@@ -379,7 +378,7 @@ class LandingFolderSource:
             self._check_unchanged(f)
         if not files:
             return self.spark.createDataFrame([], self.output_schema())
-        paths = [_spark_path(f"{self.folder}/{f.path}") for f in files]
+        paths = [spark_path(f"{self.folder}/{f.path}") for f in files]
         df = self._read_parquet(paths) if self.format == "parquet" else self._read_text(paths)
         mapping = self.spark.createDataFrame(list(versions.items()), "src_file string, src_version long")
         # A left join and a loud failure: a row whose file name did not match is never dropped.
@@ -405,7 +404,7 @@ class LandingFolderSource:
             self._reader().options(**self.options).schema(self.schema).parquet(*paths)
             .select(
                 *[F.col(_quote(c)) for c in self.schema.fieldNames()],
-                _file_name().alias("src_file"),
+                decoded_metadata("file_name").alias("src_file"),
                 F.col("_metadata.row_index").alias("src_row"),
                 F.lit(None).cast("string").alias(ERROR_COLUMN),
             )
@@ -416,7 +415,7 @@ class LandingFolderSource:
         lines = (
             self._reader().text(paths, wholetext=True)  # one row per file: files are never split
             .select(
-                _file_name().alias("src_file"),
+                decoded_metadata("file_name").alias("src_file"),
                 F.posexplode(_lines(F.col("value"))).alias("src_row", "line"),
             )
         )
@@ -512,18 +511,6 @@ def _check_name(name: str, folder: str) -> None:
             f"{os.path.join(folder, name)}: file names with ':' cannot be read by Spark (Hadoop "
             "paths); rename it (nothing was registered)"
         )
-
-
-def _spark_path(path: str) -> str:
-    """``path`` with Hadoop glob characters escaped: Spark globs every path it is given."""
-    return _GLOB_CHARS.sub(r"\\\1", path)
-
-
-def _file_name() -> Column:
-    """The file's name: Spark's ``_metadata.file_name`` is URI-encoded (``a%20b.json``); URI
-    encoding never produces ``+``, so a ``+`` is literal and must survive ``url_decode`` (which
-    would turn it into a space)."""
-    return F.url_decode(F.replace(F.col("_metadata.file_name"), F.lit("+"), F.lit("%2B")))
 
 
 def _lines(text: Column) -> Column:

@@ -15,7 +15,6 @@ A new kind of source is one class implementing :class:`SourceReader` and one
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 from urllib.parse import unquote
@@ -30,6 +29,7 @@ from ..layout import source_manifest
 from ..pipeline import DeltaSource, FolderSource
 from . import tables
 from .landing import LandingFolderSource
+from .paths import path_below, spark_path
 
 
 class SchemaMismatchError(ValueError):
@@ -157,19 +157,27 @@ class DeltaTableReader:
     def read(self, step: list[AddedFile], senders: int) -> DataFrame:
         """The step's files are known exactly from the Delta log, and the table is append-only
         without deletion vectors or column mapping (checked with the schema), so its Parquet files
-        are read directly: that gives each row its offset (file, row index)."""
+        are read directly: that gives each row its offset (file, row index). A file is its whole
+        path in the table (``src_file``, decoded), matched to the row however Spark encodes it; a
+        row whose file is not the step's fails the read rather than being dropped."""
         spark = self.site.spark
-        paths = [f"{self.path}/{unquote(f.path)}" for f in step]
-        names = [(os.path.basename(unquote(f.path)), f.version, i % senders) for i, f in enumerate(step)]
-        files = spark.createDataFrame(names, "src_file string, src_version long, sender int")
+        relative = [unquote(f.path) for f in step]
+        paths = [spark_path(f"{self.path}/{r}") for r in relative]
+        files = spark.createDataFrame([(r, f.version, i % senders) for i, (r, f) in enumerate(zip(relative, step))],
+                                      "src_file string, src_version long, sender int")
         return (
             spark.read.schema(tables.struct_type(self.spec.schema)).parquet(*paths)
             .select(
                 *self.spec.schema.keys(),
-                F.col("_metadata.file_name").alias("src_file"),  # the name, decoded: no per-row split
+                path_below(self.path).alias("src_file"),
+                F.col("_metadata.file_path").alias("_file_path"),
                 F.col("_metadata.row_index").alias("src_row"),
             )
-            .join(F.broadcast(files), "src_file")
+            .join(F.broadcast(files), "src_file", "left")
+            .withColumn("src_version", F.when(F.col("src_version").isNotNull(), F.col("src_version")).otherwise(
+                F.raise_error(F.concat(F.lit(f"{self.path}: a row of "), F.col("_file_path"),
+                                       F.lit(" matches no file of the step's Delta log entries")))).cast("long"))
+            .drop("_file_path")
             .withColumn("_error", F.lit(None).cast("string"))
         )
 
