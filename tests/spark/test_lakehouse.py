@@ -5,6 +5,11 @@
   it: files that share a base name in different folders (an append sink's ``txn_handle=``
   folders, Hive-style partitions) are each read once, and a name with a space, ``%``, ``+`` or
   non-ASCII characters is read, not skipped;
+- an append sink's abort deletes only files no version of the target references: a recovery
+  after an OPTIMIZE (which took committed files out of the current snapshot) keeps them, so time
+  travel and the rollback to a retained checkpoint still work;
+- a target that exists with other columns than the sink declares is refused before any write,
+  both schemas named.
 """
 
 from __future__ import annotations
@@ -14,7 +19,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pyspark.sql import types as T
+
+from checkpoint_lib.core.twophase import Transaction
 from checkpoint_lib.pipeline import DeltaSource
+from checkpoint_lib.spark.sinks import DeltaTwoPhaseSink, SinkConfigurationError
 from checkpoint_lib.spark.sources import SourceSite, source_reader
 
 pytestmark = pytest.mark.spark
@@ -80,3 +89,67 @@ def test_a_file_whose_name_needs_escaping_is_read(spark, tmp_path, name):
     rows = _read_all(spark, table, tmp_path)
     assert sorted(r.event_id for r in rows) == sorted([f"plain-{i}" for i in range(5)] + [f"odd-{i}" for i in range(7)])
     assert {r.src_file for r in rows if r.event_id.startswith("odd")} == {name}
+
+
+SINK_SCHEMA = T.StructType([T.StructField("account", T.StringType()), T.StructField("amount_cents", T.LongType())])
+
+
+def _sink(spark, tmp_path, schema=SINK_SCHEMA) -> DeltaTwoPhaseSink:
+    return DeltaTwoPhaseSink(spark, "ledger", str(tmp_path / "ledger"), str(tmp_path / "staging"), schema,
+                             app_prefix="checkpoint_lib/p")
+
+
+def _stage(spark, sink, txn, rows, flush=1) -> None:
+    sink.stage(spark.createDataFrame([(0, *r) for r in rows], "sink_subtask int, account string, amount_cents long"),
+               {0: txn}, flush=flush)
+
+
+def _every_version_readable(path: str) -> list[int]:
+    """The row count of every version of the table (time travel reads each version's files)."""
+    from deltalake import DeltaTable
+
+    latest = DeltaTable(path).version()
+    return [DeltaTable(path, version=v).to_pyarrow_table().num_rows for v in range(latest + 1)]
+
+
+def test_a_recovery_after_an_optimize_keeps_the_committed_files_older_versions_reference(spark, tmp_path):
+    """Committed transactions stay in the bookkeeping until their clean-up; a crash before it puts
+    them on the recovery's abort list. The OPTIMIZE took their files out of the current snapshot,
+    but the versions that committed them still reference them."""
+    sink = _sink(spark, tmp_path)
+    sink.create()
+    for cid in (1, 2):
+        txn = Transaction(cid, "a", 1, checkpoint_id=cid)
+        _stage(spark, sink, txn, [(f"k{cid}-{i}", i) for i in range(3)])
+        sink.commit([txn], cid, writer_epoch=1)
+    open_txn = Transaction(3, "a", 1)
+    _stage(spark, sink, open_txn, [("never", 1)])  # pre-committed, never committed: its files must go
+    spark.sql(f"OPTIMIZE delta.`{sink.target}`")
+    before = _every_version_readable(sink.target)
+
+    sink.abort(sink.open_transactions())  # the recovery's abort of everything the checkpoint does not own
+
+    assert sink.open_transactions() == []
+    assert _every_version_readable(sink.target) == before
+    assert spark.read.format("delta").load(sink.target).count() == 6
+    left = {str(p.relative_to(sink.target)) for p in (tmp_path / "ledger").rglob("*.parquet")}
+    assert not any("txn_handle=a.e1.s3" in p for p in left)  # the uncommitted transaction's files are gone
+
+
+def test_a_target_with_other_columns_than_the_sink_declares_is_refused_before_any_write(spark, tmp_path):
+    """A user pre-created the target with ``amount`` where the sink declares ``amount_cents``: a
+    commit of bare add actions would land rows whose ``amount`` reads NULL."""
+    path = tmp_path / "ledger"
+    spark.sql(f"CREATE TABLE delta.`{path}` (account STRING, amount BIGINT) USING delta")
+    sink = _sink(spark, tmp_path)
+    with pytest.raises(SinkConfigurationError, match=r"amount_cents.*amount|amount.*amount_cents"):
+        sink.create()
+    retyped = tmp_path / "retyped"
+    spark.sql(f"CREATE TABLE delta.`{retyped}` (account STRING, amount_cents INT) USING delta")
+    other = DeltaTwoPhaseSink(spark, "ledger", str(retyped), str(tmp_path / "staging2"), SINK_SCHEMA,
+                              app_prefix="checkpoint_lib/p")
+    with pytest.raises(SinkConfigurationError, match="amount_cents"):
+        other.create()
+    from deltalake import DeltaTable
+
+    assert DeltaTable(str(path)).version() == 0 and DeltaTable(str(retyped)).version() == 0  # nothing written
