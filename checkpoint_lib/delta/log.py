@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
+from urllib.parse import unquote
 
 from ..files import files_at
 from ..layout import location
@@ -216,6 +217,29 @@ def version_before_txn_above(table: str | os.PathLike, app_prefix: str, checkpoi
         else:
             break
     return None if first_above is None else first_above - 1
+
+
+def files_added_since_epoch(table: str | os.PathLike, app_id: str, epoch: int) -> set[str] | None:
+    """The paths (relative to the table, decoded) that any commit added since the first commit
+    stamped by ``app_id`` in ``epoch`` or later: every file that a version a writer of ``epoch``
+    (or of a later one) could have committed references, whatever the current snapshot holds
+    (an OPTIMIZE removes committed files from it; older versions still reference them). The log is
+    walked back from the end, and the walk stops at a commit stamped by ``app_id`` in an older
+    epoch (a stamp's epoch is its high 32 bits: see :func:`checkpoint_lib.spark.tables.fenced_version`;
+    a writer's commits carry its own epoch's stamp, and a recovery fences the table before its epoch
+    commits anything). None when a commit on the way is gone (log retention): nobody can say."""
+    latest = latest_version(table)
+    added: set[str] = set()
+    for version in range(-1 if latest is None else latest, -1, -1):
+        try:
+            actions = list(_actions(table, version))
+        except MissingLogError:
+            return None
+        stamps = [int(a["txn"]["version"]) >> 32 for a in actions if "txn" in a and a["txn"].get("appId") == app_id]
+        if stamps and max(stamps) < epoch:
+            break
+        added.update(unquote(a["add"]["path"]) for a in actions if "add" in a)
+    return added
 
 
 def _metadata_and_protocol(table: str | os.PathLike, version: int) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -2,14 +2,14 @@
 
 A checkpoint completes in whichever process writes its last acknowledgement. Then (validated
 first, for a pipeline that validates its checkpoints) every sink commits its transactions up to
-it, one Delta commit per sink and checkpoint, and now and then the clean-up forgets committed
-transactions and truncates the channel data no retained checkpoint needs. An aborted checkpoint
+it, one Delta commit per sink and checkpoint, and forgets what it committed at once (so a recovery
+never sees a committed transaction as open); now and then the clean-up truncates the channel data
+no retained checkpoint needs. An aborted checkpoint
 is recorded (a completion that won the race stands) and the keyed subtasks drop it.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any, Protocol
 
 from ..core.coordinator import (
@@ -20,7 +20,6 @@ from ..core.coordinator import (
     NotifyCheckpointComplete,
 )
 from ..core.errors import TooManyFailedCheckpointsError
-from ..core.twophase import Transaction
 from ..delta import log as delta_log
 from .context import RunContext
 
@@ -53,7 +52,6 @@ class Completion:
         """A new process: nothing completed or owed yet."""
         self.completions = 0
         self.last_completed: int | None = None
-        self.committed: dict[str, list[Transaction]] = defaultdict(list)
         self.cleanup_due = False
         self._truncated: tuple[int | None, int] | None = None  # (channel log version, position) after the last truncation
 
@@ -107,7 +105,7 @@ class Completion:
 
     def _commit_up_to(self, cid: int) -> None:
         """Checkpoint ``cid`` is complete: commit every sink's transactions up to it (one Delta
-        commit per sink), then now and then clean up."""
+        commit per sink) and forget them, then now and then clean up."""
         ctx = self.ctx
         ctx.reached("commit")
         books = self.keyed.sink_books
@@ -120,7 +118,7 @@ class Completion:
             for book in books[name]:
                 for t in book.committable(cid):
                     book.pending.pop(t.checkpoint_id, None)
-            self.committed[name] += txns
+            sink.discard(txns)
         self.completions += 1
         self.last_completed = cid
         if self.completions % TRUNCATE_EVERY == 0:  # every truncation is a Delta commit: batch them
@@ -135,14 +133,11 @@ class Completion:
             self.cleanup()
 
     def cleanup(self) -> None:
-        """Forget the committed transactions, and delete the channel data that is consumed for
-        good: at or before the latest completed checkpoint's barriers, read by the keyed stage (the
-        cursors), and not pointed at by anything still in memory (deliveries not flushed, channel
+        """Delete the channel data that is consumed for good: at or before the latest completed
+        checkpoint's barriers, read by the keyed stage (the cursors), and not pointed at by anything still in memory (deliveries not flushed, channel
         state of a checkpoint still logging, records an aligning handler holds). Idempotent."""
         ctx, t = self.ctx, self.ctx.topology
         self.cleanup_due = False
-        for name, sink in t.sinks.items():
-            sink.discard(self.committed.pop(name, []))
         if self.last_completed is None:
             return
         source_in_use, feedback_in_use = self.keyed.lowest_unconsumed()

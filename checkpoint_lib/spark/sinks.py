@@ -35,6 +35,7 @@ declaration, its writer and one ``register_sink`` call, in one file.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Protocol
@@ -45,7 +46,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..core.twophase import Transaction
-from ..delta.log import is_delta_table
+from ..delta.log import files_added_since_epoch, is_delta_table
 from ..delta.pending import HANDLE_COLUMN, PendingFiles, add_actions
 from ..files import files_at
 from ..kinds import Kinds
@@ -240,6 +241,28 @@ class DeltaTwoPhaseSink:
                 f"against older attempts), and a committed checkpoint would be committed again. Unset it: "
                 f"ALTER TABLE delta.`{self.target}` UNSET TBLPROPERTIES ('{TXN_RETENTION}')"
             )
+        self._check_columns(dt)
+
+    def _check_columns(self, dt) -> None:
+        """The target's columns are the declared ones, by name and type: an append sink's commit of
+        bare add actions skips Delta's schema check, so a column the table has and the sink does not
+        write would read NULL in every committed row, and a declared column the table lacks would
+        not be read at all. Nullability may differ (a NOT NULL column is checked as rows are
+        written). Refused with both schemas named, before anything is written."""
+        if self.schema is None:
+            return
+        have = {f["name"]: f["type"] for f in json.loads(dt.schema().to_json())["fields"]}
+        want = {f.name: f.dataType.jsonValue() for f in self.schema.fields}
+        if have == want:
+            return
+
+        def show(columns: dict) -> str:
+            return ", ".join(f"{n} {t if isinstance(t, str) else t.get('type', t)}" for n, t in columns.items())
+
+        raise SinkConfigurationError(
+            f"sink {self.name}: {self.target} exists with columns ({show(have)}) but the sink declares "
+            f"({show(want)}). Nothing was written. Declare the table's columns in the sink, or write to a new table."
+        )
 
     @staticmethod
     def _file_commit_problems(dt) -> list[str]:
@@ -520,23 +543,24 @@ class DeltaTwoPhaseSink:
         self.pending.forget(txns, delete_data=self.mode == "upsert")
 
     def abort(self, txns: Iterable[Transaction]) -> None:
-        """Delete what ``txns`` wrote and forget them, except files the table refers to (a
-        transaction committed before a crash kept its bookkeeping from being forgotten). Idempotent."""
+        """Delete what ``txns`` wrote and forget them, except files a version of the table refers
+        to: a transaction committed before a crash kept its bookkeeping from being forgotten, and
+        an OPTIMIZE since may have taken its files out of the current snapshot while the versions
+        that committed them (time travel, a rollback to a retained checkpoint, incremental readers)
+        still reference them. So the log since the oldest epoch among ``txns`` decides
+        (:func:`~checkpoint_lib.delta.log.files_added_since_epoch`); when a commit of it is gone,
+        nothing is deleted (files nobody references are VACUUM's). Idempotent."""
         txns = list(txns)
         if not txns:
             return
         if self.mode == "upsert":
             self.pending.forget(txns, delete_data=True)
             return
-        from deltalake import DeltaTable
-
-        in_table = set()
-        if is_delta_table(self.target):
-            in_table = set(DeltaTable(self.target).get_add_actions(flatten=True).column("path").to_pylist())
+        referenced = files_added_since_epoch(self.target, self.app_id, min(t.epoch for t in txns))
         files = {t.handle: [f.path for f in self.pending.files([t], missing_ok=True)] for t in txns}
-        committed = [t for t in txns if any(p in in_table for p in files[t.handle])]
-        self.pending.forget(committed, delete_data=False)
-        self.pending.forget([t for t in txns if t not in committed], delete_data=True)
+        kept = [t for t in txns if referenced is None or any(p in referenced for p in files[t.handle])]
+        self.pending.forget(kept, delete_data=False)
+        self.pending.forget([t for t in txns if t not in kept], delete_data=True)
 
     def open_transactions(self) -> list[Transaction]:
         """Every transaction that wrote something and was not forgotten, of every epoch (committed
