@@ -101,3 +101,17 @@ def test_with_parallelism_is_a_copy_and_forward_keeps_both_sides_equal():
     assert (f.source_parallelism, f.keyed_parallelism) == (4, 4)
     with pytest.raises(ValueError):
         p.with_parallelism(operator=0)
+
+
+def test_two_sinks_on_one_table_are_refused():
+    """Each sink rolls its target back on its own (a RESTORE per sink, the second computed after the
+    first), which could bring back the other sink's later rows for the replay to duplicate: a table
+    is the target of one sink, and never also the source or the dead letters."""
+    p = base().key_by("account").process(Keyed(), uid="op").sink("a", DeltaSink("gold/out", OUT))
+    with pytest.raises(ValueError, match=r"sinks 'a' and 'b' both write gold/out"):
+        p.sink("b", DeltaSink("gold/./out", OUT))
+    with pytest.raises(ValueError, match=r"the dead letters and sink 'a' both write gold/out"):
+        p.dead_letters("gold/out")
+    loop = base().key_by("account").process(Keyed(), uid="op").sink("a", DeltaSink("in", OUT)).dead_letters("dlq")
+    with pytest.raises(ValueError, match=r"sink 'a' writes in, the pipeline's own source"):
+        loop.validate()
