@@ -26,6 +26,7 @@ This module imports no engine: operators receive Spark DataFrames only when they
 
 from __future__ import annotations
 
+import posixpath
 import re
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -43,6 +44,11 @@ def check_relative_path(value: str) -> str:
     if not isinstance(value, str) or not _REL_PATH.match(value) or ".." in value.split("/") or "//" in value:
         raise ValueError(f"path {value!r} must be relative to the warehouse, without '..'")
     return value.rstrip("/")
+
+
+def same_table(a: str, b: str) -> bool:
+    """Whether two warehouse-relative paths name one table (``gold/./out`` is ``gold/out``)."""
+    return posixpath.normpath(a) == posixpath.normpath(b)
 
 
 @dataclass(frozen=True)
@@ -458,11 +464,21 @@ class Pipeline:
         _check_name("sink name", name)
         if name in self.sinks:
             raise ValueError(f"sink {name!r} is declared twice")
+        for other, declared in self.sinks.items():
+            if same_table(declared.path, sink.path):
+                raise ValueError(f"sinks {other!r} and {name!r} both write {declared.path}: a table is the target of one "
+                                 "sink (each sink rolls its table back on its own)")
+        if self.dlq_path is not None and same_table(self.dlq_path, sink.path):
+            raise ValueError(f"the dead letters and sink {name!r} both write {sink.path}")
         self.sinks[name] = sink
         return self
 
     def dead_letters(self, path: str) -> "Pipeline":
-        self.dlq_path = check_relative_path(path)
+        path = check_relative_path(path)
+        for name, sink in self.sinks.items():
+            if same_table(sink.path, path):
+                raise ValueError(f"the dead letters and sink {name!r} both write {sink.path}")
+        self.dlq_path = path
         return self
 
     def validate(self) -> "Pipeline":
@@ -487,6 +503,10 @@ class Pipeline:
             )
         if self.key is not None and self.key not in self.record_schema:
             raise ValueError(f"key {self.key!r} is not a column of the records ({sorted(self.record_schema)})")
+        for name, sink in self.sinks.items():
+            if same_table(sink.path, self.source_spec.path):
+                raise ValueError(f"sink {name!r} writes {sink.path}, the pipeline's own source: a pipeline that reads its "
+                                 "output is a cycle; use iterate() for a feedback edge")
         return self
 
     def operator_ids(self) -> dict[str, int]:
