@@ -153,3 +153,39 @@ def test_a_target_with_other_columns_than_the_sink_declares_is_refused_before_an
     from deltalake import DeltaTable
 
     assert DeltaTable(str(path)).version() == 0 and DeltaTable(str(retyped)).version() == 0  # nothing written
+
+
+def test_a_vacuum_that_deleted_a_completed_checkpoints_uncommitted_files_is_repaired_by_replaying_it(spark, tmp_path):
+    """Killed between checkpoint 2's completion and its commit, then the ledger VACUUMed with a
+    retention shorter than the downtime (here 0 hours, the safety check off): checkpoint 2's
+    transaction files are gone, so it can never be committed. The next start restores checkpoint 1
+    instead (rolling back whatever a sink committed of 2) and replays: exactly once, no dead end."""
+    from checkpoint_lib.delta.store import DeltaCheckpointStore
+    from checkpoint_lib.pipelines import get
+    from checkpoint_lib.pipelines.payments import generate
+    from checkpoint_lib.spark.runner import PipelineRunner
+    from checkpoint_lib.spark.tables import session_confs
+    from checkpoint_lib.verify import check_payments
+    from in_process_kills import raise_at
+
+    rows = 300
+    for seed in (1, 2, 3):
+        generate(spark, str(tmp_path), rows, bad_fraction=0.05, accounts=30, seed=seed)
+    first = PipelineRunner(get("payments"), str(tmp_path), spark, rows_per_checkpoint=rows)
+    first.ctx.kills.reached = raise_at("commit", 2)
+    with pytest.raises(RuntimeError, match="killed"):
+        first.run()
+    ledger = tmp_path / "gold" / "ledger"
+    staged = {p for p in (ledger / "ckpt").rglob("*.parquet")}
+    with session_confs(spark, {"spark.databricks.delta.retentionDurationCheck.enabled": "false"}):
+        spark.sql(f"VACUUM delta.`{ledger}` RETAIN 0 HOURS")
+    assert staged - {p for p in (ledger / "ckpt").rglob("*.parquet")}, "the VACUUM deleted no uncommitted file"
+
+    done = PipelineRunner(get("payments"), str(tmp_path), spark, rows_per_checkpoint=rows).run()
+
+    assert done.restored == 1
+    store = DeltaCheckpointStore.open(f"{tmp_path}/_checkpoints/payments")
+    assert store.status(2)["status"] == "discarded" and "files" in store.status(2)["message"]
+    check = check_payments(str(tmp_path))
+    assert check.ok, check.summary()
+    assert check.ledger_rows == check.valid_rows
