@@ -344,6 +344,18 @@ def test_tracker_ignores_barriers_of_finished_checkpoints():
     assert kinds(h.on_barrier(1, b(6))) == ["S6", "F6", "A6"]
 
 
+def test_tracker_end_of_channel_after_an_abort_does_not_revive_the_aborted_checkpoint():
+    """An abort of a newer checkpoint, then an end of channel that completes an older one: the
+    aborted checkpoint's late barrier is still a barrier of a finished checkpoint (ignored)."""
+    h = handler("at_least_once", 2)
+    h.on_barrier(0, b(1))
+    h.on_checkpoint_aborted(2)
+    assert kinds(h.on_end_of_channel(1)) == ["S1", "F1", "A1"]
+    assert kinds(h.on_barrier(0, b(2))) == []  # checkpoint 2 was aborted: no snapshot, no ack
+    assert h.tracked == []
+    assert kinds(h.on_barrier(0, b(3))) == ["S3", "F3", "A3"]
+
+
 def test_tracker_bounded_pending_forgets_the_oldest():
     h = handler("at_least_once", 2, max_tracked=2)
     for cid in (1, 2, 3):
