@@ -380,7 +380,9 @@ class BarrierHandler:
         barrier = self._tracked[cid][0]
         for older in [c for c in self._tracked if c <= cid]:
             del self._tracked[older]
-        self.latest_started = cid
+        # Never backwards: an abort may have moved it past ``cid`` (an end of channel completes an
+        # older checkpoint after the coordinator aborted a newer one).
+        self.latest_started = max(self.latest_started, cid)
         return [TakeSnapshot(barrier), ForwardBarrier(barrier), CheckpointDone(cid)]
 
 
