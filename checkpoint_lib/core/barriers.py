@@ -264,16 +264,18 @@ class BarrierHandler:
             collecting.received.add(channel)
             self.blocked.add(channel)
             return effects + self._maybe_aligned()
-        if cid <= self.latest_started:
-            return effects  # lower id (or a checkpoint already logging): ignored
-        if collecting is not None:
+        if collecting is not None and cid > collecting.barrier.checkpoint_id:
             # A newer barrier while aligning: abandon the older checkpoint, release everything,
-            # then handle this barrier as the first of the new one.
+            # then handle this barrier as the first of the new one. Checked before the ids already
+            # started: the coordinator may have aborted the newer checkpoint already, and its
+            # barrier still tells that this channel will never deliver the older one.
             abandoned = collecting.barrier.checkpoint_id
             self._collecting = None
             effects.append(DeclineCheckpoint(abandoned, FailureReason.ALIGNMENT_ABANDONED))
             effects += self._release()
             return effects + self._process(channel, _BARRIER, barrier)
+        if cid <= self.latest_started:
+            return effects  # lower id (or a checkpoint already logging or aborted): ignored
         self.latest_started = cid
         if self.mode is BarrierMode.UNALIGNED:
             return effects + self._snapshot_unaligned(barrier, {channel}, 0.0)
