@@ -264,16 +264,18 @@ class BarrierHandler:
             collecting.received.add(channel)
             self.blocked.add(channel)
             return effects + self._maybe_aligned()
-        if cid <= self.latest_started:
-            return effects  # lower id (or a checkpoint already logging): ignored
-        if collecting is not None:
+        if collecting is not None and cid > collecting.barrier.checkpoint_id:
             # A newer barrier while aligning: abandon the older checkpoint, release everything,
-            # then handle this barrier as the first of the new one.
+            # then handle this barrier as the first of the new one. Checked before the ids already
+            # started: the coordinator may have aborted the newer checkpoint already, and its
+            # barrier still tells that this channel will never deliver the older one.
             abandoned = collecting.barrier.checkpoint_id
             self._collecting = None
             effects.append(DeclineCheckpoint(abandoned, FailureReason.ALIGNMENT_ABANDONED))
             effects += self._release()
             return effects + self._process(channel, _BARRIER, barrier)
+        if cid <= self.latest_started:
+            return effects  # lower id (or a checkpoint already logging or aborted): ignored
         self.latest_started = cid
         if self.mode is BarrierMode.UNALIGNED:
             return effects + self._snapshot_unaligned(barrier, {channel}, 0.0)
@@ -380,7 +382,9 @@ class BarrierHandler:
         barrier = self._tracked[cid][0]
         for older in [c for c in self._tracked if c <= cid]:
             del self._tracked[older]
-        self.latest_started = cid
+        # Never backwards: an abort may have moved it past ``cid`` (an end of channel completes an
+        # older checkpoint after the coordinator aborted a newer one).
+        self.latest_started = max(self.latest_started, cid)
         return [TakeSnapshot(barrier), ForwardBarrier(barrier), CheckpointDone(cid)]
 
 

@@ -5,6 +5,6 @@ crashes and recoveries, and keeps enough history to check Chandy-Lamport consist
 and token conservation. The property tests and the first demo use it.
 """
 
-from .simulation import Record, Simulation, SimulationResult, Topology
+from .simulation import Aborts, Record, Simulation, SimulationResult, Topology
 
-__all__ = ["Record", "Simulation", "SimulationResult", "Topology"]
+__all__ = ["Aborts", "Record", "Simulation", "SimulationResult", "Topology"]

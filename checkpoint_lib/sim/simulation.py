@@ -10,6 +10,10 @@ sum of balances in the snapshots + sum of amounts in the channel state = sum of 
 Volatile state (subtasks, channels, handlers, the coordinator's pending checkpoints) dies in a
 crash; durable state (the id counter, the completed-checkpoint store, the epoch, staged and
 committed sink transactions) survives it, exactly like the Delta tables of the real runtime.
+
+The coordinator's aborts reach every subtask at once by default; :class:`Aborts` makes each
+subtask's notice a message of its own (late: after later barriers, in any order with barriers and
+other aborts; lost) and lets the coordinator abort pending checkpoints on its own.
 """
 
 from __future__ import annotations
@@ -76,6 +80,34 @@ class Topology:
         return layers
 
 
+@dataclass(frozen=True)
+class Aborts:
+    """How the coordinator's aborts travel. The default: every subtask hears of one at once.
+
+    ``Aborts(late=True, lost=True, injected=3)`` delivers each subtask's notice at a random later
+    step, drops some, and lets the coordinator abort up to three pending checkpoints on its own
+    (as a user or an expiry would) over the run.
+    """
+
+    late: bool = False
+    """Each subtask's notice is a message of its own, delivered at a random later step: possibly
+    after later barriers, in any order with the barriers and with other notices."""
+    lost: bool = False
+    """A notice may be dropped instead (that subtask never hears of the abort)."""
+    injected: int = 0
+    """Aborts of random pending checkpoints the coordinator makes at random steps, over the run."""
+
+    def __post_init__(self) -> None:
+        if self.injected < 0:
+            raise ValueError(f"injected must be >= 0, got {self.injected}")
+        if self.lost and not self.late:
+            raise ValueError("only a late notice can be lost: lost=True needs late=True")
+
+
+class _TaskFailed(Exception):
+    """A subtask failed (as a real task would): the job fails over to the latest checkpoint."""
+
+
 class _Channel:
     def __init__(self, cid: int, sender: SubtaskId, receiver: SubtaskId, receiver_input: int):
         self.cid = cid
@@ -84,6 +116,7 @@ class _Channel:
         self.receiver_input = receiver_input
         self.queue: deque[tuple[str, Any]] = deque()
         self.sent: list[Record] = []  # history: every record ever put on it (this attempt)
+        self.barriers: list[tuple[int, int]] = []  # (checkpoint id, records sent before it)
 
 
 @dataclass
@@ -101,6 +134,7 @@ class _Subtask:
     txn_records: dict[str, list[Record]] = field(default_factory=dict)
     snapshots: dict[int, dict[str, Any]] = field(default_factory=dict)
     channel_state: dict[int, dict[int, list[Record]]] = field(default_factory=dict)
+    heard_aborts: set[int] = field(default_factory=set)  # aborts this attempt's handler was told of
     ended: bool = False
 
 
@@ -126,6 +160,7 @@ class Simulation:
         *,
         config: CheckpointConfig | None = None,
         initial: list[int] | None = None,
+        aborts: Aborts | None = None,
     ):
         if len(inputs) != topology.sources:
             raise ValueError("one input list per source subtask")
@@ -133,6 +168,7 @@ class Simulation:
         self.inputs = inputs
         self.rng = rng
         self.config = config or CheckpointConfig(interval=1.0, max_concurrent=2, timeout=1e9, retained=100)
+        self.aborts = aborts or Aborts()
         self.initial = initial or [sum(r.amount for r in inp) for inp in inputs]
         self.total = sum(self.initial)
         self.clock = ManualClock()
@@ -147,6 +183,11 @@ class Simulation:
         self.aborted: list[tuple[int, FailureReason]] = []
         self.recoveries: list[RecoveryPlan] = []
         self.violations: list[str] = []
+        self.abort_notices_seen: Counter = Counter()
+        """How notices went: "heard", "heard_late" (after a newer barrier), "lost", "injected"."""
+        self.failovers: list[str] = []
+        """Why the job failed over by itself (each time: crash, then recovery)."""
+        self.injections_left = self.aborts.injected
         self.steps = 0
         self._build(None)
 
@@ -184,6 +225,7 @@ class Simulation:
         self.coordinator.all_running()
         self.final_requested: int | None = None
         self.notifications: list[tuple[SubtaskId, int]] = []
+        self.abort_notices: list[tuple[SubtaskId, int]] = []
         if plan is None or plan.checkpoint is None:
             return
         for sid, state in plan.restore.items():
@@ -206,6 +248,7 @@ class Simulation:
         self.subtasks = {}
         self.channels = []
         self.notifications = []
+        self.abort_notices = []
 
     def recover(self, checkpoint_id: int | None = None) -> RecoveryPlan:
         open_txns = [t for h, (t, _) in self.staged.items() if h not in self.committed_handles]
@@ -285,7 +328,12 @@ class Simulation:
         self.clock.advance(self.rng.choice((0.0, 0.1, 0.3, 1.0)))
         actions = self._enabled_actions()
         action = self.rng.choice(actions)
-        action()
+        try:
+            action()
+        except _TaskFailed as failure:
+            self.failovers.append(str(failure))
+            self.crash()
+            self.recover()
 
     def _enabled_actions(self) -> list:
         actions: list = [self._tick]
@@ -303,12 +351,36 @@ class Simulation:
             if any(s == sid and c > checkpoint_id for s, c in self.notifications):
                 # skipped: a newer notification for this sink is on its way and subsumes it
                 actions.append(lambda k=k: self.notifications.pop(k))
+        for k in range(len(self.abort_notices)):
+            actions.append(lambda k=k: self._hear_abort(*self.abort_notices.pop(k)))
+            if self.aborts.lost:
+                actions.append(lambda k=k: self._lose_abort(k))
+        if self.injections_left and self.coordinator.pending:
+            actions.append(self._inject_abort)
         sources_exhausted = all(
             st.offset >= len(self.inputs[st.sid.index]) for st in self.subtasks.values() if st.layer == 0
         )
         if sources_exhausted and self._quiescent():
             actions.append(self._finish)
         return actions
+
+    def _hear_abort(self, sid: SubtaskId, checkpoint_id: int) -> None:
+        st = self.subtasks[sid]
+        late = st.handler.latest_started > checkpoint_id
+        self.abort_notices_seen["heard_late" if late else "heard"] += 1
+        st.heard_aborts.add(checkpoint_id)
+        self._on_handler(st, st.handler.on_checkpoint_aborted(checkpoint_id))
+
+    def _lose_abort(self, k: int) -> None:
+        self.abort_notices.pop(k)
+        self.abort_notices_seen["lost"] += 1
+
+    def _inject_abort(self) -> None:
+        """The coordinator aborts a pending checkpoint of its own accord (a user, an expiry)."""
+        self.injections_left -= 1
+        self.abort_notices_seen["injected"] += 1
+        checkpoint_id = self.rng.choice(sorted(self.coordinator.pending))
+        self._on_coordinator(self.coordinator.abort(checkpoint_id, FailureReason.USER_ABORT, "injected"))
 
     def _notify(self, k: int) -> None:
         sid, checkpoint_id = self.notifications.pop(k)
@@ -324,8 +396,14 @@ class Simulation:
         )
 
     def _tick(self) -> None:
+        if self.final_requested is not None and self.coordinator.status_of(self.final_requested) == "aborted":
+            # The final checkpoint failed while records were still held somewhere (an alignment
+            # that only a newer barrier or an expiry ends): checkpoints go on until _finish asks again.
+            self.final_requested = None
         if self.final_requested is None:
             self._on_coordinator(self.coordinator.tick())
+        else:
+            self._on_coordinator(self.coordinator.expire())  # the final one may time out too
 
     def _finish(self) -> None:
         """All input emitted: take a final checkpoint so the sink commits everything, then end."""
@@ -381,9 +459,12 @@ class Simulation:
                 ]
             elif isinstance(e, CheckpointAborted):
                 self.aborted.append((e.checkpoint_id, e.reason))
-                for st in self.subtasks.values():
-                    if st.handler is not None:
-                        self._on_handler(st, st.handler.on_checkpoint_aborted(e.checkpoint_id))
+                notices = [(st.sid, e.checkpoint_id) for st in self.subtasks.values() if st.handler is not None]
+                if self.aborts.late:
+                    self.abort_notices += notices  # each travels on its own
+                else:
+                    for notice in notices:
+                        self._hear_abort(*notice)
             elif isinstance(e, FailJob):
                 raise RuntimeError(f"job failed: {e}")
 
@@ -411,6 +492,7 @@ class Simulation:
                 st.taken[e.channel] += 1
                 self._apply(st, e.record)
             elif isinstance(e, TakeSnapshot):
+                self._check_snapshot(st, e.checkpoint_id)
                 self._snapshot(st, e.barrier, e.unaligned, e.alignment_s)
             elif isinstance(e, ForwardBarrier):
                 self._forward(st, e.barrier)
@@ -443,6 +525,11 @@ class Simulation:
             "alignment_s": alignment_s,
         }
         if st.sink is not None:
+            if len(st.sink.pending) + 2 > st.sink.pool.size:
+                # Aborted checkpoints leave their transactions pending until one completes; after
+                # too many the sink has no transaction id left for the next one and its task fails
+                # (Flink's Kafka producer: "too many ongoing snapshots"), so the job fails over.
+                raise _TaskFailed(f"{st.sid}: no transaction id left for checkpoint {barrier.checkpoint_id}")
             pre = st.sink.pre_commit(barrier.checkpoint_id)
             records = st.txn_records.pop(pre.transaction.handle, [])
             self.staged[pre.transaction.handle] = (pre.transaction, records)  # flush durably
@@ -453,6 +540,7 @@ class Simulation:
         st.snapshots[barrier.checkpoint_id]["sent"] = [len(ch.sent) for ch in st.outputs]
         for ch in st.outputs:
             ch.queue.append(("bar", barrier))
+            ch.barriers.append((barrier.checkpoint_id, len(ch.sent)))
 
     def _ack(self, st: _Subtask, checkpoint_id: int) -> None:
         state = dict(st.snapshots.pop(checkpoint_id))
@@ -469,6 +557,22 @@ class Simulation:
         self._on_coordinator(outcome.effects)
 
     # consistency -----------------------------------------------------------------------------
+
+    def _check_snapshot(self, st: _Subtask, checkpoint_id: int) -> None:
+        """Check a snapshot when it is taken, completed or not: never one of a checkpoint the
+        subtask was told was aborted; in the exactly-once modes, no record from after a channel's
+        barrier of this checkpoint (or of a later one, when the sender skipped it) in the state."""
+        if checkpoint_id in st.heard_aborts:
+            self.violations.append(f"{st.sid} snapshotted checkpoint {checkpoint_id} after its abort")
+        if not self.topology.mode.exactly_once:
+            return
+        for k, ch in enumerate(st.inputs):
+            n = next((n for cid, n in ch.barriers if cid >= checkpoint_id), None)
+            if n is not None and st.taken[k] > n:
+                self.violations.append(
+                    f"checkpoint {checkpoint_id} {ch.sender}->{ch.receiver}: took {st.taken[k]} records, "
+                    f"only {n} came before the barrier"
+                )
 
     def _check_cut(self, c: CompletedCheckpoint) -> None:
         """Check the Chandy-Lamport conditions and conservation on a completed checkpoint."""

@@ -206,6 +206,23 @@ def test_aligned_abort_from_coordinator_releases():
     assert kinds(h.on_barrier(1, b(1))) == []  # the aborted checkpoint's late barrier is ignored
 
 
+@pytest.mark.parametrize("mode,timeout", [("aligned", None), ("aligned_with_timeout", 5.0)])
+def test_aligned_newer_barrier_abandons_alignment_also_after_the_coordinator_aborted_it(mode, timeout):
+    """Channel 1's sender skipped checkpoint 1 and forwarded barrier 2, which the coordinator then
+    aborted: barrier 2 still abandons the alignment of 1. Kept blocked, channel 0 would wait for a
+    checkpoint that can never align, and channel 1's end would acknowledge 1 with records that
+    came after barrier 2 (an inconsistent cut)."""
+    h = handler(mode, 2, alignment_timeout=timeout)
+    h.on_barrier(0, b(1))
+    h.on_record(0, "held")
+    assert kinds(h.on_checkpoint_aborted(2)) == []  # checkpoint 1 may still align
+    assert h.aligning == 1
+    assert kinds(h.on_barrier(1, b(2))) == ["X1:alignment_abandoned", "D0:held"]
+    assert h.aligning is None and h.blocked == set()
+    assert kinds(h.on_record(1, "after 2")) == ["D1:after 2"]
+    assert kinds(h.on_end_of_channel(1)) == []  # nothing left to acknowledge
+
+
 # --- unaligned --------------------------------------------------------------------------------
 
 
@@ -342,6 +359,18 @@ def test_tracker_ignores_barriers_of_finished_checkpoints():
     assert h.tracked == []
     h.on_barrier(0, b(6))
     assert kinds(h.on_barrier(1, b(6))) == ["S6", "F6", "A6"]
+
+
+def test_tracker_end_of_channel_after_an_abort_does_not_revive_the_aborted_checkpoint():
+    """An abort of a newer checkpoint, then an end of channel that completes an older one: the
+    aborted checkpoint's late barrier is still a barrier of a finished checkpoint (ignored)."""
+    h = handler("at_least_once", 2)
+    h.on_barrier(0, b(1))
+    h.on_checkpoint_aborted(2)
+    assert kinds(h.on_end_of_channel(1)) == ["S1", "F1", "A1"]
+    assert kinds(h.on_barrier(0, b(2))) == []  # checkpoint 2 was aborted: no snapshot, no ack
+    assert h.tracked == []
+    assert kinds(h.on_barrier(0, b(3))) == ["S3", "F3", "A3"]
 
 
 def test_tracker_bounded_pending_forgets_the_oldest():
