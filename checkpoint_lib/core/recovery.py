@@ -44,6 +44,10 @@ class RecoveryPlan:
     def recommit(self) -> list[Transaction]:
         return [t for s in self.sinks.values() for t in s.recommit]
 
+    def recommit_of(self, sink: str) -> list[Transaction]:
+        """What the restored checkpoint owns of sink ``sink`` (every subtask's), oldest first."""
+        return sorted(t for s, rec in self.sinks.items() if s.sink == sink for t in rec.recommit)
+
     @property
     def abort(self) -> list[Transaction]:
         return sorted({t.handle: t for s in self.sinks.values() for t in s.abort}.values()) + list(

@@ -10,12 +10,26 @@ CheckpointId = int
 """Checkpoint ids are positive integers that increase strictly, also across restarts."""
 
 
+SINK_PREFIX = "sink_"
+"""A sink's subtasks are the operator ``sink_<name>``: the one definition of that convention."""
+
+
+def sink_operator(sink: str) -> str:
+    """The operator id of sink ``sink``'s subtasks."""
+    return SINK_PREFIX + sink
+
+
 @dataclass(frozen=True, order=True)
 class SubtaskId:
     """One parallel instance of an operator: ``SubtaskId("keyed", 2)``."""
 
     operator: str
     index: int
+
+    @property
+    def sink(self) -> str | None:
+        """The sink this subtask writes (its operator is :func:`sink_operator` of it), or None."""
+        return self.operator[len(SINK_PREFIX):] if self.operator.startswith(SINK_PREFIX) else None
 
     def __post_init__(self) -> None:
         if not self.operator:

@@ -119,13 +119,14 @@ class PendingFiles:
     def files(self, txns: Iterable[Transaction], *, missing_ok: bool = False) -> list[PendingFile]:
         """The files of ``txns``' finished writes; :class:`PendingFilesLostError` if one is gone
         (unless ``missing_ok``)."""
+        txns = list(txns)
         out: list[PendingFile] = []
         for t in txns:
             folder = self.control / t.handle
             for name in self._control_files.names(folder):
                 if name.startswith(WRITE_PREFIX) and name.endswith(".json"):
                     out += [PendingFile(**f) for f in self._control_files.read_json(folder / name)["files"]]
-        lost = [] if missing_ok else [f.path for f in out if not self._data_files.exists(self._absolute(f.path))]
+        lost = [] if missing_ok else self._gone(out)
         if lost:
             raise PendingFilesLostError(
                 f"{len(lost)} files of transactions {sorted(t.handle for t in txns)} are gone before their commit "
@@ -133,6 +134,13 @@ class PendingFiles:
                 "checkpoint's duration? Committing them would lose rows; restore an older checkpoint instead."
             )
         return out
+
+    def lost(self, txns: Iterable[Transaction]) -> list[str]:
+        """The files ``txns``' finished writes made that are gone (their paths as the manifests name them)."""
+        return self._gone(self.files(txns, missing_ok=True))
+
+    def _gone(self, files: list[PendingFile]) -> list[str]:
+        return [f.path for f in files if not self._data_files.exists(self._absolute(f.path))]
 
     def _absolute(self, path: str) -> Path | ObjectUri:
         return location(path) if self.table_root is None else self.table_root / path

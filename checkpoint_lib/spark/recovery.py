@@ -22,6 +22,7 @@ from typing import Any
 from ..core.errors import FailureReason, SnapshotIncompatibleError
 from ..core.recovery import SINK_STATE_KEY, RecoveryPlan, check_fits
 from ..core.twophase import SinkSnapshot, Transaction, TwoPhaseCommitSink
+from ..delta.pending import PendingFilesLostError
 from ..delta.store import END as SESSION_END
 from ..delta.store import RESTORED, START
 from .context import RunContext
@@ -108,6 +109,7 @@ class Recovery:
         # (an owed rollback is one an earlier recovery began and a crash interrupted)
         plan = self.ctx.store.recovery_plan(self.restore_checkpoint, current_epoch=self.ctx.epoch - 1, open_transactions=open_txns)
         plan = self._validated(plan, open_txns)
+        plan = self._committable(plan, open_txns)
         if plan.checkpoint is not None:
             self._check_compatible(plan)
         if plan.rollback_after is not None:  # refused here, before anything is discarded or restored
@@ -148,6 +150,31 @@ class Recovery:
                 fell_back = True
         if fell_back and plan.rollback_after is None:
             plan = dataclasses.replace(plan, rollback_after=plan.checkpoint_id or 0)
+        return plan
+
+    def _committable(self, plan: RecoveryPlan, open_txns: list[Transaction]) -> RecoveryPlan:
+        """A checkpoint whose transactions can never be committed (a sink says what they wrote is
+        gone: a VACUUM with a retention shorter than the downtime after a crash between completion
+        and commit) is not restored: the newest older one is, with a rollback of every sink to what
+        it committed (``_rollback`` then discards the lost one with the later ones), and the replay
+        writes the lost records again. A checkpoint the user chose is refused, naming why."""
+        while plan.checkpoint is not None:
+            why = next((w for name, sink in self.t.sinks.items()
+                        if plan.recommit_of(name) and (w := sink.lost(plan.recommit_of(name)))), None)
+            if why is None:
+                return plan
+            cid = plan.checkpoint_id
+            if self.restore_checkpoint is not None:
+                raise PendingFilesLostError(f"checkpoint {cid} cannot be restored: {why}. Nothing was written. "
+                                            "Restore an older checkpoint (ckpt recover --checkpoint N).")
+            older = [c.checkpoint_id for c in self.ctx.store.all() if c.checkpoint_id < cid]
+            self.ctx.progress(f"checkpoint {cid} can never be committed ({why}): restoring "
+                              + (f"checkpoint {max(older)}" if older else "from scratch") + " and replaying it")
+            if not older:
+                return RecoveryPlan(None, self.ctx.epoch, {}, (), orphans=tuple(sorted(set(open_txns))),
+                                    rollback_after=0)
+            plan = self.ctx.store.recovery_plan(max(older), current_epoch=self.ctx.epoch - 1,
+                                                open_transactions=open_txns)
         return plan
 
     def _rollback(self, cid: int) -> None:
@@ -226,7 +253,7 @@ class Recovery:
         # Sinks: re-commit what the checkpoint owns (a no-op for what was committed) and forget it,
         # then abort every other transaction that wrote something (never a file a table refers to).
         for name, sink in self.t.sinks.items():
-            owned = [t for sid, rec in sorted(plan.sinks.items()) if sid.operator == f"sink_{name}" for t in rec.recommit]
+            owned = plan.recommit_of(name)
             if owned:
                 sink.commit(owned, int(plan.checkpoint_id), self.ctx.epoch)
                 self.ctx.reached("restore")  # between two sinks' re-commits

@@ -88,6 +88,9 @@ class SinkWriter(Protocol):
       target refers to (one committed before a crash kept it from being forgotten); both idempotent;
     - :meth:`fence`: from now on refuse every commit of an older epoch (recovery, before restoring);
     - :meth:`uncommitted` / :meth:`is_committed`: which transactions the target does not hold yet;
+    - :meth:`lost`: why ``txns`` (not committed yet) can never be committed, or None: what they
+      wrote is gone (a VACUUM with a retention shorter than the downtime): a recovery then
+      restores an older checkpoint instead;
     - :meth:`rollback_version` / :meth:`rollback_to`: the target as checkpoint ``checkpoint_id``
       committed it (for a rollback to an older checkpoint or savepoint);
     - :meth:`open_transactions`: every transaction with files or bookkeeping left (recovery
@@ -111,6 +114,8 @@ class SinkWriter(Protocol):
     def uncommitted(self, txns: Iterable[Transaction]) -> list[Transaction]: ...
 
     def is_committed(self, txn: Transaction) -> bool: ...
+
+    def lost(self, txns: Iterable[Transaction]) -> str | None: ...
 
     def rollback_version(self, checkpoint_id: int) -> int | None: ...
 
@@ -377,6 +382,15 @@ class DeltaTwoPhaseSink:
 
     def is_committed(self, txn: Transaction) -> bool:
         return txn.checkpoint_id is not None and not self.uncommitted([txn])
+
+    def lost(self, txns: Iterable[Transaction]) -> str | None:
+        """Why the uncommitted ones of ``txns`` can never be committed (files they wrote are gone),
+        or None."""
+        gone = self.pending.lost(self.uncommitted(txns))
+        if not gone:
+            return None
+        return (f"sink {self.name}: {len(gone)} files its transactions wrote are gone before their commit "
+                f"(e.g. {gone[0]}; a VACUUM of {self.target} with a retention shorter than the pipeline's downtime?)")
 
     def fence(self, epoch: int) -> None:
         """Recovery by ``epoch``, before it reads or rolls back anything: from this commit on, every

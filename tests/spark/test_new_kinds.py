@@ -109,6 +109,9 @@ class AuditedWriter:
     def is_committed(self, txn):
         return self.delta.is_committed(txn)
 
+    def lost(self, txns):
+        return self.delta.lost(txns)
+
     def rollback_version(self, checkpoint_id):
         return self.delta.rollback_version(checkpoint_id)
 
