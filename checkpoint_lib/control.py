@@ -436,21 +436,10 @@ class PipelineControl:
         return CommitOutcome(cid, epoch, committed, done)
 
     def _owned_transactions(self, cid: int) -> dict[str, list]:
-        """Per sink, the pre-committed transactions completed checkpoint ``cid`` owns (<= cid)."""
-        from .core.recovery import SINK_STATE_KEY
-        from .core.twophase import SinkSnapshot
+        """Per sink, the pre-committed transactions completed checkpoint ``cid`` owns."""
+        from .core.recovery import owned_transactions
 
-        checkpoint = self.store.get(cid)
-        owned: dict[str, dict[str, Any]] = {name: {} for name in self.pipeline().sinks}
-        for subtask, ack in checkpoint.acks.items():
-            if not subtask.operator.startswith("sink_") or SINK_STATE_KEY not in ack.state:
-                continue
-            name = subtask.operator[len("sink_"):]
-            snapshot = SinkSnapshot.from_dict(ack.state[SINK_STATE_KEY])
-            for t in snapshot.pending:
-                if t.checkpoint_id is not None and t.checkpoint_id <= cid:
-                    owned.setdefault(name, {})[t.handle] = t
-        return {name: sorted(txns.values()) for name, txns in owned.items()}
+        return {name: [] for name in self.pipeline().sinks} | owned_transactions(self.store.get(cid))
 
     def _sinks(self, spark: "SparkSession | None") -> dict[str, Any]:
         """The pipeline's sinks as :class:`~checkpoint_lib.spark.sinks.SinkWriter` (the same

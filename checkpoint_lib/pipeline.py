@@ -33,6 +33,7 @@ from datetime import timedelta
 from typing import Any, Callable, Mapping, Protocol
 
 from .core.keygroups import DEFAULT_MAX_PARALLELISM, check_parallelism
+from .core.types import sink_operator
 from .layout import check_name as _check_name
 from .schema import as_dict, columns
 
@@ -512,5 +513,5 @@ class Pipeline:
     def operator_ids(self) -> dict[str, int]:
         """Stable operator ids with their parallelism: what a snapshot must match."""
         ids = {"source": self.source_parallelism, self.operator_uid or "keyed": self.keyed_parallelism}
-        ids.update({f"sink_{name}": self.keyed_parallelism for name in self.sinks})
+        ids.update({sink_operator(name): self.keyed_parallelism for name in self.sinks})
         return ids

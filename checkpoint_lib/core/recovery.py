@@ -109,6 +109,16 @@ def choose_checkpoint(
     )
 
 
+def owned_transactions(checkpoint: CompletedCheckpoint) -> dict[str, list[Transaction]]:
+    """Per sink, what completed ``checkpoint`` owns (:attr:`SinkSnapshot.owned` of each of its
+    subtasks' snapshots), oldest first: what committing it commits and restoring it re-commits."""
+    owned: dict[str, list[Transaction]] = {}
+    for subtask, ack in sorted(checkpoint.acks.items()):
+        if subtask.sink is not None and SINK_STATE_KEY in ack.state:
+            owned.setdefault(subtask.sink, []).extend(SinkSnapshot.from_dict(ack.state[SINK_STATE_KEY]).owned)
+    return {name: sorted(set(txns)) for name, txns in owned.items()}
+
+
 def plan_recovery(
     completed: Sequence[CompletedCheckpoint],
     *,

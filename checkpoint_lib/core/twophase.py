@@ -7,9 +7,10 @@ Lifecycle of one sink subtask:
    it gets back the transaction to flush (so that a later commit cannot fail for lack of data),
    the pending transactions now include it under ``c``, a new current transaction begins, and the
    :class:`SinkSnapshot` to store in the subtask's acknowledgement.
-3. When ``c`` completes: :meth:`~TwoPhaseCommitSink.commit_up_to` commits every pending
-   transaction with id <= c (late or skipped notifications are subsumed), tries them all and
-   raises the first error in a :class:`~.errors.CommitError`. Commit must be idempotent.
+3. When ``c`` completes: :func:`commit_up_to` commits every pending transaction with id <= c of
+   every subtask of each sink (late or skipped notifications are subsumed), tries them all and
+   raises the first error in a :class:`~.errors.CommitError`. Commit must be idempotent. The
+   Spark runtime and the simulator both commit through it.
 4. An aborted checkpoint leaves its transaction pending: the next completed checkpoint owns it.
 5. On recovery, :func:`recover` lists what to re-commit (the restored snapshot's pending
    transactions) and what to abort (its current transaction and every other open one).
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 from .errors import CommitError, FencedError, IllegalTransitionError
 from .types import CheckpointId
@@ -124,6 +125,14 @@ class SinkSnapshot:
     pending: tuple[Transaction, ...]
     next_seq: int
 
+    @property
+    def owned(self) -> tuple[Transaction, ...]:
+        """What the checkpoint this snapshot belongs to owns: its pending transactions, each
+        pre-committed at that checkpoint or an earlier one (a later notification subsumes earlier
+        ones). A recovery to the checkpoint re-commits them, and nothing else of the sink. The one
+        definition, for the runtime, the control plane and the simulator."""
+        return self.pending
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "current": self.current.to_dict(),
@@ -195,9 +204,10 @@ class TwoPhaseCommitSink:
         """Commit every pending transaction with id <= ``checkpoint_id``, oldest first.
 
         Tries them all; committed ones leave ``pending``; if any failed, raises a
-        :class:`CommitError` naming the first failure (the rest are in ``errors``).
+        :class:`CommitError` naming the first failure (the rest are in ``errors``). The rule is
+        :func:`commit_up_to`'s, for a sink of this one subtask committing one transaction at a time.
         """
-        return commit_all(self.committable(checkpoint_id), commit, self.pending)
+        return commit_up_to({None: [self]}, checkpoint_id, lambda _, txns: commit_all(txns, commit)).get(None, [])
 
     def resume_state(self) -> dict[str, Any]:
         """Everything needed to continue this sink in a later process of the same epoch (a stage
@@ -252,6 +262,65 @@ def commit_all(
     return done
 
 
+K = TypeVar("K")
+
+
+def commit_up_to(
+    sinks: Mapping[K, Sequence[TwoPhaseCommitSink]],
+    checkpoint_id: CheckpointId,
+    commit: Callable[[K, list[Transaction]], object],
+    after: Callable[[K, list[Transaction]], None] | None = None,
+) -> dict[K, list[Transaction]]:
+    """Checkpoint ``checkpoint_id`` is complete: commit, for each sink of ``sinks`` (its subtasks'
+    bookkeeping), every pending transaction with an id <= ``checkpoint_id`` (a late or skipped
+    notification is subsumed by a later one), oldest checkpoint first, in ONE call
+    ``commit(sink, transactions)`` (an engine may make them visible in one transaction; it must
+    be idempotent: a recovery or a repeated notification commits them again). Committed
+    transactions leave their subtask's ``pending``, then ``after(sink, transactions)`` runs (a
+    failure there, a kill, propagates at once). Every sink is tried; a failure leaves that sink's
+    transactions pending (a :class:`CommitError` from ``commit`` names the ones that failed: the
+    others leave) and, after the last sink, the first failure is raised as a :class:`CommitError`.
+
+    The Spark runtime's completion and the simulator both commit through this: what the property
+    tests check is what commits users' data."""
+    done: dict[K, list[Transaction]] = {}
+    errors: list[tuple[object, BaseException]] = []
+    tried = 0
+    for key, subtasks in sinks.items():
+        txns = sorted((t for book in subtasks for t in book.committable(checkpoint_id)),
+                      key=lambda t: (t.checkpoint_id, t.handle))
+        if not txns:
+            continue
+        tried += len(txns)
+        try:
+            commit(key, txns)
+        except CommitError as exc:
+            failed = {id(t) for t, _ in exc.errors}
+            errors += exc.errors
+            committed = [t for t in txns if id(t) not in failed]
+        except Exception as exc:  # noqa: BLE001 - reported after every sink was tried
+            errors.append((key, exc))
+            committed = []
+        else:
+            committed = txns
+        for book in subtasks:
+            for t in committed:
+                if book.pending.get(t.checkpoint_id) == t:
+                    del book.pending[t.checkpoint_id]
+        if committed:
+            done[key] = committed
+            if after is not None:
+                after(key, committed)
+    if errors:
+        first_txn, first = errors[0]
+        raise CommitError(
+            f"{len(errors)} of {max(tried, len(errors))} commits failed; first: "
+            f"{getattr(first_txn, 'handle', first_txn)}: {first!r}",
+            errors,
+        ) from first
+    return done
+
+
 @dataclass(frozen=True)
 class SinkRecovery:
     """What recovering one sink subtask must do before it writes again."""
@@ -265,7 +334,7 @@ def recover(snapshot: SinkSnapshot | None, open_transactions: Iterable[Transacti
 
     ``open_transactions`` are those the adapter found staged but not committed (from any epoch).
     """
-    recommit = tuple(snapshot.pending) if snapshot else ()
+    recommit = snapshot.owned if snapshot else ()
     owned = {t.handle for t in recommit}
     abort = {t.handle: t for t in open_transactions if t.handle not in owned}
     if snapshot is not None and snapshot.current.handle not in owned:

@@ -424,7 +424,7 @@ def _check_structure(acks: Mapping[SubtaskId, SubtaskAck]) -> None:
     some keys without state, silently)."""
     ranges: dict[str, list[Any]] = {}
     for subtask, ack in acks.items():
-        if SINK_STATE_KEY in ack.state or subtask.operator.startswith("sink_"):
+        if SINK_STATE_KEY in ack.state or subtask.sink is not None:
             try:
                 SinkSnapshot.from_dict(ack.state[SINK_STATE_KEY])
             except (KeyError, TypeError, ValueError, AttributeError) as exc:

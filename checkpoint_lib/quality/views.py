@@ -46,6 +46,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from ..core.types import sink_operator
 from ..delta import log as delta_log
 from ..delta.store import RESTORED, DeltaCheckpointStore
 from ..files import files_at
@@ -468,7 +469,7 @@ def checkpoint_views(ctx: Context, facts: CheckpointFacts) -> dict[str, DataFram
     # Parallelism as the checkpoint was taken (a rescaled run differs from the declaration): the
     # keyed operator and its fused sinks share one parallelism, so one subtask missing from all of
     # them still shows (and the key-group check below catches the last one missing everywhere).
-    keyed_side = [p.operator_uid, *(f"sink_{name}" for name in p.sinks)]
+    keyed_side = [p.operator_uid, *(sink_operator(name) for name in p.sinks)]
     P = 1 + max((a["index"] for a in facts.acks if a["operator"] in keyed_side), default=p.keyed_parallelism - 1)
     S = 1 + max((a["index"] for a in facts.acks if a["operator"] == "source"), default=p.source_parallelism - 1)
     expected = {"source": S, **{op: P for op in keyed_side}}

@@ -20,6 +20,7 @@ from ..core.coordinator import (
     NotifyCheckpointComplete,
 )
 from ..core.errors import TooManyFailedCheckpointsError
+from ..core.twophase import commit_up_to
 from ..delta import log as delta_log
 from .context import RunContext
 
@@ -105,20 +106,18 @@ class Completion:
 
     def _commit_up_to(self, cid: int) -> None:
         """Checkpoint ``cid`` is complete: commit every sink's transactions up to it (one Delta
-        commit per sink) and forget them, then now and then clean up."""
+        commit per sink, through the core's rule :func:`~checkpoint_lib.core.twophase.commit_up_to`)
+        and forget them, then now and then clean up."""
         ctx = self.ctx
         ctx.reached("commit")
-        books = self.keyed.sink_books
-        for name, sink in ctx.topology.sinks.items():
-            txns = [t for book in books[name] for t in book.committable(cid)]
-            if not txns:
-                continue
-            sink.commit(txns, cid, ctx.epoch)
+        sinks = ctx.topology.sinks
+
+        def committed(name: str, txns: list) -> None:
             ctx.reached("sink_commit")  # this sink committed, the next ones not yet
-            for book in books[name]:
-                for t in book.committable(cid):
-                    book.pending.pop(t.checkpoint_id, None)
-            sink.discard(txns)
+            sinks[name].discard(txns)
+
+        commit_up_to({name: self.keyed.sink_books[name] for name in sinks}, cid,
+                     lambda name, txns: sinks[name].commit(txns, cid, ctx.epoch), after=committed)
         self.completions += 1
         self.last_completed = cid
         if self.completions % TRUNCATE_EVERY == 0:  # every truncation is a Delta commit: batch them

@@ -16,7 +16,7 @@ from typing import Callable
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from ..core.types import SubtaskId
+from ..core.types import SubtaskId, sink_operator
 from ..layout import channel_log, channel_state_table, checkpoint_root, state_table, warehouse_location
 from ..pipeline import Pipeline
 from . import tables
@@ -40,7 +40,7 @@ class Topology:
         self.S, self.P = p.source_parallelism, p.keyed_parallelism
         self.sources = [SubtaskId(SOURCE, i) for i in range(self.S)]
         self.keyed = [SubtaskId(p.operator_uid, i) for i in range(self.P)]
-        self.sink_ids = {name: [SubtaskId(f"sink_{name}", i) for i in range(self.P)] for name in p.sinks}
+        self.sink_ids = {name: [SubtaskId(sink_operator(name), i) for i in range(self.P)] for name in p.sinks}
         self.tasks = self.sources + self.keyed + [s for ids in self.sink_ids.values() for s in ids]
 
         self.payload = tables.struct_type([*p.record_schema.items(), (KEY_GROUP, "int"), *OFFSET_COLUMNS])
