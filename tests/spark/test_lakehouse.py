@@ -185,7 +185,35 @@ def test_a_vacuum_that_deleted_a_completed_checkpoints_uncommitted_files_is_repa
 
     assert done.restored == 1
     store = DeltaCheckpointStore.open(f"{tmp_path}/_checkpoints/payments")
-    assert store.status(2)["status"] == "discarded" and "files" in store.status(2)["message"]
+    assert store.status(2)["status"] == "discarded" and "rolled back to checkpoint 1" in store.status(2)["message"]
     check = check_payments(str(tmp_path))
     assert check.ok, check.summary()
     assert check.ledger_rows == check.valid_rows
+
+
+def test_a_source_vacuumed_while_the_pipeline_lagged_fails_with_what_was_lost_and_what_to_do(spark, tmp_path):
+    """The landing table is OPTIMIZEd and VACUUMed (0 hours) while the pipeline is behind it: the
+    files of the versions it reads next are gone (their rows live on in the compacted file, which
+    an incremental reader cannot tell apart). One clear message, naming the versions and the way
+    out, instead of the engine's file-not-found; nothing of the step is committed."""
+    from checkpoint_lib.pipelines import get
+    from checkpoint_lib.pipelines.payments import generate
+    from checkpoint_lib.spark.runner import PipelineRunner
+    from checkpoint_lib.spark.sources import SourceFilesLostError
+    from checkpoint_lib.spark.tables import session_confs
+
+    generate(spark, str(tmp_path), 200, bad_fraction=0.05, accounts=20, seed=1)
+    PipelineRunner(get("payments"), str(tmp_path), spark, rows_per_checkpoint=200).run()
+    for seed in (2, 3):
+        generate(spark, str(tmp_path), 200, bad_fraction=0.05, accounts=20, seed=seed)
+    landing = tmp_path / "landing" / "payments"
+    spark.sql(f"OPTIMIZE delta.`{landing}`")
+    with session_confs(spark, {"spark.databricks.delta.retentionDurationCheck.enabled": "false"}):
+        spark.sql(f"VACUUM delta.`{landing}` RETAIN 0 HOURS")
+    ledger = spark.read.format("delta").load(str(tmp_path / "gold" / "ledger")).count()
+
+    with pytest.raises(SourceFilesLostError, match=r"source versions 1\.\.2 \(read next, after version 0\).*"
+                                                   r"files that are gone.*ckpt recover payments --checkpoint N"):
+        PipelineRunner(get("payments"), str(tmp_path), spark, rows_per_checkpoint=1000).run()
+    assert spark.read.format("delta").load(str(tmp_path / "gold" / "ledger")).count() == ledger
+
