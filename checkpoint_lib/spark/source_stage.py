@@ -29,7 +29,7 @@ from .channels import BARRIER, DATA
 from .context import RunContext
 from .partitioning import route
 from .sinks import app_prefix
-from .sources import SourceSite, source_reader
+from .sources import SourceFilesLostError, SourceSite, source_reader
 from .topology import OFFSET_COLUMNS
 
 DLQ_ATTEMPTS = 5
@@ -104,8 +104,25 @@ class SourceStage:
         effects = self.ctx.coordinator.tick()
         triggers = [e for e in effects if isinstance(e, TriggerCheckpoint)]  # at most one
         self.on_effects([e for e in effects if not isinstance(e, TriggerCheckpoint)])
-        self.send(end_version, step, self._requested_trigger(triggers[0] if triggers else None))
+        try:
+            self.send(end_version, step, self._requested_trigger(triggers[0] if triggers else None))
+        except Exception as exc:
+            gone = self.source.missing(step) if step else []
+            if gone:
+                raise self._lost(step, gone) from exc
+            raise
         return True
+
+    def _lost(self, step: list, gone: list[str]) -> SourceFilesLostError:
+        versions = sorted({f.version for f in step})
+        name = self.ctx.pipeline.name
+        return SourceFilesLostError(
+            f"pipeline {name!r}: source versions {versions[0]}..{versions[-1]} (read next, after version "
+            f"{self.offset}) reference {len(gone)} files that are gone (e.g. {gone[0]}): the source was VACUUMed "
+            "after an OPTIMIZE or a rewrite while the pipeline lagged behind it. Nothing of this step was committed. "
+            f"Restore a checkpoint taken after version {versions[-1]} (ckpt checkpoints list {name}; ckpt recover "
+            f"{name} --checkpoint N), or append those rows to the source again and restore one after them."
+        )
 
     def _requested_trigger(self, trigger: TriggerCheckpoint | None) -> TriggerCheckpoint | None:
         """Honour "checkpoint now" requests (:mod:`checkpoint_lib.control`, e.g. from Airflow): the

@@ -25,7 +25,8 @@ from pyspark.sql import functions as F
 from ..delta import log as delta_log
 from ..delta.log import AddedFile
 from ..kinds import Kinds
-from ..layout import source_manifest
+from ..files import files_at
+from ..layout import location, source_manifest
 from ..pipeline import DeltaSource, FolderSource
 from . import tables
 from .landing import LandingFolderSource
@@ -53,7 +54,9 @@ class SourceReader(Protocol):
     - :meth:`read`: the step's rows, nothing collected: the declared columns, ``src_version``,
       ``src_file``, ``src_row`` (the offset of each row), ``sender`` (the source subtask: the
       file's position in the step modulo ``senders``) and ``_error`` (why a row is bad, null when
-      it parsed).
+      it parsed);
+    - :meth:`missing`: the step's files that are gone (asked only after a step failed: the stage
+      then says what was lost and what to do, instead of the engine's file-not-found).
     """
 
     caches_step: bool
@@ -68,6 +71,13 @@ class SourceReader(Protocol):
     def next_step(self, after: int, upto: int, rows_per_step: int) -> list[AddedFile]: ...
 
     def read(self, step: list[AddedFile], senders: int) -> DataFrame: ...
+
+    def missing(self, step: list[AddedFile]) -> list[str]: ...
+
+
+class SourceFilesLostError(RuntimeError):
+    """Files the next source step needs are gone (a VACUUM after an OPTIMIZE while the pipeline
+    lagged, or a restore of a checkpoint older than the source's retention)."""
 
 
 @dataclass(frozen=True)
@@ -181,6 +191,11 @@ class DeltaTableReader:
             .withColumn("_error", F.lit(None).cast("string"))
         )
 
+    def missing(self, step: list[AddedFile]) -> list[str]:
+        root = location(self.path)
+        files = files_at(root)
+        return [f"{self.path}/{unquote(f.path)}" for f in step if not files.exists(root / unquote(f.path))]
+
 
 class LandingFolderReader:
     """A landing folder (:class:`~checkpoint_lib.pipeline.FolderSource`): its files registered in
@@ -208,6 +223,9 @@ class LandingFolderReader:
     def next_step(self, after: int, upto: int, rows_per_step: int) -> list[AddedFile]:
         steps = delta_log.plan_steps(self.folder.added_files(after, upto), rows_per_step)
         return steps[0] if steps else []
+
+    def missing(self, step: list[AddedFile]) -> list[str]:
+        return []  # a registered file that vanished is refused by the read itself, naming it
 
     def read(self, step: list[AddedFile], senders: int) -> DataFrame:
         names = [(f.path, f.version, i % senders) for i, f in enumerate(step)]

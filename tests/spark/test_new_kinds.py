@@ -57,6 +57,9 @@ class BatchReader:
         steps = plan_steps(self._files(after, upto), rows_per_step)
         return steps[0] if steps else []
 
+    def missing(self, step: list[AddedFile]) -> list[str]:
+        return []
+
     def read(self, step: list[AddedFile], senders: int):
         rows = [(*row, f.version, f.path, i, n % senders, None)
                 for n, f in enumerate(step) for i, row in enumerate(self.spec.batches[f.version])]
