@@ -217,3 +217,48 @@ def test_a_source_vacuumed_while_the_pipeline_lagged_fails_with_what_was_lost_an
         PipelineRunner(get("payments"), str(tmp_path), spark, rows_per_checkpoint=1000).run()
     assert spark.read.format("delta").load(str(tmp_path / "gold" / "ledger")).count() == ledger
 
+
+def test_two_pipelines_chained_through_a_sink_are_exactly_once_downstream_across_a_crash_in_each(spark, tmp_path):
+    """A medallion chain: payments writes ``gold/ledger`` (an append sink: one flush writes a file of
+    the same name into each of its 3 subtasks' transaction folders); a second pipeline reads that
+    table as its source and keeps its own running balances in ``platinum/``. Each is killed in a
+    two-phase-commit window and recovers; downstream every gold row is applied exactly once."""
+    from checkpoint_lib.pipeline import DeltaSink, Pipeline
+    from checkpoint_lib.pipelines import get
+    from checkpoint_lib.pipelines.payments import BALANCES_SCHEMA, LEDGER_SCHEMA, RunningBalance, generate
+    from checkpoint_lib.spark.runner import PipelineRunner
+    from checkpoint_lib.verify import check_payments, read_delta
+    from in_process_kills import raise_at
+
+    platinum = (
+        Pipeline("platinum")
+        .source(DeltaSource("gold/ledger", {"event_id": "string", "account": "string", "amount_cents": "long"}),
+                parallelism=2)
+        .key_by("account", parallelism=2)
+        .process(RunningBalance(), uid="balance")
+        .sink("ledger", DeltaSink("platinum/ledger", LEDGER_SCHEMA))
+        .sink("balances", DeltaSink("platinum/balances", BALANCES_SCHEMA, mode="upsert", keys=("account",)))
+        .dead_letters("dlq/platinum")
+    )
+    w = str(tmp_path)
+    for seed in (1, 2, 3):
+        generate(spark, w, 200, bad_fraction=0.05, accounts=25, seed=seed)
+
+    gold = PipelineRunner(get("payments"), w, spark, rows_per_checkpoint=200)
+    gold.ctx.kills.reached = raise_at("commit", 2)  # checkpoint 2 complete, not committed
+    with pytest.raises(RuntimeError, match="killed"):
+        gold.run()
+    silver = PipelineRunner(platinum, w, spark, rows_per_checkpoint=150)
+    silver.ctx.kills.reached = raise_at("sink_commit", 1)  # its ledger committed, its balances not
+    with pytest.raises(RuntimeError, match="killed"):
+        silver.run()
+    assert PipelineRunner(get("payments"), w, spark, rows_per_checkpoint=200).run().restored == 2
+    assert PipelineRunner(platinum, w, spark, rows_per_checkpoint=150).run().restored == 1
+
+    assert check_payments(w).ok
+    gold_ledger, plat_ledger = read_delta(f"{w}/gold/ledger"), read_delta(f"{w}/platinum/ledger")
+    assert len(plat_ledger) == len(set(plat_ledger["event_id"])) == len(gold_ledger) > 400
+    assert set(plat_ledger["event_id"]) == set(gold_ledger["event_id"])
+    balances = {r.account: (r.balance_cents, r.event_count) for r in read_delta(f"{w}/gold/balances").itertuples()}
+    assert {r.account: (r.balance_cents, r.event_count)
+            for r in read_delta(f"{w}/platinum/balances").itertuples()} == balances
