@@ -299,7 +299,7 @@ def commit_up_to(
             errors += exc.errors
             committed = [t for t in txns if id(t) not in failed]
         except Exception as exc:  # noqa: BLE001 - reported after every sink was tried
-            errors.append((key, exc))
+            errors += [(t, exc) for t in txns]
             committed = []
         else:
             committed = txns
@@ -314,7 +314,7 @@ def commit_up_to(
     if errors:
         first_txn, first = errors[0]
         raise CommitError(
-            f"{len(errors)} of {max(tried, len(errors))} commits failed; first: "
+            f"{len(errors)} of {tried} commits failed; first: "
             f"{getattr(first_txn, 'handle', first_txn)}: {first!r}",
             errors,
         ) from first

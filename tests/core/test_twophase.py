@@ -15,6 +15,7 @@ from checkpoint_lib.core.twophase import (
     TransactionIdPool,
     TwoPhaseCommitSink,
     commit_all,
+    commit_up_to,
     recover,
 )
 
@@ -378,3 +379,52 @@ def test_a_sink_resumed_in_a_later_process_continues_exactly_where_it_stopped():
     with pytest.raises(IllegalTransitionError):
         again.pre_commit(2)  # the last pre-committed checkpoint is remembered
     assert again.pre_commit(3).transaction.handle == sink.pre_commit(3).transaction.handle
+
+
+def test_commit_up_to_commits_each_sink_once_with_all_its_subtasks_and_tries_every_sink():
+    """The rule production's completion and the simulator share: per sink ONE commit call with the
+    pending transactions <= c of every subtask, oldest first; a failing sink keeps its transactions
+    pending, the others commit, and the first failure is raised after the last sink."""
+    ledger = [make_sink(prefix="ledger", subtask=i) for i in range(2)]
+    balances = [make_sink(prefix="balances", subtask=i) for i in range(2)]
+    audit = [make_sink(prefix="audit", subtask=0)]
+    for c in (1, 2, 3):
+        for book in ledger + balances + audit:
+            book.pre_commit(c)
+    calls: list[tuple[str, list[tuple[int, str]]]] = []
+    after: list[str] = []
+
+    def commit(name: str, txns: list[Transaction]) -> None:
+        calls.append((name, [(t.checkpoint_id, t.txn_id) for t in txns]))
+        if name == "balances":
+            raise OSError("balances is down")
+
+    with pytest.raises(CommitError, match=r"^4 of 10 commits failed; first: balances-0-0\.e1\.s0: OSError\('balances is down'\)$"):
+        commit_up_to({"ledger": ledger, "balances": balances, "audit": audit}, 2, commit,
+                     after=lambda name, txns: after.append(name))
+    assert [name for name, _ in calls] == ["ledger", "balances", "audit"] and after == ["ledger", "audit"]
+    assert calls[0][1] == [(1, "ledger-0-0"), (1, "ledger-1-0"), (2, "ledger-0-1"), (2, "ledger-1-1")]
+    assert [list(b.pending) for b in ledger + audit] == [[3], [3], [3]]
+    assert [list(b.pending) for b in balances] == [[1, 2, 3], [1, 2, 3]]  # a retry commits them again
+
+    done = commit_up_to({"ledger": ledger, "balances": balances, "audit": audit}, 3,
+                        lambda name, txns: calls.append((name, [])))
+    assert {name: [t.checkpoint_id for t in txns] for name, txns in done.items()} == {
+        "ledger": [3, 3], "balances": [1, 1, 2, 2, 3, 3], "audit": [3]}
+    assert all(b.pending == {} for b in ledger + balances + audit)
+
+
+def test_a_kill_after_a_sink_committed_propagates_at_once():
+    """``after`` runs outside the failure handling: a kill point there stops the commit of the
+    next sinks (a recovery re-commits what the checkpoint owns)."""
+    first, second = [make_sink(prefix="a")], [make_sink(prefix="b")]
+    for book in first + second:
+        book.pre_commit(1)
+    committed: list[str] = []
+
+    def killed(name: str, txns: list[Transaction]) -> None:
+        raise RuntimeError("killed at sink_commit:1")
+
+    with pytest.raises(RuntimeError, match="killed"):
+        commit_up_to({"a": first, "b": second}, 1, lambda name, txns: committed.append(name), after=killed)
+    assert committed == ["a"] and first[0].pending == {} and list(second[0].pending) == [1]
