@@ -6,20 +6,14 @@ from __future__ import annotations
 
 import pandas as pd
 
-from checkpoint_lib.pipeline import DeltaSink, FolderSource, Pipeline
-from checkpoint_lib.pipelines.payments import BALANCES_SCHEMA, LEDGER_SCHEMA, SOURCE_SCHEMA, RunningBalance, payment_errors
+from checkpoint_lib.pipeline import FolderSource, Pipeline
+from checkpoint_lib.pipelines.payments import SOURCE_SCHEMA, payment_errors, running_balances
 
 
 def folder_payments() -> Pipeline:
-    return (
-        Pipeline("payments_files")
-        .source(FolderSource("landing/payment_files", SOURCE_SCHEMA, format="json", validate=payment_errors),
-                parallelism=2)
-        .key_by("account", parallelism=3)
-        .process(RunningBalance(), uid="balance")
-        .sink("ledger", DeltaSink("gold/files_ledger", LEDGER_SCHEMA))
-        .sink("balances", DeltaSink("gold/files_balances", BALANCES_SCHEMA, mode="upsert", keys=("account",)))
-        .dead_letters("dlq/payment_files")
+    return running_balances(
+        "payments_files", FolderSource("landing/payment_files", SOURCE_SCHEMA, format="json", validate=payment_errors),
+        ledger="gold/files_ledger", balances="gold/files_balances", dead_letters="dlq/payment_files",
     )
 
 

@@ -86,15 +86,25 @@ def quality_spec() -> QualitySpec:
     )
 
 
+def running_balances(name: str, source: Any, *, ledger: str, balances: str, dead_letters: str,
+                     parallelism: tuple[int, int] = (2, 3)) -> Pipeline:
+    """A pipeline of payments' shape over any ``source`` of payments: keyed by account, running
+    balances, a ledger (append) and the balances (upsert). ``parallelism``: (source, operator)."""
+    return (
+        Pipeline(name)
+        .source(source, parallelism=parallelism[0])
+        .key_by("account", parallelism=parallelism[1])
+        .process(RunningBalance(), uid="balance")
+        .sink("ledger", DeltaSink(ledger, LEDGER_SCHEMA))
+        .sink("balances", DeltaSink(balances, BALANCES_SCHEMA, mode="upsert", keys=("account",)))
+        .dead_letters(dead_letters)
+    )
+
+
 def build() -> Pipeline:
     return (
-        Pipeline("payments")
-        .source(DeltaSource("landing/payments", SOURCE_SCHEMA, validate=payment_errors), parallelism=2)
-        .key_by("account", parallelism=3)
-        .process(RunningBalance(), uid="balance")
-        .sink("ledger", DeltaSink("gold/ledger", LEDGER_SCHEMA))
-        .sink("balances", DeltaSink("gold/balances", BALANCES_SCHEMA, mode="upsert", keys=("account",)))
-        .dead_letters("dlq/payments")
+        running_balances("payments", DeltaSource("landing/payments", SOURCE_SCHEMA, validate=payment_errors),
+                         ledger="gold/ledger", balances="gold/balances", dead_letters="dlq/payments")
         .generator(generate)
         .quality(quality_spec())
     )

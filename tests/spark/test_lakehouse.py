@@ -223,22 +223,15 @@ def test_two_pipelines_chained_through_a_sink_are_exactly_once_downstream_across
     the same name into each of its 3 subtasks' transaction folders); a second pipeline reads that
     table as its source and keeps its own running balances in ``platinum/``. Each is killed in a
     two-phase-commit window and recovers; downstream every gold row is applied exactly once."""
-    from checkpoint_lib.pipeline import DeltaSink, Pipeline
     from checkpoint_lib.pipelines import get
-    from checkpoint_lib.pipelines.payments import BALANCES_SCHEMA, LEDGER_SCHEMA, RunningBalance, generate
+    from checkpoint_lib.pipelines.payments import generate, running_balances
     from checkpoint_lib.spark.runner import PipelineRunner
     from checkpoint_lib.verify import check_payments, read_delta
     from in_process_kills import raise_at
 
-    platinum = (
-        Pipeline("platinum")
-        .source(DeltaSource("gold/ledger", {"event_id": "string", "account": "string", "amount_cents": "long"}),
-                parallelism=2)
-        .key_by("account", parallelism=2)
-        .process(RunningBalance(), uid="balance")
-        .sink("ledger", DeltaSink("platinum/ledger", LEDGER_SCHEMA))
-        .sink("balances", DeltaSink("platinum/balances", BALANCES_SCHEMA, mode="upsert", keys=("account",)))
-        .dead_letters("dlq/platinum")
+    platinum = running_balances(
+        "platinum", DeltaSource("gold/ledger", {"event_id": "string", "account": "string", "amount_cents": "long"}),
+        ledger="platinum/ledger", balances="platinum/balances", dead_letters="dlq/platinum", parallelism=(2, 2),
     )
     w = str(tmp_path)
     for seed in (1, 2, 3):
