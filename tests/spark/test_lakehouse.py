@@ -155,6 +155,8 @@ def test_a_target_with_other_columns_than_the_sink_declares_is_refused_before_an
     assert DeltaTable(str(path)).version() == 0 and DeltaTable(str(retyped)).version() == 0  # nothing written
 
 
+@pytest.mark.slow  # 75 s; CI tier: the abort after an OPTIMIZE above and the chained pipelines below (a recovery
+# re-committing and aborting), tests/crash/test_object_store.py (killed between completion and commit)
 def test_a_vacuum_that_deleted_a_completed_checkpoints_uncommitted_files_is_repaired_by_replaying_it(spark, tmp_path):
     """Killed between checkpoint 2's completion and its commit, then the ledger VACUUMed with a
     retention shorter than the downtime (here 0 hours, the safety check off): checkpoint 2's
@@ -191,6 +193,7 @@ def test_a_vacuum_that_deleted_a_completed_checkpoints_uncommitted_files_is_repa
     assert check.ledger_rows == check.valid_rows
 
 
+@pytest.mark.slow  # 50 s; CI tier: the reader tests above (a step's files matched by whole path)
 def test_a_source_vacuumed_while_the_pipeline_lagged_fails_with_what_was_lost_and_what_to_do(spark, tmp_path):
     """The landing table is OPTIMIZEd and VACUUMed (0 hours) while the pipeline is behind it: the
     files of the versions it reads next are gone (their rows live on in the compacted file, which
