@@ -170,19 +170,31 @@ class StateTtl:
     newest write of the operator (default lateness: ``ttl``), so idle keys do not grow the state
     forever. A record more than ``cleanup_lateness`` behind the newest one is *late*: it may find
     the old state of its key already cleaned up.
+
+    Outliers: the newest write is a maximum, so one record with a timestamp far in the future would
+    clean up every key. With ``max_ahead`` (a bound, e.g. a day), a source row whose
+    ``time_column`` is more than ``max_ahead`` after the reference (the newest median event time
+    of a source step so far, this step's included) is a dead letter, with the reason, before it
+    reaches the operator. Choose it above a step's spread of event times after its median (a
+    backfill step spans its whole range) and above the longest quiet period of the source. It
+    needs ``time_column`` among the source's columns; off by default.
     """
 
     ttl: timedelta | float
     time_column: str
     cleanup_lateness: timedelta | float | None = None
+    max_ahead: timedelta | float | None = None
 
     def __post_init__(self) -> None:
         as_delta = (lambda v: v if isinstance(v, timedelta) else timedelta(seconds=float(v)))
         object.__setattr__(self, "ttl", as_delta(self.ttl))
         lateness = self.ttl if self.cleanup_lateness is None else as_delta(self.cleanup_lateness)
         object.__setattr__(self, "cleanup_lateness", lateness)
-        if self.ttl <= timedelta(0) or lateness < timedelta(0):
-            raise ValueError(f"state TTL must be positive and its cleanup lateness not negative: {self}")
+        if self.max_ahead is not None:
+            object.__setattr__(self, "max_ahead", as_delta(self.max_ahead))
+        if self.ttl <= timedelta(0) or lateness < timedelta(0) or (self.max_ahead is not None
+                                                                     and self.max_ahead <= timedelta(0)):
+            raise ValueError(f"state TTL and max_ahead must be positive and its cleanup lateness not negative: {self}")
         if not isinstance(self.time_column, str) or not self.time_column:
             raise ValueError("StateTtl needs the records' time_column")
 
@@ -365,6 +377,9 @@ class Pipeline:
                 if kind is None or kind.lower() not in ("timestamp", "timestamp_ntz"):
                     raise ValueError(f"operator {uid!r} state_ttl time_column {ttl.time_column!r} must be a timestamp "
                                      f"column of the records, got {kind!r}")
+                if ttl.max_ahead is not None and ttl.time_column not in self.source_spec.schema:
+                    raise ValueError(f"operator {uid!r} state_ttl max_ahead needs time_column {ttl.time_column!r} among "
+                                     "the source's columns (bad rows become dead letters before any map())")
         self.operator, self.operator_uid = operator, _check_name("operator uid", uid)
         return self
 

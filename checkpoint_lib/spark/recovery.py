@@ -26,6 +26,7 @@ from ..delta.pending import PendingFilesLostError
 from ..delta.store import END as SESSION_END
 from ..delta.store import RESTORED, START
 from .context import RunContext
+from .source_stage import EVENT_TIME_REFERENCE
 
 
 class Recovery:
@@ -231,6 +232,7 @@ class Recovery:
         source, keyed = self.source, self.keyed
         source.offset = int(source_state.get("version", -1))
         source.next_seq = int(source_state.get("next_seq", 0))
+        source.time_reference = source_state.get(EVENT_TIME_REFERENCE)
         keyed.cursor = source.next_seq - 1
         # Everything the old attempt wrote after the cut is rewritten by this one.
         # (Deletes of the channel logs touch this epoch's and older rows only; readers read their

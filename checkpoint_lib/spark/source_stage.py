@@ -14,6 +14,7 @@ checkpoint, the sources acknowledge with their offsets before the barrier goes o
 from __future__ import annotations
 
 import uuid
+from datetime import datetime, timezone
 from typing import Any, Callable
 
 from pyspark.sql import DataFrame
@@ -31,6 +32,9 @@ from .partitioning import route
 from .sinks import app_prefix
 from .sources import SourceFilesLostError, SourceSite, source_reader
 from .topology import OFFSET_COLUMNS
+
+EVENT_TIME_REFERENCE = "event_time_reference"
+"""In a source's ack and resume point: :meth:`SourceStage._bound_event_time`'s reference."""
 
 DLQ_ATTEMPTS = 5
 
@@ -52,6 +56,7 @@ class SourceStage:
     def reset(self) -> None:
         """A new process: positions unknown until restored or resumed, the source's log not parsed yet."""
         self.offset, self.next_seq = -1, 0
+        self.time_reference: float | None = None  # StateTtl.max_ahead: the newest step median event time (s)
         ctx, spec = self.ctx, self.ctx.pipeline.source_spec
         self.source = source_reader(spec, SourceSite(ctx.spark, self.t.path(spec.path), self.t.root,
                                                      ctx.pipeline.name, ctx.progress))
@@ -59,10 +64,12 @@ class SourceStage:
         self._deferred: tuple[DataFrame | None, tuple[int, float] | None] | None = None
 
     def point(self, parallelism: dict[str, int]) -> dict[str, Any]:
-        return {"offset": self.offset, "next_seq": self.next_seq, "parallelism": parallelism}
+        return {"offset": self.offset, "next_seq": self.next_seq, "parallelism": parallelism,
+                EVENT_TIME_REFERENCE: self.time_reference}
 
     def resume(self, point: dict[str, Any]) -> None:
         self.offset, self.next_seq = int(point["offset"]), int(point["next_seq"])
+        self.time_reference = point.get(EVENT_TIME_REFERENCE)
 
     def catch_up(self) -> None:
         """Before the process ends: a lagging subtask's last step reaches the channel."""
@@ -175,7 +182,7 @@ class SourceStage:
             return
         cid, last = trigger.checkpoint_id, self.next_seq - 1
         state = {"version": self.offset, "next_seq": self.next_seq, "barrier_seq": last,
-                 "barrier_seqs": {str(s): last for s in range(self.t.S)}}
+                 "barrier_seqs": {str(s): last for s in range(self.t.S)}, EVENT_TIME_REFERENCE: self.time_reference}
         acks = {sid: SubtaskAck(state=state) for sid in self.t.sources}
         self.ctx.reached("source_ack")
         self.ctx.store.record_acks(cid, acks, self.ctx.epoch)
@@ -241,7 +248,7 @@ class SourceStage:
             last = max(barrier_at.values())
             state = {"version": self.offset if end_version is None else end_version,
                      "next_seq": last + 1, "barrier_seq": last,
-                     "barrier_seqs": {str(s): p for s, p in barrier_at.items()}}
+                     "barrier_seqs": {str(s): p for s, p in barrier_at.items()}, EVENT_TIME_REFERENCE: self.time_reference}
             acks = {sid: SubtaskAck(state=state) for sid in self.t.sources}
             self.ctx.reached("source_ack")
             self.ctx.store.record_acks(trigger.checkpoint_id, acks, self.ctx.epoch)
@@ -272,7 +279,8 @@ class SourceStage:
         if key_check:
             df = df.withColumn("_error", F.coalesce(
                 F.col("_error"), F.when(F.col(p.key).isNull(), F.lit(f"null key {p.key}"))))
-        if validate is not None or key_check or self.source.caches_step:
+        df, bounded = self._bound_event_time(df)
+        if validate is not None or key_check or bounded or self.source.caches_step:
             # Parsed text is read once, used twice (dead letters, then the channel), unpersisted
             # after the step. Parquet is read twice instead: a vectorized scan of the step's files
             # costs less than building the cache (a 1M-row step's dead letters: 2.1 s against 4.7 s).
@@ -290,6 +298,26 @@ class SourceStage:
             df = self._read_bootstrap().select(*records).unionByName(df.select(*records))
         df = route(df, p.partitioning, self.t.P, key=p.key, max_parallelism=p.max_parallelism)
         return df.select("sender", "receiver", *self.t.payload.fieldNames())
+
+    def _bound_event_time(self, df: DataFrame) -> tuple[DataFrame, bool]:
+        """With a ``StateTtl.max_ahead``: rows whose event time is more than that after the
+        reference (the newest step median so far, this step's included: one Spark job) are bad, so
+        one timestamp far in the future never reaches the TTL's clean-up. The reference is part of
+        the sources' acks: a replay after a restore decides exactly as the first attempt did."""
+        ttl = self.ctx.pipeline.state_ttl
+        if ttl is None or ttl.max_ahead is None:
+            return df, False
+        seconds = F.col(ttl.time_column).cast("double")
+        median = df.where(F.col("_error").isNull()).select(F.median(seconds)).first()[0]
+        if median is None:
+            return df, False
+        reference = median if self.time_reference is None else max(self.time_reference, median)
+        self.time_reference = reference
+        limit = reference + ttl.max_ahead.total_seconds()
+        why = (f" is more than {ttl.max_ahead} after the reference event time "
+               f"{datetime.fromtimestamp(reference, timezone.utc):%Y-%m-%d %H:%M:%S} UTC (StateTtl.max_ahead)")
+        reason = F.concat(F.lit(f"{ttl.time_column} "), F.col(ttl.time_column).cast("string"), F.lit(why))
+        return df.withColumn("_error", F.coalesce(F.col("_error"), F.when(seconds > limit, reason))), True
 
     def _read_bootstrap(self) -> DataFrame:
         """The bootstrap table's records (its latest version), before the source's first records."""

@@ -34,12 +34,12 @@ class SessionClicks:
         return counts, {"sessions": totals}
 
 
-def sessions() -> Pipeline:
+def sessions(operator=None) -> Pipeline:
     return (
         Pipeline("sessions")
         .source(DeltaSource("landing/clicks", CLICKS))
         .key_by("user", parallelism=2)
-        .process(SessionClicks(), uid="session_clicks")
+        .process(operator or SessionClicks(), uid="session_clicks")
         .sink("sessions", DeltaSink("gold/sessions", "user string, clicks long", mode="upsert", keys=("user",)))
         .dead_letters("dlq/clicks")
     )
@@ -91,6 +91,32 @@ def test_state_expires_in_event_time_and_idle_keys_are_cleaned_up(spark, tmp_pat
         "u1": (1, T0 + timedelta(minutes=120)), "u2": (2, T0 + timedelta(minutes=45))}
 
 
+class BoundedSessionClicks(SessionClicks):
+    state_ttl = StateTtl(timedelta(minutes=30), time_column="ts", max_ahead=timedelta(hours=6))
+
+
+def test_one_timestamp_far_in_the_future_is_a_dead_letter_and_expires_no_state(spark, tmp_path):
+    """Without a bound, a click stamped 70 years ahead becomes the operator's newest write and the
+    clean-up deletes every other session. With ``max_ahead`` it is a dead letter with the reason,
+    decided the same way by the replay after a kill (the reference is in the sources' acks)."""
+    w = str(tmp_path)
+    bounded = sessions(BoundedSessionClicks())
+    land(spark, w, [("u1", 0), ("u2", 0), ("u3", 0)])
+    land(spark, w, [("u1", 5), ("u2", 6), ("evil", 60 * 24 * 365 * 70)])
+    doomed = PipelineRunner(bounded, w, spark, rows_per_checkpoint=3)
+    doomed.ctx.kills.reached = raise_at("flush_merge", 2)  # the dead letters of version 2 written, its state not
+    with pytest.raises(RuntimeError, match="killed"):
+        doomed.run()
+    assert PipelineRunner(bounded, w, spark, rows_per_checkpoint=3).run().restored == 1
+    land(spark, w, [("u3", 20)])  # 20 minutes after u3's last click: the same session
+    PipelineRunner(bounded, w, spark, rows_per_checkpoint=3).run()
+
+    assert table(spark, f"{w}/gold/sessions", "user", "clicks") == {"u1": (2,), "u2": (2,), "u3": (2,)}
+    dead = spark.read.format("delta").load(f"{w}/dlq/clicks").collect()
+    assert [(r.user, r.src_version) for r in dead] == [("evil", 1)]
+    assert "is more than 6:00:00 after the reference event time 2026-05-01 10:06:00 UTC" in dead[0].error
+
+
 def test_a_state_ttl_is_declared_on_a_timestamp_column_of_keyed_state():
     source = DeltaSource("landing/clicks", CLICKS)
     op = SessionClicks()
@@ -104,4 +130,11 @@ def test_a_state_ttl_is_declared_on_a_timestamp_column_of_keyed_state():
     with pytest.raises(ValueError, match="positive"):
         StateTtl(0, "ts")
     assert StateTtl(timedelta(minutes=30), "ts").cleanup_seconds == 3600
+    with pytest.raises(ValueError, match="positive"):
+        StateTtl(60, "ts", max_ahead=0)
+    op.state_ttl = StateTtl(60, time_column="at", max_ahead=3600)
+    renamed = {"click_id": "string", "user": "string", "at": "timestamp"}
+    with pytest.raises(ValueError, match="max_ahead needs time_column 'at' among the source's columns"):
+        Pipeline("s").source(source).map(lambda df: df.withColumnRenamed("ts", "at"), renamed).key_by("user").process(
+            op, uid="op")
     assert StateTtl(1800, "ts", cleanup_lateness=0).cleanup_seconds == 1800
