@@ -161,7 +161,7 @@ class Recovery:
         writes the lost records again. A checkpoint the user chose is refused, naming why."""
         while plan.checkpoint is not None:
             why = next((w for name, sink in self.t.sinks.items()
-                        if plan.recommit_of(name) and (w := sink.lost(plan.recommit_of(name)))), None)
+                        if (owned := plan.recommit_of(name)) and (w := sink.lost(owned))), None)
             if why is None:
                 return plan
             cid = plan.checkpoint_id
