@@ -7,7 +7,7 @@ PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-all demo bench bench-quick bench-profile bench-growth chaos airflow clean distclean
+.PHONY: setup test test-all demo bench bench-quick bench-profile bench-growth chaos neighbours airflow clean distclean
 
 # Reinstall only when the venv is missing or the pins changed.
 $(STAMP): pyproject.toml constraints.txt
@@ -60,6 +60,13 @@ bench-growth: setup
 CHAOS_ARGS ?=
 chaos: setup
 	$(PY) tests/chaos/run_chaos.py --docs docs/reliability.md $(CHAOS_ARGS)
+
+# The lakehouse-neighbours matrix (tests/run_neighbours.py): what other tools do to our tables, at every
+# moment; rewrites its section of docs/reliability.md. About 40 min for the 90 cells on 2 cores; an
+# interrupted run continues where it stopped (NEIGHBOURS_ARGS="--fresh" after a code change).
+NEIGHBOURS_ARGS ?=
+neighbours: setup
+	$(PY) tests/run_neighbours.py --docs docs/reliability.md $(NEIGHBOURS_ARGS)
 
 # Airflow natively (scheduler, dag-processor, triggerer, api-server on :8080, SQLite), with this
 # repo's dags/ and plugins/. Log in with the password Airflow prints (and keeps in

@@ -101,12 +101,16 @@ class FolderSource:
 class DeltaSink:
     """A two-phase-commit Delta sink of ``schema`` (:mod:`checkpoint_lib.schema` notation). An
     ``append`` sink adds the rows of every committed checkpoint; an ``upsert`` sink MERGEs them by
-    ``keys`` (a later row of a key replaces an earlier one)."""
+    ``keys`` (a later row of a key replaces an earlier one). An existing table must have the
+    declared columns (it may have more, nullable ones: they read NULL in the pipeline's rows);
+    ``merge_schema=True`` adds declared columns it lacks (nullable) before the first write, as
+    Delta's ``mergeSchema`` does, instead of refusing."""
 
     path: str
     schema: tuple[tuple[str, str], ...]
     mode: str = "append"
     keys: tuple[str, ...] = ()
+    merge_schema: bool = False
 
     def __post_init__(self) -> None:
         check_relative_path(self.path)

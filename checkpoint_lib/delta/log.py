@@ -109,12 +109,19 @@ def _added(table: str | os.PathLike, version: int, actions: list[dict[str, Any]]
     """The files commit ``version`` (its ``actions``) added; NotAppendOnlyError if it removed data."""
     files = []
     for action in actions:
-        if "remove" in action and action["remove"].get("dataChange", True):
-            raise NotAppendOnlyError(
-                f"{table} version {version} removed data ({action['remove']['path']}): the "
-                "landing table must be append-only; write corrections as new rows instead"
-            )
         add = action.get("add")
+        removed = action["remove"]["path"] if "remove" in action and action["remove"].get("dataChange", True) else None
+        if removed is None and add is not None and add.get("deletionVector"):
+            removed = f"rows of {add['path']}, by a deletion vector"
+        if removed is not None:
+            operation = next((a["commitInfo"].get("operation") for a in actions if "commitInfo" in a), None)
+            raise NotAppendOnlyError(
+                f"{table} version {version}{f' ({operation})' if operation else ''} removed data ({removed}): "
+                "a source reads each version's added rows once and cannot take rows back, so the landing table must "
+                "be append-only (write corrections as new rows). Nothing was read. To go on, undo that commit "
+                f"(RESTORE TABLE delta.`{table}` TO VERSION AS OF {version - 1}), or restore a checkpoint taken after "
+                f"version {version} (ckpt recover <pipeline> --checkpoint N)"
+            )
         if add is None or not add.get("dataChange", True):
             continue
         stats = json.loads(add["stats"]) if add.get("stats") else {}
@@ -240,6 +247,51 @@ def files_added_since_epoch(table: str | os.PathLike, app_id: str, epoch: int) -
             break
         added.update(unquote(a["add"]["path"]) for a in actions if "add" in a)
     return added
+
+
+@dataclass(frozen=True)
+class Restore:
+    """A RESTORE commit of a table's log: ``version`` restored ``restored`` (a version; None when it
+    named a timestamp, ``timestamp``, instead)."""
+
+    version: int
+    restored: int | None
+    timestamp: str | None
+
+
+MAX_WALK = 1000
+"""How many commits :func:`restore_since_stamp` reads back at most."""
+
+
+def restore_since_stamp(table: str | os.PathLike, app_id: str, checkpoint: int, ours: str) -> Restore | None:
+    """The newest RESTORE by someone else since the commits that stamped ``checkpoint`` with
+    ``app_id`` (or just before them): walked back from the end, stopping at a commit stamped below
+    ``checkpoint`` (what was committed before it is out of question), at a RESTORE whose commit
+    info's ``userMetadata`` starts with ``ours`` (the pipeline's own rollback, which leaves the table
+    exactly as a checkpoint committed it), at a commit gone from the log, or after
+    :data:`MAX_WALK` commits. A RESTORE does not touch the stamps, so a table RESTOREd to an older
+    version still says the newer checkpoint is committed: the caller compares."""
+    latest = latest_version(table)
+    if latest is None:
+        return None
+    for version in range(latest, max(latest - MAX_WALK, -1), -1):
+        try:
+            actions = list(_actions(table, version))
+        except MissingLogError:
+            return None
+        info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+        if info.get("operation") == "RESTORE":
+            if str(info.get("userMetadata") or "").startswith(ours):
+                return None
+            params = info.get("operationParameters") or {}
+            restored = params.get("version")
+            return Restore(version, None if restored in (None, "", "null") else int(restored),
+                           params.get("timestamp") or None)
+        stamps = [int(a["txn"]["version"]) & _SEQUENCE for a in actions
+                  if "txn" in a and a["txn"].get("appId") == app_id]
+        if stamps and max(stamps) < checkpoint:
+            return None
+    return None
 
 
 def _metadata_and_protocol(table: str | os.PathLike, version: int) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -56,13 +56,23 @@ from . import tables
 
 _ORDER_COLUMNS = [T.StructField("txn_seq", T.LongType(), False), T.StructField("flush", T.LongType(), False)]
 """Written with an upsert sink's rows: the latest row of a key wins at the commit."""
-_DELTA_RS_WRITER_FEATURES = {"appendOnly", "invariants", "timestampNtz"}
+_DELTA_RS_WRITER_FEATURES = {"appendOnly", "invariants", "timestampNtz", "deletionVectors"}
+"""Writer features an append sink's delta-rs commit of new files honours: deletion vectors too (it
+adds whole files, none with a deletion vector, and removes nothing)."""
 _COMMIT_ATTEMPTS = 20
 
 
 def app_prefix(pipeline: str) -> str:
     """What every Delta application id of ``pipeline`` starts with (sink stamps, the state table's fence)."""
-    return f"checkpoint_lib/{pipeline}"
+    return f"{_APP_PREFIX}{pipeline}"
+
+
+def pipeline_of(prefix: str) -> str:
+    """The pipeline whose :func:`app_prefix` is ``prefix``."""
+    return prefix.removeprefix(_APP_PREFIX)
+
+
+_APP_PREFIX = "checkpoint_lib/"
 
 
 def stamp_prefix(pipeline: str, sink: str) -> str:
@@ -165,7 +175,7 @@ def _delta_sink(s: DeltaSink, site: SinkSite) -> "DeltaTwoPhaseSink":
     return DeltaTwoPhaseSink(
         site.spark, site.name, site.location, site.transactions,
         tables.struct_type(s.schema) if site.spark is not None else None, app_prefix=site.app_prefix,
-        mode=s.mode, keys=s.keys, check_epoch=site.check_epoch,
+        mode=s.mode, keys=s.keys, check_epoch=site.check_epoch, merge_schema=s.merge_schema,
     )
 
 
@@ -179,6 +189,11 @@ default is 30 days). A table the user created keeps its own setting."""
 class SinkConfigurationError(ValueError):
     """A sink table is configured against the commit protocol (see
     :meth:`DeltaTwoPhaseSink.check_configuration`)."""
+
+
+class SinkTableRewoundError(SinkConfigurationError):
+    """Someone else RESTOREd a sink's table to a version holding less than its stamp says is
+    committed: writing on would lose the rows in between for good."""
 
 
 class RollbackUnavailableError(SinkConfigurationError):
@@ -201,6 +216,7 @@ class DeltaTwoPhaseSink:
         mode: str = "append",
         keys: Iterable[str] = (),
         check_epoch: Callable[[int], None] | None = None,
+        merge_schema: bool = False,
     ):
         if mode not in ("append", "upsert"):
             raise ValueError(f"sink mode must be 'append' or 'upsert', got {mode!r}")
@@ -219,6 +235,7 @@ class DeltaTwoPhaseSink:
         self.mode = mode
         self.app_prefix = app_prefix
         self.check_epoch = check_epoch
+        self.merge_schema = merge_schema
 
     def create(self) -> None:
         """Create the target (with :data:`SINK_TABLE_PROPERTIES`) if missing, and refuse a target
@@ -249,25 +266,55 @@ class DeltaTwoPhaseSink:
         self._check_columns(dt)
 
     def _check_columns(self, dt) -> None:
-        """The target's columns are the declared ones, by name and type: an append sink's commit of
-        bare add actions skips Delta's schema check, so a column the table has and the sink does not
-        write would read NULL in every committed row, and a declared column the table lacks would
-        not be read at all. Nullability may differ (a NOT NULL column is checked as rows are
-        written). Refused with both schemas named, before anything is written."""
+        """The target's columns against the declared ones, by name and type, before anything is
+        written: an append sink's commit of bare add actions skips Delta's schema check, so a
+        declared column the table lacks or types differently would be lost or misread in every
+        committed row. Refused with both schemas named. A nullable column the table has beyond the
+        declared ones (another writer's, or added by ALTER TABLE) reads NULL in the pipeline's rows,
+        as in a Spark append that lacks it: accepted; a NOT NULL one is refused. Declared columns the
+        table lacks are added to it (nullable, one ALTER TABLE) when the sink says
+        ``merge_schema=True``; nullability may differ (a NOT NULL declared column is checked as rows
+        are written)."""
         if self.schema is None:
             return
-        have = {f["name"]: f["type"] for f in json.loads(dt.schema().to_json())["fields"]}
+        fields = json.loads(dt.schema().to_json())["fields"]
+        have = {f["name"]: f["type"] for f in fields}
         want = {f.name: f.dataType.jsonValue() for f in self.schema.fields}
-        if have == want:
+        retyped = [n for n in want if n in have and have[n] != want[n]]
+        lacking = [n for n in want if n not in have]
+        required = [f["name"] for f in fields if f["name"] not in want and not f.get("nullable", True)]
+        if not retyped and not required and not lacking:
+            return
+        if not retyped and not required and self.merge_schema:
+            self._add_columns(lacking)
             return
 
         def show(columns: dict) -> str:
             return ", ".join(f"{n} {t if isinstance(t, str) else t.get('type', t)}" for n, t in columns.items())
 
+        problems = ([f"it lacks {lacking}"] if lacking else []) + (
+            [f"it types {retyped} otherwise"] if retyped else []) + (
+            [f"its NOT NULL columns {required} are not written by the sink"] if required else [])
+        hint = (" To add the declared columns to the table (nullable), declare the sink with merge_schema=True."
+                if lacking and not retyped and not required else "")
         raise SinkConfigurationError(
             f"sink {self.name}: {self.target} exists with columns ({show(have)}) but the sink declares "
-            f"({show(want)}). Nothing was written. Declare the table's columns in the sink, or write to a new table."
+            f"({show(want)}): {'; '.join(problems)}. Nothing was written. Declare the table's columns in the sink, "
+            f"or write to a new table.{hint}"
         )
+
+    def _add_columns(self, names: list[str]) -> None:
+        """Add the declared columns ``names`` to the target, nullable, in one ALTER TABLE; a racing
+        attempt that added them first is fine (idempotent)."""
+        from deltalake import DeltaTable
+
+        columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in self.schema.fields if f.name in names)
+        try:
+            self.spark.sql(f"ALTER TABLE delta.`{self.target}` ADD COLUMNS ({columns})").collect()
+        except Exception:
+            have = {f["name"] for f in json.loads(DeltaTable(self.target).schema().to_json())["fields"]}
+            if not set(names) <= have:
+                raise
 
     @staticmethod
     def _file_commit_problems(dt) -> list[str]:
@@ -438,6 +485,8 @@ class DeltaTwoPhaseSink:
         them all would be undone whole, and the stamp, which RESTORE keeps, would call them
         committed)."""
         todo = self.uncommitted(txns)
+        if todo:
+            self.check_not_rewound()
         by_checkpoint: dict[int, list[Transaction]] = defaultdict(list)
         for t in todo:
             by_checkpoint[checkpoint_id if t.checkpoint_id is None else t.checkpoint_id].append(t)
@@ -445,6 +494,52 @@ class DeltaTwoPhaseSink:
             self._commit_checkpoint(by_checkpoint[cid], tables.fenced_version(writer_epoch, cid))
             tables.check_not_fenced(self.target, self.app_id, writer_epoch)
         return todo
+
+    @property
+    def rollback_tag(self) -> str:
+        """The commit info ``userMetadata`` of this sink's own rollbacks (a RESTORE the pipeline ran)."""
+        return f"{self.app_id} rollback"
+
+    def check_not_rewound(self) -> None:
+        """Refuse to commit on a table someone else RESTOREd to a version holding an older
+        checkpoint than its stamp says is committed (:class:`SinkTableRewoundError`): a RESTORE
+        keeps the stamps, so the commit would land on top of the older rows and the rows of the
+        checkpoints in between would be gone for good while the pipeline's state counts them.
+        Reads the newest commits of the log (normally two). A RESTORE racing the commit itself
+        (between this check and the commit) is caught at the next commit."""
+        from deltalake import DeltaTable
+
+        from ..delta.log import restore_since_stamp
+
+        if not is_delta_table(self.target):
+            return
+        stamped = tables.split_version(tables.stamp_of(self.target, self.app_id))[1]
+        if stamped < 0:
+            return
+        restore = restore_since_stamp(self.target, self.app_id, stamped, self.rollback_tag)
+        if restore is None:
+            return
+        dt = DeltaTable(self.target)
+        if restore.restored is not None:
+            dt.load_as_version(restore.restored)
+        elif restore.timestamp is not None:
+            dt.load_as_version(restore.timestamp)
+        else:
+            return
+        holds = tables.split_version(dt.transaction_version(self.app_id))[1]
+        if holds >= stamped:
+            return
+        to = (f"version {restore.restored}" if restore.restored is not None else f"its state at {restore.timestamp}")
+        keep = (f"restore checkpoint {holds} or an older retained one (ckpt recover {pipeline_of(self.app_prefix)} "
+                f"--checkpoint {holds}: the sinks are rolled back to it and the replay writes the rest again)"
+                if holds >= 1 else "start the pipeline over into new tables")
+        raise SinkTableRewoundError(
+            f"sink {self.name}: {self.target} was RESTOREd to {to} by version {restore.version}, which holds what "
+            f"checkpoint {holds if holds >= 1 else 'none'} committed, while checkpoint {stamped} is committed to it: the "
+            f"rows of the checkpoints in between are gone from it and the pipeline's state counts them. Nothing was "
+            f"written. Either undo the RESTORE (RESTORE TABLE delta.`{self.target}` TO VERSION AS OF "
+            f"{restore.version - 1}), or {keep}."
+        )
 
     def _commit_checkpoint(self, txns: list[Transaction], version: int) -> None:
         files = self.pending.files(txns)
@@ -485,13 +580,14 @@ class DeltaTwoPhaseSink:
             staged.withColumn("_rank", F.row_number().over(latest)).where("_rank = 1")
             .select(*self.schema.fieldNames())
         )
-        cond = " AND ".join(f"t.{k} = s.{k}" for k in self.keys)
+        cond = " AND ".join(f"t.`{k}` = s.`{k}`" for k in self.keys)
+        declared = {f"`{c}`": f"s.`{c}`" for c in self.schema.fieldNames()}  # a column beyond them is kept
         with tables.stamped(self.spark, app, version):
             (
                 DeltaTable.forPath(self.spark, self.target).alias("t")
                 .merge(rows.alias("s"), cond)
-                .whenMatchedUpdateAll()
-                .whenNotMatchedInsertAll()
+                .whenMatchedUpdate(set=declared)
+                .whenNotMatchedInsert(values=declared)
                 .execute()
             )
 
@@ -543,10 +639,11 @@ class DeltaTwoPhaseSink:
         version = self.rollback_version(checkpoint_id)
         if version is None:
             return None
-        if version < 0:  # our first commit created the table: before it, the table held nothing
-            DeltaTable.forPath(self.spark, self.target).delete()
-        else:
-            DeltaTable.forPath(self.spark, self.target).restoreToVersion(version)
+        with tables.session_confs(self.spark, {"spark.databricks.delta.commitInfo.userMetadata": self.rollback_tag}):
+            if version < 0:  # our first commit created the table: before it, the table held nothing
+                DeltaTable.forPath(self.spark, self.target).delete()
+            else:
+                DeltaTable.forPath(self.spark, self.target).restoreToVersion(version)
         return version
 
     # aborting, cleaning up and recovery ----------------------------------------------------

@@ -45,6 +45,14 @@ MODES = {
 }
 ORDERS_SEEDS = 1000
 """Seeds from here on are ``orders`` scenarios (the seeds below keep the scenarios they always drew)."""
+MAINTENANCE_SEEDS = 2000
+"""Seeds from here on draw their scenario as ``seed - MAINTENANCE_SEEDS`` does, and besides one
+maintenance operation of :data:`MAINTENANCE` on one of the pipeline's tables after each kill,
+before the next run (another tool's work while the pipeline is down)."""
+MAINTENANCE = ("optimize", "zorder", "vacuum", "log_checkpoint", "dv_upgrade", "schema_change")
+"""The operations of the lakehouse-neighbours matrix (tests/neighbours.py) that end exactly once on
+either side of every pipeline: drawn between kills. (The matrix covers the others, which end in a
+refusal or leave foreign rows the verifier would count.)"""
 # Where a first kill may land, with the highest hit count that a 3-version run surely reaches
 # (per-subtask phases are hit once per keyed subtask and checkpoint).
 FIRST_KILLS = {
@@ -75,6 +83,7 @@ class Scenario:
     lagging: int
     first: Kill
     then: tuple[Kill, ...] = ()  # the kills during the recoveries that follow, in order
+    maintenance: tuple[tuple[str, str], ...] = ()  # after each kill: (operation, table relative to the warehouse)
 
     @property
     def chain(self) -> tuple[Kill, ...]:
@@ -89,7 +98,10 @@ class Scenario:
 
     @property
     def label(self) -> str:
-        return f"#{self.seed} {self.pipeline}/{self.mode}: {' then '.join(map(str, self.chain))}"
+        steps = [str(k) for k in self.chain]
+        for i, (operation, table) in enumerate(self.maintenance):
+            steps[i] += f" +{operation}({table})"
+        return f"#{self.seed} {self.pipeline}/{self.mode}: {' then '.join(steps)}"
 
 
 @dataclass
@@ -106,10 +118,17 @@ class Outcome:
     repeats: int = 0  # at-least-once: repeated effects (allowed)
     seconds: float = 0.0
     commit: str = ""  # the code that ran (git short hash)
+    maintenance: list[str] = field(default_factory=list)  # "operation table" done after each kill, in order
 
 
 def scenario(seed: int) -> Scenario:
     """The scenario of ``seed``: deterministic, so a failing seed can be run again alone."""
+    if seed >= MAINTENANCE_SEEDS:
+        s = scenario(seed - MAINTENANCE_SEEDS)
+        rng = random.Random(f"maintenance {seed}")
+        tables = pipeline_tables(s.pipeline)
+        drawn = tuple((rng.choice(MAINTENANCE), rng.choice(tables)) for _ in s.chain)
+        return Scenario(seed, s.pipeline, s.mode, s.lagging, s.first, s.then, drawn)
     rng = random.Random(seed)
     pipeline = "payments" if rng.random() < 0.7 else "transfers"
     if seed >= ORDERS_SEEDS:
@@ -131,6 +150,14 @@ def scenario(seed: int) -> Scenario:
             phase = rng.choice(list(RECOVERY_KILLS))
             then.append(Kill(phase, rng.randint(1, RECOVERY_KILLS[phase])))
     return Scenario(seed, pipeline, mode, lagging, first, tuple(then))
+
+
+def pipeline_tables(name: str) -> tuple[str, ...]:
+    """The pipeline's source and sink tables, relative to the warehouse."""
+    from checkpoint_lib.pipelines import get
+
+    p = get(name)
+    return (p.source_spec.path, *sorted(s.path for s in p.sinks.values()))
 
 
 def landing(spark, warehouse: str, s: Scenario) -> None:
@@ -210,6 +237,12 @@ def run_scenario(spark, warehouse: str | Path, s: Scenario) -> Outcome:
             out.mismatch = f"the run with kill {kill} failed (exit {code}):\n{tail}"
             out.seconds = time.monotonic() - started
             return out
+        if nth < len(s.maintenance):  # another tool, while the pipeline is down
+            from neighbours import OPERATIONS
+
+            operation, table = s.maintenance[nth]
+            OPERATIONS[operation][1](spark, f"{warehouse}/{table}")
+            out.maintenance.append(f"{operation} {table}")
     code, tail, _ = _run(warehouse, s, None, trace)
     if code != 0:
         out.mismatch = f"recovery failed (exit {code}):\n{tail}"
@@ -310,6 +343,13 @@ def render(outcomes: list[Outcome]) -> str:
         r = t.by_phase[phase]
         lines.append(f"| {phase} | {r['first'] + r['recovery']} | {r['first']} / {r['recovery']} | "
                      f"{r['precise']} / {r['external']} | {r['survived']} | {r['mismatch']} |")
+    operations = Counter(m.split()[0] for o in outcomes for m in o.maintenance)
+    if operations:
+        with_ops = [o for o in outcomes if o.maintenance]
+        lines += ["", f"Maintenance drawn between kills (seeds {MAINTENANCE_SEEDS}+: one operation of "
+                      "tests/neighbours.py on one of the pipeline's tables after each kill): "
+                      f"{len(with_ops)} runs, {sum(o.survived for o in with_ops)} survived; "
+                      + ", ".join(f"{op} {n}" for op, n in sorted(operations.items())) + "."]
     lines += ["", "By pipeline and mode:", "", "| pipeline / mode | runs | kills | survived | mismatches | repeats |",
               "|---|---:|---:|---:|---:|---:|"]
     for config in sorted(t.by_config):

@@ -1,10 +1,14 @@
 """The chaos suite (tests/chaos/chaos_harness.py): real ``ckpt run`` processes killed with SIGKILL,
 recovered, compared with the failure-free result.
 
-CI runs one fixed scenario with two kills at the points no other CI test reaches: between the two
-sinks' commits of a checkpoint, then during the restore, between the two sinks' re-commits. The
-slow suite runs ``CKPT_CHAOS_RUNS`` (default 24) seeded random scenarios; ``make chaos`` runs them
-and rewrites docs/reliability.md (tests/chaos/run_chaos.py).
+The slow suite runs one fixed scenario with two kills (between the two sinks' commits of a
+checkpoint, then during the restore, between the two sinks' re-commits), ``CKPT_CHAOS_RUNS``
+(default 24) seeded random scenarios, and ``CKPT_CHAOS_MAINTENANCE_RUNS`` (default 6) with a
+maintenance operation drawn between kills; ``make chaos`` runs them and rewrites
+docs/reliability.md (tests/chaos/run_chaos.py). CI's real kill -9 and recovery is
+tests/crash/test_object_store.py (killed between completion and commit); in-process kills at
+``sink_commit`` and then inside that recovery's restore, between its two sinks' re-commits, run in
+CI in tests/spark/test_lakehouse.py (the chained pipelines).
 """
 
 from __future__ import annotations
@@ -13,13 +17,14 @@ import os
 
 import pytest
 
-from chaos_harness import Kill, Scenario, record, run_scenario, scenario
+from chaos_harness import MAINTENANCE_SEEDS, Kill, Scenario, record, run_scenario, scenario
 from checkpoint_lib.verify import read_delta
 
 pytestmark = [pytest.mark.crash, pytest.mark.spark]
 RESULTS = os.environ.get("CKPT_CHAOS_RESULTS")
 
 
+@pytest.mark.slow  # 143 s; CI tier: see the module's docstring
 def test_killed_between_two_sinks_commits_then_again_inside_the_restore(spark, tmp_path):
     """Payments, unaligned, a lagging source (records in flight): killed after the ledger committed
     checkpoint 2 and before the balances did, then while the recovery re-commits checkpoint 2's
@@ -40,3 +45,15 @@ def test_chaos(spark, tmp_path, seed):
     if RESULTS:
         record(RESULTS, outcome)
     assert outcome.survived, f"{scenario(seed).label}: {outcome.mismatch}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(MAINTENANCE_SEEDS, MAINTENANCE_SEEDS + int(os.environ.get("CKPT_CHAOS_MAINTENANCE_RUNS", "6"))))
+def test_chaos_with_maintenance_between_kills(spark, tmp_path, seed):
+    s = scenario(seed)
+    assert len(s.maintenance) == len(s.chain)
+    outcome = run_scenario(spark, tmp_path, s)
+    if RESULTS:
+        record(RESULTS, outcome)
+    assert outcome.survived, f"{s.label}: {outcome.mismatch}"
+    assert len(outcome.maintenance) == len(s.chain)

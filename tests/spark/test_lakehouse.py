@@ -94,6 +94,22 @@ def test_a_file_whose_name_needs_escaping_is_read(spark, tmp_path, name):
 SINK_SCHEMA = T.StructType([T.StructField("account", T.StringType()), T.StructField("amount_cents", T.LongType())])
 
 
+def test_a_source_with_deletion_vectors_enabled_is_read_and_a_delete_on_it_is_refused(spark, tmp_path):
+    """Deletion vectors on (Databricks' default for new tables, or an upgrade): an append-only
+    table's files carry none, so they are read as before. A DELETE that gives a file one removes
+    rows the source may have read: refused, naming the commit and the ways out."""
+    from checkpoint_lib.delta.log import NotAppendOnlyError
+
+    table = tmp_path / "landing"
+    spark.sql(f"CREATE TABLE delta.`{table}` (event_id STRING, amount BIGINT) USING delta "
+              "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+    spark.sql(f"INSERT INTO delta.`{table}` VALUES ('a', 1), ('b', 2)")
+    assert sorted(r.event_id for r in _read_all(spark, str(table), tmp_path)) == ["a", "b"]
+    spark.sql(f"DELETE FROM delta.`{table}` WHERE event_id = 'a'")
+    with pytest.raises(NotAppendOnlyError, match=r"version 2 \(DELETE\) removed data.*TO VERSION AS OF 1"):
+        _read_all(spark, str(table), tmp_path)
+
+
 def _sink(spark, tmp_path, schema=SINK_SCHEMA) -> DeltaTwoPhaseSink:
     return DeltaTwoPhaseSink(spark, "ledger", str(tmp_path / "ledger"), str(tmp_path / "staging"), schema,
                              app_prefix="checkpoint_lib/p")
@@ -153,6 +169,98 @@ def test_a_target_with_other_columns_than_the_sink_declares_is_refused_before_an
     from deltalake import DeltaTable
 
     assert DeltaTable(str(path)).version() == 0 and DeltaTable(str(retyped)).version() == 0  # nothing written
+
+
+def test_a_target_with_more_nullable_columns_takes_the_rows_and_merge_schema_adds_declared_ones(spark, tmp_path):
+    """Another writer's nullable column on the target (or an ALTER TABLE ADD COLUMNS while the
+    pipeline is down) reads NULL in the pipeline's rows, as in a Spark append that lacks it, and an
+    upsert keeps its values; a NOT NULL one is refused. A declared column the table lacks is refused
+    unless the sink says ``merge_schema=True``, which adds it (nullable) before the first write."""
+    from checkpoint_lib.verify import read_delta
+
+    wide = tmp_path / "wide"
+    spark.sql(f"CREATE TABLE delta.`{wide}/ledger` (account STRING, amount_cents BIGINT, note STRING) USING delta")
+    sink = _sink(spark, wide)
+    sink.create()
+    txn = Transaction(1, "a", 1, checkpoint_id=1)
+    _stage(spark, sink, txn, [("x", 1), ("y", 2)])
+    sink.commit([txn], 1, writer_epoch=1)
+    rows = read_delta(sink.target).sort_values("account")
+    assert rows["amount_cents"].tolist() == [1, 2] and rows["note"].isna().all()
+
+    required = tmp_path / "required"
+    spark.sql(f"CREATE TABLE delta.`{required}/ledger` (account STRING, amount_cents BIGINT, note STRING NOT NULL) USING delta")
+    with pytest.raises(SinkConfigurationError, match=r"NOT NULL columns \['note'\]"):
+        _sink(spark, required).create()
+
+    narrow = tmp_path / "narrow"
+    spark.sql(f"CREATE TABLE delta.`{narrow}/ledger` (account STRING) USING delta")
+    with pytest.raises(SinkConfigurationError, match=r"lacks \['amount_cents'\].*merge_schema=True"):
+        _sink(spark, narrow).create()
+    evolving = DeltaTwoPhaseSink(spark, "ledger", str(narrow / "ledger"), str(narrow / "staging"), SINK_SCHEMA,
+                                 app_prefix="checkpoint_lib/p", merge_schema=True)
+    evolving.create()
+    evolving.create()  # idempotent
+    _stage(spark, evolving, txn, [("z", 3)])
+    evolving.commit([txn], 1, writer_epoch=1)
+    assert read_delta(evolving.target).to_dict("records") == [{"account": "z", "amount_cents": 3}]
+
+    upsert_schema = T.StructType([T.StructField("account", T.StringType()), T.StructField("balance", T.LongType())])
+    spark.sql(f"CREATE TABLE delta.`{tmp_path}/balances` (account STRING, balance BIGINT, note STRING) USING delta")
+    spark.sql(f"INSERT INTO delta.`{tmp_path}/balances` VALUES ('a', 1, 'kept')")
+    upsert = DeltaTwoPhaseSink(spark, "balances", str(tmp_path / "balances"), str(tmp_path / "bstaging"),
+                               upsert_schema, app_prefix="checkpoint_lib/p", mode="upsert", keys=["account"])
+    upsert.create()
+    upsert.stage(spark.createDataFrame([(0, "a", 5), (0, "b", 7)], "sink_subtask int, account string, balance long"),
+                 {0: txn}, flush=1)
+    upsert.commit([txn], 1, writer_epoch=1)
+    got = read_delta(upsert.target).sort_values("account").to_dict("records")
+    assert got == [{"account": "a", "balance": 5, "note": "kept"}, {"account": "b", "balance": 7, "note": None}]
+
+
+def test_a_sink_table_restored_by_someone_else_is_refused_and_our_own_rollback_is_not(spark, tmp_path):
+    """A RESTORE keeps the commit stamps: after one back to checkpoint 1's version, the table says 3
+    is committed while holding 1's rows. Committing 4 on top would lose 2 and 3 for good: refused,
+    naming the way out. The pipeline's own rollback (a RESTORE too, tagged) is not refused."""
+    from deltalake import DeltaTable
+
+    from checkpoint_lib.spark.sinks import SinkTableRewoundError
+
+    sink = _sink(spark, tmp_path)
+    sink.create()
+    versions = {}
+    for cid in (1, 2, 3):
+        txn = Transaction(cid, "a", 1, checkpoint_id=cid)
+        _stage(spark, sink, txn, [(f"k{cid}", cid)])
+        sink.commit([txn], cid, writer_epoch=1)
+        versions[cid] = DeltaTable(sink.target).version()
+    spark.sql(f"RESTORE TABLE delta.`{sink.target}` TO VERSION AS OF {versions[1]}")
+    restore = DeltaTable(sink.target).version()
+    fourth = Transaction(4, "a", 1, checkpoint_id=4)
+    _stage(spark, sink, fourth, [("k4", 4)])
+    with pytest.raises(SinkTableRewoundError, match=rf"RESTOREd to version {versions[1]} by version {restore}, which "
+                       rf"holds what checkpoint 1 committed, while checkpoint 3 is committed.*TO VERSION AS OF "
+                       rf"{restore - 1}.*ckpt recover p --checkpoint 1"):
+        sink.commit([fourth], 4, writer_epoch=1)
+    assert DeltaTable(sink.target).version() == restore  # nothing written
+
+    sink.rollback_to(1)  # what `ckpt recover p --checkpoint 1` does to each sink (then it replays 2..)
+    assert sink.commit([fourth], 4, writer_epoch=2) == [fourth]
+    assert sorted(spark.read.format("delta").load(sink.target).toPandas()["account"]) == ["k1", "k4"]
+
+    undone = tmp_path / "undone"
+    other = _sink(spark, undone)
+    other.create()
+    for cid in (1, 2):
+        txn = Transaction(cid, "a", 1, checkpoint_id=cid)
+        _stage(spark, other, txn, [(f"k{cid}", cid)])
+        other.commit([txn], cid, writer_epoch=1)
+    latest = DeltaTable(other.target).version()
+    spark.sql(f"RESTORE TABLE delta.`{other.target}` TO VERSION AS OF {latest - 1}")
+    spark.sql(f"RESTORE TABLE delta.`{other.target}` TO VERSION AS OF {latest}")  # the user undid it
+    third = Transaction(3, "a", 1, checkpoint_id=3)
+    _stage(spark, other, third, [("k3", 3)])
+    assert other.commit([third], 3, writer_epoch=1) == [third]
 
 
 @pytest.mark.slow  # 75 s; CI tier: the abort after an OPTIMIZE above and the chained pipelines below (a recovery
@@ -225,7 +333,8 @@ def test_two_pipelines_chained_through_a_sink_are_exactly_once_downstream_across
     """A medallion chain: payments writes ``gold/ledger`` (an append sink: one flush writes a file of
     the same name into each of its 3 subtasks' transaction folders); a second pipeline reads that
     table as its source and keeps its own running balances in ``platinum/``. Each is killed in a
-    two-phase-commit window and recovers; downstream every gold row is applied exactly once."""
+    two-phase-commit window (the second again during its recovery, between its two sinks'
+    re-commits) and recovers; downstream every gold row is applied exactly once."""
     from checkpoint_lib.pipelines import get
     from checkpoint_lib.pipelines.payments import generate, running_balances
     from checkpoint_lib.spark.runner import PipelineRunner
@@ -248,6 +357,10 @@ def test_two_pipelines_chained_through_a_sink_are_exactly_once_downstream_across
     silver.ctx.kills.reached = raise_at("sink_commit", 1)  # its ledger committed, its balances not
     with pytest.raises(RuntimeError, match="killed"):
         silver.run()
+    again = PipelineRunner(platinum, w, spark, rows_per_checkpoint=150)
+    again.ctx.kills.reached = raise_at("restore", 2)  # its recovery, between the two sinks' re-commits
+    with pytest.raises(RuntimeError, match="killed"):
+        again.run()
     assert PipelineRunner(get("payments"), w, spark, rows_per_checkpoint=200).run().restored == 2
     assert PipelineRunner(platinum, w, spark, rows_per_checkpoint=150).run().restored == 1
 

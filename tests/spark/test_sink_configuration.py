@@ -115,13 +115,31 @@ def test_an_append_commit_adds_the_files_the_flush_wrote_and_an_abort_never_dele
 
 def test_an_append_sink_table_its_commit_cannot_write_is_refused_before_any_write(spark, tmp_path):
     for ddl, why in [("PARTITIONED BY (account)", "partitioned"),
-                     ("TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')", "deletionVectors")]:
+                     ("TBLPROPERTIES ('delta.feature.checkConstraints' = 'supported')", "checkConstraints")]:
         path = tmp_path / why / "ledger"
         spark.sql(f"CREATE TABLE delta.`{path}` (account STRING, amount_cents BIGINT) USING delta {ddl}")
         sink = DeltaTwoPhaseSink(spark, "ledger", str(path), str(tmp_path / why / "staging"), SCHEMA,
                                  app_prefix="checkpoint_lib/p")
         with pytest.raises(SinkConfigurationError, match=why):
             sink.create()
+
+
+def test_an_append_sink_commits_into_a_table_with_deletion_vectors(spark, tmp_path):
+    """Deletion vectors on (Databricks' default for new tables, or an upgrade while the pipeline is
+    down): the commit adds whole new files, none with a deletion vector, which honours the feature."""
+    from checkpoint_lib.core.twophase import Transaction
+
+    path = tmp_path / "ledger"
+    spark.sql(f"CREATE TABLE delta.`{path}` (account STRING, amount_cents BIGINT) USING delta "
+              "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+    spark.sql(f"INSERT INTO delta.`{path}` VALUES ('old', 1), ('gone', 2)")
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE account = 'gone'")  # a deletion vector on the old file
+    sink = DeltaTwoPhaseSink(spark, "ledger", str(path), str(tmp_path / "staging"), SCHEMA, app_prefix="checkpoint_lib/p")
+    sink.create()
+    txn = Transaction(1, "a", 1, checkpoint_id=1)
+    sink.stage(_rows(spark, [("x", 3)]), {0: txn}, flush=1)
+    assert sink.commit([txn], 1, writer_epoch=1) == [txn]
+    assert sorted(map(tuple, spark.read.format("delta").load(str(path)).collect())) == [("old", 1), ("x", 3)]
 
 
 def test_rows_that_do_not_fit_the_table_are_refused_before_they_are_written(spark, tmp_path):
