@@ -263,15 +263,17 @@ MAX_WALK = 1000
 """How many commits :func:`restore_since_stamp` reads back at most."""
 
 
-def restore_since_stamp(table: str | os.PathLike, app_id: str, checkpoint: int, ours: str) -> Restore | None:
+def restore_since_stamp(table: str | os.PathLike, app_id: str, checkpoint: int, ours: str,
+                        latest: int | None = None) -> Restore | None:
     """The newest RESTORE by someone else since the commits that stamped ``checkpoint`` with
     ``app_id`` (or just before them): walked back from the end, stopping at a commit stamped below
     ``checkpoint`` (what was committed before it is out of question), at a RESTORE whose commit
     info's ``userMetadata`` starts with ``ours`` (the pipeline's own rollback, which leaves the table
     exactly as a checkpoint committed it), at a commit gone from the log, or after
     :data:`MAX_WALK` commits. A RESTORE does not touch the stamps, so a table RESTOREd to an older
-    version still says the newer checkpoint is committed: the caller compares."""
-    latest = latest_version(table)
+    version still says the newer checkpoint is committed: the caller compares. ``latest``: the
+    newest version, when the caller knows it (else the log is listed)."""
+    latest = latest_version(table) if latest is None else latest
     if latest is None:
         return None
     for version in range(latest, max(latest - MAX_WALK, -1), -1):

@@ -508,18 +508,20 @@ class DeltaTwoPhaseSink:
         Reads the newest commits of the log (normally two). A RESTORE racing the commit itself
         (between this check and the commit) is caught at the next commit."""
         from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
 
         from ..delta.log import restore_since_stamp
 
-        if not is_delta_table(self.target):
+        try:
+            dt = DeltaTable(self.target)
+        except TableNotFoundError:
             return
-        stamped = tables.split_version(tables.stamp_of(self.target, self.app_id))[1]
+        stamped = tables.split_version(dt.transaction_version(self.app_id))[1]
         if stamped < 0:
             return
-        restore = restore_since_stamp(self.target, self.app_id, stamped, self.rollback_tag)
+        restore = restore_since_stamp(self.target, self.app_id, stamped, self.rollback_tag, latest=dt.version())
         if restore is None:
             return
-        dt = DeltaTable(self.target)
         if restore.restored is not None:
             dt.load_as_version(restore.restored)
         elif restore.timestamp is not None:
