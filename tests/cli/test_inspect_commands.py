@@ -6,6 +6,7 @@ table version it shows, and ``recover --dry-run`` is a plan a person reads."""
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
@@ -171,3 +172,38 @@ def test_recover_dry_run_is_a_plan_a_person_reads(warehouse, run_json, capsys):
     assert "landing/payments  after version 0 up to version 1: 200 rows to replay" in text
     (operator,) = plan["operators"]
     assert operator["keys"] > 0 and f"balance  restores state table version" in text
+
+
+def _reporting_commands() -> set[str]:
+    """The sub-commands that take ``-o json``."""
+    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return {name for name, p in sub.choices.items() if any("--output" in a.option_strings for a in p._actions)}
+
+
+def _document(capsys) -> object:
+    out = capsys.readouterr().out
+    doc = json.loads(out)  # one document, nothing else on stdout
+    assert _json_in_a_string(doc) == [], _json_in_a_string(doc)
+    return doc
+
+
+def test_every_command_that_reports_prints_one_json_document(warehouse, run_json, capsys):
+    """The read-only ones above, ``run`` in the fixture, ``doctor`` here; the Spark ones below (slow)."""
+    assert _reporting_commands() == {"doctor", "pipelines", "run", "recover", "savepoint", "checkpoints", "state",
+                                     "validate", "report", "maintain"}
+    w = ["--warehouse", str(warehouse), "-o", "json"]
+    assert cli.main(["doctor", "--no-spark", *w]) in (0, 1)  # a check may fail on this machine: still JSON
+    assert isinstance(_document(capsys), (list, dict))
+
+
+@pytest.mark.slow  # CI tier: run -o json (the fixture) and every other reporting command above share _emit
+def test_the_spark_commands_print_one_json_document(warehouse, run_json, capsys):
+    w = ["--warehouse", str(warehouse), "-o", "json"]
+    assert cli.main(["maintain", "payments", "--dry-run", *w]) == 0
+    assert isinstance(_document(capsys), dict)
+    assert cli.main(["savepoint", "payments", "--request-timeout", "0", *w]) == 0
+    assert _document(capsys)["status"] == "completed"
+    assert cli.main(["validate", "payments", "--suite", "restore", *w]) in (0, cli.EXIT_QUALITY)
+    assert [v["suite"] for v in _document(capsys)] == ["restore"]
+    assert cli.main(["recover", "payments", "--no-validate", *w]) == 0  # last: it begins a new epoch
+    assert _document(capsys)["restored"] is not None
