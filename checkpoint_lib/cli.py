@@ -437,7 +437,7 @@ def _cmd_state(args: argparse.Namespace) -> int:
               f"{min(lo for lo, _ in spans)}..{max(hi for _, hi in spans)} over {len(spans)} subtasks")
         which = f"key {doc['key_column']} = {doc['key']!r}: " if doc["key"] is not None else ""
         more = f"; showing the first {doc['shown']} (--limit)" if doc["shown"] < doc["keys"] else ""
-        print(f"{which}{doc['keys']:,} keys{more}")
+        print(f"{which}{doc['keys']:,} {'key' if doc['keys'] == 1 else 'keys'}{more}")
         columns = [doc["key_column"], *[c for c in (doc["rows"][0] if doc["rows"] else {})
                                         if c not in (doc["key_column"], "subtask")], "subtask"]
         if doc["rows"]:

@@ -213,7 +213,8 @@ class SourcePreview:
     """The source version the checkpoint's acks name (its offset: every version up to it was read)."""
     version_now: int | None
     rows_to_replay: int | None
-    """Rows the versions after the offset hold (None: unknown, a commit file is gone)."""
+    """Rows the versions after the offset hold (None: not counted: a landing folder's manifest, or
+    a commit file is gone)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"table": self.table, "offset": self.offset, "version_now": self.version_now,
@@ -270,7 +271,7 @@ class RecoveryPreview:
         if self.sources:
             lines.append("sources: replayed from the checkpoint's offsets")
         for src in self.sources:
-            rows = "rows unknown (a commit file is gone)" if src.rows_to_replay is None else \
+            rows = "rows not counted" if src.rows_to_replay is None else \
                 f"{src.rows_to_replay:,} rows to replay"
             lines.append(f"  {src.table}  after version {src.offset} up to version {_version(src.version_now)}: {rows}")
         if self.channel_state:
@@ -305,7 +306,7 @@ def _sink_line(s: SinkPreview) -> str:
         where = f"{s.table} version {s.version_now} -> {after}: {s.rows_now:,} rows -> {s.rows_after:,} ({what})"
     recommit = "" if not s.recommit else \
         f"; re-commit {len(s.recommit)} transactions" + (" (already landed: nothing to write)" if s.committed else "")
-    abort = f"; abort {len(s.abort)}" if s.abort else ""
+    abort = f"; abort {len(s.abort)} uncommitted" if s.abort else ""
     return where + recommit + abort
 
 
@@ -385,10 +386,12 @@ def _source_preview(warehouse: str, pipeline: Pipeline, c: CompletedCheckpoint) 
     else:  # a landing folder: its manifest table's version is the offset
         table, shown = source_manifest(checkpoint_root(warehouse, pipeline.name)), f"{pipeline.source_spec.path} (manifest)"
     now = latest_version(table)
-    try:
-        rows = StepPlanner(table).rows_between(int(offset), now) if now is not None else 0
-    except (MissingLogError, ValueError):
-        rows = None
+    rows: int | None = None  # a manifest's versions add files, whose rows nobody counted yet
+    if isinstance(pipeline.source_spec, DeltaSource):
+        try:
+            rows = StepPlanner(table).rows_between(int(offset), now) if now is not None else 0
+        except (MissingLogError, ValueError):
+            rows = None
     return SourcePreview(shown, offset, now, rows)
 
 
