@@ -1,8 +1,13 @@
-"""The inspecting commands on a warehouse with real checkpoints (one small Spark run of payments,
-built once for the module, through ``ckpt generate`` and ``ckpt run -o json``): they read with
-delta-rs and start no JVM (run in a process where pyspark and py4j cannot be imported), each
-``-o json`` is one JSON document with nested objects, ``state operator`` says which checkpoint and
-table version it shows, and ``recover --dry-run`` is a plan a person reads."""
+"""The inspecting commands on a warehouse with checkpoints: they read with delta-rs and start no
+JVM (run in a process where pyspark and py4j cannot be imported), each ``-o json`` is one JSON
+document with nested objects, ``state operator`` says which checkpoint and table version it
+shows, and ``recover --dry-run`` is a plan a person reads.
+
+Two warehouses of one shape (payments, 2 landing versions of 200 rows, 12 accounts, checkpoints
+1, 2 and the final 3): one written with delta-rs alone (``synthetic_warehouse.py``, seconds: the
+CI tier) and one left by a real run (``ckpt generate`` twice and ``ckpt run -o json`` in this
+process's Spark session: Spark's own files, deletion vectors in the state table; minutes on a
+busy machine, so slow)."""
 
 from __future__ import annotations
 
@@ -20,30 +25,32 @@ import pytest
 
 from checkpoint_lib import cli
 from checkpoint_lib.verify import read_delta
+from synthetic_warehouse import synthetic_warehouse
 
-pytestmark = [pytest.mark.spark]
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def warehouse(spark, tmp_path_factory) -> Path:
-    """payments over 2 landing versions of 200 rows, a checkpoint per version (ids 1, 2 and the
-    final 3): checkpoint 1 is older than the latest, so recovering it rolls the sinks back."""
+def spark_run(spark, tmp_path_factory) -> tuple[Path, dict]:
+    """The warehouse of a real run, and what its ``ckpt run -o json`` printed."""
     w = tmp_path_factory.mktemp("inspect") / "w"
     for seed in (1, 2):
         assert cli.main(["generate", "payments", "--warehouse", str(w), "--rows", "200", "--accounts", "12",
                          "--bad-fraction", "0.05", "--seed", str(seed)]) == 0
-    return w
-
-
-@pytest.fixture(scope="module")
-def run_json(warehouse) -> dict:
-    """What ``ckpt run -o json`` printed: the run that made the checkpoints."""
     out = io.StringIO()
     with redirect_stdout(out):
-        assert cli.main(["run", "payments", "--warehouse", str(warehouse), "--rows-per-checkpoint", "200",
-                         "-o", "json"]) == 0
-    return json.loads(out.getvalue())
+        assert cli.main(["run", "payments", "--warehouse", str(w), "--rows-per-checkpoint", "200", "-o", "json"]) == 0
+    return w, json.loads(out.getvalue())
+
+
+SPARK = pytest.param("spark", marks=[pytest.mark.spark, pytest.mark.slow])  # CI tier: the delta-rs warehouse
+
+
+@pytest.fixture(scope="module", params=["delta-rs", SPARK])
+def warehouse(request, tmp_path_factory) -> Path:
+    if request.param == "spark":
+        return request.getfixturevalue("spark_run")[0]
+    return synthetic_warehouse(tmp_path_factory.mktemp("synthetic") / "w")
 
 
 READ_ONLY = {  # every read-only command, as a user types it
@@ -113,11 +120,14 @@ def _json_in_a_string(doc) -> list[str]:
     return found
 
 
-def test_run_prints_one_json_document(run_json):
-    assert run_json["pipeline"] == "payments" and run_json["completed"] == [1, 2, 3]
+@pytest.mark.spark
+@pytest.mark.slow  # CI tier: tests/cli/test_cli.py's JSON of pipelines; every command writes through cli._emit
+def test_run_prints_one_json_document(spark_run):
+    _, summary = spark_run
+    assert summary["pipeline"] == "payments" and summary["completed"] == [1, 2, 3]
 
 
-def test_read_only_commands_start_no_jvm_create_nothing_and_print_one_json_document(warehouse, run_json, tmp_path):
+def test_read_only_commands_start_no_jvm_create_nothing_and_print_one_json_document(warehouse, tmp_path):
     commands = {name: argv + ([] if name == "pipelines" else ["--warehouse", str(warehouse)]) + ["-o", "json"]
                 for name, argv in READ_ONLY.items()}
     before = sorted(p.relative_to(warehouse) for p in warehouse.rglob("*"))
@@ -135,7 +145,7 @@ def test_read_only_commands_start_no_jvm_create_nothing_and_print_one_json_docum
     assert json.loads(results["report"]["stdout"])["report"].endswith("report.html")
 
 
-def test_state_operator_names_its_checkpoint_and_version_and_takes_key_and_limit(warehouse, run_json, capsys):
+def test_state_operator_names_its_checkpoint_and_version_and_takes_key_and_limit(warehouse, capsys):
     base = ["state", "operator", "payments", "--warehouse", str(warehouse)]
     assert cli.main(base + ["--checkpoint", "2", "--key", "acct-000003", "-o", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -153,7 +163,7 @@ def test_state_operator_names_its_checkpoint_and_version_and_takes_key_and_limit
     assert versions and all(v >= 0 for v in versions)
 
 
-def test_recover_dry_run_is_a_plan_a_person_reads(warehouse, run_json, capsys):
+def test_recover_dry_run_is_a_plan_a_person_reads(warehouse, capsys):
     argv = ["recover", "payments", "--warehouse", str(warehouse), "--checkpoint", "1", "--dry-run"]
     assert cli.main(argv) == 0
     text = capsys.readouterr().out
@@ -187,7 +197,7 @@ def _document(capsys) -> object:
     return doc
 
 
-def test_every_command_that_reports_prints_one_json_document(warehouse, run_json, capsys):
+def test_every_command_that_reports_prints_one_json_document(warehouse, capsys):
     """The read-only ones above, ``run`` in the fixture, ``doctor`` here; the Spark ones below (slow)."""
     assert _reporting_commands() == {"doctor", "pipelines", "run", "recover", "savepoint", "checkpoints", "state",
                                      "validate", "report", "maintain"}
@@ -196,9 +206,10 @@ def test_every_command_that_reports_prints_one_json_document(warehouse, run_json
     assert isinstance(_document(capsys), (list, dict))
 
 
-@pytest.mark.slow  # CI tier: run -o json (the fixture) and every other reporting command above share _emit
-def test_the_spark_commands_print_one_json_document(warehouse, run_json, capsys):
-    w = ["--warehouse", str(warehouse), "-o", "json"]
+@pytest.mark.spark
+@pytest.mark.slow  # CI tier: the reporting commands above; these write their JSON through the same cli._emit
+def test_the_spark_commands_print_one_json_document(spark_run, capsys):
+    w = ["--warehouse", str(spark_run[0]), "-o", "json"]
     assert cli.main(["maintain", "payments", "--dry-run", *w]) == 0
     assert isinstance(_document(capsys), dict)
     assert cli.main(["savepoint", "payments", "--request-timeout", "0", *w]) == 0
