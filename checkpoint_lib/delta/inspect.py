@@ -54,6 +54,18 @@ def _table(path: Any, version: int | None = None) -> DeltaTable | None:
         return None
 
 
+def _pinned(path: Any, version: int, c: CompletedCheckpoint) -> DeltaTable | None:
+    """The state table at the version checkpoint ``c`` pinned (None for -1: nothing written yet);
+    LookupError, saying which, when that version cannot be read."""
+    if version < 0:
+        return None
+    try:
+        return DeltaTable(str(path), version=version)
+    except Exception as exc:  # noqa: BLE001 - delta-rs says why in its own words
+        raise LookupError(f"{path} version {version}, which checkpoint {c.checkpoint_id} pinned, cannot be read: "
+                          f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+
+
 def _query(dt: DeltaTable, sql: str) -> pa.Table:
     """``sql`` over ``dt`` registered as ``t`` (DataFusion reads deletion vectors, which the state
     tables use and pyarrow's reader does not)."""
@@ -112,7 +124,7 @@ def operator_state(warehouse: str, pipeline: Pipeline, checkpoint_id: int | None
     for sid, state in acks:
         version = int(state["table_version"])
         if version not in tables:
-            tables[version] = _table(path, version) if version >= 0 else None
+            tables[version] = _pinned(path, version, c)
         dt = tables[version]
         lo, hi = (int(k) for k in state["key_groups"])
         where = f"{KEY_GROUP} between {lo} and {hi} and {match}"
@@ -366,7 +378,7 @@ def _operator_preview(warehouse: str, pipeline: Pipeline, c: CompletedCheckpoint
     for _sid, state in acks:
         version = int(state["table_version"])
         if version not in tables:
-            tables[version] = _table(path, version) if version >= 0 else None
+            tables[version] = _pinned(path, version, c)
         lo, hi = (int(k) for k in state["key_groups"])
         keys += _count(tables[version], f"{KEY_GROUP} between {lo} and {hi}")
     spans = [tuple(int(k) for k in state["key_groups"]) for _s, state in acks]

@@ -218,3 +218,10 @@ def test_the_spark_commands_print_one_json_document(spark_run, capsys):
     assert [v["suite"] for v in _document(capsys)] == ["restore"]
     assert cli.main(["recover", "payments", "--no-validate", *w]) == 0  # last: it begins a new epoch
     assert _document(capsys)["restored"] is not None
+
+
+def test_a_state_version_that_cannot_be_read_is_said_not_shown_as_empty(tmp_path, capsys):
+    w = synthetic_warehouse(tmp_path / "w")
+    (w / "_checkpoints" / "payments" / "state" / "balance" / "_delta_log" / f"{1:020d}.json").unlink()
+    assert cli.main(["state", "operator", "payments", "--warehouse", str(w), "--checkpoint", "1"]) == cli.EXIT_USER_ERROR
+    assert "version 1, which checkpoint 1 pinned, cannot be read" in capsys.readouterr().err
