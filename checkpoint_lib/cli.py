@@ -418,6 +418,8 @@ def _cmd_state(args: argparse.Namespace) -> int:
     from .delta import inspect
     from .history import format_table
 
+    if args.key is not None and args.what != "operator":
+        raise ValueError(f"--key picks a key of the operator's state: ckpt state operator {args.pipeline} --key ...")
     pipeline = _pipeline(args.pipeline)
     if args.what == "operator":
         doc = inspect.operator_state(args.warehouse, pipeline, args.checkpoint, key=args.key, limit=args.limit)

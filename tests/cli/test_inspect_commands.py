@@ -161,6 +161,8 @@ def test_state_operator_names_its_checkpoint_and_version_and_takes_key_and_limit
     assert "12 keys; showing the first 4" in out
     assert len([line for line in table if line.lstrip().startswith("acct-")]) == 4
     assert versions and all(v >= 0 for v in versions)
+    assert cli.main(["state", "channel", "payments", "--warehouse", str(warehouse), "--key", "x"]) == cli.EXIT_USER_ERROR
+    assert "--key picks a key of the operator's state" in capsys.readouterr().err
 
 
 def test_recover_dry_run_is_a_plan_a_person_reads(warehouse, capsys):
