@@ -26,12 +26,12 @@ from ..core.checkpoints import CompletedCheckpoint
 from ..core.errors import NoCheckpointError
 from ..core.recovery import SINK_STATE_KEY, RecoveryPlan, choose_checkpoint
 from ..core.types import SubtaskId
-from ..layout import channel_state_table, checkpoint_root, location, source_manifest, state_table, warehouse_location
+from ..layout import (KEY_GROUP, channel_state_table, checkpoint_root, location, source_manifest, stamp_prefix,
+                      state_table, warehouse_location)
 from ..pipeline import TTL_COLUMN, DeltaSource, Pipeline
 from .log import MissingLogError, StepPlanner, latest_version, version_before_txn_above
 from .store import DeltaCheckpointStore
 
-KEY_GROUP = "key_group"  # the state table's column (spark/state.py::KEY_GROUP, which imports pyspark)
 _SEQUENCE = (1 << 32) - 1
 
 
@@ -349,7 +349,7 @@ def _newest_stamp(target: Any, prefix: str, upto: int) -> int | None:
 def _sink_preview(warehouse: str, pipeline: Pipeline, name: str, plan: RecoveryPlan) -> SinkPreview:
     spec = pipeline.sinks[name]
     target = location(warehouse) / spec.path
-    prefix = f"checkpoint_lib/{pipeline.name}/{name}/"  # spark/sinks.py::stamp_prefix (which imports pyspark)
+    prefix = stamp_prefix(pipeline.name, name)
     now = latest_version(target)
     after = None
     if now is not None and plan.rollback_after is not None:

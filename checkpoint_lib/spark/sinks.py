@@ -50,7 +50,7 @@ from ..delta.log import files_added_since_epoch, is_delta_table
 from ..delta.pending import HANDLE_COLUMN, PendingFiles, add_actions
 from ..files import files_at
 from ..kinds import Kinds
-from ..layout import PENDING_FOLDER, sink_transactions
+from ..layout import PENDING_FOLDER, app_prefix, sink_transactions, stamp_prefix  # noqa: F401 - re-exported
 from ..pipeline import DeltaSink, Pipeline, check_relative_path
 from . import tables
 
@@ -58,17 +58,6 @@ _ORDER_COLUMNS = [T.StructField("txn_seq", T.LongType(), False), T.StructField("
 """Written with an upsert sink's rows: the latest row of a key wins at the commit."""
 _DELTA_RS_WRITER_FEATURES = {"appendOnly", "invariants", "timestampNtz"}
 _COMMIT_ATTEMPTS = 20
-
-
-def app_prefix(pipeline: str) -> str:
-    """What every Delta application id of ``pipeline`` starts with (sink stamps, the state table's fence)."""
-    return f"checkpoint_lib/{pipeline}"
-
-
-def stamp_prefix(pipeline: str, sink: str) -> str:
-    """What every commit stamp of ``pipeline``'s sink ``sink`` starts with (the current application
-    id and the older per-epoch ones): the one definition, for the sink and for readers of its log."""
-    return f"{app_prefix(pipeline)}/{sink}/"
 
 
 class SinkWriter(Protocol):
