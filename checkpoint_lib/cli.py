@@ -62,6 +62,22 @@ def _json(args: argparse.Namespace) -> bool:
     return getattr(args, "output", "table") == "json"
 
 
+def _json_value(value: Any) -> Any:
+    """What ``-o json`` writes for a value JSON has no type for: a time as ISO 8601, bytes as hex,
+    anything else (a Decimal, a path) as its text."""
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    if isinstance(value, (bytes, bytearray)):
+        return value.hex()
+    return str(value)
+
+
+def _emit(document: Any) -> None:
+    """``-o json``: the command's one JSON document on stdout (nested objects, never JSON in a
+    string); everything else a command says goes to stderr."""
+    print(json.dumps(document, indent=2, default=_json_value), flush=True)
+
+
 def _spark(args: argparse.Namespace):
     from .spark.session import get_spark, use_warehouse
 
@@ -114,7 +130,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     show = None if _json(args) else (lambda check: print(check.line(), flush=True))
     checks = diagnose(args.warehouse, resolve_master(args.master), with_spark=not args.no_spark, progress=show)
     if _json(args):
-        print(json.dumps(to_json(checks), indent=2))
+        _emit(to_json(checks))
     failed = [c.name for c in checks if not c.ok]
     if not _json(args):
         print(f"\n{len(checks) - len(failed)} of {len(checks)} checks OK" + (f"; failed: {', '.join(failed)}" if failed else ""))
@@ -179,7 +195,7 @@ def _cmd_pipelines(args: argparse.Namespace) -> int:
                      "operator": p.operator_uid, "keyed": p.keyed, "generator": p.generator_fn is not None,
                      "quality": p.quality_spec is not None})
     if _json(args):
-        print(json.dumps(rows, indent=2))
+        _emit(rows)
         return 0
     for r in rows:
         extras = [w for w in ("generator", "quality") if r[w]]
@@ -304,23 +320,24 @@ def _run(args: argparse.Namespace, recover: bool = False) -> dict[str, Any]:
 def _cmd_run(args: argparse.Namespace) -> int:
     summary = _run(args)
     if _json(args):
-        print(json.dumps(summary, indent=2))
+        _emit(summary)
     return EXIT_OK
 
 
 def _cmd_recover(args: argparse.Namespace) -> int:
-    from .delta.store import DeltaCheckpointStore
-    from .layout import checkpoint_root
+    if args.dry_run:  # delta-rs only: no JVM
+        from .delta.inspect import recovery_preview
 
-    if args.dry_run:
-        store = DeltaCheckpointStore.existing(checkpoint_root(args.warehouse, args.pipeline))
-        plan = store.recovery_plan(args.checkpoint)
-        print(json.dumps(plan.to_dict(), indent=2, default=str) if _json(args) else plan.describe())
+        preview = recovery_preview(args.warehouse, _pipeline(args.pipeline), args.checkpoint)
+        if _json(args):
+            _emit(preview.to_dict())
+        else:
+            print(preview.describe())
         return EXIT_OK
     summary = _run(args, recover=True)
     code, validations = (EXIT_OK, []) if args.no_validate else _validate(args, kinds=("restore",))
     if _json(args):
-        print(json.dumps({**summary, "validations": validations}, indent=2, default=str))
+        _emit({**summary, "validations": validations})
     return code
 
 
@@ -351,7 +368,7 @@ def _cmd_savepoint(args: argparse.Namespace) -> int:
 
 def _savepoint_taken(args: argparse.Namespace, checkpoint_id: int, done: str, status: str) -> int:
     if _json(args):
-        print(json.dumps({"pipeline": args.pipeline, "savepoint": checkpoint_id, "status": status}))
+        _emit({"pipeline": args.pipeline, "savepoint": checkpoint_id, "status": status})
     else:
         print(f"savepoint {checkpoint_id} {done}; retention never deletes it; "
               f"start from it with: ckpt run {args.pipeline} --checkpoint {checkpoint_id}")
@@ -367,9 +384,9 @@ def _cmd_checkpoints(args: argparse.Namespace) -> int:
     if args.action == "list":
         rows = with_durations(store.history()[: args.limit])
         if _json(args):
-            print(json.dumps(rows, default=str, indent=2))
+            _emit([_nested_acks(r) for r in rows])
         else:
-            print(format_table(rows, ["checkpoint_id", "kind", "status", "trigger_time", "duration_ms",
+            print(format_table(rows, ["checkpoint_id", "kind", "status", "epoch", "trigger_time", "duration_ms",
                                       "state_bytes", "channel_state_rows", "alignment_ms", "unaligned",
                                       "failure_reason"]))
         return 0
@@ -377,7 +394,7 @@ def _cmd_checkpoints(args: argparse.Namespace) -> int:
         raise ValueError("checkpoints show needs a checkpoint id")
     acks = store.acks(args.id)
     if _json(args):
-        print(json.dumps(acks, default=str, indent=2))
+        _emit(acks)
     else:
         print(format_table([{k: v for k, v in a.items() if k != "state"} for a in acks]))
         for a in acks:
@@ -385,27 +402,69 @@ def _cmd_checkpoints(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_state(args: argparse.Namespace) -> int:
-    from .spark import inspect
+def _nested_acks(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A history row for ``-o json``: its ``acks_json`` (the stored text) as the object ``acks``."""
+    out = {k: v for k, v in row.items() if k != "acks_json"}
+    text = row.get("acks_json")
+    try:
+        out["acks"] = json.loads(text) if text else None
+    except ValueError:  # a corrupt row (``corrupt`` says so): its text, as stored
+        out["acks"] = {"unreadable": text}
+    return out
 
+
+def _cmd_state(args: argparse.Namespace) -> int:
+    """Read with delta-rs: no JVM."""
+    from .delta import inspect
+    from .history import format_table
+
+    if args.key is not None and args.what != "operator":
+        raise ValueError(f"--key picks a key of the operator's state: ckpt state operator {args.pipeline} --key ...")
     pipeline = _pipeline(args.pipeline)
-    inspect.checkpoint(args.warehouse, pipeline, args.checkpoint)  # no such checkpoint: said before Spark starts
-    spark = _spark(args)
     if args.what == "operator":
-        df = inspect.operator_state(spark, args.warehouse, pipeline, args.checkpoint)
+        doc = inspect.operator_state(args.warehouse, pipeline, args.checkpoint, key=args.key, limit=args.limit)
     elif args.what == "channel":
-        df = inspect.channel_state(spark, args.warehouse, pipeline, args.checkpoint)
+        doc = inspect.channel_state(args.warehouse, pipeline, args.checkpoint, limit=args.limit)
     else:
-        print(json.dumps({"sources": inspect.source_offsets(args.warehouse, pipeline, args.checkpoint),
-                          "sinks": inspect.sink_transactions(args.warehouse, pipeline, args.checkpoint)},
-                         indent=2, default=str))
-        return 0
+        doc = inspect.handles(args.warehouse, pipeline, args.checkpoint)
     if _json(args):
-        for row in df.limit(args.limit).toJSON().collect():
-            print(row)
+        _emit(doc)
+        return EXIT_OK
+    at = f"{doc['kind']} {doc['checkpoint_id']} (completed {_utc(doc['completed_at'])})"
+    if args.what == "operator":
+        versions = sorted({s["table_version"] for s in doc["subtasks"]})
+        spans = [s["key_groups"] for s in doc["subtasks"]]
+        print(f"operator {doc['operator']} of {doc['pipeline']} at {at}: state table "
+              f"{'version' if len(versions) == 1 else 'versions'} {', '.join(map(str, versions))}, key groups "
+              f"{min(lo for lo, _ in spans)}..{max(hi for _, hi in spans)} over {len(spans)} subtasks")
+        which = f"key {doc['key_column']} = {doc['key']!r}: " if doc["key"] is not None else ""
+        more = f"; showing the first {doc['shown']} (--limit)" if doc["shown"] < doc["keys"] else ""
+        print(f"{which}{doc['keys']:,} {'key' if doc['keys'] == 1 else 'keys'}{more}")
+        columns = [doc["key_column"], *[c for c in (doc["rows"][0] if doc["rows"] else {})
+                                        if c not in (doc["key_column"], "subtask")], "subtask"]
+        if doc["rows"]:
+            print(format_table(doc["rows"], columns))
+    elif args.what == "channel":
+        print(f"channel state of {doc['pipeline']} at {at}: {doc['records']:,} in-flight records"
+              + "".join(f"\n  {s['subtask']}: {s['rows']:,} records" for s in doc["subtasks"]))
+        if doc["rows"]:
+            more = f" (the first {doc['shown']}, --limit)" if doc["shown"] < doc["records"] else ""
+            print(f"records{more}:")
+            print(format_table(doc["rows"]))
     else:
-        df.show(args.limit, truncate=False)
-    return 0
+        print(f"handles of {doc['pipeline']} at {at}")
+        for subtask, state in doc["sources"].items():
+            print(f"  {subtask}: offset version {state.get('version')}")
+        for subtask, snapshot in doc["sinks"].items():
+            pending = ", ".join(t["txn_id"] + f".e{t['epoch']}.s{t['seq']}" for t in snapshot.get("pending", []))
+            print(f"  {subtask}: owns {pending or 'nothing'}; open {snapshot['current']['txn_id']}")
+    return EXIT_OK
+
+
+def _utc(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))
 
 
 def _validate(args: argparse.Namespace, kinds: Sequence[str]) -> tuple[int, list[dict[str, Any]]]:
@@ -453,7 +512,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     kinds = ("restore", "checkpoint") if args.suite == "all" else (args.suite,)
     code, results = _validate(args, kinds)
     if _json(args):
-        print(json.dumps(results, indent=2, default=str))
+        _emit(results)
     return code
 
 
@@ -461,7 +520,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from .quality import write_report
 
     path = write_report(args.pipeline, args.warehouse, args.out)
-    print(f"report: {path}")
+    if _json(args):
+        _emit({"pipeline": args.pipeline, "report": str(path)})
+    else:
+        print(f"report: {path}")
     return 0
 
 
@@ -475,7 +537,10 @@ def _cmd_maintain(args: argparse.Namespace) -> int:
                              file_retention_hours=args.file_retention_hours)
     report = maintain(args.warehouse, args.pipeline, None if args.no_spark else _spark(args), dry_run=args.dry_run,
                       policy=policy)
-    print(json.dumps(report.to_dict(), indent=2, default=str) if _json(args) else report.describe())
+    if _json(args):
+        _emit(report.to_dict())
+    else:
+        print(report.describe())
     return 0
 
 
@@ -647,7 +712,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("recover", help="restore the latest (or a chosen) checkpoint, re-commit, replay, go on")
     _add_run_options(p)
     p.add_argument("--checkpoint", type=_positive_int, default=None, help="checkpoint id (default: latest)")
-    p.add_argument("--dry-run", action="store_true", help="only print the recovery plan")
+    p.add_argument("--dry-run", action="store_true",
+                   help="only print the recovery plan: per sink the version now and the one it rolls back to, per "
+                        "operator the state restored, per source the rows to replay (delta-rs: no JVM)")
     p.add_argument("--no-validate", action="store_true",
                    help="skip the after-restore data-quality validation (Great Expectations)")
     p.add_argument("--allow-non-restored-state", action="store_true",
@@ -670,14 +737,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_output(p)
     p.set_defaults(func=_cmd_checkpoints)
 
-    p = add("state", help="show operator state, channel state or offsets at a checkpoint")
+    p = add("state", help="show operator state, channel state or offsets at a checkpoint (delta-rs: no JVM)")
     p.add_argument("what", choices=("operator", "channel", "handles"))
     _add_pipeline(p)
     _add_warehouse(p)
     p.add_argument("--checkpoint", type=_positive_int, default=None, help="checkpoint id (default: latest)")
-    p.add_argument("--limit", type=_positive_int, default=20)
+    p.add_argument("--key", default=None, help="operator: only this key's state (compared as text)")
+    p.add_argument("--limit", type=_positive_int, default=20, help="rows shown at most (default 20)")
     _add_output(p)
-    _add_spark(p)
     p.set_defaults(func=_cmd_state)
 
     p = add("validate", help="run the data-quality suites (Great Expectations) on a checkpoint")
@@ -695,6 +762,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pipeline(p)
     _add_warehouse(p)
     p.add_argument("--out", default=None, help="output file (default W/_quality/<pipeline>/report.html)")
+    _add_output(p)
     p.set_defaults(func=_cmd_report)
 
     p = add(
@@ -745,27 +813,50 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         _resolve_pipeline(args)
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
+        return code
+    except BrokenPipeError:
+        return _pipe_closed()
     except KeyboardInterrupt:
         print("ckpt: interrupted", file=sys.stderr)
         return 130
     except (CheckpointError, ValueError, LookupError, FileNotFoundError) as exc:
         if debug:
             raise
-        print(f"ckpt: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"ckpt: error: {_message(exc)}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except Exception as exc:  # noqa: BLE001 - one clear line; the traceback with --debug
+    except Exception as exc:  # noqa: BLE001 - a clear message; the traceback with --debug
         if debug:
             raise
-        print(f"ckpt: error: {type(exc).__name__}: {_one_line(exc)} (run again with --debug for the traceback)",
+        print(f"ckpt: error: {type(exc).__name__}: {_message(exc)}\n  (run again with --debug for the traceback)",
               file=sys.stderr)
         return EXIT_FAILED
 
 
-def _one_line(exc: BaseException) -> str:
-    """An exception as one line: its first line, with how many more it had."""
-    lines = [line for line in str(exc).strip().splitlines() if line.strip()] or [type(exc).__name__]
-    return lines[0] + (f" (+{len(lines) - 1} more lines)" if len(lines) > 1 else "")
+def _pipe_closed() -> int:
+    """The reader of stdout went away (``ckpt ... | head``): what it read was all it wanted, so
+    this is a success; stdout is pointed at /dev/null so the interpreter's last flush is quiet."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is no file (a test's buffer)
+        pass
+    return EXIT_OK
+
+
+MAX_ERROR_LINES = 20
+
+
+def _message(exc: BaseException) -> str:
+    """An exception's whole message (a refusal lists every problem, one per line), without a JVM's
+    stack frames (``at org.apache...``, ``--debug`` has them), at most :data:`MAX_ERROR_LINES`."""
+    lines = [line.rstrip() for line in str(exc).strip().splitlines()
+             if line.strip() and not line.strip().startswith(("at ", "... "))] or [type(exc).__name__]
+    if len(lines) > MAX_ERROR_LINES:
+        lines = lines[:MAX_ERROR_LINES] + [f"... {len(lines) - MAX_ERROR_LINES} more lines (--debug shows them)"]
+    return "\n".join(lines[:1] + [line if line[:1].isspace() else "  " + line for line in lines[1:]])
 
 
 if __name__ == "__main__":

@@ -66,6 +66,29 @@ def below(path: str | os.PathLike[str], base: str | os.PathLike[str]) -> str:
     return str(path)[len(prefix):]
 
 
+def app_prefix(pipeline: str) -> str:
+    """What every Delta application id of ``pipeline`` starts with (sink stamps, the state table's fence)."""
+    return f"{_APP_PREFIX}{pipeline}"
+
+
+def pipeline_of(prefix: str) -> str:
+    """The pipeline whose :func:`app_prefix` is ``prefix``."""
+    return prefix.removeprefix(_APP_PREFIX)
+
+
+_APP_PREFIX = "checkpoint_lib/"
+
+
+def stamp_prefix(pipeline: str, sink: str) -> str:
+    """What every commit stamp of ``pipeline``'s sink ``sink`` starts with (the current application
+    id and the older per-epoch ones): the one definition, for the sink and for readers of its log."""
+    return f"{app_prefix(pipeline)}/{sink}/"
+
+
+KEY_GROUP = "key_group"
+"""The keyed state tables' column holding each row's key group."""
+
+
 def checkpoint_root(warehouse: str | os.PathLike[str], pipeline: str) -> Path | ObjectUri:
     """``<warehouse>/_checkpoints/<pipeline>`` (absolute when local), for a well-formed pipeline name."""
     return location(warehouse_location(warehouse)) / CHECKPOINTS / check_pipeline_name(pipeline)

@@ -1090,7 +1090,9 @@ class DeltaCheckpointStore:
 
     def history(self) -> list[dict[str, Any]]:
         """The latest status row per checkpoint id, newest id first, with every column, plus
-        ``retained`` (returned by ``all()``) and ``corrupt`` (a completed row that does not decode).
+        ``retained`` (returned by ``all()``), ``corrupt`` (a completed row that does not decode) and
+        ``discarded_in_epoch``; ``epoch`` is the attempt that took the checkpoint, also for a
+        discarded one.
 
         A completed checkpoint that retention evicted but a crash left unmarked still says
         ``completed`` here, with ``retained`` False.
@@ -1098,10 +1100,19 @@ class DeltaCheckpointStore:
         view = self._view()
         kept = {c.checkpoint_id for c in view.kept}
         return [
-            {**view.effective[i], "retained": i in kept, "corrupt": i in view.corrupt,
-             "validated_at": view.validated.get(i)}
+            {**view.effective[i], **self._epochs_of(view.rows_by_id[i], view.effective[i]),
+             "retained": i in kept, "corrupt": i in view.corrupt, "validated_at": view.validated.get(i)}
             for i in sorted(view.effective, reverse=True)
         ]
+
+    @staticmethod
+    def _epochs_of(rows: Sequence[dict[str, Any]], effective: Mapping[str, Any]) -> dict[str, Any]:
+        """``epoch``: the attempt that took the checkpoint (a discarded one's row carries the epoch
+        that discarded it: that is ``discarded_in_epoch``)."""
+        if effective["status"] != DISCARDED:
+            return {"discarded_in_epoch": None}
+        taken = min((r for r in rows if r["status"] != DISCARDED), key=lambda r: r["recorded_at"], default=effective)
+        return {"epoch": taken["epoch"], "discarded_in_epoch": effective["epoch"]}
 
     def acks(self, checkpoint_id: CheckpointId) -> list[dict[str, Any]]:
         """Per-subtask acknowledgements of a completed (or since discarded) checkpoint, sorted by

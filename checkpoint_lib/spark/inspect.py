@@ -1,4 +1,5 @@
-"""Reading checkpoints back (like Flink's State Processor API / Spark's state data source).
+"""Reading checkpoints back (like Flink's State Processor API / Spark's state data source) as Spark
+DataFrames; ``ckpt state`` reads the same with delta-rs and no JVM (:mod:`checkpoint_lib.delta.inspect`).
 
 Every function returns Spark DataFrames (nothing is collected) or small metadata dicts:
 
@@ -14,10 +15,9 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from ..core.checkpoints import CompletedCheckpoint
-from ..core.recovery import SINK_STATE_KEY, choose_checkpoint
+from ..core.recovery import SINK_STATE_KEY
 from ..core.errors import NoCheckpointError
-from ..delta.store import DeltaCheckpointStore
+from ..delta.inspect import checkpoint  # noqa: F401 - the named or latest completed checkpoint, re-exported
 from ..layout import channel_state_table, checkpoint_root, state_table
 from ..pipeline import Pipeline
 from .state import KEY_GROUP
@@ -25,15 +25,6 @@ from .state import KEY_GROUP
 
 def _root(warehouse: str, pipeline: Pipeline) -> str:
     return str(checkpoint_root(warehouse, pipeline.name))
-
-
-def checkpoint(warehouse: str, pipeline: Pipeline, checkpoint_id: int | None = None) -> CompletedCheckpoint:
-    """The named completed checkpoint, or the latest one."""
-    store = DeltaCheckpointStore.existing(_root(warehouse, pipeline))
-    chosen = choose_checkpoint(list(store.all()), checkpoint_id)
-    if chosen is None:
-        raise NoCheckpointError(f"pipeline {pipeline.name!r} has no completed checkpoint in {warehouse}")
-    return chosen
 
 
 def operator_state(spark: SparkSession, warehouse: str, pipeline: Pipeline, checkpoint_id: int | None = None) -> DataFrame:

@@ -64,6 +64,15 @@ def resolve_master(master: str | None = None) -> str:
     return master or os.environ.get(MASTER_ENV) or DEFAULT_MASTER
 
 
+def catalog_dir() -> Path:
+    """Where Spark's catalog keeps its (unused) managed tables: a folder per user in the system's
+    temporary directory, never the current folder (Spark's default, ``./spark-warehouse``)."""
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"checkpoint_lib-{os.getuid() if hasattr(os, 'getuid') else 'user'}" / \
+        "spark-warehouse"
+
+
 def session_conf(
     master: str,
     app_name: str = "checkpoint_lib",
@@ -97,6 +106,9 @@ def session_conf(
         # compressing it (dictionary and run-length encoders, which gather statistics over every
         # value) cost a sixth of a 1M-row step's CPU, for memory we have.
         "spark.sql.inMemoryColumnarStorage.compressed": "false",
+        # Every table of ours is a path; Spark's catalog would still make `spark-warehouse/` in the
+        # current folder of whoever ran a command. Its folder lives in the temporary directory.
+        "spark.sql.warehouse.dir": str(catalog_dir()),
         # Delta 4 refuses to read (or RESTORE) a version older than the table's
         # deletedFileRetentionDuration (7 days by default), VACUUMed or not. A rollback to a
         # checkpoint or savepoint, and the quality suites after a restore, read sinks and sources

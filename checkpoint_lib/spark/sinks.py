@@ -50,7 +50,7 @@ from ..delta.log import files_added_since_epoch, is_delta_table
 from ..delta.pending import HANDLE_COLUMN, PendingFiles, add_actions
 from ..files import files_at
 from ..kinds import Kinds
-from ..layout import PENDING_FOLDER, sink_transactions
+from ..layout import PENDING_FOLDER, app_prefix, pipeline_of, sink_transactions, stamp_prefix  # noqa: F401 - re-exported
 from ..pipeline import DeltaSink, Pipeline, check_relative_path
 from . import tables
 
@@ -60,25 +60,6 @@ _DELTA_RS_WRITER_FEATURES = {"appendOnly", "invariants", "timestampNtz", "deleti
 """Writer features an append sink's delta-rs commit of new files honours: deletion vectors too (it
 adds whole files, none with a deletion vector, and removes nothing)."""
 _COMMIT_ATTEMPTS = 20
-
-
-def app_prefix(pipeline: str) -> str:
-    """What every Delta application id of ``pipeline`` starts with (sink stamps, the state table's fence)."""
-    return f"{_APP_PREFIX}{pipeline}"
-
-
-def pipeline_of(prefix: str) -> str:
-    """The pipeline whose :func:`app_prefix` is ``prefix``."""
-    return prefix.removeprefix(_APP_PREFIX)
-
-
-_APP_PREFIX = "checkpoint_lib/"
-
-
-def stamp_prefix(pipeline: str, sink: str) -> str:
-    """What every commit stamp of ``pipeline``'s sink ``sink`` starts with (the current application
-    id and the older per-epoch ones): the one definition, for the sink and for readers of its log."""
-    return f"{app_prefix(pipeline)}/{sink}/"
 
 
 class SinkWriter(Protocol):

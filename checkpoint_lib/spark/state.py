@@ -22,10 +22,10 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..core.keygroups import DEFAULT_MAX_PARALLELISM
+from ..layout import KEY_GROUP
 from ..pipeline import DELETE, TTL_COLUMN, StateTtl
 from . import tables
 
-KEY_GROUP = "key_group"
 FIRST_RECORD = "_ttl_first"
 """In the rows a flush hands to a MERGE of state with a TTL: the event time of the key's earliest
 record in the flush (what decides whether its stored state expired)."""

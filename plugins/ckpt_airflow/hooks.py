@@ -281,8 +281,13 @@ class CheckpointHook(BaseHook):
         return _summary(runner.run(until_caught_up=True, max_steps=max_steps))
 
     def recovery_plan(self, checkpoint_id: int | None) -> str:
-        """What a recovery would do (read-only; what a dry run prints)."""
-        return self.control().store.recovery_plan(checkpoint_id).describe()
+        """What a recovery would do, as ``ckpt recover --dry-run`` prints it: per sink the version
+        now and the one it rolls back to with the rows discarded, per operator the state restored,
+        per source the rows to replay (read-only, delta-rs)."""
+        from checkpoint_lib.delta.inspect import recovery_preview
+
+        return recovery_preview(self.warehouse, self.pipeline, checkpoint_id,
+                                plan=self.control().store.recovery_plan(checkpoint_id)).describe()
 
     def recover(self, checkpoint_id: int | None, *, mode: str = "aligned", rows_per_checkpoint: int = DEFAULT_ROWS_PER_STEP) -> dict[str, Any]:
         """Fence the old attempt (new epoch), restore ``checkpoint_id`` (None: the latest completed;

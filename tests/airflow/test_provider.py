@@ -330,3 +330,22 @@ def test_the_tasks_that_commit_have_the_sinks_as_assets_and_a_downstream_dag_can
     assert not dagbag.dags["payments_run"].get_task("source").outlets
     downstream = DAG("reports", schedule=assets[1])  # runs when a checkpoint's commit lands
     assert downstream.timetable.asset_condition is not None
+
+
+def test_the_recover_dags_dry_run_logs_the_plan_ckpt_recover_dry_run_prints(tmp_path, capsys):
+    from history import synthetic_history
+
+    from checkpoint_lib import cli
+    from ckpt_airflow.operators import ValidateRecoveryParamsOperator
+
+    w = synthetic_history(tmp_path / "w")
+    op = ValidateRecoveryParamsOperator(task_id="dry", pipeline="payments", warehouse=str(w), checkpoint_id="3",
+                                        dry_run=True)
+    params = op.execute({})
+    logged = capsys.readouterr().out  # Airflow's task log
+    assert params["plan"] in logged
+    assert cli.main(["recover", "payments", "--warehouse", str(w), "--checkpoint", "3", "--dry-run"]) == 0
+    assert params["plan"] == capsys.readouterr().out.rstrip("\n")
+    assert "sinks: rolled back to what checkpoint 3 committed" in params["plan"]
+    assert "balance  restores state table version 3" in params["plan"]
+    assert "landing/payments  after version 3" in params["plan"]

@@ -55,9 +55,45 @@ def test_an_unexpected_error_is_one_line_and_the_traceback_comes_with_debug(tmp_
     argv = ["checkpoints", "list", "payments", "--warehouse", str(tmp_path)]
     assert cli.main(argv) == cli.EXIT_FAILED
     err = capsys.readouterr().err
-    assert err == "ckpt: error: RuntimeError: the disk said no (+1 more lines) (run again with --debug for the traceback)\n"
+    assert err == ("ckpt: error: RuntimeError: the disk said no\n  and a second line\n"
+                   "  (run again with --debug for the traceback)\n")
     with pytest.raises(RuntimeError, match="the disk said no"):
         cli.main(argv + ["--debug"])
+
+
+def test_an_error_of_many_lines_is_shown_whole_without_jvm_frames(monkeypatch, tmp_path, capsys):
+    problems = "checkpoint 3 does not fit the pipeline:\n  - removed operators ['x']\n  - key groups end at 63"
+    frames = "\n".join(f"\tat org.apache.spark.Thing.method{i}(Thing.scala:{i})" for i in range(40))
+
+    def refused(*_a, **_kw):
+        raise ValueError(problems + "\n" + frames)
+
+    monkeypatch.setattr(DeltaCheckpointStore, "existing", refused)
+    assert cli.main(["checkpoints", "list", "payments", "--warehouse", str(tmp_path)]) == cli.EXIT_USER_ERROR
+    assert capsys.readouterr().err == ("ckpt: error: checkpoint 3 does not fit the pipeline:\n  - removed operators "
+                                       "['x']\n  - key groups end at 63\n")
+    long = "\n".join(f"line {i}" for i in range(cli.MAX_ERROR_LINES + 5))
+    monkeypatch.setattr(DeltaCheckpointStore, "existing", lambda *_a, **_kw: (_ for _ in ()).throw(ValueError(long)))
+    assert cli.main(["checkpoints", "list", "payments", "--warehouse", str(tmp_path)]) == cli.EXIT_USER_ERROR
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == cli.MAX_ERROR_LINES + 1 and err[-1] == "  ... 5 more lines (--debug shows them)"
+
+
+def test_a_closed_pipe_ends_quietly_with_success(tmp_path):
+    """``ckpt ... -o json | head``: the reader leaves before the JSON is written."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(cli.__file__).parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "checkpoint_lib.cli", "pipelines", "-o", "json"], cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the first write
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0 and err == ""
+
+
+def test_spark_keeps_its_catalog_warehouse_out_of_the_current_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    folder = Path(session.session_conf("local[1]")["spark.sql.warehouse.dir"])
+    assert folder.is_absolute() and tmp_path not in folder.parents and folder != tmp_path
 
 
 def test_the_driver_logs_quietly_unless_asked(monkeypatch):

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from checkpoint_lib import cli
@@ -46,3 +48,26 @@ def test_an_existing_store_opens_for_reading(tmp_path, capsys):
     assert DeltaCheckpointStore.existing(checkpoint_root(tmp_path, "payments")).history() == []
     assert cli.main(["checkpoints", "list", "payments", "--warehouse", str(tmp_path), "--json"]) == 0
     assert capsys.readouterr().out.strip() == "[]"
+
+
+def test_a_discarded_checkpoint_is_listed_under_the_epoch_that_completed_it(tmp_path, capsys):
+    from history import completed
+
+    root = checkpoint_root(tmp_path, "payments")
+    first = DeltaCheckpointStore.open(root)
+    assert first.begin_epoch() == 1
+    for cid in (1, 2):
+        first.add(completed(cid, 1000.0 * cid))
+    second = DeltaCheckpointStore.open(root)
+    assert second.begin_epoch() == 2  # a recovery to checkpoint 1 discards 2
+    second.mark_discarded([first.get(2)], "rolled back by a recovery to checkpoint 1")
+    assert cli.main(["checkpoints", "list", "payments", "--warehouse", str(tmp_path), "-o", "json"]) == 0
+    rows = {r["checkpoint_id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert (rows[2]["status"], rows[2]["epoch"], rows[2]["discarded_in_epoch"]) == ("discarded", 1, 2)
+    assert (rows[1]["status"], rows[1]["epoch"], rows[1]["discarded_in_epoch"]) == ("completed", 1, None)
+    assert rows[2]["acks"]["acks"]["balance[0]"]["state"]["key_groups"] == [0, 42]  # an object, not JSON text
+    assert cli.main(["checkpoints", "list", "payments", "--warehouse", str(tmp_path)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    columns = table[0].split()
+    line = next(line.split() for line in table[2:] if line.split()[0] == "2")
+    assert line[columns.index("epoch")] == "1" and line[columns.index("status")] == "discarded"

@@ -59,3 +59,16 @@ def test_your_first_pipeline_runs_as_written(tmp_path):
     # the last page of visitor u<i> is its last visit's: visit j = the largest j < 100 with j % 7 == i
     assert list(visitors["last_page"]) == [f"/p/{max(range(i, 100, 7)) % 5}" for i in range(7)]
     assert len(read_delta(tmp_path / "wh" / "gold" / "visit_log")) == 100
+
+
+def test_every_dag_file_the_readme_shows_imports_what_it_calls():
+    """A DAG file copied from the README runs: each code block that calls ``build_dags`` or
+    ``dags_for_every_pipeline`` imports it, and no call is shown outside a code block."""
+    text = README.read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    for name in ("build_dags", "dags_for_every_pipeline"):
+        calling = [b for b in blocks if f"{name}(" in b]
+        assert calling, name
+        for block in calling:
+            assert f"from ckpt_airflow.dag_factory import {name}" in block, block
+    assert "globals().update(" not in re.sub(r"```.*?```", "", text, flags=re.S)  # a DAG file's line, alone

@@ -1,0 +1,430 @@
+"""Reading a pipeline's checkpoints back with delta-rs: no JVM, no Spark (``ckpt state``,
+``ckpt recover --dry-run``, the recover DAG's dry run).
+
+- :func:`operator_state`: the keyed state a checkpoint pinned (each subtask's key groups at the
+  table version its ack names), optionally one key, at most ``limit`` rows;
+- :func:`channel_state`: the in-flight records a checkpoint logged, per receiving subtask;
+- :func:`handles`: the sources' offsets and the sinks' transactions, as the acks hold them;
+- :func:`recovery_preview`: what a recovery would do, in tables' versions and rows (a
+  :class:`RecoveryPreview`, for people and for machines).
+
+Each returns plain values (JSON-able but for timestamps and decimals, which ``default=str``
+prints); the Spark twins that return DataFrames are in :mod:`checkpoint_lib.spark.inspect`.
+Nothing here writes: a missing table reads as "not there yet".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+import pyarrow as pa
+from deltalake import DeltaTable, QueryBuilder
+
+from ..core.checkpoints import CompletedCheckpoint
+from ..core.errors import NoCheckpointError
+from ..core.recovery import SINK_STATE_KEY, RecoveryPlan, choose_checkpoint
+from ..core.types import SubtaskId
+from ..layout import (KEY_GROUP, channel_state_table, checkpoint_root, location, source_manifest, stamp_prefix,
+                      state_table, warehouse_location)
+from ..pipeline import TTL_COLUMN, DeltaSource, Pipeline
+from .log import MissingLogError, StepPlanner, latest_version, version_before_txn_above
+from .store import DeltaCheckpointStore
+
+_SEQUENCE = (1 << 32) - 1
+
+
+def _store(warehouse: str, pipeline: str) -> DeltaCheckpointStore:
+    return DeltaCheckpointStore.existing(checkpoint_root(warehouse, pipeline))
+
+
+def checkpoint(warehouse: str, pipeline: Pipeline, checkpoint_id: int | None = None) -> CompletedCheckpoint:
+    """The named retained completed checkpoint, or the latest one."""
+    chosen = choose_checkpoint(list(_store(warehouse, pipeline.name).all()), checkpoint_id)
+    if chosen is None:
+        raise NoCheckpointError(f"pipeline {pipeline.name!r} has no completed checkpoint in {warehouse}")
+    return chosen
+
+
+def _table(path: Any, version: int | None = None) -> DeltaTable | None:
+    try:
+        return DeltaTable(str(path), version=version)
+    except Exception:  # noqa: BLE001 - not a table (yet), or that version is gone: "not there"
+        return None
+
+
+def _pinned(path: Any, version: int, c: CompletedCheckpoint) -> DeltaTable | None:
+    """The state table at the version checkpoint ``c`` pinned (None for -1: nothing written yet);
+    LookupError, saying which, when that version cannot be read."""
+    if version < 0:
+        return None
+    try:
+        return DeltaTable(str(path), version=version)
+    except Exception as exc:  # noqa: BLE001 - delta-rs says why in its own words
+        raise LookupError(f"{path} version {version}, which checkpoint {c.checkpoint_id} pinned, cannot be read: "
+                          f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+
+
+def _query(dt: DeltaTable, sql: str) -> pa.Table:
+    """``sql`` over ``dt`` registered as ``t`` (DataFusion reads deletion vectors, which the state
+    tables use and pyarrow's reader does not)."""
+    return pa.table(QueryBuilder().register("t", dt).execute(sql))
+
+
+def _count(dt: DeltaTable | None, where: str = "true") -> int:
+    if dt is None:
+        return 0
+    return int(_query(dt, f"select count(*) as n from t where {where}")["n"][0].as_py())
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _literal(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _when(c: CompletedCheckpoint) -> str:
+    return f"{datetime.fromtimestamp(c.completion_time, timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+
+
+def _checkpoint_fields(pipeline: Pipeline, c: CompletedCheckpoint) -> dict[str, Any]:
+    return {"pipeline": pipeline.name, "checkpoint_id": c.checkpoint_id, "kind": c.kind.value,
+            "completed_at": c.completion_time}
+
+
+# --- state -----------------------------------------------------------------------------------
+
+
+def _keyed_acks(pipeline: Pipeline, c: CompletedCheckpoint) -> list[tuple[SubtaskId, Mapping[str, Any]]]:
+    return [(s, a.state) for s, a in sorted(c.acks.items())
+            if s.operator == pipeline.operator_uid and "table_version" in a.state]
+
+
+def operator_state(warehouse: str, pipeline: Pipeline, checkpoint_id: int | None = None, *,
+                   key: str | None = None, limit: int = 20) -> dict[str, Any]:
+    """The keyed state of ``pipeline``'s operator at the checkpoint (default: the latest): per
+    subtask its key groups, the state table version its ack pinned and how many keys it holds
+    there, and the first ``limit`` rows by key (only key ``key``'s when given, compared as text),
+    each with its ``subtask``."""
+    if not pipeline.keyed:
+        raise ValueError(
+            f"operator {pipeline.operator_uid!r} of pipeline {pipeline.name!r} is stateless "
+            f"({pipeline.partitioning} partitioning): it has no keyed state to show")
+    c = checkpoint(warehouse, pipeline, checkpoint_id)
+    acks = _keyed_acks(pipeline, c)
+    if not acks:
+        raise NoCheckpointError(f"checkpoint {c.checkpoint_id} holds no state of operator {pipeline.operator_uid!r}")
+    path = state_table(checkpoint_root(warehouse, pipeline.name), pipeline.operator_uid)
+    match = "true" if key is None else f"cast({_quote(pipeline.key)} as varchar) = {_literal(key)}"
+    subtasks, rows, total = [], [], 0
+    tables: dict[int, DeltaTable | None] = {}
+    for sid, state in acks:
+        version = int(state["table_version"])
+        if version not in tables:
+            tables[version] = _pinned(path, version, c)
+        dt = tables[version]
+        lo, hi = (int(k) for k in state["key_groups"])
+        where = f"{KEY_GROUP} between {lo} and {hi} and {match}"
+        n = _count(dt, where)
+        subtasks.append({"subtask": sid.index, "key_groups": [lo, hi], "table_version": version, "keys": n})
+        total += n
+        if dt is not None and n:  # each subtask's first ``limit`` by key: the first ``limit`` of all are among them
+            for row in _query(dt, f"select * from t where {where} order by {_quote(pipeline.key)} "
+                                  f"limit {int(limit)}").to_pylist():
+                row.pop(TTL_COLUMN, None)  # hidden: the operator never sees it
+                rows.append({**row, "subtask": sid.index})
+    rows.sort(key=lambda r: str(r.get(pipeline.key)))
+    return {**_checkpoint_fields(pipeline, c), "operator": pipeline.operator_uid, "key_column": pipeline.key,
+            "key": key, "table": str(path), "subtasks": subtasks, "keys": total, "limit": limit,
+            "shown": len(rows[:limit]), "rows": rows[:limit]}
+
+
+def channel_state(warehouse: str, pipeline: Pipeline, checkpoint_id: int | None = None, *,
+                  limit: int = 20) -> dict[str, Any]:
+    """The records in flight at the checkpoint (logged by unaligned snapshots): per receiving
+    subtask how many its ack counted, and the first ``limit`` of them."""
+    c = checkpoint(warehouse, pipeline, checkpoint_id)
+    logged = [{"subtask": str(s), "rows": a.channel_state_rows, "bytes": a.channel_state_bytes}
+              for s, a in sorted(c.acks.items()) if a.channel_state_rows]
+    rows: list[dict[str, Any]] = []
+    dt = _table(channel_state_table(checkpoint_root(warehouse, pipeline.name))) if logged else None
+    if dt is not None:
+        rows = _query(dt, f"select * from t where checkpoint_id = {int(c.checkpoint_id)} limit {int(limit)}").to_pylist()
+    return {**_checkpoint_fields(pipeline, c), "subtasks": logged, "records": sum(s["rows"] for s in logged),
+            "limit": limit, "shown": len(rows), "rows": rows}
+
+
+def handles(warehouse: str, pipeline: Pipeline, checkpoint_id: int | None = None) -> dict[str, Any]:
+    """The small per-subtask handles: each source subtask's offset, each sink subtask's
+    transactions (the current one and those the checkpoint owns)."""
+    c = checkpoint(warehouse, pipeline, checkpoint_id)
+    return {**_checkpoint_fields(pipeline, c),
+            "sources": {str(s): dict(a.state) for s, a in sorted(c.acks.items()) if s.operator == "source"},
+            "sinks": {str(s): a.state[SINK_STATE_KEY] for s, a in sorted(c.acks.items()) if SINK_STATE_KEY in a.state}}
+
+
+# --- recovery preview --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SinkPreview:
+    name: str
+    table: str
+    mode: str
+    version_now: int | None
+    """The table's newest version; None: the table does not exist yet."""
+    version_after: int | None
+    """The version the rollback restores (-1: before our first commit, the table emptied); None:
+    nothing to roll back."""
+    rows_now: int
+    rows_after: int
+    commits_undone: int
+    """The pipeline's commits after ``version_after`` (what the rollback takes back)."""
+    recommit: tuple[str, ...]
+    """The handles of the transactions the restored checkpoint owns of this sink."""
+    committed: bool
+    """Whether those already landed (the table's newest stamp reaches the checkpoint): nothing to write."""
+    abort: tuple[str, ...]
+
+    @property
+    def rows_discarded(self) -> int:
+        return max(self.rows_now - self.rows_after, 0) if self.version_after is not None else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "table": self.table, "mode": self.mode, "version_now": self.version_now,
+                "version_after": self.version_after, "rows_now": self.rows_now, "rows_after": self.rows_after,
+                "rows_discarded": self.rows_discarded, "commits_undone": self.commits_undone, "recommit": list(self.recommit),
+                "recommit_committed": self.committed, "abort": list(self.abort)}
+
+
+@dataclass(frozen=True)
+class OperatorPreview:
+    operator: str
+    table: str
+    version_now: int | None
+    versions: tuple[int, ...]
+    """The state table versions the subtasks' acks pinned (what the restore brings back)."""
+    key_groups: tuple[int, int]
+    subtasks: int
+    keys: int
+    state_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"operator": self.operator, "table": self.table, "version_now": self.version_now,
+                "versions_restored": list(self.versions), "key_groups": list(self.key_groups),
+                "subtasks": self.subtasks, "keys": self.keys, "state_bytes": self.state_bytes}
+
+
+@dataclass(frozen=True)
+class SourcePreview:
+    table: str
+    offset: Any
+    """The source version the checkpoint's acks name (its offset: every version up to it was read)."""
+    version_now: int | None
+    rows_to_replay: int | None
+    """Rows the versions after the offset hold (None: not counted: a landing folder's manifest, or
+    a commit file is gone)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"table": self.table, "offset": self.offset, "version_now": self.version_now,
+                "rows_to_replay": self.rows_to_replay}
+
+
+@dataclass(frozen=True)
+class RecoveryPreview:
+    """A recovery plan (:class:`~checkpoint_lib.core.recovery.RecoveryPlan`, what the runner does)
+    with the tables it touches read: per sink the version now and the one a rollback restores
+    with the rows it discards, per operator the state restored, per source the offset and the rows
+    to replay. What ``ckpt recover --dry-run`` and the recover DAG's dry run print."""
+
+    pipeline: str
+    plan: RecoveryPlan
+    sinks: tuple[SinkPreview, ...] = ()
+    operators: tuple[OperatorPreview, ...] = ()
+    sources: tuple[SourcePreview, ...] = ()
+    channel_state: Mapping[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        c, plan = self.plan.checkpoint, self.plan
+        return {
+            "pipeline": self.pipeline, "checkpoint_id": plan.checkpoint_id, "kind": c.kind.value if c else None,
+            "completed_at": c.completion_time if c else None, "new_epoch": plan.new_epoch,
+            "rollback_after": plan.rollback_after,
+            "sinks": [s.to_dict() for s in self.sinks], "operators": [o.to_dict() for o in self.operators],
+            "sources": [s.to_dict() for s in self.sources], "channel_state": dict(self.channel_state),
+            "orphans_aborted": [t.handle for t in plan.orphans],
+        }
+
+    def describe(self) -> str:
+        plan, c = self.plan, self.plan.checkpoint
+        if c is None:
+            lines = [f"recovery of {self.pipeline}: no completed checkpoint, start from scratch as epoch {plan.new_epoch}"]
+        else:
+            lines = [f"recovery of {self.pipeline}: restore {c.kind.value} {c.checkpoint_id} (completed {_when(c)}) "
+                     f"as epoch {plan.new_epoch}"]
+        if plan.rollback_after is not None:
+            back = f"what checkpoint {plan.rollback_after} committed" if plan.rollback_after else "before their first commit"
+            lines.append(f"sinks: rolled back to {back}, then the checkpoint's transactions re-committed")
+        else:
+            lines.append("sinks: nothing committed after the checkpoint; its transactions re-committed")
+        width = max((len(s.name) for s in self.sinks), default=0)
+        for s in self.sinks:
+            lines.append(f"  {s.name:<{width}}  {_sink_line(s)}")
+        if self.operators:
+            lines.append("operators: state restored")
+        for o in self.operators:
+            pinned = ", ".join(str(v) for v in o.versions)
+            lines.append(f"  {o.operator}  restores state table {'version' if len(o.versions) == 1 else 'versions'} "
+                         f"{pinned} (now at {_version(o.version_now)}): {o.keys:,} keys in key groups "
+                         f"{o.key_groups[0]}..{o.key_groups[1]} over {o.subtasks} subtasks ({_bytes(o.state_bytes)})")
+        if self.sources:
+            lines.append("sources: replayed from the checkpoint's offsets")
+        for src in self.sources:
+            rows = "rows not counted" if src.rows_to_replay is None else \
+                f"{src.rows_to_replay:,} rows to replay"
+            lines.append(f"  {src.table}  after version {src.offset} up to version {_version(src.version_now)}: {rows}")
+        if self.channel_state:
+            total = sum(self.channel_state.values())
+            lines.append(f"channel state: {total:,} in-flight records replayed first "
+                         f"({', '.join(f'{s}: {n:,}' for s, n in self.channel_state.items())})")
+        if plan.orphans:
+            lines.append(f"abort {len(plan.orphans)} open transactions no restored sink knows of")
+        return "\n".join(lines)
+
+
+def _version(v: int | None) -> str:
+    return "(none yet)" if v is None else str(v)
+
+
+def _bytes(n: int) -> str:
+    from ..history import human_bytes
+
+    return human_bytes(n)
+
+
+def _sink_line(s: SinkPreview) -> str:
+    if s.version_now is None:
+        where = f"{s.table}: no table yet"
+    elif s.version_after is None:
+        where = f"{s.table} version {s.version_now} kept ({s.rows_now:,} rows)"
+    else:
+        after = "emptied" if s.version_after < 0 else f"version {s.version_after}"
+        undone = f"{s.commits_undone} {'commit' if s.commits_undone == 1 else 'commits'} undone"
+        what = f"{s.rows_discarded:,} discarded" if s.mode == "append" else \
+            f"{undone}, {s.rows_discarded:,} rows fewer"  # an upsert's commits change rows too
+        where = f"{s.table} version {s.version_now} -> {after}: {s.rows_now:,} rows -> {s.rows_after:,} ({what})"
+    recommit = "" if not s.recommit else \
+        f"; re-commit {len(s.recommit)} transactions" + (" (already landed: nothing to write)" if s.committed else "")
+    abort = f"; abort {len(s.abort)} uncommitted" if s.abort else ""
+    return where + recommit + abort
+
+
+def _stamped_commits(target: Any, prefix: str, after: int, upto: int) -> int:
+    """How many commits of versions ``after+1 .. upto`` carry a stamp starting with ``prefix``."""
+    from .log import _actions
+
+    return sum(1 for v in range(after + 1, upto + 1)
+               if any("txn" in a and str(a["txn"].get("appId", "")).startswith(prefix) for a in _actions(target, v)))
+
+
+def _newest_stamp(target: Any, prefix: str, upto: int) -> int | None:
+    """The checkpoint of the newest commit at or below version ``upto`` stamped by ``prefix``
+    (walking the log back), or None."""
+    from .log import _actions
+
+    for version in range(upto, -1, -1):
+        try:
+            stamps = [int(a["txn"]["version"]) & _SEQUENCE for a in _actions(target, version)
+                      if "txn" in a and str(a["txn"].get("appId", "")).startswith(prefix)]
+        except MissingLogError:
+            return None
+        if stamps:
+            return max(stamps)
+    return None
+
+
+def _sink_preview(warehouse: str, pipeline: Pipeline, name: str, plan: RecoveryPlan) -> SinkPreview:
+    spec = pipeline.sinks[name]
+    target = location(warehouse) / spec.path
+    prefix = stamp_prefix(pipeline.name, name)
+    now = latest_version(target)
+    after = None
+    if now is not None and plan.rollback_after is not None:
+        try:
+            after = version_before_txn_above(target, prefix, plan.rollback_after)
+        except MissingLogError:
+            after = None
+    rows_now = _count(_table(target)) if now is not None else 0
+    rows_after = rows_now if after is None else (0 if after < 0 else _count(_table(target, after)))
+    undone = 0 if after is None else _stamped_commits(target, prefix, after, now)
+    recommit = plan.recommit_of(name)
+    kept = now if after is None else after  # what the table holds when the re-commit runs
+    stamp = _newest_stamp(target, prefix, kept) if (recommit and kept is not None and kept >= 0) else None
+    committed = bool(recommit) and stamp is not None and stamp >= (plan.checkpoint_id or 0)
+    aborts = sorted({t.handle for s, rec in plan.sinks.items() if s.sink == name for t in rec.abort})
+    return SinkPreview(name, spec.path, spec.mode, now, after, rows_now, rows_after, undone,
+                       tuple(t.handle for t in recommit), committed, tuple(aborts))
+
+
+def _operator_preview(warehouse: str, pipeline: Pipeline, c: CompletedCheckpoint) -> OperatorPreview | None:
+    acks = _keyed_acks(pipeline, c)
+    if not acks:
+        return None
+    path = state_table(checkpoint_root(warehouse, pipeline.name), pipeline.operator_uid)
+    keys, tables = 0, {}
+    for _sid, state in acks:
+        version = int(state["table_version"])
+        if version not in tables:
+            tables[version] = _pinned(path, version, c)
+        lo, hi = (int(k) for k in state["key_groups"])
+        keys += _count(tables[version], f"{KEY_GROUP} between {lo} and {hi}")
+    spans = [tuple(int(k) for k in state["key_groups"]) for _s, state in acks]
+    return OperatorPreview(
+        pipeline.operator_uid, str(path), latest_version(path), tuple(sorted(tables)),
+        (min(lo for lo, _ in spans), max(hi for _, hi in spans)), len(acks), keys,
+        sum(c.acks[s].state_size_bytes for s, _ in acks))
+
+
+def _source_preview(warehouse: str, pipeline: Pipeline, c: CompletedCheckpoint) -> SourcePreview | None:
+    offsets = sorted({a.state.get("version") for s, a in c.acks.items() if s.operator == "source"} - {None})
+    if not offsets or pipeline.source_spec is None:
+        return None
+    offset = min(offsets)  # every source subtask shares the offset
+    if isinstance(pipeline.source_spec, DeltaSource):
+        table, shown = location(warehouse) / pipeline.source_spec.path, pipeline.source_spec.path
+    else:  # a landing folder: its manifest table's version is the offset
+        table, shown = source_manifest(checkpoint_root(warehouse, pipeline.name)), f"{pipeline.source_spec.path} (manifest)"
+    now = latest_version(table)
+    rows: int | None = None  # a manifest's versions add files, whose rows nobody counted yet
+    if isinstance(pipeline.source_spec, DeltaSource):
+        try:
+            rows = StepPlanner(table).rows_between(int(offset), now) if now is not None else 0
+        except (MissingLogError, ValueError):
+            rows = None
+    return SourcePreview(shown, offset, now, rows)
+
+
+def recovery_preview(warehouse: str, pipeline: Pipeline | str, checkpoint_id: int | None = None,
+                     plan: RecoveryPlan | None = None) -> RecoveryPreview:
+    """What a recovery of ``pipeline`` to ``checkpoint_id`` (None: the latest completed, or the one
+    an owed rollback names) would do, with the tables it touches read (read-only; the store's
+    :meth:`~checkpoint_lib.delta.store.DeltaCheckpointStore.recovery_plan` is the plan)."""
+    if isinstance(pipeline, str):
+        from ..pipelines import get
+
+        pipeline = get(pipeline)
+    warehouse = warehouse_location(warehouse)
+    if plan is None:
+        plan = _store(warehouse, pipeline.name).recovery_plan(checkpoint_id)
+    c = plan.checkpoint
+    sinks = tuple(_sink_preview(warehouse, pipeline, name, plan) for name in pipeline.sinks)
+    if c is None:
+        return RecoveryPreview(pipeline.name, plan, sinks)
+    operator = _operator_preview(warehouse, pipeline, c) if pipeline.keyed else None
+    source = _source_preview(warehouse, pipeline, c)
+    channel = {str(s): c.acks[s].channel_state_rows for s in plan.replay_channel_state}
+    return RecoveryPreview(pipeline.name, plan, sinks, (operator,) if operator else (), (source,) if source else (),
+                           channel)
