@@ -152,6 +152,16 @@ class Killed(RuntimeError):
     pass
 
 
+def refusal(exc: BaseException) -> str | None:
+    """The name of the clear refusal ``exc`` is (one of :data:`REFUSALS`; a sink commit that failed
+    with one is reported as a ``CommitError`` holding it), or None."""
+    name = type(exc).__name__
+    if name in REFUSALS:
+        return name
+    inner = {type(e).__name__ for _, e in getattr(exc, "errors", None) or []}
+    return inner.pop() if name == "CommitError" and len(inner) == 1 and inner <= set(REFUSALS) else None
+
+
 def operate(spark, warehouse: str, operation: str, target: str) -> None:
     for table in TARGETS[target]:
         OPERATIONS[operation][1](spark, f"{warehouse}/{table}")
@@ -242,19 +252,18 @@ def run_cell(spark, warehouse: str | Path, cell: Cell, prefixes: dict[str, Path]
             try:
                 r.run()
             except Exception as exc:  # noqa: BLE001 - a refusal may pass (the next run recovers); else classified below
-                if type(exc).__name__ not in REFUSALS:
+                if refusal(exc) is None:
                     raise
-                out.extra["first run refused"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+                out.extra["first run refused"] = f"{refusal(exc)}: {str(exc)[:500]}"
         else:
             op()
         runner().run()  # the recovery, or whatever is left to do (as an Airflow retry would)
     except Exception as exc:  # noqa: BLE001 - classified below
-        name = type(exc).__name__
         out.seconds = time.monotonic() - started
-        if name in REFUSALS:
-            out.result, out.detail = "refused", f"{name}: {exc}"
+        if refusal(exc) is not None:
+            out.result, out.detail = "refused", f"{refusal(exc)}: {exc}"
         else:
-            out.result, out.detail = "FAILED", f"{name}: {str(exc)[:2000]}"
+            out.result, out.detail = "FAILED", f"{type(exc).__name__}: {str(exc)[:2000]}"
         return out
     out.result, out.detail = check(spark, w, cell)
     out.seconds = time.monotonic() - started
