@@ -1,11 +1,13 @@
 """README's "Your first pipeline" runs as written: its Python blocks are saved under the names their
 first line gives (``# file: myflows.py``) in an empty folder, its shell block runs there line by
-line with this environment's ``ckpt`` and ``python``, and the outputs are what the text promises."""
+line (``python`` lines with this environment's ``python``, ``ckpt`` lines through the ``ckpt``
+entry point), and the outputs are what the text promises."""
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -40,19 +42,40 @@ def test_the_tutorial_blocks_are_found():
                                                  ["ckpt", "checkpoints"]]
 
 
-def test_your_first_pipeline_runs_as_written(tmp_path):
+def test_your_first_pipeline_runs_as_written(spark, tmp_path, monkeypatch, capsys):
+    """The ``ckpt`` lines go through the CLI's entry point (what the ``ckpt`` console script calls)
+    in this process, as from the folder: its Spark session is this run's, warm, instead of a JVM
+    started per line (tests/crash/test_object_store.py runs ``ckpt run`` as a process of its own).
+    Nothing of this checkout's folder is on the path the ``python`` lines get."""
+    from checkpoint_lib import cli, pipelines
+
     files, commands = tutorial()
     for name, body in files.items():
         (tmp_path / name).write_text(body)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "CKPT_SPARK_MASTER": "local[2]", "CKPT_SPARK_UI": "0"}
     env.pop("PYTHONPATH", None)  # the user's folder, nothing of this checkout's
-    for command in commands:
-        done = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=TIMEOUT)
-        assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-        if command.startswith("ckpt validate"):
-            assert "passed" in done.stdout.lower(), done.stdout
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the CLI adds the folder to import myflows from
+    monkeypatch.setattr(pipelines, "_loaded", {})  # "visits" is known by its reference for this test only
+    assert "myflows" not in sys.modules
+    try:
+        for command in commands:
+            argv = shlex.split(command, comments=True)
+            if argv[0] == "ckpt":
+                code = cli.main(argv[1:])
+                captured = capsys.readouterr()
+                out = captured.out
+                assert code == 0, f"{command}\n{out[-3000:]}\n{captured.err[-3000:]}"
+            else:
+                done = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True,
+                                      timeout=TIMEOUT)
+                assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+                out = done.stdout
+            if command.startswith("ckpt validate"):
+                assert "passed" in out.lower(), out
+    finally:
+        sys.modules.pop("myflows", None)
     visitors = read_delta(tmp_path / "wh" / "gold" / "visitors").sort_values("visitor")
     assert list(visitors["visitor"]) == [f"u{i}" for i in range(7)]
     assert list(visitors["visits"]) == [len(range(i, 100, 7)) for i in range(7)]

@@ -169,7 +169,9 @@ def test_the_demo_runs_against_the_object_store(s3, tmp_path):
 def test_a_landing_folder_on_s3_is_read_once_and_its_bad_lines_dead_lettered(spark, s3):
     """The folder source on a bucket prefix: files listed from the objects (a temporary name is
     ignored until it is "renamed", i.e. put under its final name), registered in a manifest on S3,
-    read by Spark through S3A; a file landing later is read alone."""
+    read by Spark through S3A, exactly once; unparsable lines, wrong types and null keys
+    dead-lettered with their offsets; a file landing later is read alone, by the stages run as
+    separate runs."""
     import json
 
     from storage import put
@@ -180,22 +182,37 @@ def test_a_landing_folder_on_s3_is_read_once_and_its_bad_lines_dead_lettered(spa
 
     use_warehouse(spark, s3)
     folder = location(s3) / "landing" / "payment_files"
-    first, second = events("f1", 30), events("f2", 20)
-    put(folder / "part-001.json", ("\n".join([json.dumps(e) for e in first] + ["{not json"]) + "\n").encode())
+    first, second = events("f1", 40), events("f2", 30)
+    put(folder / "part-001.json", ("\n".join([json.dumps(e) for e in first] + [
+        "{not json",                                                              # unparsable
+        json.dumps({"event_id": "x1", "account": "a1", "amount_cents": "abc"}),  # wrong type
+        json.dumps({"event_id": "x2", "account": None, "amount_cents": 5}),      # null account
+    ]) + "\n").encode())
     put(folder / "part-002.json", ("\n".join(json.dumps(e) for e in second) + "\n").encode())
     put(folder / ".part-003.json.inprogress", b"{half a file")
 
-    def run():
-        return PipelineRunner(folder_payments(), s3, spark, rows_per_checkpoint=20).run()
+    def run(**kw):
+        return PipelineRunner(folder_payments(), s3, spark, rows_per_checkpoint=20, **kw).run()
+
+    def balances():
+        return {r.account: (r.balance_cents, r.event_count) for r in read_delta(f"{s3}/gold/files_balances").itertuples()}
 
     run()
-    balances = read_delta(f"{s3}/gold/files_balances")
-    assert {r.account: (r.balance_cents, r.event_count) for r in balances.itertuples()} == expected(first + second)
-    dlq = read_delta(f"{s3}/dlq/payment_files")
-    assert list(dlq["src_file"]) == ["part-001.json"] and list(dlq["src_row"]) == [30]
-    third = events("f3", 15)
+    assert balances() == expected(first + second)
+    ledger = read_delta(f"{s3}/gold/files_ledger")
+    assert sorted(ledger["event_id"]) == sorted(e["event_id"] for e in first + second)
+    dlq = read_delta(f"{s3}/dlq/payment_files").sort_values("src_row")
+    assert list(dlq["src_file"]) == ["part-001.json"] * 3 and list(dlq["src_row"]) == [40, 41, 42]
+    errors = list(dlq["error"])
+    assert errors[0].startswith("unparsable row: {not json")
+    assert errors[1].startswith("wrong type for amount_cents")
+    assert errors[2] == "null or empty account"
+
+    # a new file, in separate stage runs: only it is read, nothing twice
+    third = events("f3", 25)
     put(folder / "part-004.json", ("\n".join(json.dumps(e) for e in third) + "\n").encode())
-    run()
+    assert run(stage="source").restored is None
+    run(stage="keyed")
     assert len(read_delta(f"{s3}/gold/files_ledger")) == len(first + second + third)
-    balances = read_delta(f"{s3}/gold/files_balances")
-    assert {r.account: (r.balance_cents, r.event_count) for r in balances.itertuples()} == expected(first + second + third)
+    assert balances() == expected(first + second + third)
+    assert len(read_delta(f"{s3}/dlq/payment_files")) == 3

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from deltalake import DeltaTable
@@ -132,8 +135,7 @@ def resume_points(store: DeltaCheckpointStore, epoch: int) -> dict:
     return out
 
 
-@pytest.fixture
-def world(warehouse):
+def build_world(warehouse) -> Pipeline:
     p = Pipeline(warehouse)
     savepoint = None
     for i in range(14):
@@ -145,6 +147,53 @@ def world(warehouse):
             p.run()
     p.savepoint = savepoint
     p.run(complete=False)  # a checkpoint in flight (pending, its source ack recorded)
+    return p
+
+
+def copy_tree(source, target) -> None:
+    """Every file under ``source`` to the same place under ``target`` (a local folder: with its
+    times; an object-store prefix: server-side copies)."""
+    if isinstance(source, Path):
+        shutil.copytree(source, target, dirs_exist_ok=True)
+        return
+    import obstore
+
+    from checkpoint_lib.objectstore import _store
+
+    files = list(files_at(source).walk(source))
+    assert files, source
+    bucket = f"s3://{urlsplit(source).netloc}"
+    store = _store(bucket, None)
+    key = lambda uri: urlsplit(uri).path.strip("/")  # noqa: E731
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda f: obstore.copy(store, key(f), key(target / f[len(source) + 1:])), files))
+
+
+@pytest.fixture(scope="module")
+def world_templates():
+    """One world per kind of storage, built the first time a test of this module asks for it (on
+    S3 a world is ~15 s of small commits); every test gets its own copy."""
+    return {}
+
+
+@pytest.fixture
+def world(warehouse, world_templates, tmp_path_factory):
+    """15 hourly runs of the pipeline: 12 completed checkpoints, a savepoint (run 3), an aborted
+    one (run 6), and one in flight (pending, its source ack recorded). Built once per storage in
+    a place of its own, then copied to this test's warehouse (the tests change it)."""
+    kind = "posix" if isinstance(warehouse, Path) else "s3"
+    if kind not in world_templates:
+        place = tmp_path_factory.mktemp("world") if kind == "posix" else warehouse.parent / f"{warehouse.name}-world"
+        world_templates[kind] = build_world(place)
+    template = world_templates[kind]
+    copy_tree(template.warehouse, warehouse)
+    p = Pipeline.__new__(Pipeline)
+    p.warehouse = location(warehouse)
+    p.root = p.warehouse / "_checkpoints" / "payments"
+    p.files = files_at(p.root)
+    p.store = DeltaCheckpointStore.open(p.root, retained=3, epoch=template.epoch)
+    p.requests = CheckpointRequests(p.root)
+    p.epoch, p.sessions, p.savepoint = template.epoch, dict(template.sessions), template.savepoint
     return p
 
 

@@ -92,6 +92,8 @@ def test_data_docs_index_exists_and_names_the_latest_run(healthy):
         assert (docs / "expectations" / "payments" / "after_restore" / f"{view}.html").is_file(), view
 
 
+@pytest.mark.slow  # ~12 s; CI tier: a real (unaligned) checkpoint passes it in tests/spark/test_inflight.py, and the
+# views and the progress steps are checked on the constructed cut of test_a_missing_channel_state_segment_fails
 def test_per_checkpoint_suite_passes_on_the_healthy_run(spark, healthy, tmp_path):
     w = _copy(healthy, tmp_path)
     steps = []
@@ -231,8 +233,13 @@ def test_a_missing_channel_state_segment_fails(spark, healthy, tmp_path):
 
     w = _copy(healthy, tmp_path)
     cid, cs_path = _unaligned_snapshot(spark, w)
-    ok = validate_checkpoint(spark, "payments", str(w), cid)  # the constructed cut is consistent
+    steps = []
+    ok = validate_checkpoint(spark, "payments", str(w), cid,  # the constructed cut is consistent
+                             progress=lambda step, view: steps.append((step, view)))
     assert ok.success and ok.metrics["channel_state_segments"] == 2, ok.summary(verbose=True)
+    views = ["subtasks", "channel_state", "conservation"]
+    assert {o.view for o in ok.outcomes} == set(views)
+    assert steps == [("computed", v) for v in views] + [("validated", v) for v in views]  # what the CLI's bar shows
     DeltaTable.forPath(spark, cs_path).delete(f"checkpoint_id = {cid} AND sender = 1")
     with pytest.raises(QualityCheckFailed) as err:
         validate_checkpoint(spark, "payments", str(w), cid)
