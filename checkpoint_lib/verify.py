@@ -71,9 +71,15 @@ def landing_in_offset_order(warehouse: str, upto: int | None = None) -> pd.DataF
 
 
 def read_delta(path: str | Path) -> pd.DataFrame:
-    from deltalake import DeltaTable
+    """A Delta table as pandas, with delta-rs (deletion vectors honoured: read through its SQL engine,
+    since its pyarrow reader refuses them)."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, QueryBuilder
 
-    return DeltaTable(str(path)).to_pandas()
+    dt = DeltaTable(str(path))
+    if "deletionVectors" in (dt.protocol().reader_features or []):
+        return pa.table(QueryBuilder().register("t", dt).execute("select * from t")).to_pandas()
+    return dt.to_pandas()
 
 
 def expected_payments(landing: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:

@@ -265,7 +265,10 @@ def run_cell(spark, warehouse: str | Path, cell: Cell, prefixes: dict[str, Path]
         else:
             out.result, out.detail = "FAILED", f"{type(exc).__name__}: {str(exc)[:2000]}"
         return out
-    out.result, out.detail = check(spark, w, cell)
+    try:
+        out.result, out.detail = check(spark, w, cell)
+    except Exception as exc:  # noqa: BLE001 - the outputs could not be read: the cell failed
+        out.result, out.detail = "FAILED", f"checking the outputs: {type(exc).__name__}: {str(exc)[:2000]}"
     out.seconds = time.monotonic() - started
     return out
 

@@ -517,8 +517,9 @@ class DeltaTwoPhaseSink:
                 f"--checkpoint {holds}: the sinks are rolled back to it and the replay writes the rest again)"
                 if holds >= 1 else "start the pipeline over into new tables")
         raise SinkTableRewoundError(
-            f"sink {self.name}: {self.target} was RESTOREd to {to} by version {restore.version}, which holds what "
-            f"checkpoint {holds if holds >= 1 else 'none'} committed, while checkpoint {stamped} is committed to it: the "
+            f"sink {self.name}: {self.target} was RESTOREd to {to} by version {restore.version}, which holds "
+            f"{f'what checkpoint {holds} committed' if holds >= 1 else 'nothing the pipeline committed'}, while "
+            f"checkpoint {stamped} is committed to it: the "
             f"rows of the checkpoints in between are gone from it and the pipeline's state counts them. Nothing was "
             f"written. Either undo the RESTORE (RESTORE TABLE delta.`{self.target}` TO VERSION AS OF "
             f"{restore.version - 1}), or {keep}."
