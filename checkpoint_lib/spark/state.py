@@ -23,10 +23,10 @@ from pyspark.sql import types as T
 
 from ..core.keygroups import DEFAULT_MAX_PARALLELISM
 from ..pipeline import DELETE, TTL_COLUMN, StateTtl
+from ..reserved import KEY_GROUP, temporary
 from . import tables
 
-KEY_GROUP = "key_group"
-FIRST_RECORD = "_ttl_first"
+FIRST_RECORD = temporary("ttl_first")
 """In the rows a flush hands to a MERGE of state with a TTL: the event time of the key's earliest
 record in the flush (what decides whether its stored state expired)."""
 

@@ -296,3 +296,13 @@ def version(spark: SparkSession, path: str) -> int:
     if v is None:
         raise FileNotFoundError(f"no Delta table at {path}")
     return v
+
+
+def columns_of(path: str) -> list[str] | None:
+    """The top-level column names of the Delta table at ``path`` (None: no table there), from its
+    log (delta-rs), with no Spark job."""
+    if not is_delta_table(path):
+        return None
+    from deltalake import DeltaTable
+
+    return [f.name for f in DeltaTable(path).schema().fields]
