@@ -240,13 +240,13 @@ def snapshot_state(ctx: Context, acks: list[dict[str, Any]]) -> DataFrame:
     return df
 
 
-def channel_state_rows(ctx: Context, checkpoint_id: int) -> DataFrame | None:
+def channel_state_rows(ctx: Context, checkpoint_id: int, record: bool = True) -> DataFrame | None:
     path = str(channel_state_table(ctx.root))
     if not delta_log.is_delta_table(path):
         return None
     from ..spark.channels import read_channel_state
 
-    return read_channel_state(ctx.spark, path, checkpoint_id)
+    return read_channel_state(ctx.spark, path, checkpoint_id, record)
 
 
 def source_records(ctx: Context, valid: DataFrame) -> DataFrame:
@@ -493,7 +493,7 @@ def checkpoint_views(ctx: Context, facts: CheckpointFacts) -> dict[str, DataFram
     meta = ctx.spark.createDataFrame(
         rows, "subtask string, operator string, subtask_index int, acked boolean, sizes_recorded boolean, key_groups_ok boolean, "
               "channel_state_rows_recorded long")
-    channel = channel_state_rows(ctx, facts.checkpoint_id)
+    channel = channel_state_rows(ctx, facts.checkpoint_id, record=False)  # where each record was: ours only
     views: dict[str, DataFrame] = {}
     if channel is None:
         found = ctx.spark.createDataFrame([], "receiver int, channel_state_rows_found long")
@@ -528,7 +528,7 @@ def checkpoint_views(ctx: Context, facts: CheckpointFacts) -> dict[str, DataFram
         if channel is None:
             chan = ctx.spark.range(1).select(*[F.lit(0).cast("long").alias(f"channel_{c}") for c in aggs])
         else:
-            chan = channel_records(ctx, channel, True).agg(*[agg().alias(f"channel_{c}") for c, agg in aggs.items()])
+            chan = channel_records(ctx, channel_state_rows(ctx, facts.checkpoint_id), True).agg(*[agg().alias(f"channel_{c}") for c, agg in aggs.items()])
         one = source.crossJoin(state).crossJoin(chan)
         per_quantity = [
             one.select(

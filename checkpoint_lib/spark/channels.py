@@ -54,7 +54,7 @@ def nests_records(path: str, ours: Sequence[str], record: Sequence[str], what: s
     earlier version's). A flat table a column of ``record`` would meet is refused, naming it and
     ``fix``: the earlier layout cannot hold such a record."""
     have = tables.columns_of(path)
-    if have is None or set(have) == {*ours, RECORD}:
+    if have is None or (set(have) == {*ours, RECORD} and have[RECORD] == "struct"):
         return True
     clash = [c for c in record if c in ours]
     if clash:
@@ -279,13 +279,16 @@ class ChannelStateTable:
         return df.select("sender", "receiver", *record)
 
 
-def read_channel_state(spark: SparkSession, path: str, checkpoint_id: int) -> DataFrame:
+def read_channel_state(spark: SparkSession, path: str, checkpoint_id: int, record: bool = True) -> DataFrame:
     """The records in flight that checkpoint ``checkpoint_id`` logged in the channel-state table at
     ``path``, whatever its layout: the record's columns, beside ``checkpoint_id``, ``receiver``,
     ``sender`` and ``seq`` (a record column of one of those names hides ours: ``sender`` and
-    ``receiver`` are reserved, the others are not). The one reader of that table outside the
-    runtime (the quality views, ``inspect``)."""
+    ``receiver`` are reserved, the others are not); without ``record``, those four only (always
+    ours: where each record was). The one reader of that table outside the runtime (the quality
+    views, ``inspect``)."""
     df = spark.read.format("delta").load(path).where(F.col("checkpoint_id") == checkpoint_id)
+    if not record:
+        return df.select(*[f.name for f in ChannelStateTable.OURS])
     if set(df.columns) != {*[f.name for f in ChannelStateTable.OURS], RECORD}:
         return df  # an earlier version's flat table
     fields = df.schema[RECORD].dataType.fieldNames()
