@@ -35,6 +35,7 @@ from typing import Any, Callable, Mapping, Protocol
 from .core.keygroups import DEFAULT_MAX_PARALLELISM, check_parallelism
 from .core.types import sink_operator
 from .layout import check_name as _check_name
+from .reserved import SINK_COLUMNS, SINK_SUBTASK, STATE_COLUMNS, check_columns  # noqa: F401 (SINK_SUBTASK: part of this API)
 from .schema import as_dict, columns
 
 _REL_PATH = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]*$")
@@ -143,9 +144,6 @@ class Bootstrap:
 FEEDBACK = "feedback"
 """The name under which an iterating keyed operator returns the records it sends to itself."""
 
-
-SINK_SUBTASK = "sink_subtask"
-"""The column of a record naming the operator subtask that received it (read-only to operators)."""
 
 DELETE = "_delete"
 """In the state a ``state_update = "replace"`` operator returns: a row with ``_delete`` true removes
@@ -286,6 +284,8 @@ class Pipeline:
 
     def source(self, source: DeltaSource | FolderSource, parallelism: int = 1) -> "Pipeline":
         check_parallelism(parallelism, self.max_parallelism)
+        check_columns(source.schema, f"pipeline {self.name!r}: source {source.path}",
+                      fix="leave it out of the source's schema or rename it in the source table")
         self.source_spec, self.source_parallelism = source, parallelism
         return self
 
@@ -314,6 +314,7 @@ class Pipeline:
         if not callable(fn):
             raise TypeError(f"map() needs a function DataFrame -> DataFrame, got {fn!r}")
         out = as_dict(schema, "map() schema") if schema is not None else self.record_schema
+        check_columns(out, f"pipeline {self.name!r}: map() output", fix="name the map()'s output column otherwise")
         self.transforms.append((fn, out))
         return self
 
@@ -327,6 +328,7 @@ class Pipeline:
 
     def key_by(self, key: str, parallelism: int = 1) -> "Pipeline":
         """Hash-partition by ``key`` (its key group) to a keyed, stateful operator."""
+        check_columns([key], f"pipeline {self.name!r}: key_by()", fix="key by a record column of another name")
         if self.source_spec is not None and key not in self.record_schema:
             raise ValueError(f"key {key!r} is not a column of the records ({sorted(self.record_schema)})")
         self._partition("hash", parallelism)
@@ -364,6 +366,8 @@ class Pipeline:
             raise TypeError(f"operator {uid!r} needs an apply() method (see KeyedOperator and Operator)")
         if self.key is not None:
             state = columns(getattr(operator, "state_schema", None) or (), f"operator {uid!r} state_schema")
+            check_columns([name for name, _ in state], f"operator {uid!r} state_schema", STATE_COLUMNS,
+                          fix="name the state column otherwise")
             if any(name in (self.key, DELETE) for name, _ in state):
                 raise ValueError(f"operator {uid!r} state_schema must not list the key {self.key!r} or {DELETE!r}")
             update = getattr(operator, "state_update", "add")
@@ -425,6 +429,8 @@ class Pipeline:
         """Records read once when the pipeline starts from scratch (see :class:`Bootstrap`)."""
         if self.source_spec is None:
             raise ValueError("bootstrap() needs a source() first")
+        check_columns(bootstrap.schema, f"pipeline {self.name!r}: bootstrap table {bootstrap.path}",
+                      fix="leave it out of the bootstrap's schema or rename it in that table")
         self.bootstrap_spec = bootstrap
         return self
 
@@ -482,6 +488,8 @@ class Pipeline:
 
     def sink(self, name: str, sink: DeltaSink) -> "Pipeline":
         _check_name("sink name", name)
+        check_columns([c for c, _ in sink.schema], f"pipeline {self.name!r}: sink {name!r} ({sink.path})", SINK_COLUMNS,
+                      fix="name the sink's column otherwise")
         if name in self.sinks:
             raise ValueError(f"sink {name!r} is declared twice")
         for other, declared in self.sinks.items():
@@ -523,6 +531,10 @@ class Pipeline:
             )
         if self.key is not None and self.key not in self.record_schema:
             raise ValueError(f"key {self.key!r} is not a column of the records ({sorted(self.record_schema)})")
+        # a declaration built without the fluent methods is checked here
+        check_columns(self.record_schema, f"pipeline {self.name!r}: records")
+        for name, sink in self.sinks.items():
+            check_columns([c for c, _ in sink.schema], f"pipeline {self.name!r}: sink {name!r} ({sink.path})", SINK_COLUMNS)
         for name, sink in self.sinks.items():
             if same_table(sink.path, self.source_spec.path):
                 raise ValueError(f"sink {name!r} writes {sink.path}, the pipeline's own source: a pipeline that reads its "

@@ -42,11 +42,12 @@ from ..core.twophase import Transaction
 from ..files import files_at
 from ..layout import below, location
 from ..objectstore import ObjectUri
+from ..reserved import HANDLE_COLUMN
 
 TXN_FILE = "txn.json"
 WRITE_PREFIX = "w-"
-HANDLE_COLUMN = "txn_handle"
-"""The column a flush's Spark write partitions by: each transaction's files in their own folder."""
+# HANDLE_COLUMN (checkpoint_lib.reserved): the column a flush's Spark write partitions by, each
+# transaction's files in their own folder.
 
 
 class PendingFilesLostError(RuntimeError):

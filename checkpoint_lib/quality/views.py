@@ -52,12 +52,12 @@ from ..delta.store import RESTORED, DeltaCheckpointStore
 from ..files import files_at
 from ..layout import channel_state_table, checkpoint_root, state_table
 from ..pipeline import DeltaSource, Pipeline
+from ..reserved import ERROR_COLUMN, KEY_GROUP
 from ..spark.tables import struct_type
 from .paths import inside
 from .result import QualityCheckError
 from .spec import QualitySpec
 
-KEY_GROUP = "key_group"
 
 
 @dataclass
@@ -173,7 +173,7 @@ def _empty(spark: SparkSession, schema: T.StructType) -> DataFrame:
 
 
 def source_rows(ctx: Context, version: int) -> DataFrame:
-    """The landing table as of ``version`` (the checkpoint's offset) with ``_error`` (null: valid)."""
+    """The landing table as of ``version`` (the checkpoint's offset) with :data:`~checkpoint_lib.reserved.ERROR_COLUMN` (null: valid)."""
     src = ctx.pipeline.source_spec
     if not isinstance(src, DeltaSource):
         raise QualityCheckError(f"the quality suites read Delta sources only; {ctx.pipeline.name!r} has {type(src).__name__}")
@@ -183,7 +183,7 @@ def source_rows(ctx: Context, version: int) -> DataFrame:
     else:
         df = ctx.spark.read.format("delta").option("versionAsOf", version).load(ctx.path(src.path)).select(*cols)
     error = src.validate(df) if src.validate is not None else F.lit(None).cast("string")
-    return df.withColumn("_error", error)
+    return df.withColumn(ERROR_COLUMN, error)
 
 
 def sink_at(ctx: Context, sink: str, checkpoint_id: int) -> DataFrame:
@@ -240,11 +240,13 @@ def snapshot_state(ctx: Context, acks: list[dict[str, Any]]) -> DataFrame:
     return df
 
 
-def channel_state_rows(ctx: Context, checkpoint_id: int) -> DataFrame | None:
+def channel_state_rows(ctx: Context, checkpoint_id: int, record: bool = True) -> DataFrame | None:
     path = str(channel_state_table(ctx.root))
     if not delta_log.is_delta_table(path):
         return None
-    return ctx.spark.read.format("delta").load(path).where(F.col("checkpoint_id") == checkpoint_id)
+    from ..spark.channels import read_channel_state
+
+    return read_channel_state(ctx.spark, path, checkpoint_id, record)
 
 
 def source_records(ctx: Context, valid: DataFrame) -> DataFrame:
@@ -292,7 +294,7 @@ def sink_view(sink: str) -> str:
 def restore_views(ctx: Context, facts: CheckpointFacts, restore: RestoreFacts | None) -> dict[str, DataFrame]:
     spec, key = ctx.spec, ctx.pipeline.key
     src = source_rows(ctx, facts.source_version)
-    valid = src.where(F.col("_error").isNull())
+    valid = src.where(F.col(ERROR_COLUMN).isNull())
     views: dict[str, DataFrame] = {}
 
     if spec.event_sink is not None and spec.event_id is not None:
@@ -357,8 +359,8 @@ def restore_views(ctx: Context, facts: CheckpointFacts, restore: RestoreFacts | 
 
     totals = src.agg(
         F.count(F.lit(1)).alias("source_rows"),
-        F.count(F.when(F.col("_error").isNull(), 1)).alias("valid_rows"),
-        F.count(F.when(F.col("_error").isNotNull(), 1)).alias("bad_rows"),
+        F.count(F.when(F.col(ERROR_COLUMN).isNull(), 1)).alias("valid_rows"),
+        F.count(F.when(F.col(ERROR_COLUMN).isNotNull(), 1)).alias("bad_rows"),
     )
     dlq = dead_letters(ctx, facts.source_version)
     if dlq is None:
@@ -491,7 +493,7 @@ def checkpoint_views(ctx: Context, facts: CheckpointFacts) -> dict[str, DataFram
     meta = ctx.spark.createDataFrame(
         rows, "subtask string, operator string, subtask_index int, acked boolean, sizes_recorded boolean, key_groups_ok boolean, "
               "channel_state_rows_recorded long")
-    channel = channel_state_rows(ctx, facts.checkpoint_id)
+    channel = channel_state_rows(ctx, facts.checkpoint_id, record=False)  # where each record was: ours only
     views: dict[str, DataFrame] = {}
     if channel is None:
         found = ctx.spark.createDataFrame([], "receiver int, channel_state_rows_found long")
@@ -520,13 +522,13 @@ def checkpoint_views(ctx: Context, facts: CheckpointFacts) -> dict[str, DataFram
 
     aggs = ctx.spec.aggregates
     if aggs:
-        src = source_records(ctx, source_rows(ctx, facts.source_version).where(F.col("_error").isNull()))
+        src = source_records(ctx, source_rows(ctx, facts.source_version).where(F.col(ERROR_COLUMN).isNull()))
         source = src.agg(*[agg().alias(f"source_{c}") for c, agg in aggs.items()])
         state = snapshot_state(ctx, facts.acks).agg(*[F.sum(c).cast("long").alias(f"state_{c}") for c in aggs])
         if channel is None:
             chan = ctx.spark.range(1).select(*[F.lit(0).cast("long").alias(f"channel_{c}") for c in aggs])
         else:
-            chan = channel_records(ctx, channel, True).agg(*[agg().alias(f"channel_{c}") for c, agg in aggs.items()])
+            chan = channel_records(ctx, channel_state_rows(ctx, facts.checkpoint_id), True).agg(*[agg().alias(f"channel_{c}") for c, agg in aggs.items()])
         one = source.crossJoin(state).crossJoin(chan)
         per_quantity = [
             one.select(

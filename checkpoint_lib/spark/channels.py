@@ -1,7 +1,8 @@
 """Persisted channels: a Delta log of records and barriers per (sender, receiver) subtask pair.
 
 One table holds every channel of one edge of the pipeline graph (e.g. ``source -> keyed``). Each
-row carries ``sender``, ``receiver``, a position ``seq`` and a ``kind``:
+row carries ``sender``, ``receiver``, a position ``seq``, a ``kind`` and the record, in one struct
+column :data:`~checkpoint_lib.reserved.RECORD` (so no column of a record ever meets ours):
 
 - ``data``: a record of the segment at ``seq`` (all rows of one segment share the position);
 - ``barrier``: the barrier of ``checkpoint_id`` at ``seq`` (one row per channel);
@@ -10,8 +11,13 @@ row carries ``sender``, ``receiver``, a position ``seq`` and a ``kind``:
 Positions increase along every channel. Readers learn what there is from :meth:`index` (one small
 aggregation, collected to the driver: it is metadata), hand segments to the barrier handlers as
 opaque records, and read the data of the segments they deliver with :meth:`read` (a Spark
-DataFrame, never collected). Recovery cuts everything after the restored positions
-(:meth:`truncate_after`); completed checkpoints let older positions go (:meth:`truncate_upto`).
+DataFrame, never collected: ``sender``, ``receiver`` and the record's columns). Recovery cuts
+everything after the restored positions (:meth:`truncate_after`); completed checkpoints let older
+positions go (:meth:`truncate_upto`).
+
+Tables written by an earlier version keep the record's columns beside ours ("flat"): an existing
+table's layout is read from its schema and kept (:func:`nests_records`), for the channel logs and
+the channel-state table alike (:class:`ChannelStateTable`).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from ..reserved import RECEIVER, RECORD, SENDER, ReservedColumnError
 from . import tables
 
 DATA, BARRIER, END = "data", "barrier", "end"
@@ -36,6 +43,31 @@ CONTROL_COLUMNS = [
     T.StructField("barrier_ts", T.DoubleType(), True),
     T.StructField("epoch", T.LongType(), False),
 ]
+
+
+CONTROL_NAMES = tuple(f.name for f in CONTROL_COLUMNS)
+
+
+def nests_records(path: str, ours: Sequence[str], record: Sequence[str], what: str, fix: str) -> bool:
+    """Whether the table at ``path`` keeps each record in the struct column :data:`RECORD` beside
+    ``ours`` (this version's layout, and what a new table gets) rather than flat beside them (an
+    earlier version's). A flat table a column of ``record`` would meet is refused, naming it and
+    ``fix``: the earlier layout cannot hold such a record."""
+    have = tables.columns_of(path)
+    if have is None or (set(have) == {*ours, RECORD} and have[RECORD] == "struct"):
+        return True
+    clash = [c for c in record if c in ours]
+    if clash:
+        raise ReservedColumnError(
+            f"{what} at {path} was written by an earlier version of checkpoint_lib, with the records' columns beside "
+            f"its own, and the records now have a column {clash[0]!r}, which is one of its own ({', '.join(ours)}). "
+            f"{fix}")
+    return False
+
+
+def packed(df: DataFrame, payload: T.StructType) -> F.Column:
+    """The record's columns of ``df`` as one :data:`RECORD` struct."""
+    return F.struct(*[F.col(f"`{n}`") for n in payload.fieldNames()]).alias(RECORD)
 
 
 @dataclass(frozen=True, order=True)
@@ -56,7 +88,24 @@ class DeltaChannelLog:
         self.spark = spark
         self.path = path
         self.payload = payload
-        self.schema = T.StructType(CONTROL_COLUMNS + list(payload.fields))
+        self._nested: bool | None = None
+
+    @property
+    def nested(self) -> bool:
+        """Whether the log keeps each record in :data:`RECORD` (else an earlier version's flat table)."""
+        if self._nested is None:
+            self._nested = nests_records(
+                self.path, CONTROL_NAMES, self.payload.fieldNames(), "the channel log",
+                "Rename that record column (a map() can), or let the earlier version consume the log up to a final "
+                "checkpoint (ckpt run --final-checkpoint) and delete the table: the next run creates it in this "
+                "version's layout.")
+        return self._nested
+
+    @property
+    def schema(self) -> T.StructType:
+        if self.nested:
+            return T.StructType(CONTROL_COLUMNS + [T.StructField(RECORD, self.payload, True)])
+        return T.StructType(CONTROL_COLUMNS + list(self.payload.fields))
 
     def create(self) -> None:
         tables.create_if_missing(self.spark, self.path, self.schema, partition_by=["receiver"])
@@ -98,14 +147,13 @@ class DeltaChannelLog:
         for part in parts:
             if part[0] == DATA:
                 _, seq, df = part
-                frames.append(
-                    df.withColumn("seq", F.lit(seq).cast("long"))
-                    .withColumn("kind", F.lit(DATA))
-                    .withColumn("checkpoint_id", F.lit(None).cast("long"))
-                    .withColumn("barrier_ts", F.lit(None).cast("double"))
-                    .withColumn("epoch", F.lit(epoch).cast("long"))
-                    .select(*self.schema.fieldNames())
-                )
+                record = [packed(df, self.payload)] if self.nested else [F.col(f"`{n}`") for n in self.payload.fieldNames()]
+                frames.append(df.select(
+                    F.col(SENDER).cast("int").alias("sender"), F.col(RECEIVER).cast("int").alias("receiver"),
+                    F.lit(seq).cast("long").alias("seq"), F.lit(DATA).alias("kind"),
+                    F.lit(None).cast("long").alias("checkpoint_id"), F.lit(None).cast("double").alias("barrier_ts"),
+                    F.lit(epoch).cast("long").alias("epoch"), *record,
+                ))
             elif part[0] == BARRIER:
                 _, pos, (cid, ts), senders, receivers = part
                 markers += [(s, r, pos, BARRIER, cid, ts, epoch) for s in senders for r in receivers]
@@ -115,8 +163,8 @@ class DeltaChannelLog:
             else:
                 raise ValueError(f"unknown channel entry {part[0]!r}")
         if markers:
-            rows = [m + (None,) * len(self.payload.fields) for m in markers]
-            frames.append(self.spark.createDataFrame(rows, self.schema))
+            empty = (None,) if self.nested else (None,) * len(self.payload.fields)
+            frames.append(self.spark.createDataFrame([m + empty for m in markers], self.schema))
         if not frames:
             return
         df = frames[0]
@@ -143,17 +191,26 @@ class DeltaChannelLog:
         )
 
     def read(self, segments: Iterable[ChannelEvent], epoch: int) -> DataFrame:
-        """The records of ``segments`` (data events of ``epoch``), with sender, receiver, seq."""
+        """The records of ``segments`` (data events of ``epoch``): ``sender``, ``receiver`` and
+        the record's columns (what the operator's stage reads; nothing else of ours)."""
+        df = self.read_packed(segments, epoch)
+        return df.select("sender", "receiver", *[F.col(f"{RECORD}.`{n}`").alias(n) for n in self.payload.fieldNames()])
+
+    def read_packed(self, segments: Iterable[ChannelEvent], epoch: int) -> DataFrame:
+        """The records of ``segments`` as ``sender``, ``receiver``, ``seq`` and :data:`RECORD` (a
+        struct of the record's columns), whatever the log's layout: what channel state copies."""
         keys = sorted({(e.sender, e.receiver, e.seq) for e in segments if e.kind == DATA})
         df = self.spark.read.format("delta").load(self.path).where((F.col("kind") == DATA) & (F.col("epoch") == epoch))
-        if not keys:
-            return df.limit(0)
-        # Redundant with the join, but lets Delta skip every file outside the segments' positions
-        # (each append is its own files, with min/max seq stats), however long the untruncated log.
-        seqs = [k[2] for k in keys]
-        df = df.where(F.col("seq").between(min(seqs), max(seqs)))
-        key_df = self.spark.createDataFrame(keys, "sender int, receiver int, seq long")
-        return df.join(F.broadcast(key_df), ["sender", "receiver", "seq"])
+        if keys:
+            # Redundant with the join, but lets Delta skip every file outside the segments' positions
+            # (each append is its own files, with min/max seq stats), however long the untruncated log.
+            seqs = [k[2] for k in keys]
+            df = df.where(F.col("seq").between(min(seqs), max(seqs)))
+            key_df = self.spark.createDataFrame(keys, "sender int, receiver int, seq long")
+            df = df.join(F.broadcast(key_df), ["sender", "receiver", "seq"])
+        record = F.col(RECORD) if self.nested else packed(df, self.payload)
+        df = df.select("sender", "receiver", "seq", record.alias(RECORD))
+        return df if keys else df.limit(0)
 
     def truncate_after(self, seq: int, epoch: int) -> None:
         """Delete every event after position ``seq`` written by ``epoch`` or an older one (recovery:
@@ -169,3 +226,71 @@ class DeltaChannelLog:
     def clear(self, epoch: int) -> None:
         """Delete every event of ``epoch`` and older ones (never a newer epoch's)."""
         tables.delete_where(self.spark, self.path, F.col("epoch") <= epoch)
+
+
+class ChannelStateTable:
+    """The channel-state table: per checkpoint, the in-flight records each receiving subtask
+    logged, with their channel (``receiver``, ``sender``) and position (``seq``), the record in
+    :data:`RECORD` (an earlier version's flat table keeps its layout: :func:`nests_records`)."""
+
+    OURS = (
+        T.StructField("checkpoint_id", T.LongType(), False),
+        T.StructField("receiver", T.IntegerType(), False),
+        T.StructField("sender", T.IntegerType(), False),
+        T.StructField("seq", T.LongType(), False),
+    )
+
+    def __init__(self, spark: SparkSession, path: str, payload: T.StructType):
+        self.spark = spark
+        self.path = path
+        self.payload = payload
+        self._nested: bool | None = None
+
+    @property
+    def nested(self) -> bool:
+        if self._nested is None:
+            self._nested = nests_records(
+                self.path, [f.name for f in self.OURS], self.payload.fieldNames(), "the channel-state table",
+                "Rename that record column (a map() can): the table holds the retained checkpoints' records in flight.")
+        return self._nested
+
+    @property
+    def schema(self) -> T.StructType:
+        record = [T.StructField(RECORD, self.payload, True)] if self.nested else list(self.payload.fields)
+        return T.StructType(list(self.OURS) + record)
+
+    def create(self) -> None:
+        tables.create_if_missing(self.spark, self.path, self.schema)
+
+    def append(self, checkpoint_id: int, records: DataFrame) -> None:
+        """Append ``records`` (``sender``, ``receiver``, ``seq`` and :data:`RECORD`, as
+        :meth:`DeltaChannelLog.read_packed` gives them) as the channel state of ``checkpoint_id``."""
+        record = [RECORD] if self.nested else [F.col(f"{RECORD}.`{n}`").alias(n) for n in self.payload.fieldNames()]
+        records.select(F.lit(checkpoint_id).cast("long").alias("checkpoint_id"), "receiver", "sender", "seq", *record) \
+            .write.format("delta").mode("append").save(self.path)
+
+    def records(self, checkpoint_id: int, receivers: Iterable[int] | None = None) -> DataFrame:
+        """The records ``receivers`` (all: None) logged for ``checkpoint_id``: ``sender``,
+        ``receiver`` and the record's columns (what a restore replays)."""
+        df = self.spark.read.format("delta").load(self.path).where(F.col("checkpoint_id") == checkpoint_id)
+        if receivers is not None:
+            df = df.where(F.col("receiver").isin(list(receivers)))
+        record = [F.col(f"{RECORD}.`{n}`").alias(n) if self.nested else F.col(f"`{n}`") for n in self.payload.fieldNames()]
+        return df.select("sender", "receiver", *record)
+
+
+def read_channel_state(spark: SparkSession, path: str, checkpoint_id: int, record: bool = True) -> DataFrame:
+    """The records in flight that checkpoint ``checkpoint_id`` logged in the channel-state table at
+    ``path``, whatever its layout: the record's columns, beside ``checkpoint_id``, ``receiver``,
+    ``sender`` and ``seq`` (a record column of one of those names hides ours: ``sender`` and
+    ``receiver`` are reserved, the others are not); without ``record``, those four only (always
+    ours: where each record was). The one reader of that table outside the runtime (the quality
+    views, ``inspect``)."""
+    df = spark.read.format("delta").load(path).where(F.col("checkpoint_id") == checkpoint_id)
+    if not record:
+        return df.select(*[f.name for f in ChannelStateTable.OURS])
+    if set(df.columns) != {*[f.name for f in ChannelStateTable.OURS], RECORD}:
+        return df  # an earlier version's flat table
+    fields = df.schema[RECORD].dataType.fieldNames()
+    ours = [F.col(c) for c in ("checkpoint_id", "receiver", "sender", "seq") if c not in fields]
+    return df.select(*ours, *[F.col(f"{RECORD}.`{n}`").alias(n) for n in fields])

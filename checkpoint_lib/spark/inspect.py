@@ -20,6 +20,7 @@ from ..core.errors import NoCheckpointError
 from ..delta.inspect import checkpoint  # noqa: F401 - the named or latest completed checkpoint, re-exported
 from ..layout import channel_state_table, checkpoint_root, state_table
 from ..pipeline import Pipeline
+from .channels import read_channel_state
 from .state import KEY_GROUP
 
 
@@ -55,10 +56,11 @@ def operator_state(spark: SparkSession, warehouse: str, pipeline: Pipeline, chec
 
 
 def channel_state(spark: SparkSession, warehouse: str, pipeline: Pipeline, checkpoint_id: int | None = None) -> DataFrame:
-    """The records in flight at the checkpoint (logged by unaligned snapshots), per receiver."""
+    """The records in flight at the checkpoint (logged by unaligned snapshots), per receiver:
+    the record's columns with ``checkpoint_id``, ``receiver``, ``sender`` and ``seq``
+    (:func:`~checkpoint_lib.spark.channels.read_channel_state`)."""
     c = checkpoint(warehouse, pipeline, checkpoint_id)
-    path = str(channel_state_table(_root(warehouse, pipeline)))
-    return spark.read.format("delta").load(path).where(F.col("checkpoint_id") == c.checkpoint_id)
+    return read_channel_state(spark, str(channel_state_table(_root(warehouse, pipeline))), c.checkpoint_id)
 
 
 def source_offsets(warehouse: str, pipeline: Pipeline, checkpoint_id: int | None = None) -> dict[str, Any]:

@@ -36,7 +36,8 @@ from ..core.recovery import SINK_STATE_KEY, RecoveryPlan
 from ..core.twophase import TransactionIdPool, TwoPhaseCommitSink
 from ..core.types import Barrier, BarrierMode, CheckpointKind, SubtaskAck
 from ..delta import log as delta_log
-from ..pipeline import FEEDBACK, SINK_SUBTASK, TTL_COLUMN
+from ..pipeline import FEEDBACK, TTL_COLUMN
+from ..reserved import SINK_SUBTASK
 from .channels import BARRIER, DATA, END, ChannelEvent
 from .context import RunContext
 from .partitioning import route
@@ -229,14 +230,17 @@ class KeyedStage:
         self.apply(self._read(segments), sorted(self.pending))
         self.pending.clear()
 
-    def _read(self, segments: list[ChannelEvent]) -> DataFrame:
-        """The records of ``segments`` of either log (feedback channels are numbered from S)."""
+    def _read(self, segments: list[ChannelEvent], packed: bool = False) -> DataFrame:
+        """The records of ``segments`` of either log (feedback channels are numbered from S):
+        ``sender``, ``receiver`` and the record's columns, or (``packed``) ``sender``,
+        ``receiver``, ``seq`` and the record in one struct (what channel state copies)."""
         t, epoch = self.ctx.topology, self.ctx.epoch
+        read = (lambda log, es: log.read_packed(es, epoch)) if packed else (lambda log, es: log.read(es, epoch))
         src = [e for e in segments if e.sender < t.S]
         fed = [replace(e, sender=e.sender - t.S) for e in segments if e.sender >= t.S]
-        df = t.channel.read(src, epoch) if src or not fed else None
+        df = read(t.channel, src) if src or not fed else None
         if fed:
-            back = t.feedback_log.read(fed, epoch).withColumn("sender", F.col("sender") + F.lit(t.S))
+            back = read(t.feedback_log, fed).withColumn("sender", F.col("sender") + F.lit(t.S))
             df = back if df is None else df.unionByName(back)
         return df
 
@@ -265,7 +269,9 @@ class KeyedStage:
         # inputs (step files or a pinned channel segment, a pinned state version): the state is
         # cached for the flush; the records are read again by each write, a Parquet scan that costs
         # less than building a cache of them (measured on 1M-row steps, 2 cores).
-        records = records.withColumn(SINK_SUBTASK, F.col("receiver")).drop("receiver", "sender", KEY_GROUP)
+        # what the operator sees: the record's columns, its offset and the subtask (nothing else of ours)
+        records = records.select(*[F.col(f"`{c}`") for c in ctx.topology.payload.fieldNames() if c != KEY_GROUP],
+                                 F.col("receiver").alias(SINK_SUBTASK))
         state = ctx.topology.state
         expire_before = None
         try:
@@ -373,9 +379,7 @@ class KeyedStage:
         if not segments:
             return 0, 0
         rows = sum(e.rows for e in segments)
-        df = self._read(segments).withColumn("checkpoint_id", F.lit(cid).cast("long"))
-        schema = t.channel_state_schema()
-        df.select(*schema.fieldNames()).write.format("delta").mode("append").save(t.channel_state_path)
+        t.channel_state.append(cid, self._read(segments, packed=True))
         return rows, rows * _ROW_BYTES
 
     def replay_channel_state(self, plan: RecoveryPlan) -> None:
@@ -387,15 +391,11 @@ class KeyedStage:
         old = sorted(s.index for s in plan.replay_channel_state if s.operator == p.operator_uid)
         if not old:
             return
-        df = (
-            ctx.spark.read.format("delta").load(t.channel_state_path)
-            .where((F.col("checkpoint_id") == plan.checkpoint_id) & F.col("receiver").isin(old))
-            .drop("checkpoint_id")
-        )
+        df = t.channel_state.records(plan.checkpoint_id, old)
         if p.partitioning in ("hash", "rebalance"):
             df = route(df.drop("receiver", KEY_GROUP), p.partitioning, t.P, key=p.key,
                        max_parallelism=p.max_parallelism)
-        self.apply(df.select(*t.channel_state_schema().fieldNames()[1:]), list(range(t.P)))
+        self.apply(df.select("sender", "receiver", *t.payload.fieldNames()), list(range(t.P)))
         ctx.progress(f"replayed the channel state of checkpoint {plan.checkpoint_id} logged by subtasks {old}")
 
     # snapshots and acknowledgements -----------------------------------------------------------------

@@ -55,7 +55,7 @@ Row offsets (``src_version``, ``src_file``, ``src_row``) and why they are stable
 
 Every line of a JSON/CSV file yields exactly one row: nothing is dropped. A line is parsed twice
 with the declared schema, PERMISSIVE (``from_json`` / ``from_csv``): once typed, once with every
-column as a string (the raw values). ``_error`` is null for a good row, else:
+column as a string (the raw values). ``_ckpt_error`` is null for a good row, else:
 
 - ``empty line`` for a blank (whitespace-only) line;
 - ``unparsable row: <first 200 chars>`` when the line is not a JSON object, or (CSV) does not have
@@ -64,7 +64,7 @@ column as a string (the raw values). ``_error`` is null for a good row, else:
   present but did not convert (several are joined with ``; ``).
 
 A missing JSON key or an empty CSV field is null, not an error (required fields are the pipeline's
-``validate``). Parquet files are typed: ``_error`` is always null, and a file whose column types do
+``validate``). Parquet files are typed: ``_ckpt_error`` is always null, and a file whose column types do
 not match the declared schema fails the read (loudly, naming the file).
 
 Row counts for step planning
@@ -115,6 +115,7 @@ from ..delta.log import AddedFile
 from ..files import files_at
 from ..layout import warehouse_location
 from ..objectstore import is_remote
+from ..reserved import ERROR_COLUMN, check_columns, temporary
 from .paths import decoded_metadata, spark_path
 
 FORMATS = ("json", "csv", "parquet")
@@ -124,10 +125,8 @@ IGNORED_SUFFIXES = (
     ".swp", ".crc", "._copying_",
 )
 """Lower-case suffixes of files still being written (``hdfs dfs -put`` writes ``name._COPYING_``)."""
-OFFSET_COLUMNS = ("src_version", "src_file", "src_row")
-ERROR_COLUMN = "_error"
 ERROR_PREVIEW = 200
-"""Characters of a bad line (or raw value) quoted in ``_error``."""
+"""Characters of a bad line (or raw value) quoted in ``_ckpt_error``."""
 
 MANIFEST_SCHEMA = pa.schema(
     [
@@ -141,9 +140,8 @@ MANIFEST_SCHEMA = pa.schema(
 )
 """The manifest: one row per registered file (``file`` is the name relative to the folder)."""
 
-_CORRUPT = "_landing_corrupt_record"
-_TYPED, _RAW = "_landing_typed", "_landing_raw"
-_RESERVED_COLUMNS = frozenset({*OFFSET_COLUMNS, ERROR_COLUMN, _CORRUPT, _TYPED, _RAW})
+_CORRUPT = temporary("corrupt_record")
+_TYPED, _RAW = temporary("typed"), temporary("raw")
 _RESERVED_TEXT_OPTIONS = frozenset(
     {"mode", "columnnameofcorruptrecord", "multiline", "linesep", "encoding", "charset", "wholetext"}
 )
@@ -199,9 +197,7 @@ class LandingFolderSource:
             raise ValueError(f"unknown landing file format {format!r}; expected one of {', '.join(FORMATS)}")
         if not schema:
             raise ValueError("the landing source needs a schema with at least one column")
-        clash = sorted(_RESERVED_COLUMNS & set(schema))
-        if clash:
-            raise ValueError(f"schema columns {clash} are reserved by the landing source")
+        check_columns(schema, f"landing source {folder}", fix="leave it out of the schema")
         if estimated_row_bytes < 1:
             raise ValueError(f"estimated_row_bytes must be >= 1, got {estimated_row_bytes}")
         self.spark = spark
@@ -350,7 +346,7 @@ class LandingFolderSource:
     # reading -----------------------------------------------------------------------------------
 
     def output_schema(self) -> T.StructType:
-        """The columns and types of :meth:`read`: the declared columns, the offsets and ``_error``
+        """The columns and types of :meth:`read`: the declared columns, the offsets and ``_ckpt_error``
         (the nullability of the offsets in an actual read may be stricter)."""
         return T.StructType(
             [
@@ -364,7 +360,7 @@ class LandingFolderSource:
 
     def read(self, files: Sequence[AddedFile]) -> DataFrame:
         """The rows of ``files`` (a DataFrame; nothing is collected to the driver): the declared
-        columns, typed, then ``src_version``, ``src_file``, ``src_row`` and ``_error`` (module
+        columns, typed, then ``src_version``, ``src_file``, ``src_row`` and ``_ckpt_error`` (module
         docstring). Every line of a JSON/CSV file (but a CSV header) and every row of a Parquet
         file is exactly one output row.
 
@@ -463,7 +459,7 @@ class LandingFolderSource:
         return T.StructType([T.StructField(f.name, T.StringType(), True) for f in self.schema.fields])
 
     def _error(self, line: Column, typed: Column, raw: Column) -> Column:
-        """``_error`` of a line from its typed and raw (all-string) parses (module docstring)."""
+        """``_ckpt_error`` of a line from its typed and raw (all-string) parses (module docstring)."""
         preview = F.substring(line, 1, ERROR_PREVIEW)
         if self.format == "csv":
             expected = len(self.schema.fields)

@@ -234,7 +234,7 @@ class PipelineRunner:
         for sink in t.sinks.values():
             sink.create()
         tables.create_if_missing(self.spark, t.dlq_path, t.dlq_schema())
-        tables.create_if_missing(self.spark, t.channel_state_path, t.channel_state_schema())
+        t.channel_state.create()
         self.ctx.summary = RunSummary(0, None)
         for role in (self.source_stage, self.keyed_stage, self.completion):
             role.reset()

@@ -47,14 +47,15 @@ from pyspark.sql import types as T
 
 from ..core.twophase import Transaction
 from ..delta.log import files_added_since_epoch, is_delta_table
-from ..delta.pending import HANDLE_COLUMN, PendingFiles, add_actions
+from ..delta.pending import PendingFiles, add_actions
 from ..files import files_at
+from ..reserved import FLUSH, HANDLE_COLUMN, SINK_SUBTASK, TXN_SEQ, temporary
 from ..kinds import Kinds
 from ..layout import PENDING_FOLDER, app_prefix, pipeline_of, sink_transactions, stamp_prefix  # noqa: F401 - re-exported
 from ..pipeline import DeltaSink, Pipeline, check_relative_path
 from . import tables
 
-_ORDER_COLUMNS = [T.StructField("txn_seq", T.LongType(), False), T.StructField("flush", T.LongType(), False)]
+_ORDER_COLUMNS = [T.StructField(TXN_SEQ, T.LongType(), False), T.StructField(FLUSH, T.LongType(), False)]
 """Written with an upsert sink's rows: the latest row of a key wins at the commit."""
 _DELTA_RS_WRITER_FEATURES = {"appendOnly", "invariants", "timestampNtz", "deletionVectors"}
 """Writer features an append sink's delta-rs commit of new files honours: deletion vectors too (it
@@ -328,12 +329,14 @@ class DeltaTwoPhaseSink:
         if not handles:
             return
         txns = self.spark.createDataFrame(
-            [(s, t.handle, t.seq) for s, t in handles.items()], f"sink_subtask int, {HANDLE_COLUMN} string, txn_seq long"
+            [(s, t.handle, t.seq) for s, t in handles.items()], f"{SINK_SUBTASK} int, {HANDLE_COLUMN} string, {TXN_SEQ} long"
         )
-        staged = rows.join(F.broadcast(txns), "sink_subtask")
+        # the sink's columns only: whatever else the operator's rows carry never meets ours
+        ours = [c for c in self.schema.fieldNames() if c in rows.columns]
+        staged = rows.select(SINK_SUBTASK, *ours).join(F.broadcast(txns), SINK_SUBTASK)
         columns = self._target_columns(staged)
         if self.mode == "upsert":
-            columns += [F.col("txn_seq"), F.lit(flush).cast("long").alias("flush")]
+            columns += [F.col(TXN_SEQ), F.lit(flush).cast("long").alias(FLUSH)]
         write_dir = self.pending.begin_write(handles.values())
         staged.select(HANDLE_COLUMN, *columns).write.partitionBy(HANDLE_COLUMN).parquet(write_dir)
         self.pending.seal_write(write_dir, handles.values())
@@ -559,9 +562,9 @@ class DeltaTwoPhaseSink:
     def _merge(self, staged: DataFrame, app: str, version: int) -> None:
         from delta.tables import DeltaTable
 
-        latest = Window.partitionBy(*self.keys).orderBy(F.col("txn_seq").desc(), F.col("flush").desc())
+        latest = Window.partitionBy(*self.keys).orderBy(F.col(TXN_SEQ).desc(), F.col(FLUSH).desc())
         rows = (
-            staged.withColumn("_rank", F.row_number().over(latest)).where("_rank = 1")
+            staged.withColumn(temporary("rank"), F.row_number().over(latest)).where(F.col(temporary("rank")) == 1)
             .select(*self.schema.fieldNames())
         )
         cond = " AND ".join(f"t.`{k}` = s.`{k}`" for k in self.keys)

@@ -25,13 +25,13 @@ from ..core.coordinator import TriggerCheckpoint
 from ..core.types import CheckpointKind, SubtaskAck
 from ..delta import log as delta_log
 from ..layout import PENDING_FOLDER
+from ..reserved import ERROR_COLUMN, OFFSET_COLUMNS, RECORD
 from . import tables
 from .channels import BARRIER, DATA
 from .context import RunContext
 from .partitioning import route
 from .sinks import app_prefix
 from .sources import SourceFilesLostError, SourceSite, source_reader
-from .topology import OFFSET_COLUMNS
 
 EVENT_TIME_REFERENCE = "event_time_reference"
 """In a source's ack and resume point: :meth:`SourceStage._bound_event_time`'s reference."""
@@ -270,15 +270,15 @@ class SourceStage:
         wrong type, without the key they are keyed by, or refused by the source's ``validate``) go
         to the dead-letter table."""
         p = self.ctx.pipeline
-        df = self.source.read(step, self.t.S)  # parse errors are in _error already
+        df = self.source.read(step, self.t.S)  # parse errors are in ERROR_COLUMN already
         validate = getattr(p.source_spec, "validate", None)
         if validate is not None:
-            df = df.withColumn("_error", F.coalesce(F.col("_error"), validate(df)))
+            df = df.withColumn(ERROR_COLUMN, F.coalesce(F.col(ERROR_COLUMN), validate(df)))
         # a record without its key has no key group, no subtask and no state row: a dead letter
         key_check = p.key is not None and p.key in p.source_spec.schema
         if key_check:
-            df = df.withColumn("_error", F.coalesce(
-                F.col("_error"), F.when(F.col(p.key).isNull(), F.lit(f"null key {p.key}"))))
+            df = df.withColumn(ERROR_COLUMN, F.coalesce(
+                F.col(ERROR_COLUMN), F.when(F.col(p.key).isNull(), F.lit(f"null key {p.key}"))))
         df, bounded = self._bound_event_time(df)
         if validate is not None or key_check or bounded or self.source.caches_step:
             # Parsed text is read once, used twice (dead letters, then the channel), unpersisted
@@ -286,15 +286,15 @@ class SourceStage:
             # costs less than building the cache (a 1M-row step's dead letters: 2.1 s against 4.7 s).
             if self.source.caches_step:
                 df = self.ctx.cached(df)
-            bad = df.where(F.col("_error").isNotNull())
+            bad = df.where(F.col(ERROR_COLUMN).isNotNull())
             self.ctx.reached("dlq")
             self._write_dlq(bad, end_version)
-            df = df.where(F.col("_error").isNull())
-        df = df.drop("_error")
+            df = df.where(F.col(ERROR_COLUMN).isNull())
+        df = df.drop(ERROR_COLUMN)
         for fn, _schema in p.transforms:  # fused row-wise maps (forward: no channel between them)
             df = fn(df)
         if self.offset == -1 and p.bootstrap_spec is not None:  # starting from scratch
-            records = [*p.record_schema, "sender", *[c for c, _ in OFFSET_COLUMNS]]
+            records = [*p.record_schema, "sender", *OFFSET_COLUMNS]
             df = self._read_bootstrap().select(*records).unionByName(df.select(*records))
         df = route(df, p.partitioning, self.t.P, key=p.key, max_parallelism=p.max_parallelism)
         return df.select("sender", "receiver", *self.t.payload.fieldNames())
@@ -308,7 +308,7 @@ class SourceStage:
         if ttl is None or ttl.max_ahead is None:
             return df, False
         seconds = F.col(ttl.time_column).cast("double")
-        median = df.where(F.col("_error").isNull()).select(F.median(seconds)).first()[0]
+        median = df.where(F.col(ERROR_COLUMN).isNull()).select(F.median(seconds)).first()[0]
         if median is None:
             return df, False
         reference = median if self.time_reference is None else max(self.time_reference, median)
@@ -317,7 +317,7 @@ class SourceStage:
         why = (f" is more than {ttl.max_ahead} after the reference event time "
                f"{datetime.fromtimestamp(reference, timezone.utc):%Y-%m-%d %H:%M:%S} UTC (StateTtl.max_ahead)")
         reason = F.concat(F.lit(f"{ttl.time_column} "), F.col(ttl.time_column).cast("string"), F.lit(why))
-        return df.withColumn("_error", F.coalesce(F.col("_error"), F.when(seconds > limit, reason))), True
+        return df.withColumn(ERROR_COLUMN, F.coalesce(F.col(ERROR_COLUMN), F.when(seconds > limit, reason))), True
 
     def _read_bootstrap(self) -> DataFrame:
         """The bootstrap table's records (its latest version), before the source's first records."""
@@ -353,9 +353,10 @@ class SourceStage:
             stamp = -1 if stamp is None else stamp
             if end_version <= stamp:
                 return
+            row = [F.col(f"`{c}`").cast("string").alias(c) for c in cols]
             rows = bad.where(F.col("src_version") > stamp).select(
-                *[F.col(c).cast("string").alias(c) for c in cols],
-                F.col("_error").alias("error"), "src_version", "src_file", "src_row",
+                *([F.struct(*row).alias(RECORD)] if self.t.dlq_nested else row),  # a flat table: an earlier version's
+                F.col(ERROR_COLUMN).alias("error"), *OFFSET_COLUMNS,
                 F.lit(self.ctx.epoch).cast("long").alias("epoch"),
             )
             folder = f"{self.t.dlq_path}/{PENDING_FOLDER}/v{end_version}-{uuid.uuid4().hex}"

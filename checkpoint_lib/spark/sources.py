@@ -28,6 +28,7 @@ from ..kinds import Kinds
 from ..files import files_at
 from ..layout import location, source_manifest
 from ..pipeline import DeltaSource, FolderSource
+from ..reserved import ERROR_COLUMN, temporary
 from . import tables
 from .landing import LandingFolderSource
 from .paths import path_below, spark_path
@@ -53,7 +54,7 @@ class SourceReader(Protocol):
       longer fits the pipeline (:class:`SchemaMismatchError`) before anything is read;
     - :meth:`read`: the step's rows, nothing collected: the declared columns, ``src_version``,
       ``src_file``, ``src_row`` (the offset of each row), ``sender`` (the source subtask: the
-      file's position in the step modulo ``senders``) and ``_error`` (why a row is bad, null when
+      file's position in the step modulo ``senders``) and ``_ckpt_error`` (:data:`~checkpoint_lib.reserved.ERROR_COLUMN`) (why a row is bad, null when
       it parsed);
     - :meth:`missing`: the step's files that are gone (asked only after a step failed: the stage
       then says what was lost and what to do, instead of the engine's file-not-found).
@@ -183,15 +184,15 @@ class DeltaTableReader:
             .select(
                 *self.spec.schema.keys(),
                 path_below(self.path).alias("src_file"),
-                F.col("_metadata.file_path").alias("_file_path"),
+                F.col("_metadata.file_path").alias(temporary("file_path")),
                 F.col("_metadata.row_index").alias("src_row"),
             )
             .join(F.broadcast(files), "src_file", "left")
             .withColumn("src_version", F.when(F.col("src_version").isNotNull(), F.col("src_version")).otherwise(
-                F.raise_error(F.concat(F.lit(f"{self.path}: a row of "), F.col("_file_path"),
+                F.raise_error(F.concat(F.lit(f"{self.path}: a row of "), F.col(temporary("file_path")),
                                        F.lit(" matches no file of the step's Delta log entries")))).cast("long"))
-            .drop("_file_path")
-            .withColumn("_error", F.lit(None).cast("string"))
+            .drop(temporary("file_path"))
+            .withColumn(ERROR_COLUMN, F.lit(None).cast("string"))
         )
 
     def missing(self, step: list[AddedFile]) -> list[str]:
@@ -204,7 +205,7 @@ class LandingFolderReader:
     """A landing folder (:class:`~checkpoint_lib.pipeline.FolderSource`): its files registered in
     a manifest under the checkpoint root, whose versions are the offsets
     (:class:`~checkpoint_lib.spark.landing.LandingFolderSource`); text is parsed, parse errors in
-    ``_error``."""
+    ``_ckpt_error``."""
 
     caches_step = True
     writes_on_discover = True

@@ -296,3 +296,13 @@ def version(spark: SparkSession, path: str) -> int:
     if v is None:
         raise FileNotFoundError(f"no Delta table at {path}")
     return v
+
+
+def columns_of(path: str) -> dict[str, str] | None:
+    """The top-level columns of the Delta table at ``path``, name -> type name (``struct`` for a
+    struct; None: no table there), from its log (delta-rs), with no Spark job."""
+    if not is_delta_table(path):
+        return None
+    from deltalake import DeltaTable
+
+    return {f.name: str(getattr(f.type, "type", f.type)) for f in DeltaTable(path).schema().fields}

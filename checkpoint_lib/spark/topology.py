@@ -20,14 +20,19 @@ from ..core.types import SubtaskId, sink_operator
 from ..layout import channel_log, channel_state_table, checkpoint_root, state_table, warehouse_location
 from ..pipeline import Pipeline
 from . import tables
-from .channels import DeltaChannelLog
+from .channels import ChannelStateTable, DeltaChannelLog, nests_records
 from .sinks import SinkWriter, app_prefix, pipeline_sinks
-from .state import KEY_GROUP, KeyedStateTable
+from ..reserved import KEY_GROUP, OFFSET_COLUMNS, RECORD
+from .state import KeyedStateTable
 
-OFFSET_COLUMNS = (("src_version", "long"), ("src_file", "string"), ("src_row", "long"))
-"""Every record's source offset: the landing version, file and row it came from."""
+OFFSET_FIELDS = tuple(zip(OFFSET_COLUMNS, ("long", "string", "long")))
+"""Every record's source offset (:data:`~checkpoint_lib.reserved.OFFSET_COLUMNS`) with its type."""
 SOURCE = "source"
 """The operator name of the source subtasks."""
+DLQ_COLUMNS = (("error", T.StringType()), *zip(OFFSET_COLUMNS, (T.LongType(), T.StringType(), T.LongType())),
+               ("epoch", T.LongType()))
+"""The dead-letter table's own columns, beside the bad row (the source's columns as text) in
+:data:`~checkpoint_lib.reserved.RECORD`: the reason, the source offset, the epoch that wrote it."""
 
 
 class Topology:
@@ -43,7 +48,7 @@ class Topology:
         self.sink_ids = {name: [SubtaskId(sink_operator(name), i) for i in range(self.P)] for name in p.sinks}
         self.tasks = self.sources + self.keyed + [s for ids in self.sink_ids.values() for s in ids]
 
-        self.payload = tables.struct_type([*p.record_schema.items(), (KEY_GROUP, "int"), *OFFSET_COLUMNS])
+        self.payload = tables.struct_type([*p.record_schema.items(), (KEY_GROUP, "int"), *OFFSET_FIELDS])
         self.channel = DeltaChannelLog(spark, str(channel_log(self.root, SOURCE, p.operator_uid)), self.payload)
         # a cycle: what the operator sends to itself, a log per (sending subtask, receiving subtask)
         self.feedback_log: DeltaChannelLog | None = None
@@ -52,6 +57,8 @@ class Topology:
                 spark, str(channel_log(self.root, p.operator_uid, p.operator_uid)), self.payload
             )
         self.channel_state_path = str(channel_state_table(self.root))
+        self.channel_state = ChannelStateTable(spark, self.channel_state_path, self.payload)
+        self._dlq_nested: bool | None = None
         self.state: KeyedStateTable | None = None  # a stateless operator (not key_by) has none
         if p.keyed:
             self.state = KeyedStateTable(
@@ -67,27 +74,23 @@ class Topology:
         """A path of the pipeline's declaration (landing, sinks, dead letters) in the warehouse."""
         return f"{self.warehouse}/{relative}"
 
-    def dlq_schema(self) -> T.StructType:
-        """The dead-letter table: the source's columns as text, the reason, the source offset, the epoch."""
-        return T.StructType(
-            [T.StructField(c, T.StringType(), True) for c in self.pipeline.source_spec.schema]
-            + [
-                T.StructField("error", T.StringType(), False),
-                T.StructField("src_version", T.LongType(), False),
-                T.StructField("src_file", T.StringType(), False),
-                T.StructField("src_row", T.LongType(), False),
-                T.StructField("epoch", T.LongType(), False),
-            ]
-        )
+    @property
+    def dlq_nested(self) -> bool:
+        """Whether the dead-letter table keeps the bad row in :data:`RECORD` (else an earlier
+        version's flat table, whose layout is kept; :func:`~checkpoint_lib.spark.channels.nests_records`)."""
+        if self._dlq_nested is None:
+            self._dlq_nested = nests_records(
+                self.dlq_path, [c for c, _ in DLQ_COLUMNS], list(self.pipeline.source_spec.schema), "the dead-letter table",
+                "Start a new dead-letter table: declare another path with dead_letters(...) (the old one keeps "
+                "what it holds).")
+        return self._dlq_nested
 
-    def channel_state_schema(self) -> T.StructType:
-        """The channel-state table: per checkpoint, the in-flight records with their channel and position."""
-        return T.StructType(
-            [
-                T.StructField("checkpoint_id", T.LongType(), False),
-                T.StructField("receiver", T.IntegerType(), False),
-                T.StructField("sender", T.IntegerType(), False),
-                T.StructField("seq", T.LongType(), False),
-            ]
-            + list(self.payload.fields)
-        )
+    def dlq_schema(self) -> T.StructType:
+        """The dead-letter table: the bad row (the source's columns as text) in :data:`RECORD`, the
+        reason, the source offset, the epoch (flat, an earlier version's table: the source's
+        columns beside those)."""
+        row = [T.StructField(c, T.StringType(), True) for c in self.pipeline.source_spec.schema]
+        ours = [T.StructField(c, t, False) for c, t in DLQ_COLUMNS]
+        if self.dlq_nested:
+            return T.StructType([T.StructField(RECORD, T.StructType(row), True), *ours])
+        return T.StructType(row + ours)

@@ -218,6 +218,7 @@ def _unaligned_snapshot(spark, w: Path) -> tuple[int, str]:
         .withColumn("src_row", F.monotonically_increasing_id()).withColumn("sender", F.col("src_row") % 2)
         .withColumn("seq", F.lit(barrier - 1)).withColumn("src_version", F.lit(offset)).withColumn("src_file", F.lit("constructed"))
     )
+    rows = rows.withColumn("record", F.struct(*[F.col(f.name).cast(f.dataType) for f in schema["record"].dataType.fields]))
     rows.select(*[F.col(f.name).cast(f.dataType) for f in schema]).write.format("delta").mode("append").save(cs_path)
     acks = dict(base.acks)
     acks[keyed] = dataclasses.replace(

@@ -1,5 +1,5 @@
 """The landing-folder source: discovery into the manifest (once, one version per call, crash-safe),
-version ranges, typed reads with stable offsets, bad lines with ``_error`` and nothing dropped, for
+version ranges, typed reads with stable offsets, bad lines with ``_ckpt_error`` and nothing dropped, for
 JSON lines, CSV and Parquet, and clear errors."""
 
 from __future__ import annotations
@@ -192,7 +192,7 @@ def test_json_read_types_offsets_and_bad_lines(spark, tmp_path):
 
     assert df.schema.simpleString() == (
         "struct<id:bigint,name:string,amount_cents:bigint,ts:timestamp,"
-        "src_version:bigint,src_file:string,src_row:bigint,_error:string>"
+        "src_version:bigint,src_file:string,src_row:bigint,_ckpt_error:string>"
     )
     rows = rows_by_offset(df)
     assert len(rows) == len(JSON_LINES) + 1  # one row per line, nothing dropped
@@ -200,19 +200,19 @@ def test_json_read_types_offsets_and_bad_lines(spark, tmp_path):
     got = {k: dict(zip(df.columns, v)) for k, v in rows.items()}
 
     first = got["one.json", 0]
-    assert (first["id"], first["name"], first["amount_cents"], first["_error"]) == (1, "ann", 100, None)
+    assert (first["id"], first["name"], first["amount_cents"], first["_ckpt_error"]) == (1, "ann", 100, None)
     assert first["ts"] == datetime(2024, 1, 2, 3, 4, 5) and first["src_version"] == 0
-    assert got["one.json", 4]["_error"] is None and got["two.json", 0]["amount_cents"] == -5
+    assert got["one.json", 4]["_ckpt_error"] is None and got["two.json", 0]["amount_cents"] == -5
 
-    assert got["one.json", 1]["_error"] == 'wrong type for amount_cents: "abc" (expected bigint)'
+    assert got["one.json", 1]["_ckpt_error"] == 'wrong type for amount_cents: "abc" (expected bigint)'
     assert got["one.json", 1]["id"] == 3  # the other columns still parse
-    assert got["one.json", 2]["_error"] == "unparsable row: {not json at all"
-    assert got["one.json", 3]["_error"] == "empty line"
-    assert got["one.json", 5]["_error"] == (
+    assert got["one.json", 2]["_ckpt_error"] == "unparsable row: {not json at all"
+    assert got["one.json", 3]["_ckpt_error"] == "empty line"
+    assert got["one.json", 5]["_ckpt_error"] == (
         'wrong type for id: "x" (expected bigint); wrong type for amount_cents: "1.5" (expected bigint)'
     )
-    assert got["one.json", 6]["_error"] == "unparsable row: [1, 2]"
-    assert sum(1 for r in got.values() if r["_error"] is None) == 3
+    assert got["one.json", 6]["_ckpt_error"] == "unparsable row: [1, 2]"
+    assert sum(1 for r in got.values() if r["_ckpt_error"] is None) == 3
 
 
 def test_unparsable_preview_is_capped(spark, tmp_path):
@@ -220,7 +220,7 @@ def test_unparsable_preview_is_capped(spark, tmp_path):
     drop(tmp_path / "landing", "long.json", "x" * 1000 + "\n")
     src.discover()
     (row,) = src.read(src.added_files(-1, 0)).collect()
-    assert row["_error"] == "unparsable row: " + "x" * 200
+    assert row["_ckpt_error"] == "unparsable row: " + "x" * 200
 
 
 def test_reads_are_stable_whatever_the_step_and_the_partitioning(spark, tmp_path):
@@ -289,14 +289,14 @@ def test_csv_with_header_types_offsets_and_bad_rows(spark, tmp_path):
     got = {k[1]: dict(zip(df.columns, v)) for k, v in rows_by_offset(df).items()}
     assert sorted(got) == list(range(1, len(lines)))  # every line but the header; physical line numbers
 
-    assert [got[1][c] for c in ("id", "name", "amount_cents", "_error")] == [1, "ann", 100, None]
-    assert got[2]["_error"] == "unparsable row (expected 3 fields): 2,bob"
-    assert got[3]["_error"] == 'wrong type for amount_cents: "abc" (expected bigint)'
-    assert (got[4]["name"], got[4]["_error"]) == (None, None)  # an empty field is null, not an error
-    assert (got[5]["name"], got[5]["_error"]) == ("d, e", None)
-    assert got[6]["_error"] == "unparsable row (expected 3 fields): 6,f,9,10"
-    assert got[7]["_error"] == "empty line"
-    assert got[8]["_error"] is None and got[8]["src_version"] == 0
+    assert [got[1][c] for c in ("id", "name", "amount_cents", "_ckpt_error")] == [1, "ann", 100, None]
+    assert got[2]["_ckpt_error"] == "unparsable row (expected 3 fields): 2,bob"
+    assert got[3]["_ckpt_error"] == 'wrong type for amount_cents: "abc" (expected bigint)'
+    assert (got[4]["name"], got[4]["_ckpt_error"]) == (None, None)  # an empty field is null, not an error
+    assert (got[5]["name"], got[5]["_ckpt_error"]) == ("d, e", None)
+    assert got[6]["_ckpt_error"] == "unparsable row (expected 3 fields): 6,f,9,10"
+    assert got[7]["_ckpt_error"] == "empty line"
+    assert got[8]["_ckpt_error"] is None and got[8]["src_version"] == 0
 
 
 def test_csv_without_header_and_with_options(spark, tmp_path):
@@ -307,8 +307,8 @@ def test_csv_without_header_and_with_options(spark, tmp_path):
     src.discover()
     rows = sorted(src.read(src.added_files(-1, 0)).collect(), key=lambda r: r["src_row"])
     assert [(r["src_row"], r["id"], str(r["day"])) for r in rows] == [(0, 1, "2024-01-02"), (1, 2, "None")]
-    assert rows[0]["_error"] is None
-    assert rows[1]["_error"] == 'wrong type for day: "2024-01-02" (expected date)'
+    assert rows[0]["_ckpt_error"] is None
+    assert rows[1]["_ckpt_error"] == 'wrong type for day: "2024-01-02" (expected date)'
 
 
 def test_parquet_rows_are_exact_typed_and_stable(spark, tmp_path):

@@ -65,7 +65,7 @@ class BatchReader:
                 for n, f in enumerate(step) for i, row in enumerate(self.spec.batches[f.version])]
         columns = ", ".join(f"{c} {t}" for c, t in self.spec.schema.items())
         return self.site.spark.createDataFrame(
-            rows, f"{columns}, src_version long, src_file string, src_row long, sender int, _error string")
+            rows, f"{columns}, src_version long, src_file string, src_row long, sender int, _ckpt_error string")
 
 
 register_source(BatchSource, BatchReader)
@@ -175,7 +175,7 @@ def test_a_source_kind_and_a_sink_kind_made_in_one_file_run_exactly_once_through
         want[account] = (total + cents, count + 1)
     assert balances == want
     dlq = read_delta(f"{tmp_path}/dlq/payments")
-    assert list(zip(dlq["event_id"], dlq["src_file"], dlq["src_version"], dlq["src_row"], dlq["error"])) == [
+    assert list(zip(dlq["record"].map(lambda r: r["event_id"]), dlq["src_file"], dlq["src_version"], dlq["src_row"], dlq["error"])) == [
         ("x-1", "batch-1", 1, 20, "null or empty account")]
 
 

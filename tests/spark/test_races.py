@@ -127,7 +127,7 @@ def test_a_dead_letter_append_racing_another_attempt_filters_again_and_lands_eac
     stage = runner.source_stage
     bad = spark.createDataFrame(
         [(f"e{v}-{i}", None, 5, None, "null or empty account", v, f"part-{v}.parquet", i) for v in range(3) for i in range(2)],
-        "event_id string, account string, amount_cents long, ts timestamp, _error string, src_version long, "
+        "event_id string, account string, amount_cents long, ts timestamp, _ckpt_error string, src_version long, "
         "src_file string, src_row long",
     )
     real, raced = tables.stamped_commit, []

@@ -113,7 +113,7 @@ def test_one_timestamp_far_in_the_future_is_a_dead_letter_and_expires_no_state(s
 
     assert table(spark, f"{w}/gold/sessions", "user", "clicks") == {"u1": (2,), "u2": (2,), "u3": (2,)}
     dead = spark.read.format("delta").load(f"{w}/dlq/clicks").collect()
-    assert [(r.user, r.src_version) for r in dead] == [("evil", 1)]
+    assert [(r.record.user, r.src_version) for r in dead] == [("evil", 1)]
     assert "is more than 6:00:00 after the reference event time 2026-05-01 10:06:00 UTC" in dead[0].error
 
 
