@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from .layout import KEY_GROUP
+
 OFFSET_COLUMNS = ("src_version", "src_file", "src_row")
 """Every record's source offset: the landing version, file and row it came from."""
 SENDER, RECEIVER = "sender", "receiver"
-KEY_GROUP = "key_group"
 SINK_SUBTASK = "sink_subtask"
 """The column of a record naming the operator subtask that received it (read-only to operators)."""
 HANDLE_COLUMN, TXN_SEQ, FLUSH = "txn_handle", "txn_seq", "flush"

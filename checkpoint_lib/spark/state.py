@@ -24,14 +24,10 @@ from pyspark.sql import types as T
 from ..core.keygroups import DEFAULT_MAX_PARALLELISM
 from ..layout import KEY_GROUP
 from ..pipeline import DELETE, TTL_COLUMN, StateTtl
-from ..reserved import KEY_GROUP, temporary
+from ..reserved import temporary
 from . import tables
 
-<<<<<<< HEAD
-FIRST_RECORD = "_ttl_first"
-=======
 FIRST_RECORD = temporary("ttl_first")
->>>>>>> reserved-names
 """In the rows a flush hands to a MERGE of state with a TTL: the event time of the key's earliest
 record in the flush (what decides whether its stored state expired)."""
 
