@@ -347,9 +347,13 @@ def render(outcomes: dict[str, Outcome], commit: str) -> str:
             cells = []
             for timing in TIMINGS:
                 o = outcomes.get(Cell(op, target, timing).id)
-                cells.append(short[o.result if o else ""] + (f" ({o.detail.split(':')[0]})" if o and o.result == "refused" else ""))
+                note = (f" ({o.detail.split(':')[0]})" if o and o.result == "refused"
+                        else " (on the next run)" if o and o.extra.get("first run refused") else "")
+                cells.append(short[o.result if o else ""] + note)
             lines.append(f"| {what} | " + " | ".join(cells) + " |")
         lines.append("")
+    lines += ["\"(on the next run)\": the run the operation interrupted stopped with a clear refusal (a commit whose "
+              "files a VACUUM deleted: `PendingFilesLostError`), and the next run recovered by itself, exactly once.", ""]
     refusals: dict[str, str] = {}
     for o in sorted(done, key=lambda o: o.cell):
         if o.result == "refused":
