@@ -333,19 +333,20 @@ def test_the_tasks_that_commit_have_the_sinks_as_assets_and_a_downstream_dag_can
 
 
 def test_the_recover_dags_dry_run_logs_the_plan_ckpt_recover_dry_run_prints(tmp_path, capsys):
-    from history import synthetic_history
+    from synthetic_warehouse import synthetic_warehouse
 
     from checkpoint_lib import cli
     from ckpt_airflow.operators import ValidateRecoveryParamsOperator
 
-    w = synthetic_history(tmp_path / "w")
-    op = ValidateRecoveryParamsOperator(task_id="dry", pipeline="payments", warehouse=str(w), checkpoint_id="3",
+    w = synthetic_warehouse(tmp_path / "w")  # a payments warehouse with state and sink tables, by delta-rs
+    op = ValidateRecoveryParamsOperator(task_id="dry", pipeline="payments", warehouse=str(w), checkpoint_id="1",
                                         dry_run=True)
     params = op.execute({})
     logged = capsys.readouterr().out  # Airflow's task log
     assert params["plan"] in logged
-    assert cli.main(["recover", "payments", "--warehouse", str(w), "--checkpoint", "3", "--dry-run"]) == 0
+    assert cli.main(["recover", "payments", "--warehouse", str(w), "--checkpoint", "1", "--dry-run"]) == 0
     assert params["plan"] == capsys.readouterr().out.rstrip("\n")
-    assert "sinks: rolled back to what checkpoint 3 committed" in params["plan"]
-    assert "balance  restores state table version 3" in params["plan"]
-    assert "landing/payments  after version 3" in params["plan"]
+    assert "sinks: rolled back to what checkpoint 1 committed" in params["plan"]
+    assert "ledger    gold/ledger version 2 -> version 0: 400 rows -> 200 (200 discarded)" in params["plan"]
+    assert "balance  restores state table version 1 (now at 2)" in params["plan"]
+    assert "landing/payments  after version 0 up to version 1: 200 rows to replay" in params["plan"]

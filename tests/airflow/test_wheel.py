@@ -27,7 +27,7 @@ import pytest
 from checkpoint_lib.control import PipelineControl
 from checkpoint_lib.verify import check_payments
 from helpers import REPO, append_payments
-from history import synthetic_history
+from synthetic_warehouse import synthetic_warehouse
 from visits import check_visits
 
 USERPKG = REPO / "tests" / "fixtures" / "userpkg"
@@ -141,15 +141,17 @@ def test_the_wheel_installs_the_library_the_cli_and_the_provider(installed):
 
 
 def test_the_recover_dag_plans_a_recovery_from_the_wheel(installed, tmp_path):
-    """A DAG run of the wheel's operators on a checkpoint history (no Spark: the dry run reads the
-    store and prints the plan; the slow test below runs Spark from the wheel)."""
+    """A DAG run of the wheel's operators on a payments warehouse written with delta-rs (no Spark:
+    the dry run reads the store and the tables and prints the plan; the slow test below runs Spark
+    from the wheel)."""
     w = installed
-    env = {**w["env"], "CKPT_WAREHOUSE": str(synthetic_history(tmp_path / "warehouse"))}
+    env = {**w["env"], "CKPT_WAREHOUSE": str(synthetic_warehouse(tmp_path / "warehouse"))}
     r = subprocess.run([str(w["python"]), "-m", "airflow", "dags", "test", "payments_recover", "-c",
-                        json.dumps({"checkpoint_id": "5", "dry_run": True})], env=env, capture_output=True, text=True,
+                        json.dumps({"checkpoint_id": "1", "dry_run": True})], env=env, capture_output=True, text=True,
                        timeout=600)
     out = r.stdout + r.stderr
-    assert r.returncode == 0 and "state=success" in out and "restore checkpoint 5" in out, out[-4000:]
+    assert r.returncode == 0 and "state=success" in out and "restore checkpoint 1" in out, out[-4000:]
+    assert "200 rows to replay" in out, out[-4000:]
 
 
 @pytest.mark.slow  # CI tier: the dry run above; Spark from a checkout runs in test_dags_e2e.py

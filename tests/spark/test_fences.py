@@ -265,7 +265,7 @@ def test_a_zombies_channel_deletes_never_touch_a_newer_epochs_rows(spark, tmp_pa
     payload = T.StructType([T.StructField("amount_cents", T.LongType())])
     log = DeltaChannelLog(spark, str(tmp_path / "channel"), payload)
     log.create()
-    rows = [(0, 0, seq, "data", None, None, epoch, 1) for epoch in (1, 2) for seq in range(4)]
+    rows = [(0, 0, seq, "data", None, None, epoch, (1,)) for epoch in (1, 2) for seq in range(4)]  # the record in its struct
     spark.createDataFrame(rows, log.schema).write.format("delta").mode("append").save(log.path)
     log.truncate_upto(2, epoch=1)  # the zombie (epoch 1): consumed up to 2
     log.truncate_after(0, epoch=1)  # a stalled recovery of epoch 1
