@@ -347,6 +347,7 @@ def test_history_and_acks_round_trip_every_ack_field(root):
         "validated_at": None,
         "retained": True,
         "corrupt": False,
+        "discarded_in_epoch": None,  # never discarded
     }
     assert json.loads(h["acks_json"])["acks"]["keyed[x][3]"]["state"] == state
     assert store.acks(1) == [
