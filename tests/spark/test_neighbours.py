@@ -3,8 +3,8 @@ on either side of the payments pipeline, at every moment that matters, ends exac
 the clear refusal :func:`neighbours.expected` names. ``make neighbours`` runs the same cells and
 rewrites the matrix in docs/reliability.md.
 
-CI runs two cells that share one beginning (a RESTORE of the sinks, refused; a deletion-vectors
-upgrade of the sinks, exactly once); the slow tier runs every cell."""
+CI runs one cell (a deletion-vectors upgrade of the sinks, exactly once); the slow tier runs every
+cell."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import neighbours as nb
 
 pytestmark = pytest.mark.spark
 RESULTS = os.environ.get("CKPT_NEIGHBOURS_RESULTS")
-CI_CELLS = {"restore-sinks-between", "dv_upgrade-sinks-between"}
+CI_CELLS = {"dv_upgrade-sinks-between"}
+"""The sinks' RESTORE refusal runs in CI as tests/spark/test_lakehouse.py's restore test (a sink alone)."""
 
 
 @pytest.fixture(scope="module")

@@ -120,6 +120,8 @@ def channel_state_rows(w: str, name: str) -> dict[int, int]:
     return {c.checkpoint_id: sum(a.channel_state_rows for a in c.acks.values()) for c in store.all()}
 
 
+@pytest.mark.slow  # 90 s (CI time); CI tier: every channel-log, channel-state and dead-letter test runs the struct layout
+# (tests/spark/test_inflight.py, test_long_runs.py, test_transfers.py, the quality suites), tests/core/test_reserved.py the refusals
 def test_records_named_like_our_columns_run_unaligned_with_a_lagging_source_and_into_the_dead_letters(spark, tmp_path):
     w = str(tmp_path)
     # unaligned with a lagging source: records in the channel log and in channel state, then a
