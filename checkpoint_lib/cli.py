@@ -212,8 +212,10 @@ def _runner(args: argparse.Namespace, **kw: Any):
         interval=args.interval, min_pause=args.min_pause, max_concurrent=1, timeout=args.timeout,
         retained=args.retained,
     )
+    source, operator = getattr(args, "source_parallelism", None), getattr(args, "parallelism", None)
+    given = [f"--{flag} {n}" for flag, n in (("source-parallelism", source), ("parallelism", operator)) if n is not None]
     pipeline = _pipeline(args.pipeline).with_parallelism(
-        source=getattr(args, "source_parallelism", None), operator=getattr(args, "parallelism", None)
+        source=source, operator=operator, origin=" ".join(given)
     )
     mode = args.mode or ("unaligned" if pipeline.feedback else "aligned")
     return PipelineRunner(

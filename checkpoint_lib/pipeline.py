@@ -278,6 +278,9 @@ class Pipeline:
     """What ``ckpt generate`` runs (:meth:`generator`)."""
     quality_spec: Any = None
     """The roles the quality suites read (:meth:`quality`), a ``QualitySpec``."""
+    parallelism_origin: str | None = None
+    """Where the parallelism comes from when it is not the declared one (:meth:`with_parallelism`'s
+    ``origin``, e.g. the CLI's ``--parallelism 4``): what a rescale's message names."""
 
     def __post_init__(self) -> None:
         _check_name("pipeline name", self.name)
@@ -461,11 +464,13 @@ class Pipeline:
         self.quality_spec = spec
         return self
 
-    def with_parallelism(self, source: int | None = None, operator: int | None = None) -> "Pipeline":
+    def with_parallelism(self, source: int | None = None, operator: int | None = None,
+                         origin: str = "with_parallelism()") -> "Pipeline":
         """A copy with other parallelism (None keeps the declared one). Restoring a checkpoint
         taken at another parallelism rescales: keyed state is split by key group (up to
         ``max_parallelism`` subtasks). ``forward()`` keeps both sides equal. The CLI's
-        ``--parallelism`` / ``--source-parallelism`` use it."""
+        ``--parallelism`` / ``--source-parallelism`` use it; ``origin`` is what a rescale's
+        message names as where the parallelism came from."""
         import dataclasses
 
         source = self.source_parallelism if source is None else source
@@ -479,6 +484,8 @@ class Pipeline:
             check_parallelism(n, self.max_parallelism)
         copy = dataclasses.replace(self, sinks=dict(self.sinks), transforms=list(self.transforms))
         copy.source_parallelism, copy.keyed_parallelism = source, operator
+        if (source, operator) != (self.source_parallelism, self.keyed_parallelism):
+            copy.parallelism_origin = origin
         return copy
 
     @property

@@ -3,7 +3,7 @@
 The suites live in ``expectations/`` (JSON, one file per suite, GX's own expectation types plus the
 custom ones of :mod:`checkpoint_lib.quality.gx_expectations`). They are checked against *computed
 views*: small Spark DataFrames that join what a checkpoint promised with what the tables hold
-(``events``: every valid source event once in the ledger; ``keys``: sink, state and source agree
+(``events``: every record once in the event sink; ``keys``: sink, state and source agree
 per key; ``conservation``: state + channel state = source; ...). Views are built in Spark from the
 warehouse (:mod:`~checkpoint_lib.quality.views`), validated by GX Checkpoints in a file context
 under ``<warehouse>/_quality/<pipeline>/`` whose Data Docs land in

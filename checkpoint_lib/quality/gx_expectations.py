@@ -37,9 +37,10 @@ class ExpectNothingLost(gx.expectations.UnexpectedRowsExpectation):
 
     unexpected_rows_query: str = (
         "SELECT * FROM {batch} WHERE valid_rows + dead_letters <> source_rows "
-        "OR dead_letters <> bad_rows OR sink_rows + repeats <> valid_rows"
+        "OR dead_letters <> bad_rows OR sink_rows + repeats <> record_rows"
     )
-    description: str = "valid + dead-lettered = source rows in range, sink rows = valid rows (less repeated ids)"
+    description: str = ("valid + dead-lettered = source rows in range, sink rows = the records the valid rows "
+                        "became (less repeated ids)")
 
 
 class ExpectRestoredStateToMatchSnapshot(gx.expectations.UnexpectedRowsExpectation):

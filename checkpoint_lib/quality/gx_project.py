@@ -56,6 +56,21 @@ class SuiteSpec:
             raise ValueError(f"suite file {path} must have \"suite\": {name!r} and a \"views\" object")
         return cls(name, doc.get("description", ""), doc["views"])
 
+    def in_words(self, words: Mapping[str, str]) -> "SuiteSpec":
+        """This suite with each note's ``{role}`` placeholders (``event_sink``, ``event_id``,
+        ``event_columns``, ``key_sink``, ``key``, ``aggregates``) replaced by the pipeline's own
+        names (:meth:`QualitySpec.words`): a failure speaks of its sinks and columns."""
+        def worded(note: str) -> str:
+            for role, word in words.items():
+                note = note.replace("{" + role + "}", word)
+            return note
+
+        views = {}
+        for view, spec in self.views.items():
+            exps = [dict(e, notes=worded(e["notes"])) if e.get("notes") else e for e in spec.get("expectations", [])]
+            views[view] = dict(spec, expectations=exps) if "expectations" in spec else spec
+        return SuiteSpec(self.name, self.description, views)
+
     def with_expectations(self, extra: Mapping[str, Sequence[Any]]) -> "SuiteSpec":
         """This suite plus views checked by GX expectation objects (a pipeline's own invariants)."""
         clash = sorted(set(extra) & set(self.views))

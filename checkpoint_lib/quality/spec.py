@@ -53,6 +53,18 @@ class QualitySpec:
     distinct_events: bool = False
     expectations: Mapping[str, Sequence[Any]] | Callable[[], Mapping[str, Sequence[Any]]] = field(default_factory=dict)
 
+    def words(self, key: str | None) -> dict[str, str]:
+        """The pipeline's own names for the roles the suites' notes speak of (a role the spec
+        leaves out keeps a generic word); ``key`` is the pipeline's key column."""
+        return {
+            "event_sink": repr(self.event_sink) if self.event_sink else "(no event sink)",
+            "event_id": self.event_id or "event id",
+            "event_columns": ", ".join(self.event_columns) or "the values",
+            "key_sink": repr(self.key_sink) if self.key_sink else "(no key sink)",
+            "key": key or "key",
+            "aggregates": ", ".join(self.aggregates) or "the aggregates",
+        }
+
     def sink_expectations(self) -> dict[str, list[Any]]:
         """:attr:`expectations` (called first when it is a function), sink name -> GX expectations."""
         found = self.expectations() if callable(self.expectations) else self.expectations

@@ -71,7 +71,7 @@ def _run(
         result.notes += notes
         result.run_name = f"{pipeline_name}-{kind}-c{facts.checkpoint_id}-e{result.epoch}-{stamp}"
         project = GxProject(quality_root(ctx.warehouse, pipeline_name), pipeline_name)
-        result.outcomes = project.run(suite_for(kind, ctx.spec), views, result.run_name, progress=progress)
+        result.outcomes = project.run(suite_for(kind, ctx.spec, ctx.pipeline.key), views, result.run_name, progress=progress)
         publish_data_docs(ctx.warehouse, pipeline_name)
         result.metrics = _metrics(views)
     except Exception as exc:
@@ -91,12 +91,13 @@ def _run(
     return result
 
 
-def suite_for(kind: str, spec: Any) -> Any:
-    """The suite a validation of ``kind`` runs for a pipeline of quality ``spec``: the shipped JSON
-    suite, plus (after a restore) the pipeline's own expectations on its sinks."""
+def suite_for(kind: str, spec: Any, key: str | None = None) -> Any:
+    """The suite a validation of ``kind`` runs for a pipeline of quality ``spec`` (and ``key``
+    column): the shipped JSON suite in the pipeline's own words, plus (after a restore) the
+    pipeline's own expectations on its sinks."""
     from .gx_project import SuiteSpec
 
-    suite = SuiteSpec.load(SUITES[kind])
+    suite = SuiteSpec.load(SUITES[kind]).in_words(spec.words(key))
     if kind == RESTORE:
         own = spec.sink_expectations()
         if own:

@@ -9,16 +9,18 @@ After a restore (suite ``after_restore``), at checkpoint *c* with source offset 
 table version its sources acknowledged):
 
 =================  ==============================================================================
-``ledger``         the event sink as *c* committed it (Delta time travel to the version before the
+``event_sink``     the event sink as *c* committed it (Delta time travel to the version before the
                    first commit stamped above *c*)
-``events``         one row per event id in the valid source rows up to *v* or in the event sink:
+``events``         one row per event id in the records up to *v* (the valid source rows through the
+                   pipeline's ``map()`` steps: what the operator saw) or in the event sink:
                    ``source_copies``, ``sink_copies``, ``values_match`` (exactly once: both 1)
 ``keys``           one row per key: ``in_source/in_sink/in_state`` and ``sink_matches_source`` /
                    ``state_matches_source`` (the key sink and the snapshot's state plus its channel
                    state agree with the aggregates recomputed from the source)
-``totals``         one row: ``source_rows``, ``valid_rows``, ``bad_rows``, ``dead_letters``, ``repeats``,
-                   ``distinct_dead_letters``, ``sink_rows`` (nothing lost: valid + dead = source; the
-                   event sink counts with what was in flight at the checkpoint)
+``totals``         one row: ``source_rows``, ``valid_rows``, ``bad_rows``, ``record_rows`` (the valid
+                   rows through the maps), ``dead_letters``, ``repeats``, ``distinct_dead_letters``,
+                   ``sink_rows`` (nothing lost: valid + dead = source, sink = records; the event
+                   sink counts with what was in flight at the checkpoint)
 ``restored_state`` one row per key of the state table right after the latest restore, or of the
                    snapshot it restored (plus the channel state it replayed): ``in_restored``,
                    ``in_snapshot``, ``values_equal``
@@ -52,12 +54,15 @@ from ..delta.store import RESTORED, DeltaCheckpointStore
 from ..files import files_at
 from ..layout import channel_state_table, checkpoint_root, state_table
 from ..pipeline import DeltaSource, Pipeline
-from ..reserved import ERROR_COLUMN, KEY_GROUP
+from ..reserved import ERROR_COLUMN, KEY_GROUP, SENDER
 from ..spark.tables import struct_type
+from ..spark.topology import OFFSET_FIELDS
 from .paths import inside
 from .result import QualityCheckError
 from .spec import QualitySpec
 
+EVENT_SINK_VIEW = "event_sink"
+"""The view of the pipeline's event sink (``QualitySpec.event_sink``) as the checkpoint committed it."""
 
 
 @dataclass
@@ -249,9 +254,26 @@ def channel_state_rows(ctx: Context, checkpoint_id: int, record: bool = True) ->
     return read_channel_state(ctx.spark, path, checkpoint_id, record)
 
 
-def source_records(ctx: Context, valid: DataFrame) -> DataFrame:
-    """What the spec's aggregates recompute from: the valid source rows, or the spec's mapping."""
-    return valid if ctx.spec.source_records is None else ctx.spec.source_records(ctx, valid)
+def mapped(ctx: Context, valid: DataFrame) -> DataFrame:
+    """The valid source rows as the operator receives them: through the pipeline's ``map()`` steps,
+    in its record schema. A map is given the offset and ``sender`` columns it must keep, here as
+    typed nulls (a map must not depend on them: a record's offset only says where it came from)."""
+    p = ctx.pipeline
+    if not p.transforms:
+        return valid
+    df = valid.drop(ERROR_COLUMN)
+    for name, kind in (*OFFSET_FIELDS, (SENDER, "int")):
+        if name not in df.columns:
+            df = df.withColumn(name, F.lit(None).cast(kind))
+    for fn, _schema in p.transforms:
+        df = fn(df)
+    return df.select(*p.record_schema)
+
+
+def source_records(ctx: Context, records: DataFrame) -> DataFrame:
+    """What the spec's aggregates recompute from: the records the operator received up to the
+    checkpoint (:func:`mapped`), or the spec's mapping of them."""
+    return records if ctx.spec.source_records is None else ctx.spec.source_records(ctx, records)
 
 
 def channel_records(ctx: Context, channel: DataFrame, full: bool) -> DataFrame:
@@ -294,23 +316,23 @@ def sink_view(sink: str) -> str:
 def restore_views(ctx: Context, facts: CheckpointFacts, restore: RestoreFacts | None) -> dict[str, DataFrame]:
     spec, key = ctx.spec, ctx.pipeline.key
     src = source_rows(ctx, facts.source_version)
-    valid = src.where(F.col(ERROR_COLUMN).isNull())
+    records = mapped(ctx, src.where(F.col(ERROR_COLUMN).isNull()))  # what the operator saw
     views: dict[str, DataFrame] = {}
 
     if spec.event_sink is not None and spec.event_id is not None:
-        ledger = sink_at(ctx, spec.event_sink, facts.checkpoint_id)
+        event_rows = sink_at(ctx, spec.event_sink, facts.checkpoint_id)
         if spec.event_id != "event_id":
-            ledger = ledger.withColumnRenamed(spec.event_id, "event_id")
-        ledger = ctx.materialize(ledger, "ledger")
-        views["ledger"] = ledger
+            event_rows = event_rows.withColumnRenamed(spec.event_id, "event_id")
+        event_rows = ctx.materialize(event_rows, EVENT_SINK_VIEW)
+        views[EVENT_SINK_VIEW] = event_rows
         cols = list(spec.event_columns)
         copies = F.lit(1) if spec.distinct_events else F.count(F.lit(1))  # repeats of an id are one event
-        s = valid.groupBy(F.col(spec.event_id).alias("event_id")).agg(
+        s = records.groupBy(F.col(spec.event_id).alias("event_id")).agg(
             copies.alias("source_copies"), *[F.first(c).alias(f"source_{c}") for c in cols])
         # records in flight at the checkpoint reach the event sink after it: they count as there
         # (with distinct events, an id in flight that the sink already holds is a repeat, not a copy)
         channel = channel_state_rows(ctx, facts.checkpoint_id)
-        landed = ledger.select("event_id", *cols, F.lit(True).alias("in_sink"))
+        landed = event_rows.select("event_id", *cols, F.lit(True).alias("in_sink"))
         if channel is not None:
             landed = landed.unionByName(channel.select(F.col(spec.event_id).alias("event_id"), *cols,
                                                        F.lit(False).alias("in_sink")))
@@ -329,12 +351,12 @@ def restore_views(ctx: Context, facts: CheckpointFacts, restore: RestoreFacts | 
             "events",
         )
     else:
-        ledger = None
+        event_rows = None
 
     aggs = spec.aggregates
     if aggs:
         parts = {
-            "source": source_records(ctx, valid).groupBy(key).agg(*[agg().alias(c) for c, agg in aggs.items()]),
+            "source": source_records(ctx, records).groupBy(key).agg(*[agg().alias(c) for c, agg in aggs.items()]),
             "state": effective_state(ctx, facts.acks, facts.checkpoint_id),
         }
         if spec.key_sink is not None:  # what the sink holds at c, plus what was still in flight
@@ -362,6 +384,10 @@ def restore_views(ctx: Context, facts: CheckpointFacts, restore: RestoreFacts | 
         F.count(F.when(F.col(ERROR_COLUMN).isNull(), 1)).alias("valid_rows"),
         F.count(F.when(F.col(ERROR_COLUMN).isNotNull(), 1)).alias("bad_rows"),
     )
+    if ctx.pipeline.transforms:  # a map may filter or explode: the operator's record count
+        totals = totals.crossJoin(records.agg(F.count(F.lit(1)).alias("record_rows")))
+    else:
+        totals = totals.withColumn("record_rows", F.col("valid_rows"))
     dlq = dead_letters(ctx, facts.source_version)
     if dlq is None:
         totals = totals.withColumn("dead_letters", F.lit(0).cast("long")).withColumn("distinct_dead_letters", F.lit(0).cast("long"))
@@ -369,13 +395,13 @@ def restore_views(ctx: Context, facts: CheckpointFacts, restore: RestoreFacts | 
         offset = list(spec.dead_letter_offset)
         totals = totals.crossJoin(dlq.agg(F.count(F.lit(1)).alias("dead_letters"),
                                           F.countDistinct(*offset).alias("distinct_dead_letters")))
-    if ledger is not None:  # + in flight
+    if event_rows is not None:  # + in flight
         sink_rows = k.agg(F.sum("sink_copies")) if spec.distinct_events else landed.agg(F.count(F.lit(1)))
         totals = totals.crossJoin(sink_rows.toDF("sink_rows"))
     else:
         totals = totals.withColumn("sink_rows", F.col("valid_rows"))
-    if ledger is not None and spec.distinct_events:  # valid rows that repeat an id: not sink rows
-        totals = totals.crossJoin(valid.agg((F.count(F.lit(1)) - F.countDistinct(spec.event_id)).alias("repeats")))
+    if event_rows is not None and spec.distinct_events:  # valid rows that repeat an id: not sink rows
+        totals = totals.crossJoin(records.agg((F.count(F.lit(1)) - F.countDistinct(spec.event_id)).alias("repeats")))
     else:
         totals = totals.withColumn("repeats", F.lit(0).cast("long"))
     views["totals"] = ctx.materialize(totals.select(*[F.col(c).cast("long").alias(c) for c in totals.columns]), "totals")
@@ -522,7 +548,7 @@ def checkpoint_views(ctx: Context, facts: CheckpointFacts) -> dict[str, DataFram
 
     aggs = ctx.spec.aggregates
     if aggs:
-        src = source_records(ctx, source_rows(ctx, facts.source_version).where(F.col(ERROR_COLUMN).isNull()))
+        src = source_records(ctx, mapped(ctx, source_rows(ctx, facts.source_version).where(F.col(ERROR_COLUMN).isNull())))
         source = src.agg(*[agg().alias(f"source_{c}") for c, agg in aggs.items()])
         state = snapshot_state(ctx, facts.acks).agg(*[F.sum(c).cast("long").alias(f"state_{c}") for c in aggs])
         if channel is None:

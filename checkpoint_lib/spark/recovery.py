@@ -85,7 +85,7 @@ class Recovery:
         for stage, point in points.items():
             was = point.get("parallelism", now)
             if was != now:
-                self.ctx.progress(f"parallelism changed ({stage} stopped at {was}, now {now}): recovering to rescale")
+                self.ctx.progress(rescale_message(stage, was, now, self.ctx.pipeline.parallelism_origin))
                 return None
         keyed = points.get("keyed")
         if keyed is not None and self.t.state is not None and keyed["state_version"] != self.t.state.version():
@@ -276,3 +276,17 @@ class Recovery:
         keyed.state_version = self.t.state.version() if self.t.state is not None else -1
         if plan.checkpoint:
             keyed.replay_channel_state(plan)
+
+
+def rescale_message(stage: str, was: dict[str, int], now: dict[str, int], origin: str | None) -> str:
+    """Why a start rescales: the parallelism ``stage`` stopped at, the one now and where that comes
+    from (``origin``, e.g. ``--parallelism 4``; None: the pipeline's declaration), and how to keep
+    the old one."""
+    def shown(p: dict[str, int]) -> str:
+        return ", ".join(f"{k} {v}" for k, v in p.items())
+
+    source = f"from {origin}" if origin else "as the pipeline declares it"
+    keep = " ".join(f"--{'parallelism' if k == 'operator' else 'source-parallelism'} {v}"
+                    for k, v in was.items() if now.get(k) != v)
+    return (f"parallelism changed: the {stage} stage stopped at {shown(was)}, now {shown(now)} ({source}); "
+            f"recovering to rescale the latest checkpoint (to keep the earlier parallelism, run with {keep})")

@@ -347,13 +347,13 @@ class SourceStage:
         from ..files import files_at
 
         app = f"{app_prefix(self.ctx.pipeline.name)}/dlq"
-        cols = list(self.ctx.pipeline.source_spec.schema)
+        record = self.t.dlq_record
         for _ in range(DLQ_ATTEMPTS):
             stamp = tables.stamp_of(self.t.dlq_path, app)
             stamp = -1 if stamp is None else stamp
             if end_version <= stamp:
                 return
-            row = [F.col(f"`{c}`").cast("string").alias(c) for c in cols]
+            row = [F.col(f"`{f.name}`").cast(f.dataType).alias(f.name) for f in record.fields]
             rows = bad.where(F.col("src_version") > stamp).select(
                 *([F.struct(*row).alias(RECORD)] if self.t.dlq_nested else row),  # a flat table: an earlier version's
                 F.col(ERROR_COLUMN).alias("error"), *OFFSET_COLUMNS,

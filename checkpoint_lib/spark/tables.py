@@ -298,11 +298,15 @@ def version(spark: SparkSession, path: str) -> int:
     return v
 
 
-def columns_of(path: str) -> dict[str, str] | None:
-    """The top-level columns of the Delta table at ``path``, name -> type name (``struct`` for a
-    struct; None: no table there), from its log (delta-rs), with no Spark job."""
+def columns_of(path: str, nested: str | None = None) -> dict[str, str] | None:
+    """The top-level columns of the Delta table at ``path`` (or the fields of its struct column
+    ``nested``), name -> type name (``struct`` for a struct; None: no table there), from its log
+    (delta-rs), with no Spark job."""
     if not is_delta_table(path):
         return None
     from deltalake import DeltaTable
 
-    return {f.name: str(getattr(f.type, "type", f.type)) for f in DeltaTable(path).schema().fields}
+    fields = DeltaTable(path).schema().fields
+    if nested is not None:
+        fields = next((f.type.fields for f in fields if f.name == nested and hasattr(f.type, "fields")), [])
+    return {f.name: str(getattr(f.type, "type", f.type)) for f in fields}

@@ -31,7 +31,7 @@ SOURCE = "source"
 """The operator name of the source subtasks."""
 DLQ_COLUMNS = (("error", T.StringType()), *zip(OFFSET_COLUMNS, (T.LongType(), T.StringType(), T.LongType())),
                ("epoch", T.LongType()))
-"""The dead-letter table's own columns, beside the bad row (the source's columns as text) in
+"""The dead-letter table's own columns, beside the bad row (the source's columns, in its types) in
 :data:`~checkpoint_lib.reserved.RECORD`: the reason, the source offset, the epoch that wrote it."""
 
 
@@ -59,6 +59,7 @@ class Topology:
         self.channel_state_path = str(channel_state_table(self.root))
         self.channel_state = ChannelStateTable(spark, self.channel_state_path, self.payload)
         self._dlq_nested: bool | None = None
+        self._dlq_record: T.StructType | None = None
         self.state: KeyedStateTable | None = None  # a stateless operator (not key_by) has none
         if p.keyed:
             self.state = KeyedStateTable(
@@ -85,12 +86,25 @@ class Topology:
                 "what it holds).")
         return self._dlq_nested
 
+    @property
+    def dlq_record(self) -> T.StructType:
+        """The bad row's columns as the dead-letter table keeps them: in the source's declared types
+        (a timestamp keeps its instant, a number stays a number; a value of a landing file that did
+        not convert is null there, and the reason quotes it), or all as text in a table an earlier
+        version wrote so."""
+        if self._dlq_record is None:
+            declared = tables.struct_type(self.pipeline.source_spec.schema)
+            have = tables.columns_of(self.dlq_path, nested=RECORD if self.dlq_nested else None)
+            as_text = have is not None and all(have.get(f.name) == "string" for f in declared.fields)
+            self._dlq_record = (T.StructType([T.StructField(f.name, T.StringType(), True) for f in declared.fields])
+                                if as_text else declared)
+        return self._dlq_record
+
     def dlq_schema(self) -> T.StructType:
-        """The dead-letter table: the bad row (the source's columns as text) in :data:`RECORD`, the
-        reason, the source offset, the epoch (flat, an earlier version's table: the source's
-        columns beside those)."""
-        row = [T.StructField(c, T.StringType(), True) for c in self.pipeline.source_spec.schema]
+        """The dead-letter table: the bad row (:attr:`dlq_record`) in :data:`RECORD`, the reason,
+        the source offset, the epoch (flat, an earlier version's table: the row's columns beside
+        those)."""
         ours = [T.StructField(c, t, False) for c, t in DLQ_COLUMNS]
         if self.dlq_nested:
-            return T.StructType([T.StructField(RECORD, T.StructType(row), True), *ours])
-        return T.StructType(row + ours)
+            return T.StructType([T.StructField(RECORD, self.dlq_record, True), *ours])
+        return T.StructType(list(self.dlq_record.fields) + ours)

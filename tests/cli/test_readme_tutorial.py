@@ -81,7 +81,11 @@ def test_your_first_pipeline_runs_as_written(spark, tmp_path, monkeypatch, capsy
     assert list(visitors["visits"]) == [len(range(i, 100, 7)) for i in range(7)]
     # the last page of visitor u<i> is its last visit's: visit j = the largest j < 100 with j % 7 == i
     assert list(visitors["last_page"]) == [f"/p/{max(range(i, 100, 7)) % 5}" for i in range(7)]
-    assert len(read_delta(tmp_path / "wh" / "gold" / "visit_log")) == 100
+    log = read_delta(tmp_path / "wh" / "gold" / "visit_log")
+    assert len(log) == 100
+    # the map's output is what the operator got and what `ckpt validate` compared the sinks with
+    assert read_delta(tmp_path / "wh" / "landing" / "visits")["page"].str.startswith("/P/").sum() == 34
+    assert log["page"].str.startswith("/p/").all()
 
 
 def test_every_dag_file_the_readme_shows_imports_what_it_calls():

@@ -95,6 +95,8 @@ def test_incomplete_pipeline_names_what_is_missing():
 def test_with_parallelism_is_a_copy_and_forward_keeps_both_sides_equal():
     p = finish(base(2).key_by("account", 3), Keyed())
     q = p.with_parallelism(operator=5)
+    assert p.parallelism_origin is None and q.parallelism_origin == "with_parallelism()"  # what a rescale names
+    assert p.with_parallelism(operator=p.keyed_parallelism, origin="--parallelism 2").parallelism_origin is None
     assert (p.keyed_parallelism, q.keyed_parallelism, q.source_parallelism) == (3, 5, 2)
     assert q.sinks is not p.sinks and q.operator_ids()["sink_out"] == 5
     f = finish(base(2).forward()).with_parallelism(source=4)

@@ -87,7 +87,7 @@ def test_data_docs_index_exists_and_names_the_latest_run(healthy):
     # every view validated in that run has its rendered result page and its suite page (one Data
     # Docs update per run renders them all)
     docs = index.parent
-    for view in ("ledger", "events", "keys", "totals", "restored_state"):
+    for view in ("event_sink", "events", "keys", "totals", "restored_state"):
         assert (docs / "validations" / "payments" / "after_restore" / view / row["run_name"]).is_dir(), view
         assert (docs / "expectations" / "payments" / "after_restore" / f"{view}.html").is_file(), view
 
@@ -130,7 +130,7 @@ def test_a_duplicated_ledger_row_fails(spark, healthy, tmp_path):
     spark.read.format("delta").load(ledger).limit(1).write.format("delta").mode("append").save(ledger)
     with pytest.raises(QualityCheckFailed, match="FAILED") as err:
         validate_restore(spark, "payments", str(w))
-    assert {("ledger", "event_id"), ("events", "sink_copies")} <= _failed(err.value)
+    assert {("event_sink", "event_id"), ("events", "sink_copies")} <= _failed(err.value)
     row = ValidationLog(w / "_checkpoints" / "payments").latest(kind="restore")
     assert row["status"] == "failed" and not row["success"] and "expect_column_values_to_be_unique" in row["summary"]
 

@@ -23,3 +23,23 @@ def test_a_restore_validation_that_failed_before_reading_the_restore_does_not_cl
     headline = result(error="QualityCheckError: sink 'orders' has no table").headline()
     assert "started from scratch" not in headline and "restored" not in headline
     assert headline.endswith("ERROR QualityCheckError: sink 'orders' has no table")
+
+
+def test_the_suites_notes_speak_of_the_pipelines_own_sinks_and_columns():
+    """A failure names what the pipeline calls its sinks, ids and columns, never another
+    pipeline's words ("ledger": the payments example's)."""
+    from checkpoint_lib.quality.spec import QualitySpec
+    from checkpoint_lib.quality.validate import suite_for
+
+    spec = QualitySpec("stockflow", event_sink="moves", event_id="move_id", event_columns=("sku", "qty"),
+                       key_sink="stock", aggregates={"on_hand": lambda: None})
+    suite = suite_for("restore", spec, "sku")
+    notes = [e["notes"] for v in suite.views.values() for e in v.get("expectations", []) if e.get("notes")]
+    text = "\n".join(notes)
+    assert "{" not in text and "ledger" not in text.lower(), text
+    assert "sku, qty in sink 'moves' equal the records'" in text
+    assert "every record is in sink 'moves' exactly once, by move_id" in text
+    assert "on_hand in sink 'stock' = recomputed from the records" in text
+    assert "every sku with records has a row in sink 'stock'" in text
+    generic = suite_for("restore", QualitySpec("g", event_sink=None, event_id=None))
+    assert "{" not in "".join(e.get("notes", "") for v in generic.views.values() for e in v.get("expectations", []))

@@ -433,9 +433,14 @@ def test_rescaling_3_to_5_to_2_restores_state_by_key_group_and_recommits_every_o
     assert check.ok, check.summary()
 
     generate(spark, str(tmp_path), ROWS // 2, bad_fraction=0.02, accounts=30, seed=54)
-    narrow = get("payments").with_parallelism(operator=2)
-    at2 = PipelineRunner(narrow, str(tmp_path), spark, rows_per_checkpoint=ROWS // 2).run()
+    narrow = get("payments").with_parallelism(operator=2, origin="--parallelism 2")
+    said: list[str] = []
+    at2 = PipelineRunner(narrow, str(tmp_path), spark, rows_per_checkpoint=ROWS // 2, progress=said.append).run()
     assert at2.restored == at5.completed[-1] and at2.rows_in == ROWS // 2
+    # the rescale says where each parallelism comes from and how to keep the earlier one
+    assert ("parallelism changed: the source stage stopped at source 3, operator 5, now source 2, operator 2 "
+            "(from --parallelism 2); recovering to rescale the latest checkpoint (to keep the earlier "
+            "parallelism, run with --source-parallelism 3 --parallelism 5)") in said, said
     check = check_payments(str(tmp_path))
     assert check.ok, check.summary()
     assert check.ledger_rows == check.valid_rows

@@ -115,6 +115,13 @@ def test_one_timestamp_far_in_the_future_is_a_dead_letter_and_expires_no_state(s
     dead = spark.read.format("delta").load(f"{w}/dlq/clicks").collect()
     assert [(r.record.user, r.src_version) for r in dead] == [("evil", 1)]
     assert "is more than 6:00:00 after the reference event time 2026-05-01 10:06:00 UTC" in dead[0].error
+    # the bad row keeps the source's types: the timestamp is the landed instant, zone and all
+    landed = spark.read.format("delta").load(f"{w}/landing/clicks").where("user = 'evil'").first()
+    assert isinstance(dead[0].record.ts, datetime) and dead[0].record.ts == landed.ts
+    from checkpoint_lib.verify import read_delta
+
+    ts = read_delta(f"{w}/dlq/clicks")["record"][0]["ts"]
+    assert ts.tzinfo is not None and ts.timestamp() == landed.ts.timestamp()
 
 
 def test_a_state_ttl_is_declared_on_a_timestamp_column_of_keyed_state():
