@@ -88,6 +88,21 @@ def _spark(args: argparse.Namespace):
     return spark
 
 
+def _import_in_background(module: str) -> None:
+    """Import ``module`` on a daemon thread (its cost overlaps the caller's wait for Spark); the
+    first real use waits on Python's import lock for it, and an import error shows there."""
+    import importlib
+    import threading
+
+    def load() -> None:
+        try:
+            importlib.import_module(module)
+        except Exception:  # shown where the module is used
+            pass
+
+    threading.Thread(target=load, name=f"import {module}", daemon=True).start()
+
+
 def _spark_conf_pair(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
@@ -336,6 +351,8 @@ def _cmd_recover(args: argparse.Namespace) -> int:
         else:
             print(preview.describe())
         return EXIT_OK
+    if not args.no_validate:
+        _import_in_background("great_expectations")  # the validation's imports, while the run runs
     summary = _run(args, recover=True)
     code, validations = (EXIT_OK, []) if args.no_validate else _validate(args, kinds=("restore",))
     if _json(args):
@@ -483,6 +500,7 @@ def _validate(args: argparse.Namespace, kinds: Sequence[str]) -> tuple[int, list
 
     run = {"restore": validate_restore, "checkpoint": validate_checkpoint}
     out = sys.stderr if _json(args) else sys.stdout
+    _import_in_background("great_expectations")  # seconds of imports, while the JVM starts
     code, results = EXIT_OK, []
     for kind in kinds:
         spark = _spark(args)
