@@ -337,9 +337,15 @@ def _metadata_and_protocol_of_snapshot(table: str | os.PathLike, version: int) -
 
 def schema_at(table: str | os.PathLike, version: int) -> dict[str, str]:
     """Column name -> Delta type name, from the newest metaData action at or before ``version``."""
-    metadata, _ = _metadata_and_protocol(table, version)
-    fields = json.loads(metadata["schemaString"])["fields"]
+    fields = schema_json_at(table, version)["fields"]
     return {f["name"]: f["type"] if isinstance(f["type"], str) else "struct" for f in fields}
+
+
+def schema_json_at(table: str | os.PathLike, version: int) -> dict[str, Any]:
+    """The table's schema at ``version`` as Delta writes it (a struct type in Spark's JSON form:
+    ``pyspark.sql.types.StructType.fromJson`` reads it), from the newest metaData action."""
+    metadata, _ = _metadata_and_protocol(table, version)
+    return json.loads(metadata["schemaString"])
 
 
 def table_features(table: str | os.PathLike, version: int) -> set[str]:

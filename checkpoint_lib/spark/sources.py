@@ -16,11 +16,12 @@ A new kind of source is one class implementing :class:`SourceReader` and one
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Mapping, Protocol
 from urllib.parse import unquote
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from ..delta import log as delta_log
 from ..delta.log import AddedFile
@@ -102,6 +103,22 @@ def source_reader(declaration: Any, site: SourceSite) -> SourceReader:
     return _KINDS.build(declaration, site, f"pipeline {site.pipeline!r}")
 
 
+def schema_problems(have: Mapping[str, T.DataType], want: Mapping[str, str]) -> list[str]:
+    """What keeps a table with columns ``have`` from being read as the declared ``want`` (column ->
+    Spark SQL type, as pipelines declare them): missing columns and other types. Types compare as
+    Spark reads them, so the declaration's spelling does not matter (``int`` = ``integer``,
+    ``bigint`` = ``long``, ``decimal(18, 2)``, nested types), nor does nullability."""
+    problems = []
+    for c, t in want.items():
+        if c not in have:
+            problems.append(f"column {c!r} is missing")
+            continue
+        if have[c].simpleString() != T._parse_datatype_string(t).simpleString():
+            shown = have[c].jsonValue()  # Delta's name: integer, long, decimal(18,2), ...
+            problems.append(f"column {c!r} is {shown if isinstance(shown, str) else have[c].simpleString()}, expected {t}")
+    return problems
+
+
 class DeltaTableReader:
     """An append-only Delta table read by version (:class:`~checkpoint_lib.pipeline.DeltaSource`).
     Steps are planned from its log, parsed once per version
@@ -148,13 +165,9 @@ class DeltaTableReader:
                 f"{self.path} uses column mapping: an incremental source reads its Parquet files directly and "
                 "needs the columns under their own names. Nothing was read or written."
             )
-        have = delta_log.schema_at(self.path, version)
+        have = {f.name: f.dataType for f in T.StructType.fromJson(delta_log.schema_json_at(self.path, version)).fields}
         want = self.spec.schema
-        problems = [
-            f"column {c!r} is missing" if c not in have else f"column {c!r} is {have[c]}, expected {t}"
-            for c, t in want.items()
-            if have.get(c) != t
-        ]
+        problems = schema_problems(have, want)
         if problems:
             raise SchemaMismatchError(
                 f"{self.path} at version {version} does not fit pipeline {self.site.pipeline!r}: "
