@@ -502,8 +502,8 @@ def _validate(args: argparse.Namespace, kinds: Sequence[str]) -> tuple[int, list
     out = sys.stderr if _json(args) else sys.stdout
     _import_in_background("great_expectations")  # seconds of imports, while the JVM starts
     code, results = EXIT_OK, []
+    spark = _spark(args)
     for kind in kinds:
-        spark = _spark(args)
         title = f"validating {kind}"
         started = time.monotonic()
         try:

@@ -121,13 +121,6 @@ class Context:
             self.progress("computed", view)
         return df
 
-    def kept(self, df: DataFrame) -> DataFrame:
-        """``df`` computed once (an eager local checkpoint, as :meth:`materialize`) for several
-        views to read: not a view itself."""
-        df = df.localCheckpoint(eager=True)
-        self.cached.append(df)
-        return df
-
     def release(self) -> None:
         """Forget the materialized views (their blocks go with the DataFrames)."""
         self.cached.clear()
@@ -322,8 +315,7 @@ def sink_view(sink: str) -> str:
 
 def restore_views(ctx: Context, facts: CheckpointFacts, restore: RestoreFacts | None) -> dict[str, DataFrame]:
     spec, key = ctx.spec, ctx.pipeline.key
-    # read once: the events, keys and totals views all count the source (three scans otherwise)
-    src = ctx.kept(source_rows(ctx, facts.source_version))
+    src = source_rows(ctx, facts.source_version)
     records = mapped(ctx, src.where(F.col(ERROR_COLUMN).isNull()))  # what the operator saw
     views: dict[str, DataFrame] = {}
 

@@ -160,3 +160,31 @@ def test_no_bar_for_machines_or_pipes(monkeypatch):
     assert not cli._bar_wanted(parser.parse_args(["run", "payments"]))
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
     assert cli._bar_wanted(parser.parse_args(["run", "payments"]))
+
+
+def test_validate_starts_one_session_for_both_suites(tmp_path, monkeypatch, capsys):
+    """`ckpt validate --suite all` asks for its Spark session once: a second request with options
+    that only apply at start (``--spark-conf spark.driver.extraJavaOptions=...``) was refused by
+    the session the first one started ("cannot change on the running Spark session")."""
+    from types import SimpleNamespace
+
+    from checkpoint_lib import quality
+
+    sessions, suites = [], []
+    monkeypatch.setattr(cli, "_spark", lambda args: sessions.append(args) or object())
+
+    def suite(kind):
+        def run(spark, pipeline, warehouse, checkpoint, progress=None):
+            suites.append((kind, spark))
+            return SimpleNamespace(success=True, checkpoint_id=1, outcomes=[], failed=[], data_docs="",
+                                   headline=lambda: kind, summary=lambda verbose=False: kind)
+        return run
+
+    monkeypatch.setattr(quality, "validate_restore", suite("restore"))
+    monkeypatch.setattr(quality, "validate_checkpoint", suite("checkpoint"))
+    (tmp_path / "w").mkdir()
+    code = cli.main(["validate", "payments", "--warehouse", str(tmp_path / "w"),
+                     "--spark-conf", "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1"])
+    assert code == 0, capsys.readouterr().err
+    assert len(sessions) == 1 and [k for k, _ in suites] == ["restore", "checkpoint"]
+    assert suites[0][1] is suites[1][1]
