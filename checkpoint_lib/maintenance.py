@@ -405,14 +405,13 @@ def read_needs(store: "DeltaCheckpointStore", view: Any = None, sessions: Sequen
                *, from_sessions: Needs | None = None) -> Needs:
     """What the checkpoints of ``store`` need, from ``view`` (a store ``_View``; default: a fresh
     read) and the ``sessions`` rows (default: a fresh read; or copied ``from_sessions``)."""
-    from .core.types import CheckpointKind
-    from .delta.store import PENDING
+    from .core.types import CheckpointKind, CheckpointStatus
 
     view = store._view() if view is None else view
     needs = Needs()
     needs.retained = [c.checkpoint_id for c in view.kept]
     needs.savepoints = [c.checkpoint_id for c in view.kept if c.kind is CheckpointKind.SAVEPOINT]
-    needs.pending = sorted(i for i, r in view.effective.items() if r["status"] == PENDING)
+    needs.pending = sorted(i for i, r in view.effective.items() if r["status"] == CheckpointStatus.PENDING)
     needs.corrupt = sorted(view.corrupt)
     needs.max_id = max(view.rows_by_id, default=0)
     if from_sessions is not None:
@@ -534,7 +533,7 @@ def _rewrite_checkpoints(ctx: _Context) -> None:
 
 
 def _rewrite_acks(ctx: _Context) -> None:
-    from .delta.store import PENDING
+    from .core.types import CheckpointStatus
 
     def decide(dt: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
         view = ctx.store._view()  # statuses only move forward: one that is final stays final
@@ -544,7 +543,7 @@ def _rewrite_acks(ctx: _Context) -> None:
             row = view.effective.get(r["checkpoint_id"])
             if row is None:  # no status row: in flight (the pending row comes first), or long gone
                 return not needs.droppable(r["checkpoint_id"])
-            return row["status"] == PENDING
+            return row["status"] == CheckpointStatus.PENDING
 
         keep = [r for r in rows if needed(r)]
         return keep if len(keep) < len(rows) else None

@@ -52,6 +52,18 @@ class ChannelId:
         return f"{self.sender}->{self.receiver}"
 
 
+class CheckpointStatus(enum.StrEnum):
+    """Where a checkpoint is in its life: pending -> completed or aborted; a completed one may later
+    be discarded (retention, a failed validation, a rollback below it). The one vocabulary of
+    checkpoint status: the coordinator, the stores, the control plane and the pages all use it.
+    Its members are strings, so a status written to a table reads back equal to its member."""
+
+    PENDING = "pending"
+    COMPLETED = "completed"
+    ABORTED = "aborted"
+    DISCARDED = "discarded"
+
+
 class CheckpointKind(enum.Enum):
     """A checkpoint is the system's; a savepoint is the user's and is never deleted by retention."""
 

@@ -46,7 +46,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ..core.types import sink_operator
+from ..core.types import CheckpointStatus, sink_operator
 from ..delta import log as delta_log
 from ..delta.store import RESTORED, DeltaCheckpointStore
 from ..files import files_at
@@ -139,7 +139,7 @@ def checkpoint_facts(ctx: Context, checkpoint_id: int | None) -> CheckpointFacts
             raise QualityCheckError(f"pipeline {ctx.pipeline.name!r} has no completed checkpoint to validate")
         checkpoint_id = latest.checkpoint_id
     row = ctx.store.status(checkpoint_id)
-    if row is None or row["status"] != "completed":
+    if row is None or row["status"] != CheckpointStatus.COMPLETED:
         state = "unknown" if row is None else row["status"]
         raise QualityCheckError(f"checkpoint {checkpoint_id} of {ctx.pipeline.name!r} is {state}, not completed")
     acks = ctx.store.acks(checkpoint_id)
