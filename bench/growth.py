@@ -43,7 +43,7 @@ from checkpoint_lib.checkpoint_requests import CheckpointRequests  # noqa: E402
 from checkpoint_lib.core.checkpoints import CompletedCheckpoint  # noqa: E402
 from checkpoint_lib.core.recovery import SINK_STATE_KEY  # noqa: E402
 from checkpoint_lib.core.twophase import SinkSnapshot, Transaction  # noqa: E402
-from checkpoint_lib.core.types import CheckpointKind, SubtaskAck, SubtaskId  # noqa: E402
+from checkpoint_lib.core.types import CheckpointKind, SubtaskAck, SubtaskId, sink_operator  # noqa: E402
 from checkpoint_lib.delta.store import DeltaCheckpointStore  # noqa: E402
 from checkpoint_lib.history import human_bytes  # noqa: E402
 from checkpoint_lib.layout import checkpoint_root  # noqa: E402
@@ -71,7 +71,7 @@ def acks_of(cid: int, epoch: int) -> dict[SubtaskId, SubtaskAck]:
         for i in range(KEYED):
             txn = Transaction(cid, f"{PIPELINE}.{sink}-{i}-{cid % 4}", epoch, cid)
             snap = SinkSnapshot(Transaction(cid + 1, f"{PIPELINE}.{sink}-{i}-{(cid + 1) % 4}", epoch), (txn,), cid + 2)
-            acks[SubtaskId(f"sink_{sink}", i)] = SubtaskAck(state={SINK_STATE_KEY: snap.to_dict()})
+            acks[SubtaskId(sink_operator(sink), i)] = SubtaskAck(state={SINK_STATE_KEY: snap.to_dict()})
     return acks
 
 

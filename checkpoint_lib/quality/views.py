@@ -287,8 +287,9 @@ def _all_true(columns: list[Any]) -> Any:
 
 
 def sink_view(sink: str) -> str:
-    """The view a pipeline's own expectations on ``sink`` check: its table at the checkpoint."""
-    return f"sink_{sink}"
+    """The view a pipeline's own expectations on ``sink`` check: its table at the checkpoint. It is
+    named like the sink's subtasks (:func:`~checkpoint_lib.core.types.sink_operator`)."""
+    return sink_operator(sink)
 
 
 def restore_views(ctx: Context, facts: CheckpointFacts, restore: RestoreFacts | None) -> dict[str, DataFrame]:
