@@ -57,7 +57,7 @@ from .core.errors import CheckpointError, FailureReason, UnknownCheckpointError
 from .core.types import CheckpointStatus
 from .files import fsync_dir, read_json, write_once
 from .layout import check_pipeline_name as validate_pipeline_name
-from .layout import checkpoint_root, warehouse_location
+from .layout import checkpoint_root, pause_flag, warehouse_location
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -493,7 +493,7 @@ class PipelineControl:
 
     @property
     def _pause_path(self) -> Path:
-        return self.root / "control" / "paused.json"
+        return pause_flag(self.root)
 
     def paused(self) -> dict[str, Any] | None:
         """The pause flag (``by``, ``reason``, ``since``), or None when the pipeline runs freely."""

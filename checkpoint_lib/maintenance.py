@@ -109,7 +109,10 @@ from urllib.parse import unquote
 
 from .files import FileStat, Files, Location, files_at, fsync_dir
 from .history import human_bytes
-from .layout import below, channel_state_table, checkpoint_root, location, warehouse_location
+from .layout import (
+    CONTROL_TABLES, below, channel_state_table, checkpoint_root, control_table, location, reservation_markers,
+    warehouse_location,
+)
 from .layout import check_pipeline_name as validate_pipeline_name
 from .objectstore import is_remote, verify_conditional_put
 from .quality.paths import quality_root
@@ -513,7 +516,7 @@ def _store_rewrite(ctx: _Context, name: str, decide: Callable[[Any, list[dict[st
     hook = None if _before_commit is None else (lambda: _before_commit(name))  # type: ignore[misc]
     dropped, kept, retries = rewrite(lambda: store._load(name), read, lambda rows: decide(snapshot["dt"], rows),
                                      dry_run=ctx.dry_run, before_commit=hook)
-    return ctx.add(RuleOutcome(f"{name} rows", ctx.rel(ctx.root / name), ROWS, dropped, kept, keeps=keeps,
+    return ctx.add(RuleOutcome(f"{name} rows", ctx.rel(control_table(ctx.root, name)), ROWS, dropped, kept, keeps=keeps,
                                retries=retries))
 
 
@@ -589,7 +592,7 @@ def _rewrite_validations(ctx: _Context) -> None:
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
-    path = ctx.root / "validations"
+    path = control_table(ctx.root, "validations")
     cutoff = ctx.now - ctx.policy.result_days * 86400
 
     def load() -> Any:
@@ -656,7 +659,7 @@ def _relative_parts(path: Location, base: Location) -> list[str]:
 
 def _delete_markers(ctx: _Context) -> None:
     needs, files = ctx.needs, ctx.files
-    ids_dir = ctx.root / "_ids"
+    ids_dir = reservation_markers(ctx.root, "ids")
     outcome = ctx.add(RuleOutcome("id markers", ctx.rel(ids_dir), MARKERS,
                                   keeps=f"markers of ids >= {needs.floor} (the counter starts above the largest "
                                         f"id in the table, {needs.max_id}, which is kept)"))
@@ -672,8 +675,8 @@ def _delete_markers(ctx: _Context) -> None:
         _sync(ids_dir)
     legacy = ctx.add(RuleOutcome("legacy markers", ctx.rel(ctx.root), MARKERS, kept=0,
                                  keeps="none: epochs and sessions are no longer reserved with marker files"))
-    for namespace in ("_epochs", "_sessions"):
-        directory = ctx.root / namespace
+    for namespace in ("epochs", "sessions"):
+        directory = reservation_markers(ctx.root, namespace)
         if not files.is_dir(directory):
             continue
         for _path, stat in files.walk_entries(directory):
@@ -1057,8 +1060,8 @@ def _control_tables(ctx: _Context) -> Iterator[tuple[Location, Any]]:
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
-    for name in ("checkpoints", "acks", "sessions", "epochs", "validations"):
-        path = ctx.root / name
+    for name in CONTROL_TABLES:
+        path = control_table(ctx.root, name)
         try:
             yield path, DeltaTable(str(path))
         except TableNotFoundError:

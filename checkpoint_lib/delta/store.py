@@ -125,6 +125,7 @@ from ..core.twophase import SinkSnapshot, Transaction
 from ..core.stores import apply_retention
 from ..core.types import CheckpointId, CheckpointKind, CheckpointStatus, SubtaskAck, SubtaskId
 from ..files import fsync_dir
+from ..layout import control_table, reservation_markers
 from ..objectstore import ObjectStoreReservations, is_remote, verify_conditional_put
 
 log = logging.getLogger(__name__)
@@ -296,7 +297,7 @@ class LocalReservations:
         self._made: set[str] = set()
 
     def _path(self, namespace: str, number: int) -> Path:
-        return self.directory / f"_{namespace}" / f"{number:020d}"
+        return Path(reservation_markers(self.directory, namespace)) / f"{number:020d}"
 
     def claim(self, namespace: str, number: int) -> bool:
         path = self._path(namespace, number)
@@ -571,7 +572,8 @@ class DeltaCheckpointStore:
         store = cls(root, None, **kwargs)
         if not DeltaTable.is_deltatable(store._uri("checkpoints"), storage_options=store._storage_options):
             here = Path(store.root)
-            known = sorted(p.name for p in here.parent.iterdir() if (p / "checkpoints").is_dir()) \
+            known = sorted(p.name for p in here.parent.iterdir()
+                           if Path(control_table(p, "checkpoints")).is_dir()) \
                 if store._is_local and here.parent.is_dir() else []
             raise NoCheckpointError(
                 f"no checkpoints at {store.root}: pipeline {here.name!r} never ran in this warehouse"
@@ -585,7 +587,7 @@ class DeltaCheckpointStore:
     # --- Delta plumbing -------------------------------------------------------------------------
 
     def _uri(self, name: str) -> str:
-        return f"{self.root}/{name}"
+        return str(control_table(self.root, name))
 
     def _ensure_table(self, name: str) -> None:
         if name in self._created:

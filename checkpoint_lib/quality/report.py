@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 from ..core.types import CheckpointStatus
 from ..files import files_at
-from ..layout import location
+from ..layout import control_table, location
 from .paths import check_pipeline_name, checkpoint_root, data_docs_index, report_path, warehouse_root
 from .records import ValidationLog
 
@@ -98,7 +98,7 @@ def collect(pipeline_name: str, warehouse: str) -> dict[str, Any]:
     check_pipeline_name(pipeline_name)
     root = warehouse_root(warehouse)
     croot = checkpoint_root(root, pipeline_name)
-    if not files_at(croot).is_dir(croot / "checkpoints"):
+    if not files_at(croot).is_dir(control_table(croot, "checkpoints")):
         raise FileNotFoundError(f"pipeline {pipeline_name!r} has no checkpoint store in {root} (run it first)")
     store = DeltaCheckpointStore(croot)
     history = sorted(with_durations(store.history()), key=lambda r: r["checkpoint_id"])

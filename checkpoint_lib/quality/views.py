@@ -50,7 +50,7 @@ from ..core.types import CheckpointStatus, sink_operator
 from ..delta import log as delta_log
 from ..delta.store import RESTORED, DeltaCheckpointStore
 from ..files import files_at
-from ..layout import channel_state_table, checkpoint_root, state_table
+from ..layout import channel_state_table, checkpoint_root, control_table, state_table
 from ..pipeline import DeltaSource, Pipeline
 from ..reserved import ERROR_COLUMN, KEY_GROUP
 from ..spark.tables import struct_type
@@ -126,7 +126,7 @@ class Context:
 
 def open_store(warehouse: Path, pipeline_name: str) -> DeltaCheckpointStore:
     root = checkpoint_root(warehouse, pipeline_name)
-    if not files_at(root).is_dir(root / "checkpoints"):
+    if not files_at(root).is_dir(control_table(root, "checkpoints")):
         raise QualityCheckError(f"pipeline {pipeline_name!r} has no checkpoint store in {warehouse} (run it first)")
     return DeltaCheckpointStore(root)  # a reader: no retention of its own, creates nothing
 
