@@ -499,10 +499,6 @@ def rewrite(
     raise RuntimeError(f"{_REWRITE_ATTEMPTS} attempts to rewrite a control table lost to concurrent writers")
 
 
-_before_commit: Callable[[str], None] | None = None
-"""Test hook: called with the table name between a rewrite's decision and its commit."""
-
-
 def _store_rewrite(ctx: _Context, name: str, decide: Callable[[Any, list[dict[str, Any]]], list[dict[str, Any]] | None],
                    keeps: str) -> RuleOutcome:
     store = ctx.store
@@ -513,9 +509,8 @@ def _store_rewrite(ctx: _Context, name: str, decide: Callable[[Any, list[dict[st
         table, _ = store._read(name, dt=dt)
         return table.to_pylist()
 
-    hook = None if _before_commit is None else (lambda: _before_commit(name))  # type: ignore[misc]
     dropped, kept, retries = rewrite(lambda: store._load(name), read, lambda rows: decide(snapshot["dt"], rows),
-                                     dry_run=ctx.dry_run, before_commit=hook)
+                                     dry_run=ctx.dry_run)
     return ctx.add(RuleOutcome(f"{name} rows", ctx.rel(control_table(ctx.root, name)), ROWS, dropped, kept, keeps=keeps,
                                retries=retries))
 
@@ -622,8 +617,7 @@ def _rewrite_validations(ctx: _Context) -> None:
         keep = [r for r in rows if needed(r)]
         return keep if len(keep) < len(rows) else None
 
-    dropped, kept, retries = rewrite(load, read, decide, dry_run=ctx.dry_run, before_commit=None if _before_commit is None
-                                     else (lambda: _before_commit("validations")))
+    dropped, kept, retries = rewrite(load, read, decide, dry_run=ctx.dry_run)
     ctx.add(RuleOutcome("validations rows", ctx.rel(path), ROWS, dropped, kept, retries=retries,
                         keeps="validations of protected ids and ids at or above the floor, the newest of each "
                               f"kind, those naming no checkpoint for {ctx.policy.result_days:g} days"))

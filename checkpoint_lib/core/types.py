@@ -41,17 +41,6 @@ class SubtaskId:
         return f"{self.operator}[{self.index}]"
 
 
-@dataclass(frozen=True, order=True)
-class ChannelId:
-    """The channel from one sender subtask to one receiver subtask."""
-
-    sender: SubtaskId
-    receiver: SubtaskId
-
-    def __str__(self) -> str:
-        return f"{self.sender}->{self.receiver}"
-
-
 class CheckpointStatus(enum.StrEnum):
     """Where a checkpoint is in its life: pending -> completed or aborted; a completed one may later
     be discarded (retention, a failed validation, a rollback below it). The one vocabulary of

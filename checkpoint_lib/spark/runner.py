@@ -206,9 +206,6 @@ class PipelineRunner:
     def _on_effects(self, effects: Any) -> None:
         self.completion.on_effects(effects)
 
-    def _check_compatible(self, plan: RecoveryPlan) -> None:
-        self.recovery._check_compatible(plan)
-
     # opening: join the current epoch, or recover -------------------------------------------
 
     def open(self) -> RecoveryPlan | None:

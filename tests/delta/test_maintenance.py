@@ -386,7 +386,22 @@ def test_a_write_landing_during_a_rewrite_is_never_lost(world, monkeypatch):
                 run_name="payments-restore-c1-e1-raced", data_docs="", started_at=T0, finished_at=T0,
                 validation_id="raced"))
 
-    monkeypatch.setattr(maintenance, "_before_commit", race)
+    real_rewrite = maintenance.rewrite
+
+    def racing_rewrite(load, read, decide, **kwargs):
+        """maintenance's rewrite, with ``race(table)`` between its decision and its commit."""
+        loaded = {}
+
+        def load_and_keep():
+            loaded["dt"] = load()
+            return loaded["dt"]
+
+        def before_commit():
+            race(loaded["dt"].table_uri.rstrip("/").rsplit("/", 1)[-1])
+
+        return real_rewrite(load_and_keep, read, decide, before_commit=before_commit, **kwargs)
+
+    monkeypatch.setattr(maintenance, "rewrite", racing_rewrite)
     report = maintain(p.warehouse, "payments", now=T0 + 60 * DAY, policy=NOW_POLICY)
     assert {t: n for t, n in raced.items() if t in ("checkpoints", "acks", "sessions", "validations")} == {
         "checkpoints": 2, "acks": 2, "sessions": 2, "validations": 2}  # refused once, then landed
