@@ -43,10 +43,10 @@ from checkpoint_lib.checkpoint_requests import CheckpointRequests  # noqa: E402
 from checkpoint_lib.core.checkpoints import CompletedCheckpoint  # noqa: E402
 from checkpoint_lib.core.recovery import SINK_STATE_KEY  # noqa: E402
 from checkpoint_lib.core.twophase import SinkSnapshot, Transaction  # noqa: E402
-from checkpoint_lib.core.types import CheckpointKind, SubtaskAck, SubtaskId  # noqa: E402
+from checkpoint_lib.core.types import CheckpointKind, SubtaskAck, SubtaskId, sink_operator  # noqa: E402
 from checkpoint_lib.delta.store import DeltaCheckpointStore  # noqa: E402
 from checkpoint_lib.history import human_bytes  # noqa: E402
-from checkpoint_lib.layout import checkpoint_root  # noqa: E402
+from checkpoint_lib.layout import checkpoint_root, reservation_markers  # noqa: E402
 from checkpoint_lib.maintenance import RetentionPolicy, maintain  # noqa: E402
 from checkpoint_lib.quality.records import ValidationLog  # noqa: E402
 from checkpoint_lib.quality.result import QualityResult  # noqa: E402
@@ -71,7 +71,7 @@ def acks_of(cid: int, epoch: int) -> dict[SubtaskId, SubtaskAck]:
         for i in range(KEYED):
             txn = Transaction(cid, f"{PIPELINE}.{sink}-{i}-{cid % 4}", epoch, cid)
             snap = SinkSnapshot(Transaction(cid + 1, f"{PIPELINE}.{sink}-{i}-{(cid + 1) % 4}", epoch), (txn,), cid + 2)
-            acks[SubtaskId(f"sink_{sink}", i)] = SubtaskAck(state={SINK_STATE_KEY: snap.to_dict()})
+            acks[SubtaskId(sink_operator(sink), i)] = SubtaskAck(state={SINK_STATE_KEY: snap.to_dict()})
     return acks
 
 
@@ -158,7 +158,7 @@ def run(base: Path, checkpoints: int, every: int | None, marks: list[int], log) 
             mark["median_ms"] = statistics.median(recent) * 1000
             mark["p90_ms"] = sorted(recent)[int(0.9 * (len(recent) - 1))] * 1000
             mark["rows"] = len(sim.store.history())
-            mark["markers"] = len(os.listdir(sim.root / "_ids"))
+            mark["markers"] = len(os.listdir(reservation_markers(sim.root, "ids")))
         if every and n % every == 0:
             t = time.monotonic()
             report = maintain(sim.warehouse, PIPELINE, now=sim.now(n) + 1800, policy=policy)
@@ -168,7 +168,7 @@ def run(base: Path, checkpoints: int, every: int | None, marks: list[int], log) 
             mark["after"] = disk(sim.root)
             mark["quality_after"] = disk(sim.quality)[0]
             mark["rows_after"] = len(sim.store.history())
-            mark["markers_after"] = len(os.listdir(sim.root / "_ids"))
+            mark["markers_after"] = len(os.listdir(reservation_markers(sim.root, "ids")))
             out["marks"][n] = mark
             log(f"  {'maintained' if every else 'never maintained'}: {n} checkpoints, "
                 f"{mark['median_ms']:.1f} ms per checkpoint, _checkpoints/{PIPELINE} {human_bytes(mark['after'][0])} "

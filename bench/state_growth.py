@@ -26,6 +26,7 @@ import statistics
 import time
 from typing import Any
 
+from checkpoint_lib.core.types import CheckpointStatus
 from checkpoint_lib.history import human_bytes
 
 
@@ -121,7 +122,8 @@ def checkpoint_figures(spark, warehouse: str, pipeline: str = "payments") -> dic
     operator = get(pipeline).operator_uid
     root = str(checkpoint_root(warehouse, pipeline))
     store = DeltaCheckpointStore.open(root)
-    done = sorted((r for r in store.history() if r["status"] == "completed"), key=lambda r: r["checkpoint_id"])
+    done = sorted((r for r in store.history() if r["status"] == CheckpointStatus.COMPLETED),
+                  key=lambda r: r["checkpoint_id"])
     pinned = {}
     for r in done:
         versions = [a["state"]["table_version"] for a in store.acks(r["checkpoint_id"]) if a["operator"] == operator]

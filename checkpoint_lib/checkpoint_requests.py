@@ -20,7 +20,7 @@ from typing import Any
 
 from .core.errors import UnknownCheckpointError
 from .files import files_at
-from .layout import location
+from .layout import requests_folder
 from .objectstore import ObjectUri
 
 REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,199}$")
@@ -69,7 +69,7 @@ class CheckpointRequests:
     store. No I/O in the constructor."""
 
     def __init__(self, root: str | os.PathLike[str]):
-        self.directory = location(root) / "requests"
+        self.directory = requests_folder(root)
         self._files = files_at(self.directory)
 
     def _paths(self, request_id: str) -> tuple[Path | ObjectUri, Path | ObjectUri]:

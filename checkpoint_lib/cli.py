@@ -19,7 +19,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from .core.decider import DEFAULT_ROWS_PER_STEP
-from .core.types import MODES
+from .core.types import MODES, CheckpointStatus
 
 DEFAULT_WAREHOUSE = os.environ.get("CKPT_WAREHOUSE", "warehouse")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_USER_ERROR, EXIT_QUALITY = 0, 1, 2, 3, 4
@@ -375,14 +375,15 @@ def _cmd_savepoint(args: argparse.Namespace) -> int:
         checkpoint_id, state = control.savepoint_from_running(request_id, timeout=args.request_timeout,
                                                               requested_by="ckpt savepoint")
         if checkpoint_id is not None:
-            done = "taken by the running pipeline" if state == "completed" else \
+            done = "taken by the running pipeline" if state == CheckpointStatus.COMPLETED else \
                 "injected into the running pipeline (it completes when its keyed stage runs)"
-            return _savepoint_taken(args, checkpoint_id, done, "completed" if state == "completed" else "injected")
+            return _savepoint_taken(args, checkpoint_id, done,
+                                    CheckpointStatus.COMPLETED if state == CheckpointStatus.COMPLETED else "injected")
         _progress(f"no running source step took the savepoint request within {args.request_timeout:g} s: "
                   "its process is gone; recovering and taking the savepoint here")
     checkpoint_id = _runner(args).run(max_steps=0, final_kind=CheckpointKind.SAVEPOINT).final
     done = "taken" if args.stage == "all" else "injected (it completes when the keyed stage runs)"
-    return _savepoint_taken(args, checkpoint_id, done, "completed" if args.stage == "all" else "injected")
+    return _savepoint_taken(args, checkpoint_id, done, CheckpointStatus.COMPLETED if args.stage == "all" else "injected")
 
 
 def _savepoint_taken(args: argparse.Namespace, checkpoint_id: int, done: str, status: str) -> int:

@@ -54,9 +54,10 @@ from .checkpoint_requests import (
 )
 from .core.decider import CheckpointConfig, Verdict, decide
 from .core.errors import CheckpointError, FailureReason, UnknownCheckpointError
+from .core.types import CheckpointStatus
 from .files import fsync_dir, read_json, write_once
 from .layout import check_pipeline_name as validate_pipeline_name
-from .layout import checkpoint_root, warehouse_location
+from .layout import checkpoint_root, pause_flag, warehouse_location
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -73,7 +74,8 @@ __all__ = [
 MAX_ID_DIGITS = 18
 """A checkpoint id fits in a Delta ``long``; longer input is refused before any int() of it."""
 LATEST_WORDS = frozenset({"", "latest"})
-DONE_STATUSES = frozenset({"completed", "aborted", "discarded", "cancelled"})
+DONE_STATUSES = frozenset({
+    CheckpointStatus.COMPLETED, CheckpointStatus.ABORTED, CheckpointStatus.DISCARDED, "cancelled"})
 
 
 # --- validation ---------------------------------------------------------------------------------
@@ -263,9 +265,9 @@ class PipelineControl:
         while True:
             row = self.store.status(checkpoint_id)
             status = None if row is None else row["status"]
-            if status == "completed":
-                return checkpoint_id, "completed"
-            if status in ("aborted", "discarded"):
+            if status == CheckpointStatus.COMPLETED:
+                return checkpoint_id, CheckpointStatus.COMPLETED
+            if status in (CheckpointStatus.ABORTED, CheckpointStatus.DISCARDED):
                 raise CheckpointError(f"savepoint {checkpoint_id} was {status}: {row.get('message') or ''}".rstrip(": "))
             if time.monotonic() >= deadline:
                 return checkpoint_id, "injected"
@@ -308,8 +310,9 @@ class PipelineControl:
         """(pending checkpoints of the current epoch + open requests, when the last one ended)."""
         epoch = self.store.current_epoch()
         history = self.store.history()
-        pending = [r for r in history if r["status"] == "pending" and r["epoch"] >= epoch]
-        ends = [r["completion_time"] or r["recorded_at"] for r in history if r["status"] in ("completed", "aborted")]
+        pending = [r for r in history if r["status"] == CheckpointStatus.PENDING and r["epoch"] >= epoch]
+        ends = [r["completion_time"] or r["recorded_at"] for r in history
+                if r["status"] in (CheckpointStatus.COMPLETED, CheckpointStatus.ABORTED)]
         return len(pending) + len(self.requests.open()), max(ends, default=None)
 
     # --- watching one ---------------------------------------------------------------------------
@@ -333,8 +336,8 @@ class PipelineControl:
         expected = self._expected_acks()
         if row is None:
             return CheckpointProgress("unknown", cid, request_id, acks_expected=expected)
-        received = expected if row["status"] in ("completed", "discarded") else 0
-        if row["status"] == "pending":
+        received = expected if row["status"] in (CheckpointStatus.COMPLETED, CheckpointStatus.DISCARDED) else 0
+        if row["status"] == CheckpointStatus.PENDING:
             received = len(self.store.pending_acks(cid, row["epoch"]))
         return CheckpointProgress(
             row["status"], cid, request_id, row["epoch"], received, expected,
@@ -365,7 +368,7 @@ class PipelineControl:
         row = self.store.status(cid)
         if row is None:
             raise UnknownCheckpointError(f"checkpoint {cid} of {self.pipeline_name} does not exist")
-        if row["status"] != "pending":
+        if row["status"] != CheckpointStatus.PENDING:
             return self.store.acks(cid)
         out = []
         for subtask, (ack, when) in sorted(self.store.pending_acks(cid, row["epoch"]).items()):
@@ -404,8 +407,9 @@ class PipelineControl:
         row = self.store.status(cid)
         if row is None:
             raise UnknownCheckpointError(f"checkpoint {cid} of {self.pipeline_name} does not exist")
-        if row["status"] != "completed":
-            why = f" ({row['failure_reason']}: {row['message'] or ''})" if row["status"] == "aborted" else ""
+        if row["status"] != CheckpointStatus.COMPLETED:
+            aborted = row["status"] == CheckpointStatus.ABORTED
+            why = f" ({row['failure_reason']}: {row['message'] or ''})" if aborted else ""
             raise CheckpointError(f"checkpoint {cid} is {row['status']}{why}: only a completed checkpoint commits")
         epoch = int(row["epoch"])
         self.store.check_epoch(epoch)  # FencedError for a zombie epoch
@@ -483,13 +487,13 @@ class PipelineControl:
         except ValueError:  # completed (or discarded) first: that wins
             status = (self.store.status(cid) or {}).get("status", "unknown")
             return AbortOutcome(False, status, cid, request_id, f"checkpoint {cid} is {status}: not aborted")
-        return AbortOutcome(True, "aborted", cid, request_id, message)
+        return AbortOutcome(True, CheckpointStatus.ABORTED, cid, request_id, message)
 
     # --- pausing ----------------------------------------------------------------------------------
 
     @property
     def _pause_path(self) -> Path:
-        return self.root / "control" / "paused.json"
+        return pause_flag(self.root)
 
     def paused(self) -> dict[str, Any] | None:
         """The pause flag (``by``, ``reason``, ``since``), or None when the pipeline runs freely."""

@@ -6,13 +6,14 @@ from datetime import datetime, timezone
 from typing import Iterable, Sequence
 
 from .core.checkpoints import CompletedCheckpoint
+from .core.types import CheckpointStatus
 
 
 def checkpoint_row(c: CompletedCheckpoint) -> dict:
     return {
         "id": c.checkpoint_id,
         "kind": c.kind.value,
-        "status": "completed",
+        "status": CheckpointStatus.COMPLETED.value,
         "trigger_time": c.trigger_time,
         "duration_ms": round(c.duration * 1000, 3),
         "subtasks": len(c.acks),

@@ -3,7 +3,13 @@ path segments: the one definition every module, the CLI, the DAGs and the Airflo
 
 Pure: no Spark, no Delta. ::
 
-    <warehouse>/_checkpoints/<pipeline>/   the checkpoint store (delta/store.py), validations, and the
+    <warehouse>/_checkpoints/<pipeline>/   the control plane:
+        checkpoints, epochs, acks,         the checkpoint store's tables (delta/store.py),
+          sessions
+        validations                        the validation log (quality/records.py),
+        _ids/                              checkpoint-id reservation markers (delta/store.py),
+        requests/                          checkpoint requests (checkpoint_requests.py),
+        control/paused.json                the pause flag (control.py); and the
         channels/<sender>_<receiver>       data plane: the channel logs (spark/channels.py),
         state/<operator>                   keyed state (spark/state.py),
         channel_state                      in-flight records of unaligned checkpoints,
@@ -92,6 +98,34 @@ KEY_GROUP = "key_group"
 def checkpoint_root(warehouse: str | os.PathLike[str], pipeline: str) -> Path | ObjectUri:
     """``<warehouse>/_checkpoints/<pipeline>`` (absolute when local), for a well-formed pipeline name."""
     return location(warehouse_location(warehouse)) / CHECKPOINTS / check_pipeline_name(pipeline)
+
+
+CONTROL_TABLES = ("checkpoints", "acks", "sessions", "epochs", "validations")
+"""The control plane's Delta tables under a checkpoint root: the checkpoint store's four
+(``delta/store.py``) and the validation log (``quality/records.py``)."""
+
+
+def control_table(root: str | os.PathLike[str], name: str) -> Path | ObjectUri:
+    """Control table ``name`` (one of :data:`CONTROL_TABLES`) under the checkpoint root ``root``."""
+    if name not in CONTROL_TABLES:
+        raise ValueError(f"{name!r} is not a control table ({', '.join(CONTROL_TABLES)})")
+    return location(root) / name
+
+
+def reservation_markers(root: str | os.PathLike[str], namespace: str) -> Path | ObjectUri:
+    """The folder of the create-if-absent markers of ``namespace`` (``ids``: every checkpoint id
+    handed out; ``epochs`` and ``sessions``: an older version's, no longer written)."""
+    return location(root) / f"_{namespace}"
+
+
+def requests_folder(root: str | os.PathLike[str]) -> Path | ObjectUri:
+    """The checkpoint requests (one file per request and per outcome: ``checkpoint_requests.py``)."""
+    return location(root) / "requests"
+
+
+def pause_flag(root: str | os.PathLike[str]) -> Path | ObjectUri:
+    """The pipeline's pause flag, which its DAG tasks honour (``control.py``)."""
+    return location(root) / "control" / "paused.json"
 
 
 DATA_PLANE = ("channels", "state", "channel_state", "transactions", "staging")

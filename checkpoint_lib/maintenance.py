@@ -109,7 +109,10 @@ from urllib.parse import unquote
 
 from .files import FileStat, Files, Location, files_at, fsync_dir
 from .history import human_bytes
-from .layout import below, channel_state_table, checkpoint_root, location, warehouse_location
+from .layout import (
+    CONTROL_TABLES, below, channel_state_table, checkpoint_root, control_table, location, reservation_markers,
+    warehouse_location,
+)
 from .layout import check_pipeline_name as validate_pipeline_name
 from .objectstore import is_remote, verify_conditional_put
 from .quality.paths import quality_root
@@ -405,14 +408,13 @@ def read_needs(store: "DeltaCheckpointStore", view: Any = None, sessions: Sequen
                *, from_sessions: Needs | None = None) -> Needs:
     """What the checkpoints of ``store`` need, from ``view`` (a store ``_View``; default: a fresh
     read) and the ``sessions`` rows (default: a fresh read; or copied ``from_sessions``)."""
-    from .core.types import CheckpointKind
-    from .delta.store import PENDING
+    from .core.types import CheckpointKind, CheckpointStatus
 
     view = store._view() if view is None else view
     needs = Needs()
     needs.retained = [c.checkpoint_id for c in view.kept]
     needs.savepoints = [c.checkpoint_id for c in view.kept if c.kind is CheckpointKind.SAVEPOINT]
-    needs.pending = sorted(i for i, r in view.effective.items() if r["status"] == PENDING)
+    needs.pending = sorted(i for i, r in view.effective.items() if r["status"] == CheckpointStatus.PENDING)
     needs.corrupt = sorted(view.corrupt)
     needs.max_id = max(view.rows_by_id, default=0)
     if from_sessions is not None:
@@ -497,10 +499,6 @@ def rewrite(
     raise RuntimeError(f"{_REWRITE_ATTEMPTS} attempts to rewrite a control table lost to concurrent writers")
 
 
-_before_commit: Callable[[str], None] | None = None
-"""Test hook: called with the table name between a rewrite's decision and its commit."""
-
-
 def _store_rewrite(ctx: _Context, name: str, decide: Callable[[Any, list[dict[str, Any]]], list[dict[str, Any]] | None],
                    keeps: str) -> RuleOutcome:
     store = ctx.store
@@ -511,10 +509,9 @@ def _store_rewrite(ctx: _Context, name: str, decide: Callable[[Any, list[dict[st
         table, _ = store._read(name, dt=dt)
         return table.to_pylist()
 
-    hook = None if _before_commit is None else (lambda: _before_commit(name))  # type: ignore[misc]
     dropped, kept, retries = rewrite(lambda: store._load(name), read, lambda rows: decide(snapshot["dt"], rows),
-                                     dry_run=ctx.dry_run, before_commit=hook)
-    return ctx.add(RuleOutcome(f"{name} rows", ctx.rel(ctx.root / name), ROWS, dropped, kept, keeps=keeps,
+                                     dry_run=ctx.dry_run)
+    return ctx.add(RuleOutcome(f"{name} rows", ctx.rel(control_table(ctx.root, name)), ROWS, dropped, kept, keeps=keeps,
                                retries=retries))
 
 
@@ -534,7 +531,7 @@ def _rewrite_checkpoints(ctx: _Context) -> None:
 
 
 def _rewrite_acks(ctx: _Context) -> None:
-    from .delta.store import PENDING
+    from .core.types import CheckpointStatus
 
     def decide(dt: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
         view = ctx.store._view()  # statuses only move forward: one that is final stays final
@@ -544,7 +541,7 @@ def _rewrite_acks(ctx: _Context) -> None:
             row = view.effective.get(r["checkpoint_id"])
             if row is None:  # no status row: in flight (the pending row comes first), or long gone
                 return not needs.droppable(r["checkpoint_id"])
-            return row["status"] == PENDING
+            return row["status"] == CheckpointStatus.PENDING
 
         keep = [r for r in rows if needed(r)]
         return keep if len(keep) < len(rows) else None
@@ -590,7 +587,7 @@ def _rewrite_validations(ctx: _Context) -> None:
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
-    path = ctx.root / "validations"
+    path = control_table(ctx.root, "validations")
     cutoff = ctx.now - ctx.policy.result_days * 86400
 
     def load() -> Any:
@@ -620,8 +617,7 @@ def _rewrite_validations(ctx: _Context) -> None:
         keep = [r for r in rows if needed(r)]
         return keep if len(keep) < len(rows) else None
 
-    dropped, kept, retries = rewrite(load, read, decide, dry_run=ctx.dry_run, before_commit=None if _before_commit is None
-                                     else (lambda: _before_commit("validations")))
+    dropped, kept, retries = rewrite(load, read, decide, dry_run=ctx.dry_run)
     ctx.add(RuleOutcome("validations rows", ctx.rel(path), ROWS, dropped, kept, retries=retries,
                         keeps="validations of protected ids and ids at or above the floor, the newest of each "
                               f"kind, those naming no checkpoint for {ctx.policy.result_days:g} days"))
@@ -657,7 +653,7 @@ def _relative_parts(path: Location, base: Location) -> list[str]:
 
 def _delete_markers(ctx: _Context) -> None:
     needs, files = ctx.needs, ctx.files
-    ids_dir = ctx.root / "_ids"
+    ids_dir = reservation_markers(ctx.root, "ids")
     outcome = ctx.add(RuleOutcome("id markers", ctx.rel(ids_dir), MARKERS,
                                   keeps=f"markers of ids >= {needs.floor} (the counter starts above the largest "
                                         f"id in the table, {needs.max_id}, which is kept)"))
@@ -673,8 +669,8 @@ def _delete_markers(ctx: _Context) -> None:
         _sync(ids_dir)
     legacy = ctx.add(RuleOutcome("legacy markers", ctx.rel(ctx.root), MARKERS, kept=0,
                                  keeps="none: epochs and sessions are no longer reserved with marker files"))
-    for namespace in ("_epochs", "_sessions"):
-        directory = ctx.root / namespace
+    for namespace in ("epochs", "sessions"):
+        directory = reservation_markers(ctx.root, namespace)
         if not files.is_dir(directory):
             continue
         for _path, stat in files.walk_entries(directory):
@@ -1058,8 +1054,8 @@ def _control_tables(ctx: _Context) -> Iterator[tuple[Location, Any]]:
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
-    for name in ("checkpoints", "acks", "sessions", "epochs", "validations"):
-        path = ctx.root / name
+    for name in CONTROL_TABLES:
+        path = control_table(ctx.root, name)
         try:
             yield path, DeltaTable(str(path))
         except TableNotFoundError:

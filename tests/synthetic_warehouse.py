@@ -17,7 +17,7 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 
 from checkpoint_lib.core.checkpoints import CompletedCheckpoint
 from checkpoint_lib.core.recovery import SINK_STATE_KEY
-from checkpoint_lib.core.types import CheckpointKind, SubtaskAck, SubtaskId
+from checkpoint_lib.core.types import CheckpointKind, SubtaskAck, SubtaskId, sink_operator
 from checkpoint_lib.delta.store import DeltaCheckpointStore
 
 ROWS, ACCOUNTS, SPANS = 200, 12, ((0, 42), (43, 85), (86, 127))
@@ -89,7 +89,7 @@ def synthetic_warehouse(w: Path) -> Path:
             acks[SubtaskId("balance", i)] = SubtaskAck(
                 state={"table_version": min(cid, 2), "key_groups": [lo, hi], "cursor": -1}, state_size_bytes=500 + i)
             for sink in ("ledger", "balances"):
-                acks[SubtaskId(f"sink_{sink}", i)] = SubtaskAck(state={SINK_STATE_KEY: _snapshot(sink, i, cid)})
+                acks[SubtaskId(sink_operator(sink), i)] = SubtaskAck(state={SINK_STATE_KEY: _snapshot(sink, i, cid)})
         store.record_pending(cid, epoch=epoch, trigger_time=T0 + 10 * cid)
         store.add(CompletedCheckpoint(cid, CheckpointKind.CHECKPOINT, T0 + 10 * cid, T0 + 10 * cid + 2, acks,
                                       {s: T0 + 10 * cid + 1 for s in acks}))

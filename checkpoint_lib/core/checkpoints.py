@@ -7,18 +7,11 @@ aborted with a :class:`~.errors.FailureReason` (declined, expired, subsumed, ...
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from .errors import AckResult, FailureReason, IllegalTransitionError
-from .types import CheckpointId, CheckpointKind, SubtaskAck, SubtaskId
-
-
-class CheckpointStatus(enum.Enum):
-    PENDING = "pending"
-    COMPLETED = "completed"
-    ABORTED = "aborted"
+from .types import CheckpointId, CheckpointKind, CheckpointStatus, SubtaskAck, SubtaskId
 
 
 @dataclass(frozen=True)

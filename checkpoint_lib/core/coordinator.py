@@ -23,7 +23,7 @@ from .clock import Clock
 from .decider import CheckpointConfig, Verdict, decide
 from .errors import AckResult, CheckpointAbortedError, CheckpointError, FailureReason, FencedError
 from .stores import CheckpointIdCounter, CompletedCheckpointStore
-from .types import Barrier, CheckpointId, CheckpointKind, SubtaskAck, SubtaskId
+from .types import Barrier, CheckpointId, CheckpointKind, CheckpointStatus, SubtaskAck, SubtaskId
 
 
 # --- effects -------------------------------------------------------------------------------------
@@ -134,7 +134,7 @@ class CheckpointCoordinator:
         self.consecutive_failures = 0
         self.last_trigger_time: float | None = None
         self.last_end_time: float | None = None
-        self._finished_ids: dict[CheckpointId, str] = {}  # id -> "completed"/"aborted", bounded
+        self._finished_ids: dict[CheckpointId, CheckpointStatus] = {}  # id -> completed/aborted, bounded
 
     # task lifecycle ---------------------------------------------------------------------------
 
@@ -255,7 +255,7 @@ class CheckpointCoordinator:
         if pending is None:
             return []
         pending.abort(reason)
-        self._remember(checkpoint_id, "aborted")
+        self._remember(checkpoint_id, CheckpointStatus.ABORTED)
         self.last_end_time = self.clock.now()
         return [CheckpointAborted(checkpoint_id, reason, self.tasks, message), *self._count_failure(reason)]
 
@@ -287,23 +287,23 @@ class CheckpointCoordinator:
             pending.acknowledge(subtask, ack, when)
         return self._complete(pending) if pending.fully_acknowledged else []
 
-    def finished_elsewhere(self, checkpoint_id: CheckpointId, status: str, when: float) -> None:
+    def finished_elsewhere(self, checkpoint_id: CheckpointId, status: CheckpointStatus | str, when: float) -> None:
         """Another process completed or aborted ``checkpoint_id``: forget it as pending (it no
         longer counts against max concurrent checkpoints; min pause runs from ``when``)."""
-        if status not in ("completed", "aborted"):
+        if status not in (CheckpointStatus.COMPLETED, CheckpointStatus.ABORTED):
             raise ValueError(f"status must be 'completed' or 'aborted', got {status!r}")
         pending = self.pending.pop(checkpoint_id, None)
         if pending is None:
             return
-        self._remember(checkpoint_id, status)
+        self._remember(checkpoint_id, CheckpointStatus(status))
         self.last_end_time = max(self.last_end_time or when, when)
-        if status == "completed":
+        if status == CheckpointStatus.COMPLETED:
             self.consecutive_failures = 0
 
     def status_of(self, checkpoint_id: CheckpointId) -> str:
         """'pending', 'completed', 'aborted' or 'unknown' (for recently finished ids)."""
         if checkpoint_id in self.pending:
-            return "pending"
+            return CheckpointStatus.PENDING
         return self._finished_ids.get(checkpoint_id, "unknown")
 
     # internals --------------------------------------------------------------------------------
@@ -319,19 +319,19 @@ class CheckpointCoordinator:
         except CheckpointAbortedError as exc:
             # Another process (the snapshot DAG's timeout) aborted it first, durably: its abort
             # won the race and it counted the failure; losing that race is not ours to count.
-            self._remember(pending.checkpoint_id, "aborted")
+            self._remember(pending.checkpoint_id, CheckpointStatus.ABORTED)
             self.last_end_time = now
             return [CheckpointAborted(pending.checkpoint_id, exc.reason or FailureReason.DECLINED,
                                       self.tasks, str(exc))]
         except Exception as exc:  # the store is the adapter's: any failure means "not durable"
-            self._remember(pending.checkpoint_id, "aborted")
+            self._remember(pending.checkpoint_id, CheckpointStatus.ABORTED)
             self.last_end_time = now
             reason = FailureReason.FINALIZE_FAILED
             return [
                 CheckpointAborted(pending.checkpoint_id, reason, self.tasks, repr(exc)),
                 *self._count_failure(reason),
             ]
-        self._remember(pending.checkpoint_id, "completed")
+        self._remember(pending.checkpoint_id, CheckpointStatus.COMPLETED)
         self.consecutive_failures = 0
         self.last_end_time = now
         effects = [CheckpointCompleted(completed)]
@@ -360,7 +360,7 @@ class CheckpointCoordinator:
                 effects.extend(self.abort(checkpoint_id, FailureReason.EXPIRED))
         return effects
 
-    def _remember(self, checkpoint_id: CheckpointId, status: str) -> None:
+    def _remember(self, checkpoint_id: CheckpointId, status: CheckpointStatus) -> None:
         self._finished_ids[checkpoint_id] = status
         if len(self._finished_ids) > 1000:
             del self._finished_ids[min(self._finished_ids)]

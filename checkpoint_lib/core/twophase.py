@@ -16,24 +16,17 @@ Lifecycle of one sink subtask:
    transactions) and what to abort (its current transaction and every other open one).
 
 Transaction ids come from a :class:`TransactionIdPool`; an epoch (the attempt number, bumped by
-every recovery) is stored with every transaction and fences zombie writers (:class:`EpochFence`).
+every recovery) is stored with every transaction; the adapters fence zombie writers with it (the
+checkpoint store's epoch fence, the sinks' commit stamps).
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
-from .errors import CommitError, FencedError, IllegalTransitionError
+from .errors import CommitError, IllegalTransitionError
 from .types import CheckpointId
-
-
-class TxnState(enum.Enum):
-    OPEN = "open"
-    PRE_COMMITTED = "pre_committed"
-    COMMITTED = "committed"
-    ABORTED = "aborted"
 
 
 @dataclass(frozen=True, order=True)
@@ -97,24 +90,6 @@ class TransactionIdPool:
             f"all {self.size} transaction ids of {self.prefix}-{self.subtask_index} are in use: "
             "too many pending checkpoints for the pool size"
         )
-
-
-class EpochFence:
-    """Rejects writers of an older attempt. ``current`` is the newest epoch anyone registered."""
-
-    def __init__(self, current: int = 0):
-        self.current = current
-
-    def advance(self) -> int:
-        self.current += 1
-        return self.current
-
-    def check(self, writer_epoch: int, what: str = "write") -> None:
-        if writer_epoch < self.current:
-            raise FencedError(
-                f"{what} by epoch {writer_epoch} rejected: epoch {self.current} has taken over "
-                "(this is a zombie of an older attempt)"
-            )
 
 
 @dataclass(frozen=True)

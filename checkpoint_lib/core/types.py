@@ -41,15 +41,16 @@ class SubtaskId:
         return f"{self.operator}[{self.index}]"
 
 
-@dataclass(frozen=True, order=True)
-class ChannelId:
-    """The channel from one sender subtask to one receiver subtask."""
+class CheckpointStatus(enum.StrEnum):
+    """Where a checkpoint is in its life: pending -> completed or aborted; a completed one may later
+    be discarded (retention, a failed validation, a rollback below it). The one vocabulary of
+    checkpoint status: the coordinator, the stores, the control plane and the pages all use it.
+    Its members are strings, so a status written to a table reads back equal to its member."""
 
-    sender: SubtaskId
-    receiver: SubtaskId
-
-    def __str__(self) -> str:
-        return f"{self.sender}->{self.receiver}"
+    PENDING = "pending"
+    COMPLETED = "completed"
+    ABORTED = "aborted"
+    DISCARDED = "discarded"
 
 
 class CheckpointKind(enum.Enum):

@@ -123,17 +123,17 @@ from ..core.errors import (
 from ..core.recovery import SINK_STATE_KEY, RecoveryPlan, plan_recovery
 from ..core.twophase import SinkSnapshot, Transaction
 from ..core.stores import apply_retention
-from ..core.types import CheckpointId, CheckpointKind, SubtaskAck, SubtaskId
+from ..core.types import CheckpointId, CheckpointKind, CheckpointStatus, SubtaskAck, SubtaskId
 from ..files import fsync_dir
+from ..layout import control_table, reservation_markers
 from ..objectstore import ObjectStoreReservations, is_remote, verify_conditional_put
 
 log = logging.getLogger(__name__)
 
-PENDING = "pending"
-COMPLETED = "completed"
-ABORTED = "aborted"
-DISCARDED = "discarded"
-STATUSES = (PENDING, ABORTED, COMPLETED, DISCARDED)
+STATUSES = (CheckpointStatus.PENDING, CheckpointStatus.ABORTED, CheckpointStatus.COMPLETED, CheckpointStatus.DISCARDED)
+"""Every status, in the order a later row of one checkpoint may follow an earlier one."""
+ONCE_COMPLETED = (CheckpointStatus.COMPLETED, CheckpointStatus.DISCARDED)
+"""The statuses of a checkpoint that completed (a discarded one completed before)."""
 _RANK = {status: rank for rank, status in enumerate(STATUSES)}
 
 ACKS_FORMAT_VERSION = 1
@@ -297,7 +297,7 @@ class LocalReservations:
         self._made: set[str] = set()
 
     def _path(self, namespace: str, number: int) -> Path:
-        return self.directory / f"_{namespace}" / f"{number:020d}"
+        return Path(reservation_markers(self.directory, namespace)) / f"{number:020d}"
 
     def claim(self, namespace: str, number: int) -> bool:
         path = self._path(namespace, number)
@@ -572,7 +572,8 @@ class DeltaCheckpointStore:
         store = cls(root, None, **kwargs)
         if not DeltaTable.is_deltatable(store._uri("checkpoints"), storage_options=store._storage_options):
             here = Path(store.root)
-            known = sorted(p.name for p in here.parent.iterdir() if (p / "checkpoints").is_dir()) \
+            known = sorted(p.name for p in here.parent.iterdir()
+                           if Path(control_table(p, "checkpoints")).is_dir()) \
                 if store._is_local and here.parent.is_dir() else []
             raise NoCheckpointError(
                 f"no checkpoints at {store.root}: pipeline {here.name!r} never ran in this warehouse"
@@ -586,7 +587,7 @@ class DeltaCheckpointStore:
     # --- Delta plumbing -------------------------------------------------------------------------
 
     def _uri(self, name: str) -> str:
-        return f"{self.root}/{name}"
+        return str(control_table(self.root, name))
 
     def _ensure_table(self, name: str) -> None:
         if name in self._created:
@@ -742,14 +743,14 @@ class DeltaCheckpointStore:
                 self._warn_corrupt(row["checkpoint_id"], f"unknown status {row['status']!r}")
                 continue
             view.rows_by_id.setdefault(row["checkpoint_id"], []).append(row)
-            if row["status"] == COMPLETED and row.get("validated_at") is not None:
+            if row["status"] == CheckpointStatus.COMPLETED and row.get("validated_at") is not None:
                 at = view.validated.get(row["checkpoint_id"], row["validated_at"])
                 view.validated[row["checkpoint_id"]] = min(at, row["validated_at"])
         completed: list[CompletedCheckpoint] = []
         for checkpoint_id in sorted(view.rows_by_id):
             row = _effective_row(view.rows_by_id[checkpoint_id])
             view.effective[checkpoint_id] = row
-            if row["status"] != COMPLETED:
+            if row["status"] != CheckpointStatus.COMPLETED:
                 continue
             try:
                 completed.append(_decode_row(row))
@@ -779,7 +780,7 @@ class DeltaCheckpointStore:
         self,
         checkpoint_id: CheckpointId,
         kind: CheckpointKind,
-        status: str,
+        status: CheckpointStatus,
         trigger_time: float,
         epoch: int,
         *,
@@ -790,7 +791,7 @@ class DeltaCheckpointStore:
         row: dict[str, Any] = {
             "checkpoint_id": int(checkpoint_id),
             "kind": kind.value,
-            "status": status,
+            "status": str(status),
             "trigger_time": float(trigger_time),
             "completion_time": None,
             "epoch": int(epoch),
@@ -817,7 +818,7 @@ class DeltaCheckpointStore:
             )
         return row
 
-    def _completed_row(self, c: CompletedCheckpoint, status: str, epoch: int) -> dict[str, Any]:
+    def _completed_row(self, c: CompletedCheckpoint, status: CheckpointStatus, epoch: int) -> dict[str, Any]:
         return self._row(c.checkpoint_id, c.kind, status, c.trigger_time, epoch, completed=c)
 
     def _epoch_of(self, epoch: int | None) -> int:
@@ -859,16 +860,16 @@ class DeltaCheckpointStore:
         """
         with self._lock:
             checkpoint_id = checkpoint.checkpoint_id
-            row = self._completed_row(checkpoint, COMPLETED, self._epoch_of(None))
+            row = self._completed_row(checkpoint, CheckpointStatus.COMPLETED, self._epoch_of(None))
             self._check_round_trip(checkpoint, row)
             decided: dict[str, Any] = {}
 
             def build(dt: DeltaTable) -> list[dict[str, Any]]:
                 view = self._view(dt)
                 previous = view.effective.get(checkpoint_id)
-                if previous is not None and previous["status"] in (COMPLETED, DISCARDED):
+                if previous is not None and previous["status"] in ONCE_COMPLETED:
                     raise ValueError(f"checkpoint {checkpoint_id} is already stored")
-                if previous is not None and previous["status"] == ABORTED:
+                if previous is not None and previous["status"] == CheckpointStatus.ABORTED:
                     raise CheckpointAbortedError(
                         f"checkpoint {checkpoint_id} was aborted ({previous['failure_reason']}: "
                         f"{previous['message'] or ''}) before it could complete",
@@ -941,11 +942,11 @@ class DeltaCheckpointStore:
         with self._lock:
             self._reservations.claim("ids", checkpoint_id)
             when = self._now() if trigger_time is None else trigger_time
-            row = self._row(checkpoint_id, CheckpointKind(kind), PENDING, when, self._epoch_of(epoch))
+            row = self._row(checkpoint_id, CheckpointKind(kind), CheckpointStatus.PENDING, when, self._epoch_of(epoch))
 
             def build(dt: DeltaTable) -> list[dict[str, Any]]:
                 previous = self._view(dt).effective.get(checkpoint_id)
-                if previous is not None and previous["status"] != PENDING:
+                if previous is not None and previous["status"] != CheckpointStatus.PENDING:
                     raise ValueError(f"checkpoint {checkpoint_id} is already {previous['status']}")
                 return [row]
 
@@ -976,16 +977,16 @@ class DeltaCheckpointStore:
 
             def build(dt: DeltaTable) -> list[dict[str, Any]] | None:
                 previous = self._view(dt).effective.get(checkpoint_id)
-                if previous is not None and previous["status"] in (COMPLETED, DISCARDED):
+                if previous is not None and previous["status"] in ONCE_COMPLETED:
                     raise ValueError(f"checkpoint {checkpoint_id} is already {previous['status']}")
-                if previous is not None and previous["status"] == ABORTED:
+                if previous is not None and previous["status"] == CheckpointStatus.ABORTED:
                     return None
                 row_kind = kind if kind is not None else (
                     CheckpointKind(previous["kind"]) if previous else CheckpointKind.CHECKPOINT)
                 when = trigger_time if trigger_time is not None else (
                     previous["trigger_time"] if previous else self._now())
-                return [self._row(checkpoint_id, CheckpointKind(row_kind), ABORTED, when, self._epoch_of(epoch),
-                                  failure_reason=reason.value, message=message or None)]
+                return [self._row(checkpoint_id, CheckpointKind(row_kind), CheckpointStatus.ABORTED,
+                                  when, self._epoch_of(epoch), failure_reason=reason.value, message=message or None)]
 
             file_count = self._commit("checkpoints", build, fence=self.epoch)
             self._maybe_compact(file_count + 1)
@@ -997,7 +998,8 @@ class DeltaCheckpointStore:
 
     def mark_discarded(self, checkpoints: Iterable[CompletedCheckpoint], message: str | None = None) -> None:
         """One commit of ``discarded`` rows (idempotent in effect: discarded stays discarded)."""
-        rows = [{**self._completed_row(c, DISCARDED, self._epoch_of(None)), "message": message} for c in checkpoints]
+        rows = [{**self._completed_row(c, CheckpointStatus.DISCARDED, self._epoch_of(None)), "message": message}
+                for c in checkpoints]
         if rows:
             self._commit("checkpoints", lambda dt: rows, fence=self.epoch)
 
@@ -1023,18 +1025,18 @@ class DeltaCheckpointStore:
             outcome.clear()
             view = self._view(dt)
             row = view.effective.get(checkpoint_id)
-            if row is None or row["status"] not in (COMPLETED, DISCARDED) or checkpoint_id in view.corrupt:
+            if row is None or row["status"] not in ONCE_COMPLETED or checkpoint_id in view.corrupt:
                 raise UnknownCheckpointError(
                     f"checkpoint {checkpoint_id} is not a readable completed checkpoint: nothing to validate"
                 )
-            if row["status"] == DISCARDED or checkpoint_id in view.validated:
-                outcome.append((row["status"] == COMPLETED) == passed)
+            if row["status"] == CheckpointStatus.DISCARDED or checkpoint_id in view.validated:
+                outcome.append((row["status"] == CheckpointStatus.COMPLETED) == passed)
                 return None
             outcome.append(True)
             now = float(self._now())
             if passed:
                 return [{**row, "recorded_at": now, "validated_at": now, "message": message}]
-            return [{**row, "status": DISCARDED, "epoch": self._epoch_of(None), "recorded_at": now,
+            return [{**row, "status": CheckpointStatus.DISCARDED, "epoch": self._epoch_of(None), "recorded_at": now,
                      "message": message}]
 
         self._commit("checkpoints", build, fence=self.epoch)
@@ -1057,8 +1059,8 @@ class DeltaCheckpointStore:
                 old = view.effective[checkpoint_id]
                 kinds = {k.value for k in CheckpointKind}
                 kind = old["kind"] if old["kind"] in kinds else CheckpointKind.CHECKPOINT.value
-                row = self._row(checkpoint_id, CheckpointKind(kind), DISCARDED, old["trigger_time"] or 0.0,
-                                self._epoch_of(None), message=message)
+                row = self._row(checkpoint_id, CheckpointKind(kind), CheckpointStatus.DISCARDED,
+                                old["trigger_time"] or 0.0, self._epoch_of(None), message=message)
                 row["completion_time"] = old["completion_time"]
                 rows.append(row)
             return rows
@@ -1109,9 +1111,10 @@ class DeltaCheckpointStore:
     def _epochs_of(rows: Sequence[dict[str, Any]], effective: Mapping[str, Any]) -> dict[str, Any]:
         """``epoch``: the attempt that took the checkpoint (a discarded one's row carries the epoch
         that discarded it: that is ``discarded_in_epoch``)."""
-        if effective["status"] != DISCARDED:
+        if effective["status"] != CheckpointStatus.DISCARDED:
             return {"discarded_in_epoch": None}
-        taken = min((r for r in rows if r["status"] != DISCARDED), key=lambda r: r["recorded_at"], default=effective)
+        taken = min((r for r in rows if r["status"] != CheckpointStatus.DISCARDED), key=lambda r: r["recorded_at"],
+                    default=effective)
         return {"epoch": taken["epoch"], "discarded_in_epoch": effective["epoch"]}
 
     def acks(self, checkpoint_id: CheckpointId) -> list[dict[str, Any]]:
@@ -1121,7 +1124,7 @@ class DeltaCheckpointStore:
         rows = self._view().rows_by_id.get(checkpoint_id)
         if not rows:
             raise UnknownCheckpointError(f"checkpoint {checkpoint_id} is not in {self.root}")
-        with_acks = [r for r in rows if r["status"] in (COMPLETED, DISCARDED) and r["acks_json"]]
+        with_acks = [r for r in rows if r["status"] in ONCE_COMPLETED and r["acks_json"]]
         if not with_acks:
             return []
         try:
@@ -1225,7 +1228,8 @@ class DeltaCheckpointStore:
     def pending(self) -> list[dict[str, Any]]:
         """The rows of checkpoints whose status is still ``pending``, oldest first."""
         view = self._view()
-        return [view.effective[i] for i in sorted(view.effective) if view.effective[i]["status"] == PENDING]
+        return [view.effective[i] for i in sorted(view.effective)
+                if view.effective[i]["status"] == CheckpointStatus.PENDING]
 
     def status(self, checkpoint_id: CheckpointId) -> dict[str, Any] | None:
         """The effective row of ``checkpoint_id`` (None if no row was ever written)."""

@@ -20,7 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..layout import location
+from ..layout import control_table
 from ..objectstore import is_remote
 from .result import QualityResult
 
@@ -52,7 +52,7 @@ class ValidationLog:
     """Append and read the ``validations`` table under a pipeline's checkpoint root."""
 
     def __init__(self, checkpoint_root: str | Path):
-        self.path = str(location(checkpoint_root) / "validations")
+        self.path = str(control_table(checkpoint_root, "validations"))
 
     def _create(self) -> None:
         from deltalake import DeltaTable

@@ -20,8 +20,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..core.types import CheckpointStatus
 from ..files import files_at
-from ..layout import location
+from ..layout import control_table, location
 from .paths import check_pipeline_name, checkpoint_root, data_docs_index, report_path, warehouse_root
 from .records import ValidationLog
 
@@ -97,11 +98,12 @@ def collect(pipeline_name: str, warehouse: str) -> dict[str, Any]:
     check_pipeline_name(pipeline_name)
     root = warehouse_root(warehouse)
     croot = checkpoint_root(root, pipeline_name)
-    if not files_at(croot).is_dir(croot / "checkpoints"):
+    if not files_at(croot).is_dir(control_table(croot, "checkpoints")):
         raise FileNotFoundError(f"pipeline {pipeline_name!r} has no checkpoint store in {root} (run it first)")
     store = DeltaCheckpointStore(croot)
     history = sorted(with_durations(store.history()), key=lambda r: r["checkpoint_id"])
-    completed = [r for r in history if r["status"] in ("completed", "discarded") and r.get("completion_time")]
+    completed = [r for r in history if r["status"] in (CheckpointStatus.COMPLETED, CheckpointStatus.DISCARDED)
+                 and r.get("completion_time")]
     validations = ValidationLog(croot).rows()
     restores = []
     for e in sorted(store.epochs(), key=lambda e: e["epoch"]):
@@ -146,7 +148,7 @@ def charts_html(data: dict[str, Any]) -> str:
     """The four history charts of :func:`collect`'s data (duration, state size, channel-state
     size, alignment), with a marker at every recovery and a cross at every aborted checkpoint."""
     done = data["completed"]
-    aborted = [r["checkpoint_id"] for r in data["history"] if r["status"] == "aborted"]
+    aborted = [r["checkpoint_id"] for r in data["history"] if r["status"] == CheckpointStatus.ABORTED]
     markers = []
     for r in data["restores"]:
         if r["epoch"] == 1 and r["restored_checkpoint"] is None:
@@ -168,7 +170,7 @@ def charts_html(data: dict[str, Any]) -> str:
 def render(data: dict[str, Any]) -> str:
     """The report's HTML (self-contained: inline CSS and SVG, no script)."""
     done = data["completed"]
-    aborted = [r["checkpoint_id"] for r in data["history"] if r["status"] == "aborted"]
+    aborted = [r["checkpoint_id"] for r in data["history"] if r["status"] == CheckpointStatus.ABORTED]
     charts = charts_html(data)
 
     latest: dict[str, dict[str, Any]] = {}

@@ -48,11 +48,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ..core.types import sink_operator
+from ..core.types import CheckpointStatus, sink_operator
 from ..delta import log as delta_log
 from ..delta.store import RESTORED, DeltaCheckpointStore
 from ..files import files_at
-from ..layout import channel_state_table, checkpoint_root, state_table
+from ..layout import channel_state_table, checkpoint_root, control_table, state_table
 from ..pipeline import DeltaSource, Pipeline
 from ..reserved import ERROR_COLUMN, KEY_GROUP, SENDER
 from ..spark.tables import struct_type
@@ -131,7 +131,7 @@ class Context:
 
 def open_store(warehouse: Path, pipeline_name: str) -> DeltaCheckpointStore:
     root = checkpoint_root(warehouse, pipeline_name)
-    if not files_at(root).is_dir(root / "checkpoints"):
+    if not files_at(root).is_dir(control_table(root, "checkpoints")):
         raise QualityCheckError(f"pipeline {pipeline_name!r} has no checkpoint store in {warehouse} (run it first)")
     return DeltaCheckpointStore(root)  # a reader: no retention of its own, creates nothing
 
@@ -144,7 +144,7 @@ def checkpoint_facts(ctx: Context, checkpoint_id: int | None) -> CheckpointFacts
             raise QualityCheckError(f"pipeline {ctx.pipeline.name!r} has no completed checkpoint to validate")
         checkpoint_id = latest.checkpoint_id
     row = ctx.store.status(checkpoint_id)
-    if row is None or row["status"] != "completed":
+    if row is None or row["status"] != CheckpointStatus.COMPLETED:
         state = "unknown" if row is None else row["status"]
         raise QualityCheckError(f"checkpoint {checkpoint_id} of {ctx.pipeline.name!r} is {state}, not completed")
     acks = ctx.store.acks(checkpoint_id)
@@ -309,8 +309,9 @@ def _all_true(columns: list[Any]) -> Any:
 
 
 def sink_view(sink: str) -> str:
-    """The view a pipeline's own expectations on ``sink`` check: its table at the checkpoint."""
-    return f"sink_{sink}"
+    """The view a pipeline's own expectations on ``sink`` check: its table at the checkpoint. It is
+    named like the sink's subtasks (:func:`~checkpoint_lib.core.types.sink_operator`)."""
+    return sink_operator(sink)
 
 
 def restore_views(ctx: Context, facts: CheckpointFacts, restore: RestoreFacts | None) -> dict[str, DataFrame]:

@@ -49,7 +49,7 @@ from ..core.errors import FailureReason
 from ..core.recovery import SINK_STATE_KEY, RecoveryPlan, plan_recovery
 from ..core.stores import InMemoryCheckpointIdCounter, InMemoryCompletedCheckpointStore
 from ..core.twophase import SinkSnapshot, Transaction, TransactionIdPool, TwoPhaseCommitSink, commit_all
-from ..core.types import Barrier, BarrierMode, CheckpointKind, SubtaskAck, SubtaskId
+from ..core.types import Barrier, BarrierMode, CheckpointKind, CheckpointStatus, SubtaskAck, SubtaskId
 
 
 class Record(NamedTuple):
@@ -396,7 +396,7 @@ class Simulation:
         )
 
     def _tick(self) -> None:
-        if self.final_requested is not None and self.coordinator.status_of(self.final_requested) == "aborted":
+        if self.final_requested is not None and self.coordinator.status_of(self.final_requested) == CheckpointStatus.ABORTED:
             # The final checkpoint failed while records were still held somewhere (an alignment
             # that only a newer barrier or an expiry ends): checkpoints go on until _finish asks again.
             self.final_requested = None
@@ -416,9 +416,9 @@ class Simulation:
             self._on_coordinator([trigger])
             return
         status = self.coordinator.status_of(self.final_requested)
-        if status == "aborted":
+        if status == CheckpointStatus.ABORTED:
             self.final_requested = None
-        elif status == "completed":
+        elif status == CheckpointStatus.COMPLETED:
             for st in self.subtasks.values():
                 if st.layer == 0 and not st.ended:
                     st.ended = True

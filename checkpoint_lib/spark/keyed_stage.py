@@ -34,7 +34,7 @@ from ..core.barriers import (
 from ..core.keygroups import range_for_subtask
 from ..core.recovery import SINK_STATE_KEY, RecoveryPlan
 from ..core.twophase import TransactionIdPool, TwoPhaseCommitSink
-from ..core.types import Barrier, BarrierMode, CheckpointKind, SubtaskAck
+from ..core.types import Barrier, BarrierMode, CheckpointKind, CheckpointStatus, SubtaskAck
 from ..delta import log as delta_log
 from ..pipeline import FEEDBACK, TTL_COLUMN
 from ..reserved import SINK_SUBTASK
@@ -163,7 +163,7 @@ class KeyedStage:
         if ctx.coordinator.status_of(cid) != "unknown":
             return
         row = ctx.store.status(cid)
-        if row is None or row["status"] != "pending" or row["epoch"] != ctx.epoch:
+        if row is None or row["status"] != CheckpointStatus.PENDING or row["epoch"] != ctx.epoch:
             return
         acks = ctx.store.pending_acks(cid, ctx.epoch)
         self.on_effects(ctx.coordinator.adopt(cid, row["trigger_time"], CheckpointKind(row["kind"]), acks))
@@ -442,7 +442,7 @@ class KeyedStage:
         acks = {t.keyed[r]: ack}
         for name, snapshot in snap["sinks"].items():
             acks[t.sink_ids[name][r]] = SubtaskAck(state={SINK_STATE_KEY: snapshot})
-        if ctx.coordinator.status_of(cid) == "pending":
+        if ctx.coordinator.status_of(cid) == CheckpointStatus.PENDING:
             ctx.store.record_acks(cid, acks, ctx.epoch)  # durable first: see SourceStage.write
         for sid, a in acks.items():
             self.on_effects(ctx.coordinator.acknowledge(cid, sid, a).effects)

@@ -40,7 +40,7 @@ from ..core.decider import DEFAULT_ROWS_PER_STEP, CheckpointConfig
 from ..core.errors import CheckpointError
 from ..core.recovery import RecoveryPlan
 from ..core.twophase import TransactionIdPool
-from ..core.types import BarrierMode, CheckpointKind
+from ..core.types import BarrierMode, CheckpointKind, CheckpointStatus
 from ..delta import log as delta_log
 from ..delta.store import DeltaCheckpointStore
 from ..killpoints import KillPoints
@@ -205,9 +205,6 @@ class PipelineRunner:
 
     def _on_effects(self, effects: Any) -> None:
         self.completion.on_effects(effects)
-
-    def _check_compatible(self, plan: RecoveryPlan) -> None:
-        self.recovery._check_compatible(plan)
 
     # opening: join the current epoch, or recover -------------------------------------------
 
@@ -389,7 +386,7 @@ class PipelineRunner:
             self.progress(f"{kind.value} {trigger.checkpoint_id} injected: it completes when the keyed stage runs")
             return trigger.checkpoint_id
         deadline = time.monotonic() + self.config.timeout
-        while not self.chained and self.coordinator.status_of(trigger.checkpoint_id) == "pending":
+        while not self.chained and self.coordinator.status_of(trigger.checkpoint_id) == CheckpointStatus.PENDING:
             if self.keyed_stage.step():
                 continue  # a cycle: the feedback barriers come back in later steps
             if self.keyed_stage.aligning_with_timeout() and time.monotonic() < deadline:
@@ -397,7 +394,7 @@ class PipelineRunner:
                 continue
             break
         status = self.coordinator.status_of(trigger.checkpoint_id)
-        if status != "completed":
+        if status != CheckpointStatus.COMPLETED:
             raise CheckpointError(f"final {kind.value} {trigger.checkpoint_id} did not complete: {status}")
         return trigger.checkpoint_id
 

@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 
 from ..checkpoint_requests import CheckpointRequests
 from ..core.coordinator import TriggerCheckpoint
-from ..core.types import CheckpointKind, SubtaskAck
+from ..core.types import CheckpointKind, CheckpointStatus, SubtaskAck
 from ..delta import log as delta_log
 from ..layout import PENDING_FOLDER
 from ..reserved import ERROR_COLUMN, OFFSET_COLUMNS, RECORD
@@ -82,8 +82,9 @@ class SourceStage:
             return
         for row in self.ctx.store.history():
             cid = row["checkpoint_id"]
-            if cid in self.ctx.coordinator.pending and row["status"] != "pending":
-                status = "aborted" if row["status"] == "aborted" else "completed"
+            if cid in self.ctx.coordinator.pending and row["status"] != CheckpointStatus.PENDING:
+                status = (CheckpointStatus.ABORTED if row["status"] == CheckpointStatus.ABORTED
+                          else CheckpointStatus.COMPLETED)
                 self.ctx.coordinator.finished_elsewhere(cid, status, row["completion_time"] or row["recorded_at"])
 
     def backlog_rows(self) -> int:
@@ -188,7 +189,7 @@ class SourceStage:
         self.ctx.store.record_acks(cid, acks, self.ctx.epoch)
         for sid, ack in acks.items():
             self.on_effects(self.ctx.coordinator.acknowledge(cid, sid, ack).effects)
-        if self.ctx.coordinator.status_of(cid) != "pending":
+        if self.ctx.coordinator.status_of(cid) != CheckpointStatus.PENDING:
             return  # declined or aborted meanwhile
         self.keyed.barrier_on_every_channel(trigger.barrier)
 

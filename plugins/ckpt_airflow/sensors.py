@@ -15,6 +15,7 @@ from typing import Any, Sequence
 from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowFailException
 
+from checkpoint_lib.core.types import CheckpointStatus
 from ckpt_airflow.hooks import CheckpointHook
 from ckpt_airflow.triggers import CheckpointAcksTrigger
 
@@ -70,7 +71,7 @@ class CheckpointAcksSensor(BaseSensorOperator):
                 f"checkpoint {cid or '(never triggered: no source step ran)'} of {self.pipeline} did not complete "
                 f"within {self.ack_timeout:.0f} s (status {status}, {acks}): aborting it"
             )
-        if status == "completed":
+        if status == CheckpointStatus.COMPLETED:
             self.log.info("checkpoint %s of %s completed (%s)", cid, self.pipeline, acks)
             return int(cid)
         raise AirflowFailException(

@@ -60,7 +60,7 @@ from airflow.api_fastapi.core_api.security import GetUserDep, get_user
 
 from checkpoint_lib.control import PipelineControl, checkpoint_root, parse_checkpoint_id, validate_pipeline_name
 from checkpoint_lib.core.errors import UnknownCheckpointError
-from checkpoint_lib.core.types import MODES
+from checkpoint_lib.core.types import MODES, CheckpointStatus
 from checkpoint_lib.history import human_bytes
 from checkpoint_lib.quality.report import CHART_CSS, DARK, LIGHT, charts_html, collect
 
@@ -387,7 +387,7 @@ def page(user: GetUserDep, pipeline: str | None = None, checkpoint: str | None =
         }
         if can_trigger_recovery(user, pipeline):
             for r in history:
-                r["recover"] = "recover to this" if r.get("status") == "completed" else None
+                r["recover"] = "recover to this" if r.get("status") == CheckpointStatus.COMPLETED else None
             columns = [*COLUMNS, ("recover", "")]
             links["recover"] = lambda r: (f"recover/{pipeline}/{int(r['checkpoint_id'])}", "_self") \
                 if r.get("recover") else None
@@ -402,7 +402,7 @@ def page(user: GetUserDep, pipeline: str | None = None, checkpoint: str | None =
 def _completed(control: PipelineControl, cid: int) -> dict[str, Any]:
     """The history row of completed checkpoint ``cid`` (404 if it is not one)."""
     row = control.store.status(cid) if control.root.is_dir() else None
-    if row is None or row.get("status") != "completed":
+    if row is None or row.get("status") != CheckpointStatus.COMPLETED:
         state = "unknown" if row is None else row.get("status")
         raise HTTPException(status_code=404, detail=f"checkpoint {cid} of {control.pipeline_name} is {state}, "
                                                     "not a completed checkpoint to recover to")

@@ -1,4 +1,4 @@
-"""Unit tests for checkpoint_lib.core.twophase: pool, fence, sink bookkeeping, recovery."""
+"""Unit tests for checkpoint_lib.core.twophase: pool, sink bookkeeping, recovery."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ import json
 
 import pytest
 
-from checkpoint_lib.core.errors import CommitError, FencedError, IllegalTransitionError
+from checkpoint_lib.core.errors import CommitError, IllegalTransitionError
 from checkpoint_lib.core.twophase import (
-    EpochFence,
     SinkRecovery,
     SinkSnapshot,
     Transaction,
@@ -86,36 +85,6 @@ def test_pool_acquire_raises_when_exhausted():
     pool = TransactionIdPool("out", 2, 2)
     with pytest.raises(IllegalTransitionError, match=r"^all 2 transaction ids of out-2 are in use"):
         pool.acquire(5, ["out-2-0", "out-2-1"])
-
-
-# --- EpochFence ------------------------------------------------------------------------------------
-
-
-def test_fence_rejects_older_epoch():
-    fence = EpochFence(3)
-    with pytest.raises(FencedError, match=r"^commit by epoch 2 rejected: epoch 3 has taken over"):
-        fence.check(2, "commit")
-
-
-def test_fence_default_what_is_write():
-    with pytest.raises(FencedError, match=r"^write by epoch 0 rejected: epoch 1 has taken over"):
-        EpochFence(1).check(0)
-
-
-@pytest.mark.parametrize("writer_epoch", [3, 4, 100])
-def test_fence_accepts_equal_or_newer_epoch(writer_epoch):
-    assert EpochFence(3).check(writer_epoch) is None
-
-
-def test_fence_advance_fences_previous_epoch():
-    fence = EpochFence()
-    assert fence.current == 0
-    fence.check(0)
-    assert fence.advance() == 1
-    assert fence.current == 1
-    with pytest.raises(FencedError):
-        fence.check(0)
-    fence.check(1)
 
 
 # --- TwoPhaseCommitSink: pre-commit -----------------------------------------------------------------

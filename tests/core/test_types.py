@@ -9,13 +9,12 @@ from checkpoint_lib.core.errors import FailureReason
 from checkpoint_lib.core.types import (
     Barrier,
     BarrierMode,
-    ChannelId,
     CheckpointKind,
     SubtaskAck,
     SubtaskId,
 )
 
-# --- SubtaskId / ChannelId ------------------------------------------------------------------------
+# --- SubtaskId ------------------------------------------------------------------------------------
 
 
 def test_subtask_id_str_and_order():
@@ -44,11 +43,6 @@ def test_subtask_id_rejects_empty_operator():
 def test_subtask_id_rejects_negative_index():
     with pytest.raises(ValueError, match=r"^SubtaskId.index must be >= 0, got -1$"):
         SubtaskId("src", -1)
-
-
-def test_channel_id_str():
-    channel = ChannelId(SubtaskId("src", 0), SubtaskId("sink", 1))
-    assert str(channel) == "src[0]->sink[1]"
 
 
 # --- Barrier ----------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from checkpoint_lib.core.checkpoints import CompletedCheckpoint
 from checkpoint_lib.core.errors import CheckpointError, FailureReason, FencedError, UnknownCheckpointError
 from checkpoint_lib.core.recovery import SINK_STATE_KEY
 from checkpoint_lib.core.twophase import SinkSnapshot, Transaction
-from checkpoint_lib.core.types import CheckpointKind, SubtaskAck, SubtaskId
+from checkpoint_lib.core.types import CheckpointKind, SubtaskAck, SubtaskId, sink_operator
 from checkpoint_lib.files import files_at
 
 
@@ -139,7 +139,7 @@ def _completed(cid: int, when: float, sinks: dict | None = None) -> CompletedChe
     acks = {SubtaskId("source", 0): SubtaskAck(state={"version": cid})}
     for name, txns in (sinks or {}).items():
         snap = SinkSnapshot(Transaction(99, f"p.{name}-0-9", 1), tuple(txns), 100)
-        acks[SubtaskId(f"sink_{name}", 0)] = SubtaskAck(state={SINK_STATE_KEY: snap.to_dict()})
+        acks[SubtaskId(sink_operator(name), 0)] = SubtaskAck(state={SINK_STATE_KEY: snap.to_dict()})
     return CompletedCheckpoint(cid, CheckpointKind.CHECKPOINT, when - 1, when, acks, {s: when for s in acks})
 
 

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
 from storage import put
 
 from checkpoint_lib import maintenance
@@ -344,7 +345,7 @@ def test_a_state_tables_log_is_cleaned_below_the_oldest_pinned_version_and_every
     left = sorted(int(n[:20]) for n in p.files.names(table / "_delta_log") if n[:20].isdigit())
     assert left[0] == 10  # versions 0-9 went; the checkpoint of 10 and the commits after it stay
     assert {v: DeltaTable(str(table), version=v).to_pyarrow_table().num_rows for v in before} == before
-    with pytest.raises(Exception):
+    with pytest.raises(TableNotFoundError, match="No files in log segment"):
         DeltaTable(str(table), version=9)  # below what anything pins: no longer reproducible
     again = maintain(p.warehouse, "payments", now=T0 + 61 * DAY, policy=NOW_POLICY)
     assert again.rule("delta log", target).deleted == 0  # the savepoint still pins version 13
@@ -385,7 +386,22 @@ def test_a_write_landing_during_a_rewrite_is_never_lost(world, monkeypatch):
                 run_name="payments-restore-c1-e1-raced", data_docs="", started_at=T0, finished_at=T0,
                 validation_id="raced"))
 
-    monkeypatch.setattr(maintenance, "_before_commit", race)
+    real_rewrite = maintenance.rewrite
+
+    def racing_rewrite(load, read, decide, **kwargs):
+        """maintenance's rewrite, with ``race(table)`` between its decision and its commit."""
+        loaded = {}
+
+        def load_and_keep():
+            loaded["dt"] = load()
+            return loaded["dt"]
+
+        def before_commit():
+            race(loaded["dt"].table_uri.rstrip("/").rsplit("/", 1)[-1])
+
+        return real_rewrite(load_and_keep, read, decide, before_commit=before_commit, **kwargs)
+
+    monkeypatch.setattr(maintenance, "rewrite", racing_rewrite)
     report = maintain(p.warehouse, "payments", now=T0 + 60 * DAY, policy=NOW_POLICY)
     assert {t: n for t, n in raced.items() if t in ("checkpoints", "acks", "sessions", "validations")} == {
         "checkpoints": 2, "acks": 2, "sessions": 2, "validations": 2}  # refused once, then landed

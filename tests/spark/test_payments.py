@@ -208,7 +208,7 @@ def test_restore_checks_the_snapshot_fits_the_pipeline(spark, tmp_path):
     acks[SubtaskId("dedup", 0)] = SubtaskAck()  # an operator the pipeline no longer has
     plan = plan_recovery([CompletedCheckpoint(4, CheckpointKind.CHECKPOINT, 0.0, 1.0, acks)], current_epoch=0)
     with pytest.raises(SnapshotIncompatibleError) as err:
-        r._check_compatible(plan)
+        r.recovery._check_compatible(plan)
     message = str(err.value)
     assert "parallelism" not in message  # 5 -> 3 is a rescale, not an incompatibility
     assert "removed operators ['dedup']: pass --allow-non-restored-state" in message
