@@ -97,7 +97,6 @@ import json
 import logging
 import math
 import os
-import random
 import re
 import time
 from collections import defaultdict
@@ -107,6 +106,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 from urllib.parse import unquote
 
+from .core.cas import commit_on_snapshot
 from .files import FileStat, Files, Location, files_at, fsync_dir
 from .history import human_bytes
 from .layout import (
@@ -453,6 +453,10 @@ def _sessions_needs(needs: Needs, rows: Sequence[Mapping[str, Any]]) -> None:
 # --- compare-and-swap rewrites of the control tables -------------------------------------------
 
 
+class _Exhausted(Exception):
+    """Every attempt to change a table's properties lost to a concurrent commit (their number)."""
+
+
 def _table_schema(dt: Any):
     import pyarrow as pa
 
@@ -477,26 +481,25 @@ def rewrite(
     from deltalake import CommitProperties, write_deltalake
     from deltalake.exceptions import CommitFailedError
 
-    for attempt in range(_REWRITE_ATTEMPTS):
-        dt = load()
+    def attempt(dt: Any) -> tuple[int, int]:
         if dt is None:
-            return 0, 0, attempt
+            return 0, 0
         rows = read(dt)
         keep = decide(rows)
         if keep is None or len(keep) == len(rows):
-            return 0, len(rows), attempt
+            return 0, len(rows)
         if dry_run:
-            return len(rows) - len(keep), len(keep), attempt
+            return len(rows) - len(keep), len(keep)
         if before_commit is not None:
             before_commit()
-        try:
-            write_deltalake(dt, pa.Table.from_pylist(keep, schema=_table_schema(dt)), mode="overwrite",
-                            commit_properties=CommitProperties(max_commit_retries=0))
-            return len(rows) - len(keep), len(keep), attempt
-        except CommitFailedError:
-            # someone committed on top of our snapshot first: nothing of ours landed; decide again
-            time.sleep(0.005 * min(attempt + 1, 20) * (0.5 + random.random()))
-    raise RuntimeError(f"{_REWRITE_ATTEMPTS} attempts to rewrite a control table lost to concurrent writers")
+        write_deltalake(dt, pa.Table.from_pylist(keep, schema=_table_schema(dt)), mode="overwrite",
+                        commit_properties=CommitProperties(max_commit_retries=0))
+        return len(rows) - len(keep), len(keep)
+
+    (dropped, kept), retries = commit_on_snapshot(
+        load, attempt, lost=CommitFailedError, attempts=_REWRITE_ATTEMPTS,
+        exhausted=lambda n: RuntimeError(f"{n} attempts to rewrite a control table lost to concurrent writers"))
+    return dropped, kept, retries
 
 
 def _store_rewrite(ctx: _Context, name: str, decide: Callable[[Any, list[dict[str, Any]]], list[dict[str, Any]] | None],
@@ -1129,17 +1132,16 @@ def _control_logs(ctx: _Context) -> None:
         if ctx.dry_run:
             outcome.kept = len(listed) - len(expired)
             continue
-        for attempt in range(_REWRITE_ATTEMPTS):
+        def retention(dt: Any) -> None:
             config = dt.metadata().configuration or {}
-            if all(config.get(k) == v for k, v in wanted.items()):
-                break
-            try:
+            if not all(config.get(k) == v for k, v in wanted.items()):
                 dt.alter.set_table_properties(wanted, commit_properties=CommitProperties(max_commit_retries=0))
-            except CommitFailedError:  # a concurrent commit first: read again (ours landed nothing)
-                time.sleep(0.005 * min(attempt + 1, 20) * (0.5 + random.random()))
-            dt = DeltaTable(str(path))
-        else:
-            outcome.skipped = f"could not set the log retention: {_REWRITE_ATTEMPTS} commits lost to concurrent writers"
+
+        try:
+            commit_on_snapshot(lambda: DeltaTable(str(path)), retention, lost=CommitFailedError,
+                               attempts=_REWRITE_ATTEMPTS, exhausted=lambda n: _Exhausted(n))
+        except _Exhausted as exc:
+            outcome.skipped = f"could not set the log retention: {exc} commits lost to concurrent writers"
             continue
         DeltaTable(str(path)).cleanup_metadata()  # (a commit's own hook may have cleaned up already)
         after = set(ctx.files.names(path / "_delta_log"))

@@ -100,7 +100,6 @@ import hashlib
 import json
 import logging
 import os
-import random
 import re
 import socket
 import threading
@@ -115,6 +114,7 @@ from deltalake import CommitProperties, DeltaTable, QueryBuilder, write_deltalak
 from deltalake import Transaction as AppTransaction
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
+from ..core.cas import commit_on_snapshot
 from ..core.checkpoints import CompletedCheckpoint
 from ..core.clock import Clock
 from ..core.errors import (
@@ -656,31 +656,29 @@ class DeltaCheckpointStore:
         ``build`` returns the rows (``[]`` with a ``stamp``: commit the stamp alone), or None for
         nothing to do; it may raise to refuse. ``stamp``: an application transaction committed with
         the rows (the epoch fence). Returns the number of data files the snapshot had."""
-        for attempt in range(_COMMIT_ATTEMPTS):
-            try:
-                self._ensure_table(name)  # two first writers racing to create it: one retries
-                dt = self._load(name)
-                assert dt is not None, f"{self._uri(name)} was just created"
-                if fence is not None:
-                    self._check_fence(name, dt, fence)
-                rows = build(dt)
-                if rows is None or (not rows and stamp is None):
-                    return len(dt.file_uris())
-                properties = CommitProperties(
-                    max_commit_retries=0, app_transactions=None if stamp is None else [stamp]
-                )
-                write_deltalake(
-                    dt, pa.Table.from_pylist(list(rows), schema=_SCHEMAS[name]), mode="append",
-                    commit_properties=properties, schema_mode="merge",  # a table of an older version
-                )
+        def read() -> DeltaTable:
+            self._ensure_table(name)  # two first writers racing to create it: one retries
+            dt = self._load(name)
+            assert dt is not None, f"{self._uri(name)} was just created"
+            return dt
+
+        def attempt(dt: DeltaTable) -> int:
+            if fence is not None:
+                self._check_fence(name, dt, fence)
+            rows = build(dt)
+            if rows is None or (not rows and stamp is None):
                 return len(dt.file_uris())
-            except CommitFailedError:
-                # Another commit took the version: ours wrote no log entry (its data file, if any,
-                # is unreferenced). Back off a little, at random, so racing writers spread out.
-                time.sleep(0.002 * min(attempt + 1, 20) * (0.5 + random.random()))
-        raise CommitFailedError(
-            f"{self._uri(name)}: {_COMMIT_ATTEMPTS} attempts to commit lost to concurrent writers"
-        )
+            properties = CommitProperties(max_commit_retries=0, app_transactions=None if stamp is None else [stamp])
+            write_deltalake(
+                dt, pa.Table.from_pylist(list(rows), schema=_SCHEMAS[name]), mode="append",
+                commit_properties=properties, schema_mode="merge",  # a table of an older version
+            )
+            return len(dt.file_uris())
+
+        files, _ = commit_on_snapshot(
+            read, attempt, lost=CommitFailedError, attempts=_COMMIT_ATTEMPTS,
+            exhausted=lambda n: CommitFailedError(f"{self._uri(name)}: {n} attempts to commit lost to concurrent writers"))
+        return files
 
     def fence(self, name: str) -> int:
         """The newest epoch that fenced table ``name`` (0: none yet)."""

@@ -20,6 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..core.cas import commit_on_snapshot
 from ..layout import control_table
 from ..objectstore import is_remote
 from .result import QualityResult
@@ -87,15 +88,13 @@ class ValidationLog:
             "details_json": result.details_json(),
         }
         data = pa.Table.from_pylist([row], schema=SCHEMA)
-        for attempt in range(_RETRIES):
-            try:
-                self._create()
-                write_deltalake(self.path, data, mode="append")
-                return row
-            except CommitFailedError:  # a racing create/append: nothing of ours is visible, retry
-                if attempt == _RETRIES - 1:
-                    raise
-                time.sleep(0.01 * (attempt + 1))
+        def append(_: None) -> None:
+            self._create()
+            write_deltalake(self.path, data, mode="append")
+
+        # a racing create or append: nothing of ours is visible, append again
+        commit_on_snapshot(lambda: None, append, lost=CommitFailedError, attempts=_RETRIES,
+                           exhausted=lambda n: CommitFailedError(f"{self.path}: {n} appends lost to concurrent writers"))
         return row
 
     def rows(self) -> list[dict[str, Any]]:

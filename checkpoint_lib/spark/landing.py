@@ -98,7 +98,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -249,25 +248,23 @@ class LandingFolderSource:
         from deltalake import write_deltalake
         from deltalake.exceptions import CommitFailedError
 
+        from ..core.cas import commit_on_snapshot
+
         if not is_remote(self.folder) and not os.path.isdir(self.folder):  # (an object store has no empty folders)
             raise FileNotFoundError(f"landing folder {self.folder} does not exist")
-        for attempt in range(_COMMIT_RETRIES):
-            known = self._registered_names(self.latest_version())
+        def register(latest: int | None) -> int | None:
+            known = self._registered_names(latest)
             new = [f for f in self._list() if f.name not in known]
-            if not new:
-                return self.latest_version()
-            rows = self._manifest_rows(new)
-            try:
-                write_deltalake(self.manifest_path, rows, mode="append")
-            except CommitFailedError:
-                # Only a racing creation of the manifest (version 0) fails; the failed commit
-                # wrote nothing visible, so list again and retry.
-                if attempt == _COMMIT_RETRIES - 1:
-                    raise
-                time.sleep(0.01 * (attempt + 1))
-                continue
+            if new:
+                write_deltalake(self.manifest_path, self._manifest_rows(new), mode="append")
             return self.latest_version()
-        raise AssertionError("unreachable")
+
+        # Only a racing creation of the manifest (version 0) fails; the failed commit wrote
+        # nothing visible, so list again and register again.
+        latest, _ = commit_on_snapshot(
+            self.latest_version, register, lost=CommitFailedError, attempts=_COMMIT_RETRIES,
+            exhausted=lambda n: CommitFailedError(f"{self.manifest_path}: {n} registrations lost to concurrent writers"))
+        return latest
 
     def added_files(self, after: int, upto: int) -> list[AddedFile]:
         """The files registered by manifest versions ``after+1 .. upto``, in (version, path) order:

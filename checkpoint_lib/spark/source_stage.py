@@ -21,6 +21,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ..checkpoint_requests import CheckpointRequests
+from ..core.cas import commit_on_snapshot
 from ..core.coordinator import TriggerCheckpoint
 from ..core.types import CheckpointKind, CheckpointStatus, SubtaskAck
 from ..delta import log as delta_log
@@ -37,6 +38,10 @@ EVENT_TIME_REFERENCE = "event_time_reference"
 """In a source's ack and resume point: :meth:`SourceStage._bound_event_time`'s reference."""
 
 DLQ_ATTEMPTS = 5
+
+
+class _StampMoved(Exception):
+    """Dead letters filtered on a stamp that another writer moved before our commit."""
 
 
 class SourceStage:
@@ -349,12 +354,15 @@ class SourceStage:
 
         app = f"{app_prefix(self.ctx.pipeline.name)}/dlq"
         record = self.t.dlq_record
-        for _ in range(DLQ_ATTEMPTS):
+        row = [F.col(f"`{f.name}`").cast(f.dataType).alias(f.name) for f in record.fields]
+
+        def read() -> int:
             stamp = tables.stamp_of(self.t.dlq_path, app)
-            stamp = -1 if stamp is None else stamp
+            return -1 if stamp is None else stamp
+
+        def append(stamp: int) -> None:
             if end_version <= stamp:
                 return
-            row = [F.col(f"`{f.name}`").cast(f.dataType).alias(f.name) for f in record.fields]
             rows = bad.where(F.col("src_version") > stamp).select(
                 *([F.struct(*row).alias(RECORD)] if self.t.dlq_nested else row),  # a flat table: an earlier version's
                 F.col(ERROR_COLUMN).alias("error"), *OFFSET_COLUMNS,
@@ -367,8 +375,9 @@ class SourceStage:
                 files_at(folder).delete_tree(folder)
                 return
             if tables.stamped_commit(self.t.dlq_path, app, add_actions(files), lambda have: end_version if have == stamp else None,
-                                     what="the dead-letter table") is not None:
-                return
-            files_at(folder).delete_tree(folder)  # filtered on a stamp that moved: filter again
-        raise tables.ConcurrentWriterError(f"{self.t.dlq_path}: {DLQ_ATTEMPTS} attempts to append dead letters "
-                                           "lost to concurrent writers")
+                                     what="the dead-letter table") is None:
+                files_at(folder).delete_tree(folder)  # filtered on a stamp that moved: filter again
+                raise _StampMoved()
+
+        commit_on_snapshot(read, append, lost=_StampMoved, attempts=DLQ_ATTEMPTS, exhausted=lambda n: tables.ConcurrentWriterError(
+            f"{self.t.dlq_path}: {n} attempts to append dead letters lost to concurrent writers"))

@@ -75,10 +75,10 @@ def stamped_commit(path: str, app_id: str, actions: list, decide: Callable[[int]
     from deltalake.transaction import CommitProperties
     from deltalake.transaction import Transaction as AppTransaction
 
+    from ..core.cas import commit_on_snapshot
     from ..core.errors import FencedError
 
-    for attempt in range(attempts):
-        dt = DeltaTable(path)
+    def attempt(dt: DeltaTable) -> int | None:
         have = dt.transaction_version(app_id)
         have_epoch = split_version(have)[0]
         if epoch is not None and have_epoch > epoch:
@@ -87,16 +87,17 @@ def stamped_commit(path: str, app_id: str, actions: list, decide: Callable[[int]
         version = decide(-1 if have is None else int(have))
         if version is None:
             return None
-        try:
-            dt.create_write_transaction(
-                actions, mode="append", schema=dt.schema(),
-                commit_properties=CommitProperties(app_transactions=[AppTransaction(app_id, version)],
-                                                   max_commit_retries=0),
-            )
-            return version
-        except CommitFailedError:  # another commit took the version: read again, decide again
-            time.sleep(0.01 * min(attempt + 1, 10) * (0.5 + random.random()))
-    raise ConcurrentWriterError(f"{what or path}: {attempts} attempts to commit to {path} lost to concurrent writers")
+        dt.create_write_transaction(
+            actions, mode="append", schema=dt.schema(),
+            commit_properties=CommitProperties(app_transactions=[AppTransaction(app_id, version)],
+                                               max_commit_retries=0),
+        )
+        return version
+
+    committed, _ = commit_on_snapshot(
+        lambda: DeltaTable(path), attempt, lost=CommitFailedError, attempts=attempts,
+        exhausted=lambda n: ConcurrentWriterError(f"{what or path}: {n} attempts to commit to {path} lost to concurrent writers"))
+    return committed
 
 
 @contextmanager
