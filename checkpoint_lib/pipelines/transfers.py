@@ -96,13 +96,14 @@ def quality_spec() -> QualitySpec:
     bootstrap table) are credits. In flight, a debit not yet applied moves nothing until it is
     (``full``: both sides), a credit adds to its account."""
 
-    def source_records(ctx: Any, valid: Any) -> Any:
+    def source_records(ctx: Any, records: Any) -> Any:
+        """``records``: the transfers as the operator gets them, debit movements (the map's output)."""
         from pyspark.sql import functions as F
 
         openings = ctx.spark.read.format("delta").load(ctx.path("landing/accounts")).select(
             "account", F.col("opening_cents").alias("amount_cents"))
-        debits = valid.select(F.col("src").alias("account"), (-F.col("amount_cents")).alias("amount_cents"))
-        credits = valid.select(F.col("dst").alias("account"), "amount_cents")
+        debits = records.select("account", (-F.col("amount_cents")).alias("amount_cents"))
+        credits = records.select(F.col("counterparty").alias("account"), "amount_cents")
         return openings.unionByName(debits).unionByName(credits)
 
     def channel_records(channel: Any, full: bool) -> Any:

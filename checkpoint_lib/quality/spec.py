@@ -25,9 +25,10 @@ class QualitySpec:
     - ``aggregates``: state (and key sink) column -> a function returning the Spark aggregate that
       recomputes it from source-like records (``lambda: F.sum("amount_cents")``); additive only;
     - ``dead_letter_offset``: the dead-letter columns that identify a source row;
-    - ``source_records(ctx, valid)``: the records the aggregates run over, from the valid source
-      rows up to the checkpoint (default: those rows) - e.g. a transfer is a debit of ``src`` and
-      a credit of ``dst``, and opening balances come from another table;
+    - ``source_records(ctx, records)``: the records the aggregates run over, from the records up to
+      the checkpoint (the valid source rows through the pipeline's ``map()`` steps, what the
+      operator got; default: those records) - e.g. a transfer is a debit of its account and a
+      credit of its counterparty, and opening balances come from another table;
     - ``channel_records(channel, full)``: what logged in-flight records add to the state, in the
       same form (default: the records themselves). ``full=False``: what replaying them applies at
       once (the restored state); ``full=True``: all they lead to (what the pipeline converges to,
