@@ -140,6 +140,8 @@ def test_the_wheel_installs_the_library_the_cli_and_the_provider(installed):
         assert f'"{dag}"' in dags, dags[-2000:]
 
 
+@pytest.mark.slow  # CI time (20 s); CI tier: the installed wheel's DAGs registered above, the recover DAG's dry run
+# from a checkout in tests/airflow/test_dags_e2e.py and test_provider.py
 def test_the_recover_dag_plans_a_recovery_from_the_wheel(installed, tmp_path):
     """A DAG run of the wheel's operators on a payments warehouse written with delta-rs (no Spark:
     the dry run reads the store and the tables and prints the plan; the slow test below runs Spark
