@@ -282,11 +282,13 @@ def rescale_message(stage: str, was: dict[str, int], now: dict[str, int], origin
     """Why a start rescales: the parallelism ``stage`` stopped at, the one now and where that comes
     from (``origin``, e.g. ``--parallelism 4``; None: the pipeline's declaration), and how to keep
     the old one."""
+    order = sorted({*was, *now}, key=lambda k: (k != "source", k))  # the sources first, as the records flow
+
     def shown(p: dict[str, int]) -> str:
-        return ", ".join(f"{k} {v}" for k, v in p.items())
+        return ", ".join(f"{k} {p[k]}" for k in order if k in p)
 
     source = f"from {origin}" if origin else "as the pipeline declares it"
-    keep = " ".join(f"--{'parallelism' if k == 'operator' else 'source-parallelism'} {v}"
-                    for k, v in was.items() if now.get(k) != v)
+    keep = " ".join(f"--{'parallelism' if k == 'operator' else 'source-parallelism'} {was[k]}"
+                    for k in order if k in was and now.get(k) != was[k])
     return (f"parallelism changed: the {stage} stage stopped at {shown(was)}, now {shown(now)} ({source}); "
             f"recovering to rescale the latest checkpoint (to keep the earlier parallelism, run with {keep})")

@@ -188,3 +188,16 @@ def test_validate_starts_one_session_for_both_suites(tmp_path, monkeypatch, caps
     assert code == 0, capsys.readouterr().err
     assert len(sessions) == 1 and [k for k, _ in suites] == ["restore", "checkpoint"]
     assert suites[0][1] is suites[1][1]
+
+
+def test_a_rescale_says_where_the_parallelism_comes_from_and_how_to_keep_the_earlier_one():
+    """The stopped stage's parallelism comes back from JSON in any key order: the message names
+    the sources first either way (the slow rescale test sees it through a real run)."""
+    from checkpoint_lib.spark.recovery import rescale_message
+
+    said = rescale_message("source", {"operator": 5, "source": 3}, {"source": 2, "operator": 2}, "--parallelism 2")
+    assert said == ("parallelism changed: the source stage stopped at source 3, operator 5, now source 2, operator 2 "
+                    "(from --parallelism 2); recovering to rescale the latest checkpoint (to keep the earlier "
+                    "parallelism, run with --source-parallelism 3 --parallelism 5)")
+    declared = rescale_message("keyed", {"source": 2, "operator": 4}, {"source": 2, "operator": 2}, None)
+    assert "(as the pipeline declares it)" in declared and declared.endswith("run with --parallelism 4)")
