@@ -34,15 +34,15 @@ def commit_on_snapshot(
 ) -> tuple[R, int]:
     """``attempt(read())`` until it does not raise ``lost``: ``attempt`` decides from the snapshot
     and commits on exactly that snapshot (or returns without committing: nothing to do, or a
-    refusal it raises); ``lost`` means another commit took the version and nothing of ours landed.
+    refusal it raises); ``lost`` means another commit took the version and nothing of ours landed
+    (``read`` may raise it too: a racing creation of the table).
     Returns ``attempt``'s result and how many races were lost before it. After ``attempts`` lost
     races, raises ``exhausted(attempts)``."""
     if attempts < 1:
         raise ValueError(f"attempts must be >= 1, got {attempts}")
     for n in range(attempts):
-        snapshot = read()
         try:
-            return attempt(snapshot), n
-        except lost:
+            return attempt(read()), n
+        except lost:  # at the commit, or already at the read (e.g. two writers creating the table)
             sleep(PAUSE_SECONDS * min(n + 1, 20) * (0.5 + random.random()))
     raise exhausted(attempts)

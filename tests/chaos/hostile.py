@@ -116,8 +116,10 @@ def _nulls_dead_lettered(w, progress):
     dlq = read_delta(f"{w}/dlq/payments")
     if len(dlq) != 5:  # a null ts is not an error of payments: the event is valid
         problems.append(f"expected 5 dead letters, got {len(dlq)}")
-    if "reason" in dlq and dlq["reason"].isna().any():
+    if dlq["error"].fillna("").str.strip().eq("").any():  # the reason: what a dead letter is for
         problems.append("a dead letter without a reason")
+    if not dlq["error"].str.startswith("null ").all():
+        problems.append(f"a dead letter for another reason than its null: {sorted(set(dlq['error']))}")
     return problems
 
 

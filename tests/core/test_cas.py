@@ -75,3 +75,18 @@ def test_races_are_bounded_and_backed_off():
     assert "ours" not in t.rows and len(pauses) == 3 and pauses[0] <= 0.0075 <= pauses[2]  # growing, jittered
     with pytest.raises(ValueError):
         commit_on_snapshot(t.read, attempt, lost=Lost, attempts=0, exhausted=RuntimeError)
+
+
+def test_a_race_lost_while_reading_is_retried_too():
+    """Two first writers creating the table: the loser's read raises the lost race (the store's
+    ``_ensure_table``), and it reads again."""
+    reads = []
+
+    def read() -> int:
+        reads.append(1)
+        if len(reads) == 1:
+            raise Lost()
+        return len(reads)
+
+    assert commit_on_snapshot(read, lambda seen: seen, lost=Lost, attempts=3, exhausted=RuntimeError,
+                              sleep=lambda s: None) == (2, 1)
