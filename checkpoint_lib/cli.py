@@ -94,6 +94,9 @@ def _import_in_background(module: str) -> None:
     import importlib
     import threading
 
+    if module in sys.modules:  # (recover asks before its run, and its validation again)
+        return
+
     def load() -> None:
         try:
             importlib.import_module(module)

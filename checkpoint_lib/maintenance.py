@@ -1139,7 +1139,7 @@ def _control_logs(ctx: _Context) -> None:
 
         try:
             commit_on_snapshot(lambda: DeltaTable(str(path)), retention, lost=CommitFailedError,
-                               attempts=_REWRITE_ATTEMPTS, exhausted=lambda n: _Exhausted(n))
+                               attempts=_REWRITE_ATTEMPTS, exhausted=_Exhausted)
         except _Exhausted as exc:
             outcome.skipped = f"could not set the log retention: {exc} commits lost to concurrent writers"
             continue
