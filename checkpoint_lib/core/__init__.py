@@ -15,5 +15,7 @@ Pieces:
 - :mod:`.coordinator`: the checkpoint coordinator state machine.
 - :mod:`.barriers`: per-subtask barrier handlers (aligned, unaligned, aligned-with-timeout, tracker).
 - :mod:`.twophase`: two-phase-commit sink bookkeeping, transaction-id pool and epoch fencing.
+- :mod:`.acks`: what each kind of subtask acknowledges (source, keyed operator, sink), typed, with
+  the one encoding of each as the dict a checkpoint stores; the positions a restore derives.
 - :mod:`.recovery`: recovery planning from the completed checkpoints.
 """
