@@ -8,13 +8,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
 
+from .acks import SINK_STATE_KEY, KeyedAckState, SinkAckState
 from .checkpoints import CompletedCheckpoint
 from .errors import NoCheckpointError, SnapshotIncompatibleError, UnknownCheckpointError
-from .twophase import SinkRecovery, SinkSnapshot, Transaction, recover
+from .twophase import SinkRecovery, Transaction, recover
 from .types import CheckpointId, SubtaskId
 
-SINK_STATE_KEY = "twophase"
-"""Key under which a 2PC sink subtask stores its :class:`SinkSnapshot` (as a dict) in its ack."""
+__all__ = ["SINK_STATE_KEY", "RecoveryPlan", "check_fits", "choose_checkpoint", "owned_transactions", "plan_recovery"]
+# SINK_STATE_KEY is defined in .acks, and still importable from here (the Delta store reads it here).
 
 
 @dataclass(frozen=True)
@@ -114,8 +115,8 @@ def owned_transactions(checkpoint: CompletedCheckpoint) -> dict[str, list[Transa
     subtasks' snapshots), oldest first: what committing it commits and restoring it re-commits."""
     owned: dict[str, list[Transaction]] = {}
     for subtask, ack in sorted(checkpoint.acks.items()):
-        if subtask.sink is not None and SINK_STATE_KEY in ack.state:
-            owned.setdefault(subtask.sink, []).extend(SinkSnapshot.from_dict(ack.state[SINK_STATE_KEY]).owned)
+        if subtask.sink is not None and (sink := SinkAckState.held_in(ack.state)) is not None:
+            owned.setdefault(subtask.sink, []).extend(sink.snapshot.owned)
     return {name: sorted(set(txns)) for name, txns in owned.items()}
 
 
@@ -145,8 +146,8 @@ def plan_recovery(
         return RecoveryPlan(None, new_epoch, {}, (), {}, tuple(sorted(open_txns)), 0 if above is not None else None)
     sinks: dict[SubtaskId, SinkRecovery] = {}
     for subtask, ack in chosen.acks.items():
-        if SINK_STATE_KEY in ack.state:
-            snapshot = SinkSnapshot.from_dict(ack.state[SINK_STATE_KEY])
+        if (sink := SinkAckState.held_in(ack.state)) is not None:
+            snapshot = sink.snapshot
             prefix = snapshot.current.txn_id.rsplit("-", 1)[0]
             mine = [t for t in open_txns if t.txn_id.rsplit("-", 1)[0] == prefix]
             sinks[subtask] = recover(snapshot, mine)
@@ -191,10 +192,11 @@ def check_fits(
         problems.append(
             f"the snapshot holds state of removed operators {removed}: pass --allow-non-restored-state to drop it"
         )
-    spans = [ack.state["key_groups"] for sid, ack in checkpoint.acks.items()
-             if sid.operator == keyed_operator and "key_groups" in ack.state]
+    pinned = [KeyedAckState.from_state(ack.state).pinned for sid, ack in checkpoint.acks.items()
+              if sid.operator == keyed_operator]
+    spans = [p.key_groups for p in pinned if p is not None]
     if spans:
-        top = max(int(hi) for _lo, hi in spans)
+        top = max(kg.end for kg in spans)
         if top >= max_parallelism:
             problems.append(
                 f"operator {keyed_operator!r} was snapshotted with more key groups than max parallelism "

@@ -98,9 +98,10 @@ class Barrier:
 class SubtaskAck:
     """What one subtask reports when it acknowledges a checkpoint.
 
-    ``state`` is an opaque, small handle the adapter understands (a Delta table version and the
-    key groups it covers, a source offset, a sink's pending transactions); the core never looks
-    inside. The numbers feed the checkpoint history.
+    ``state`` is a small JSON-able handle, stored as it is: in the Spark runtime the dict of one of
+    the typed states of :mod:`.acks` (a source offset, a Delta table version and the key groups it
+    covers, a sink's pending transactions), built and read through them; the simulator keeps its
+    own. The coordinator never looks inside. The numbers feed the checkpoint history.
     """
 
     state: Mapping[str, Any] = field(default_factory=dict)

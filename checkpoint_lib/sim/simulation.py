@@ -23,6 +23,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from ..core.acks import SinkAckState
 from ..core.barriers import (
     ChannelStateComplete,
     CheckpointDone,
@@ -46,9 +47,9 @@ from ..core.coordinator import (
 )
 from ..core.decider import CheckpointConfig
 from ..core.errors import FailureReason
-from ..core.recovery import SINK_STATE_KEY, RecoveryPlan, plan_recovery
+from ..core.recovery import RecoveryPlan, plan_recovery
 from ..core.stores import InMemoryCheckpointIdCounter, InMemoryCompletedCheckpointStore
-from ..core.twophase import SinkSnapshot, Transaction, TransactionIdPool, TwoPhaseCommitSink, commit_all
+from ..core.twophase import Transaction, TransactionIdPool, TwoPhaseCommitSink, commit_all
 from ..core.types import Barrier, BarrierMode, CheckpointKind, CheckpointStatus, SubtaskAck, SubtaskId
 
 
@@ -234,7 +235,7 @@ class Simulation:
             st.offset = state.get("offset", 0)
             st.processed = Counter(state["processed"])
             if st.sink is not None:
-                snap = SinkSnapshot.from_dict(state[SINK_STATE_KEY])
+                snap = SinkAckState.from_state(state).snapshot
                 st.sink = TwoPhaseCommitSink.restored(snap, st.sink.pool, self.epoch)
         # Replay channel state before anything else: it is the in-flight data of the cut.
         for sid in plan.replay_channel_state:
@@ -533,7 +534,7 @@ class Simulation:
             pre = st.sink.pre_commit(barrier.checkpoint_id)
             records = st.txn_records.pop(pre.transaction.handle, [])
             self.staged[pre.transaction.handle] = (pre.transaction, records)  # flush durably
-            state[SINK_STATE_KEY] = pre.snapshot.to_dict()
+            state.update(SinkAckState(pre.snapshot).to_state())
         st.snapshots[barrier.checkpoint_id] = state
 
     def _forward(self, st: _Subtask, barrier: Barrier) -> None:

@@ -6,8 +6,10 @@ import json
 
 import pytest
 
+from checkpoint_lib.core.acks import KeyedAckState, PinnedState
 from checkpoint_lib.core.checkpoints import CompletedCheckpoint
 from checkpoint_lib.core.errors import NoCheckpointError, SnapshotIncompatibleError, UnknownCheckpointError
+from checkpoint_lib.core.keygroups import KeyGroupRange
 from checkpoint_lib.core.recovery import SINK_STATE_KEY, RecoveryPlan, check_fits, choose_checkpoint, plan_recovery
 from checkpoint_lib.core.twophase import SinkRecovery, SinkSnapshot, Transaction
 from checkpoint_lib.core.types import CheckpointKind, SubtaskAck, SubtaskId
@@ -258,7 +260,8 @@ def test_describe_fresh_start():
 
 
 def keyed(*spans: tuple[int, int], rows: int = 0) -> dict[SubtaskId, SubtaskAck]:
-    return {SubtaskId("op", i): SubtaskAck(state={"key_groups": list(span)}, channel_state_rows=rows)
+    return {SubtaskId("op", i): SubtaskAck(state=KeyedAckState(0, PinnedState(1, KeyGroupRange(*span))).to_state(),
+                                           channel_state_rows=rows)
             for i, span in enumerate(spans)}
 
 
