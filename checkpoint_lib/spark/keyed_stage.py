@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict, deque
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, Callable
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from ..core.acks import KeyedAckState, KeyedPosition, PinnedState, SinkAckState
 from ..core.barriers import (
     ChannelStateComplete,
     CheckpointDone,
@@ -32,7 +33,7 @@ from ..core.barriers import (
     create_handler,
 )
 from ..core.keygroups import range_for_subtask
-from ..core.recovery import SINK_STATE_KEY, RecoveryPlan
+from ..core.recovery import RecoveryPlan
 from ..core.twophase import TransactionIdPool, TwoPhaseCommitSink
 from ..core.types import Barrier, BarrierMode, CheckpointKind, CheckpointStatus, SubtaskAck
 from ..delta import log as delta_log
@@ -44,6 +45,19 @@ from .partitioning import route
 from .state import FIRST_RECORD, KEY_GROUP, expired, key_group_column, subtask_column
 
 _ROW_BYTES = 64  # channel-state size estimate per row (the Delta files are compressed; rows are exact)
+
+
+@dataclass
+class _Snapshot:
+    """A subtask's snapshot of a checkpoint, kept until it acknowledges: its own state and each
+    sink subtask's, how it was taken, and when (for the ack's duration)."""
+
+    state: KeyedAckState
+    sinks: dict[str, SinkAckState]
+    unaligned: bool
+    alignment_ms: float
+    started: float
+    state_bytes: int
 
 
 class KeyedStage:
@@ -79,7 +93,7 @@ class KeyedStage:
         self.flushes = 0
         self.state_version = -1
         self._table_bytes: tuple[int, int] | None = None
-        self.snapshots: dict[tuple[int, int], dict[str, Any]] = {}
+        self.snapshots: dict[tuple[int, int], _Snapshot] = {}
         self.sink_books: dict[str, list[TwoPhaseCommitSink]] = {}
 
     # resume points ------------------------------------------------------------------------------
@@ -99,6 +113,21 @@ class KeyedStage:
         self.sink_books = {
             name: [TwoPhaseCommitSink.resumed(state, self.pool(name, i)) for i, state in enumerate(states)]
             for name, states in point["sinks"].items()
+        }
+
+    def restore(self, position: KeyedPosition) -> None:
+        """Go on from where a recovery put this stage: the channel cursor, the state table's version,
+        each sink subtask's transactions continuing from its snapshot in the new epoch (nothing
+        pending: the recovery re-committed what the checkpoint owned; a subtask the checkpoint did
+        not have starts afresh), and an empty feedback log (a cycle's: the recovery cleared it)."""
+        epoch = self.ctx.epoch
+        self.cursor, self.state_version = position.cursor, position.state_version
+        self.fseq, self.fcursor = 0, -1
+        self.sink_books = {
+            name: [TwoPhaseCommitSink(self.pool(name, i), epoch) if snap is None
+                   else TwoPhaseCommitSink.restored(snap, self.pool(name, i), epoch)
+                   for i, snap in enumerate(snapshots)]
+            for name, snapshots in position.sinks.items()
         }
 
     def busy(self) -> list[int]:
@@ -212,7 +241,8 @@ class KeyedStage:
                 cid = e.barrier.checkpoint_id
                 self.fb_parts.append((BARRIER, self.fseq, (cid, e.barrier.timestamp), [r], list(range(ctx.topology.P))))
                 if (cid, r) in self.snapshots:
-                    self.snapshots[(cid, r)]["state"]["feedback_barrier_seq"] = self.fseq
+                    snap = self.snapshots[(cid, r)]
+                    snap.state = replace(snap.state, feedback_barrier_seq=self.fseq)
                 self.fseq += 1
             # the sinks are fused: no other downstream channel to forward to
         elif isinstance(e, ChannelStateComplete):
@@ -406,15 +436,13 @@ class KeyedStage:
         cid = e.checkpoint_id
         if ctx.topology.state is not None:
             kg = range_for_subtask(r, ctx.topology.P, ctx.pipeline.max_parallelism)
-            state = {"table_version": self.state_version, "key_groups": kg.to_list(), "cursor": self.cursor}
+            state = KeyedAckState(self.cursor, PinnedState(self.state_version, kg))
             state_bytes = self._state_bytes(kg)
         else:
-            state, state_bytes = {"cursor": self.cursor}, 0
-        sinks = {name: self.sink_books[name][r].pre_commit(cid).snapshot.to_dict() for name in ctx.topology.sinks}
-        self.snapshots[(cid, r)] = {
-            "state": state, "sinks": sinks, "unaligned": e.unaligned, "alignment_ms": e.alignment_s * 1000,
-            "started": time.monotonic(), "state_bytes": state_bytes,
-        }
+            state, state_bytes = KeyedAckState(self.cursor), 0
+        sinks = {name: SinkAckState(self.sink_books[name][r].pre_commit(cid).snapshot) for name in ctx.topology.sinks}
+        self.snapshots[(cid, r)] = _Snapshot(state, sinks, e.unaligned, e.alignment_s * 1000, time.monotonic(),
+                                             state_bytes)
 
     def _state_bytes(self, kg) -> int:
         """The snapshot's share of the state table (by key-group fraction): what restoring it reads.
@@ -435,13 +463,13 @@ class KeyedStage:
         cs_rows, cs_bytes = self._write_channel_state(cid, r)
         if cs_rows:
             ctx.reached("channel_state")  # channel state written, the ack not yet durable
-        duration = (time.monotonic() - snap["started"]) * 1000
-        ack = SubtaskAck(state=snap["state"], alignment_ms=snap["alignment_ms"], unaligned=snap["unaligned"],
+        duration = (time.monotonic() - snap.started) * 1000
+        ack = SubtaskAck(state=snap.state.to_state(), alignment_ms=snap.alignment_ms, unaligned=snap.unaligned,
                          duration_ms=duration, channel_state_rows=cs_rows, channel_state_bytes=cs_bytes,
-                         state_size_bytes=snap["state_bytes"])
+                         state_size_bytes=snap.state_bytes)
         acks = {t.keyed[r]: ack}
-        for name, snapshot in snap["sinks"].items():
-            acks[t.sink_ids[name][r]] = SubtaskAck(state={SINK_STATE_KEY: snapshot})
+        for name, sink in snap.sinks.items():
+            acks[t.sink_ids[name][r]] = SubtaskAck(state=sink.to_state())
         if ctx.coordinator.status_of(cid) == CheckpointStatus.PENDING:
             ctx.store.record_acks(cid, acks, ctx.epoch)  # durable first: see SourceStage.write
         for sid, a in acks.items():

@@ -19,14 +19,14 @@ import socket
 import time
 from typing import Any
 
+from ..core.acks import KeyedAckState, KeyedPosition, SinkAckState, SourceAckState, SourcePosition
 from ..core.errors import FailureReason, SnapshotIncompatibleError
-from ..core.recovery import SINK_STATE_KEY, RecoveryPlan, check_fits
-from ..core.twophase import SinkSnapshot, Transaction, TwoPhaseCommitSink
+from ..core.recovery import RecoveryPlan, check_fits
+from ..core.twophase import SinkSnapshot, Transaction
 from ..delta.pending import PendingFilesLostError
 from ..delta.store import END as SESSION_END
 from ..delta.store import RESTORED, START
 from .context import RunContext
-from .source_stage import EVENT_TIME_REFERENCE
 
 
 class Recovery:
@@ -37,7 +37,7 @@ class Recovery:
         self.t = ctx.topology
         self.stages = stages  # the stages this process runs
         self.parallelism = parallelism
-        self.source, self.keyed = source, keyed  # the stages' positions, set by a restore
+        self.source, self.keyed = source, keyed  # the stages: each applies the position a restore gives it
         self.restore_checkpoint = restore_checkpoint
         self.allow_non_restored_state = allow_non_restored_state
         self.validate_checkpoints = validate_checkpoints
@@ -119,7 +119,11 @@ class Recovery:
         self.ctx.reached("recover")
         if plan.rollback_after is not None:
             self._rollback(plan.rollback_after)
-        self._restore(plan)
+        source, keyed = self._restore(plan)
+        self.source.restore(source)
+        self.keyed.restore(keyed)
+        if plan.checkpoint:
+            self.keyed.replay_channel_state(plan)
         resume = {"source": self.source.point(self.parallelism), "keyed": self.keyed.point(self.parallelism)}
         self.ctx.store.record_restored(self.ctx.epoch, plan.checkpoint_id, resume)
         self.ctx.summary.restored = plan.checkpoint_id
@@ -225,30 +229,28 @@ class Recovery:
         if rescaled:
             self.ctx.progress(f"rescaling from checkpoint {plan.checkpoint_id}: {', '.join(rescaled)}")
 
-    def _restore(self, plan: RecoveryPlan) -> None:
-        """Carry out the recovery plan on the data (every stage), and set every stage's position."""
+    def _restore(self, plan: RecoveryPlan) -> tuple[SourcePosition, KeyedPosition]:
+        """Carry out the recovery plan on the data (every stage), and return where each stage goes on
+        from (its channel state not replayed yet: that needs the keyed stage at its position)."""
         acks = plan.checkpoint.acks if plan.checkpoint else {}
-        source_state = acks[self.t.sources[0]].state if plan.checkpoint else {}
-        source, keyed = self.source, self.keyed
-        source.offset = int(source_state.get("version", -1))
-        source.next_seq = int(source_state.get("next_seq", 0))
-        source.time_reference = source_state.get(EVENT_TIME_REFERENCE)
-        keyed.cursor = source.next_seq - 1
+        source = SourcePosition()  # from scratch, unless a checkpoint says where
+        if plan.checkpoint:
+            source = SourceAckState.from_state(acks[self.t.sources[0]].state).position
+        cursor = source.next_seq - 1
         # Everything the old attempt wrote after the cut is rewritten by this one.
         # (Deletes of the channel logs touch this epoch's and older rows only; readers read their
         # own epoch's: a stalled older attempt cannot delete or add anything this one reads.)
-        self.t.channel.truncate_after(keyed.cursor, self.ctx.epoch)
+        self.t.channel.truncate_after(cursor, self.ctx.epoch)
         if self.t.feedback_log is not None:
             # What was in flight on the feedback edge at the checkpoint is in the receivers' state
             # or channel state; what came after it is sent again by the replay.
             self.t.feedback_log.clear(self.ctx.epoch)
-            keyed.fseq, keyed.fcursor = 0, -1
+        operator = self.ctx.pipeline.operator_uid
         if self.t.state is None:
             pass  # a stateless operator: its position is the channel cursor, nothing else
-        elif plan.checkpoint and any(s.operator == self.ctx.pipeline.operator_uid for s in acks):
+        elif pinned := [KeyedAckState.from_state(a.state).pinned for s, a in acks.items() if s.operator == operator]:
             # the snapshot's own subtasks (any parallelism): together they cover every key group
-            self.t.state.restore([a.state for s, a in acks.items() if s.operator == self.ctx.pipeline.operator_uid],
-                               epoch=self.ctx.epoch)
+            self.t.state.restore(pinned, epoch=self.ctx.epoch)
         else:  # nothing to restore, or a new operator (uid not in the snapshot): it starts empty
             self.t.state.clear(epoch=self.ctx.epoch)
         self.ctx.reached("restore")
@@ -261,21 +263,14 @@ class Recovery:
                 self.ctx.reached("restore")  # between two sinks' re-commits
             sink.discard(owned)
             sink.abort(plan.abort)
-        # Bookkeeping resumes in the new epoch.
-        keyed.sink_books = {}
-        for name in self.t.sinks:
-            books = []
-            for i, sid in enumerate(self.t.sink_ids[name]):
-                pool = keyed.pool(name, i)
-                if plan.checkpoint and sid in acks:
-                    snap = SinkSnapshot.from_dict(acks[sid].state[SINK_STATE_KEY])
-                    books.append(TwoPhaseCommitSink.restored(snap, pool, self.ctx.epoch))
-                else:
-                    books.append(TwoPhaseCommitSink(pool, self.ctx.epoch))
-            keyed.sink_books[name] = books
-        keyed.state_version = self.t.state.version() if self.t.state is not None else -1
-        if plan.checkpoint:
-            keyed.replay_channel_state(plan)
+        # Bookkeeping resumes in the new epoch, from each sink subtask's snapshot.
+        sinks: dict[str, tuple[SinkSnapshot | None, ...]] = {
+            name: tuple(SinkAckState.from_state(acks[sid].state).snapshot if sid in acks else None
+                        for sid in self.t.sink_ids[name])
+            for name in self.t.sinks
+        }
+        state_version = self.t.state.version() if self.t.state is not None else -1
+        return source, KeyedPosition(cursor, state_version, sinks)
 
 
 def rescale_message(stage: str, was: dict[str, int], now: dict[str, int], origin: str | None) -> str:

@@ -21,6 +21,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ..checkpoint_requests import CheckpointRequests
+from ..core.acks import EVENT_TIME_REFERENCE, SourceAckState, SourcePosition
 from ..core.cas import commit_on_snapshot
 from ..core.coordinator import TriggerCheckpoint
 from ..core.types import CheckpointKind, CheckpointStatus, SubtaskAck
@@ -33,9 +34,6 @@ from .context import RunContext
 from .partitioning import route
 from .sinks import app_prefix
 from .sources import SourceFilesLostError, SourceSite, source_reader
-
-EVENT_TIME_REFERENCE = "event_time_reference"
-"""In a source's ack and resume point: :meth:`SourceStage._bound_event_time`'s reference."""
 
 DLQ_ATTEMPTS = 5
 
@@ -75,6 +73,11 @@ class SourceStage:
     def resume(self, point: dict[str, Any]) -> None:
         self.offset, self.next_seq = int(point["offset"]), int(point["next_seq"])
         self.time_reference = point.get(EVENT_TIME_REFERENCE)
+
+    def restore(self, position: SourcePosition) -> None:
+        """Go on from where a recovery put the source: a restored checkpoint's offset and channel
+        position (:attr:`SourceAckState.position`), or the start (``SourcePosition()``)."""
+        self.offset, self.next_seq, self.time_reference = position.offset, position.next_seq, position.time_reference
 
     def catch_up(self) -> None:
         """Before the process ends: a lagging subtask's last step reaches the channel."""
@@ -187,9 +190,9 @@ class SourceStage:
         if trigger is None:
             return
         cid, last = trigger.checkpoint_id, self.next_seq - 1
-        state = {"version": self.offset, "next_seq": self.next_seq, "barrier_seq": last,
-                 "barrier_seqs": {str(s): last for s in range(self.t.S)}, EVENT_TIME_REFERENCE: self.time_reference}
-        acks = {sid: SubtaskAck(state=state) for sid in self.t.sources}
+        state = SourceAckState(version=self.offset, next_seq=self.next_seq, barrier_seq=last,
+                               barrier_seqs={s: last for s in range(self.t.S)}, event_time_reference=self.time_reference)
+        acks = {sid: SubtaskAck(state=state.to_state()) for sid in self.t.sources}
         self.ctx.reached("source_ack")
         self.ctx.store.record_acks(cid, acks, self.ctx.epoch)
         for sid, ack in acks.items():
@@ -252,10 +255,10 @@ class SourceStage:
             # sees the barrier finds the sources' acks, and completes the checkpoint. ``next_seq``
             # is where a restore resumes: past every channel's barrier of this checkpoint.
             last = max(barrier_at.values())
-            state = {"version": self.offset if end_version is None else end_version,
-                     "next_seq": last + 1, "barrier_seq": last,
-                     "barrier_seqs": {str(s): p for s, p in barrier_at.items()}, EVENT_TIME_REFERENCE: self.time_reference}
-            acks = {sid: SubtaskAck(state=state) for sid in self.t.sources}
+            state = SourceAckState(version=self.offset if end_version is None else end_version,
+                                   next_seq=last + 1, barrier_seq=last, barrier_seqs=dict(barrier_at),
+                                   event_time_reference=self.time_reference)
+            acks = {sid: SubtaskAck(state=state.to_state()) for sid in self.t.sources}
             self.ctx.reached("source_ack")
             self.ctx.store.record_acks(trigger.checkpoint_id, acks, self.ctx.epoch)
         if parts:

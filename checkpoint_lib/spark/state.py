@@ -4,7 +4,7 @@ The table holds one row per key with its ``key_group``; a subtask's state is the
 groups it owns. Updates are MERGEs (one Delta commit each) of the keys a flush changed: added to
 (:meth:`KeyedStateTable.add`, additive state) or replaced and deleted (:meth:`KeyedStateTable.replace`). A snapshot costs nothing: it is the
 table version after the subtask's last update before its barrier, plus its key-group range
-(``{"table_version": v, "key_groups": [start, end]}``). Restore rebuilds the table from those
+(:class:`~checkpoint_lib.core.acks.PinnedState`, in the subtask's ack). Restore rebuilds the table from those
 versions (time travel): nothing to do when every subtask snapshotted one version and no commit
 since changed a row (a kill before the next flush), otherwise each subtask's key groups at its own
 version, written by one stamped overwrite (a RESTORE outside a recovery, when one version covers all). The snapshot is never a copy; old versions
@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from datetime import datetime
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from ..core.acks import PinnedState
 from ..core.keygroups import DEFAULT_MAX_PARALLELISM
 from ..layout import KEY_GROUP
 from ..pipeline import DELETE, TTL_COLUMN, StateTtl
@@ -211,9 +212,9 @@ class KeyedStateTable:
         tables.retry_conflicts(optimize, f"state {self.path}: OPTIMIZE", before_retry=before_retry)
         return self.version()
 
-    def restore(self, snapshots: Sequence[Mapping], *, epoch: int | None = None) -> None:
-        """Make the table hold, for every snapshot ``{"table_version", "key_groups"}``, exactly its
-        key groups as of its version. Idempotent: running it twice gives the same table.
+    def restore(self, snapshots: Sequence[PinnedState], *, epoch: int | None = None) -> None:
+        """Make the table hold, for every snapshot (its ``table_version`` and ``key_groups``), exactly
+        its key groups as of its version. Idempotent: running it twice gives the same table.
 
         When one snapshot covers every key group and no commit since its version changed a row,
         nothing is written. Otherwise, with ``epoch`` (a recovery, after :meth:`fence`) the rows
@@ -224,8 +225,8 @@ class KeyedStateTable:
 
         from ..delta.log import rows_unchanged_since
 
-        versions = {int(s["table_version"]) for s in snapshots}
-        covered = sorted(tuple(s["key_groups"]) for s in snapshots)
+        versions = {s.table_version for s in snapshots}
+        covered = sorted((s.key_groups.start, s.key_groups.end) for s in snapshots)
         full = len(versions) == 1 and _covers_all(covered)
         if full:
             (version,) = versions
@@ -239,9 +240,7 @@ class KeyedStateTable:
                 DeltaTable.forPath(self.spark, self.path).restoreToVersion(version)
                 return
         parts = [
-            self.read(int(s["table_version"])).where(
-                F.col(KEY_GROUP).between(int(s["key_groups"][0]), int(s["key_groups"][1]))
-            )
+            self.read(s.table_version).where(F.col(KEY_GROUP).between(s.key_groups.start, s.key_groups.end))
             for s in snapshots
         ]
         df = parts[0]

@@ -15,8 +15,9 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from checkpoint_lib.core.acks import PinnedState
 from checkpoint_lib.core.errors import FencedError
-from checkpoint_lib.core.keygroups import DEFAULT_MAX_PARALLELISM
+from checkpoint_lib.core.keygroups import DEFAULT_MAX_PARALLELISM, KeyGroupRange
 from checkpoint_lib.core.twophase import Transaction
 from checkpoint_lib.spark import tables
 from checkpoint_lib.spark.channels import DeltaChannelLog
@@ -229,7 +230,7 @@ def test_a_recovery_restoring_what_the_state_table_still_holds_writes_nothing(sp
     path = str(tmp_path / "state")
     state = _state(spark, path)
     pinned = state.add(_deltas(spark), epoch=1)
-    everything = [{"table_version": pinned, "key_groups": [0, DEFAULT_MAX_PARALLELISM - 1]}]
+    everything = [PinnedState(pinned, KeyGroupRange(0, DEFAULT_MAX_PARALLELISM - 1))]
     state.fence(2)
     fenced = state.version()
     state.restore(everything, epoch=2)
@@ -249,10 +250,10 @@ def test_a_stalled_older_recovery_cannot_restore_over_the_newer_one(spark, tmp_p
     pinned = state.version()
     state.add(_deltas(spark), epoch=1)
     state.fence(3)
-    state.restore([{"table_version": pinned, "key_groups": [0, 32767]}], epoch=3)  # epoch 3 restores
+    state.restore([PinnedState(pinned, KeyGroupRange(0, 32767))], epoch=3)  # epoch 3 restores
     state.add(_deltas(spark, 7), epoch=3)
     with pytest.raises(FencedError):  # epoch 2's recovery wakes up and restores: refused
-        state.restore([{"table_version": pinned, "key_groups": [0, 32767]}], epoch=2)
+        state.restore([PinnedState(pinned, KeyGroupRange(0, 32767))], epoch=2)
     with pytest.raises(FencedError):
         state.clear(epoch=2)
     assert read_delta(path)["balance_cents"].tolist() == [107]

@@ -91,7 +91,8 @@ def test_a_pinned_version_outlives_deltas_retention_even_in_a_default_session(sp
     version readable and restorable, even in a session that enforces that retention (the default)."""
     from pyspark.sql import functions as F
 
-    from checkpoint_lib.core.keygroups import DEFAULT_MAX_PARALLELISM
+    from checkpoint_lib.core.acks import PinnedState
+    from checkpoint_lib.core.keygroups import DEFAULT_MAX_PARALLELISM, KeyGroupRange
 
     path = str(tmp_path / "state")
     table = _table(spark, path)
@@ -108,7 +109,7 @@ def test_a_pinned_version_outlives_deltas_retention_even_in_a_default_session(sp
     spark.conf.set(enforce, "true")
     try:
         assert tuple(table.read(pinned).agg(F.sum("balance_cents"), F.count("*")).first()) == (1000, 100)
-        table.restore([{"table_version": pinned, "key_groups": [0, DEFAULT_MAX_PARALLELISM - 1]}])
+        table.restore([PinnedState(pinned, KeyGroupRange(0, DEFAULT_MAX_PARALLELISM - 1))])
         assert tuple(table.read().agg(F.sum("balance_cents"), F.count("*")).first()) == (1000, 100)
     finally:
         spark.conf.set(enforce, ours)
