@@ -10,8 +10,9 @@ is recorded (a completion that won the race stands) and the keyed subtasks drop 
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
+from ..core.acks import KeyedAckState, SourceAckState
 from ..core.coordinator import (
     CheckpointAborted,
     CheckpointCompleted,
@@ -20,7 +21,7 @@ from ..core.coordinator import (
     NotifyCheckpointComplete,
 )
 from ..core.errors import TooManyFailedCheckpointsError
-from ..core.twophase import commit_up_to
+from ..core.twophase import Transaction
 from ..delta import log as delta_log
 from .context import RunContext
 
@@ -31,12 +32,14 @@ TRUNCATE_EVERY = 5
 class KeyedView(Protocol):
     """What completion needs of the keyed stage of its process."""
 
-    sink_books: dict
     cursor: int
     fcursor: int
     executing: int
 
     def abort(self, checkpoint_id: int) -> None: ...
+
+    def commit_up_to(self, checkpoint_id: int, commit: Callable[[str, list[Transaction]], object],
+                     after: Callable[[str, list[Transaction]], None]) -> None: ...
 
     def lowest_unconsumed(self) -> tuple[float, float]: ...
 
@@ -45,7 +48,7 @@ class Completion:
     def __init__(self, ctx: RunContext, *, validate_checkpoints: bool, keyed: KeyedView, runs_keyed: bool):
         self.ctx = ctx
         self.validate_checkpoints = validate_checkpoints
-        self.keyed = keyed  # the process's keyed stage: its sink transactions, its positions
+        self.keyed = keyed  # the process's keyed stage: it holds the sink transactions, and its positions
         self.runs_keyed = runs_keyed  # whether its subtasks run here (an abort reaches them)
         self.reset()
 
@@ -64,9 +67,10 @@ class Completion:
                 c = e.checkpoint
                 ctx.summary.completed.append(c.checkpoint_id)
                 ctx.metrics.checkpoint_completed(c)
+                source = SourceAckState.from_state(c.acks[ctx.topology.sources[0]].state)
                 ctx.progress(
                     f"checkpoint {c.checkpoint_id} completed in {c.duration * 1000:.0f} ms "
-                    f"(source version {c.acks[ctx.topology.sources[0]].state['version']}, "
+                    f"(source version {source.version}, "
                     f"{ctx.summary.rows_in} rows read)"
                 )
             elif isinstance(e, NotifyCheckpointComplete):
@@ -106,8 +110,8 @@ class Completion:
 
     def _commit_up_to(self, cid: int) -> None:
         """Checkpoint ``cid`` is complete: commit every sink's transactions up to it (one Delta
-        commit per sink, through the core's rule :func:`~checkpoint_lib.core.twophase.commit_up_to`)
-        and forget them, then now and then clean up."""
+        commit per sink, through the core's rule :func:`~checkpoint_lib.core.twophase.commit_up_to`,
+        which the keyed stage runs on its bookkeeping) and forget them, then now and then clean up."""
         ctx = self.ctx
         ctx.reached("commit")
         sinks = ctx.topology.sinks
@@ -116,8 +120,7 @@ class Completion:
             ctx.reached("sink_commit")  # this sink committed, the next ones not yet
             sinks[name].discard(txns)
 
-        commit_up_to({name: self.keyed.sink_books[name] for name in sinks}, cid,
-                     lambda name, txns: sinks[name].commit(txns, cid, ctx.epoch), after=committed)
+        self.keyed.commit_up_to(cid, lambda name, txns: sinks[name].commit(txns, cid, ctx.epoch), after=committed)
         self.completions += 1
         self.last_completed = cid
         if self.completions % TRUNCATE_EVERY == 0:  # every truncation is a Delta commit: batch them
@@ -147,11 +150,13 @@ class Completion:
             self._truncated = (delta_log.latest_version(t.channel.path), upto)
         if t.feedback_log is not None:
             acks = ctx.store.get(self.last_completed).acks
-            fb = [int(a.state["feedback_barrier_seq"]) for s, a in acks.items()
-                  if s.operator == ctx.pipeline.operator_uid and "feedback_barrier_seq" in a.state]
+            operator = ctx.pipeline.operator_uid
+            keyed = [KeyedAckState.from_state(a.state) for s, a in acks.items() if s.operator == operator]
+            fb = [k.feedback_barrier_seq for k in keyed if k.feedback_barrier_seq is not None]
             if len(fb) == t.P:
                 t.feedback_log.truncate_upto(min(self.keyed.fcursor, *fb, feedback_in_use - 1), ctx.epoch)
         self.last_completed = None
 
     def _barrier_seq(self, cid: int) -> int:
-        return int(self.ctx.store.get(cid).acks[self.ctx.topology.sources[0]].state["barrier_seq"])
+        source = self.ctx.store.get(cid).acks[self.ctx.topology.sources[0]]
+        return SourceAckState.from_state(source.state).barrier_seq

@@ -21,6 +21,7 @@ from typing import Any, Callable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from ..core import twophase
 from ..core.acks import KeyedAckState, KeyedPosition, PinnedState, SinkAckState
 from ..core.barriers import (
     ChannelStateComplete,
@@ -34,7 +35,7 @@ from ..core.barriers import (
 )
 from ..core.keygroups import range_for_subtask
 from ..core.recovery import RecoveryPlan
-from ..core.twophase import TransactionIdPool, TwoPhaseCommitSink
+from ..core.twophase import Transaction, TransactionIdPool, TwoPhaseCommitSink
 from ..core.types import Barrier, BarrierMode, CheckpointKind, CheckpointStatus, SubtaskAck
 from ..delta import log as delta_log
 from ..pipeline import FEEDBACK, TTL_COLUMN
@@ -129,6 +130,15 @@ class KeyedStage:
                    for i, snap in enumerate(snapshots)]
             for name, snapshots in position.sinks.items()
         }
+
+    def commit_up_to(self, checkpoint_id: int, commit: Callable[[str, list[Transaction]], object],
+                     after: Callable[[str, list[Transaction]], None]) -> None:
+        """Checkpoint ``checkpoint_id`` completed: every sink's transactions up to it are committed
+        through the core's one commit path (:func:`~checkpoint_lib.core.twophase.commit_up_to`:
+        ``commit(sink, transactions)`` per sink, then ``after``), and the committed ones leave this
+        stage's bookkeeping."""
+        books = {name: self.sink_books[name] for name in self.ctx.topology.sinks}
+        twophase.commit_up_to(books, checkpoint_id, commit, after=after)
 
     def busy(self) -> list[int]:
         """The subtasks inside a checkpoint (aligning, logging channel state, holding or tracking)."""
