@@ -40,8 +40,9 @@ if __package__ in (None, ""):  # run as a script: the repository root on the pat
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from checkpoint_lib.checkpoint_requests import CheckpointRequests  # noqa: E402
+from checkpoint_lib.core.acks import KeyedAckState, PinnedState, SinkAckState, SourceAckState  # noqa: E402
 from checkpoint_lib.core.checkpoints import CompletedCheckpoint  # noqa: E402
-from checkpoint_lib.core.recovery import SINK_STATE_KEY  # noqa: E402
+from checkpoint_lib.core.keygroups import KeyGroupRange  # noqa: E402
 from checkpoint_lib.core.twophase import SinkSnapshot, Transaction  # noqa: E402
 from checkpoint_lib.core.types import CheckpointKind, SubtaskAck, SubtaskId, sink_operator  # noqa: E402
 from checkpoint_lib.delta.store import DeltaCheckpointStore  # noqa: E402
@@ -58,20 +59,20 @@ MARK_BEGIN, MARK_END = "<!-- bench:growth -->", "<!-- /bench:growth -->"
 
 
 def acks_of(cid: int, epoch: int) -> dict[SubtaskId, SubtaskAck]:
-    acks = {SubtaskId("source", i): SubtaskAck(state={"version": cid, "next_seq": 4 * cid, "barrier_seq": 4 * cid - 1,
-                                                       "barrier_seqs": {str(s): 4 * cid - 1 for s in range(SOURCES)}})
-            for i in range(SOURCES)}
+    source = SourceAckState(version=cid, next_seq=4 * cid, barrier_seq=4 * cid - 1,
+                            barrier_seqs={s: 4 * cid - 1 for s in range(SOURCES)})
+    acks = {SubtaskId("source", i): SubtaskAck(state=source.to_state()) for i in range(SOURCES)}
     span = 128 // KEYED
     for i in range(KEYED):
         hi = 127 if i == KEYED - 1 else (i + 1) * span - 1
         acks[SubtaskId("balance", i)] = SubtaskAck(
-            state={"table_version": 3 * cid, "key_groups": [i * span, hi], "cursor": 4 * cid - 1},
+            state=KeyedAckState(4 * cid - 1, PinnedState(3 * cid, KeyGroupRange(i * span, hi))).to_state(),
             state_size_bytes=40_000, alignment_ms=3.0, duration_ms=40.0)
     for sink in SINKS:
         for i in range(KEYED):
             txn = Transaction(cid, f"{PIPELINE}.{sink}-{i}-{cid % 4}", epoch, cid)
             snap = SinkSnapshot(Transaction(cid + 1, f"{PIPELINE}.{sink}-{i}-{(cid + 1) % 4}", epoch), (txn,), cid + 2)
-            acks[SubtaskId(sink_operator(sink), i)] = SubtaskAck(state={SINK_STATE_KEY: snap.to_dict()})
+            acks[SubtaskId(sink_operator(sink), i)] = SubtaskAck(state=SinkAckState(snap).to_state())
     return acks
 
 

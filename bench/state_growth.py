@@ -26,6 +26,7 @@ import statistics
 import time
 from typing import Any
 
+from checkpoint_lib.core.acks import KeyedAckState
 from checkpoint_lib.core.types import CheckpointStatus
 from checkpoint_lib.history import human_bytes
 
@@ -126,7 +127,8 @@ def checkpoint_figures(spark, warehouse: str, pipeline: str = "payments") -> dic
                   key=lambda r: r["checkpoint_id"])
     pinned = {}
     for r in done:
-        versions = [a["state"]["table_version"] for a in store.acks(r["checkpoint_id"]) if a["operator"] == operator]
+        versions = [KeyedAckState.from_state(a["state"]).pinned.table_version
+                    for a in store.acks(r["checkpoint_id"]) if a["operator"] == operator]
         pinned[r["checkpoint_id"]] = max(versions)
     state_path = f"{root}/state/{operator}"
     files = {}  # pinned version -> {file path: size}

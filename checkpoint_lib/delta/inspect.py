@@ -22,9 +22,10 @@ from typing import Any, Mapping
 import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder
 
+from ..core.acks import KeyedAckState, PinnedState, SinkAckState, SourceAckState
 from ..core.checkpoints import CompletedCheckpoint
 from ..core.errors import NoCheckpointError
-from ..core.recovery import SINK_STATE_KEY, RecoveryPlan, choose_checkpoint
+from ..core.recovery import RecoveryPlan, choose_checkpoint
 from ..core.types import SubtaskId
 from ..layout import (KEY_GROUP, channel_state_table, checkpoint_root, location, source_manifest, stamp_prefix,
                       state_table, warehouse_location)
@@ -98,9 +99,11 @@ def _checkpoint_fields(pipeline: Pipeline, c: CompletedCheckpoint) -> dict[str, 
 # --- state -----------------------------------------------------------------------------------
 
 
-def _keyed_acks(pipeline: Pipeline, c: CompletedCheckpoint) -> list[tuple[SubtaskId, Mapping[str, Any]]]:
-    return [(s, a.state) for s, a in sorted(c.acks.items())
-            if s.operator == pipeline.operator_uid and "table_version" in a.state]
+def _keyed_acks(pipeline: Pipeline, c: CompletedCheckpoint) -> list[tuple[SubtaskId, PinnedState]]:
+    """The operator's subtasks at ``c`` with the keyed state each pinned (none when stateless)."""
+    keyed = [(s, KeyedAckState.from_state(a.state).pinned) for s, a in sorted(c.acks.items())
+             if s.operator == pipeline.operator_uid]
+    return [(s, pinned) for s, pinned in keyed if pinned is not None]
 
 
 def operator_state(warehouse: str, pipeline: Pipeline, checkpoint_id: int | None = None, *,
@@ -121,12 +124,12 @@ def operator_state(warehouse: str, pipeline: Pipeline, checkpoint_id: int | None
     match = "true" if key is None else f"cast({_quote(pipeline.key)} as varchar) = {_literal(key)}"
     subtasks, rows, total = [], [], 0
     tables: dict[int, DeltaTable | None] = {}
-    for sid, state in acks:
-        version = int(state["table_version"])
+    for sid, pinned in acks:
+        version = pinned.table_version
         if version not in tables:
             tables[version] = _pinned(path, version, c)
         dt = tables[version]
-        lo, hi = (int(k) for k in state["key_groups"])
+        lo, hi = pinned.key_groups.start, pinned.key_groups.end
         where = f"{KEY_GROUP} between {lo} and {hi} and {match}"
         n = _count(dt, where)
         subtasks.append({"subtask": sid.index, "key_groups": [lo, hi], "table_version": version, "keys": n})
@@ -163,7 +166,13 @@ def handles(warehouse: str, pipeline: Pipeline, checkpoint_id: int | None = None
     c = checkpoint(warehouse, pipeline, checkpoint_id)
     return {**_checkpoint_fields(pipeline, c),
             "sources": {str(s): dict(a.state) for s, a in sorted(c.acks.items()) if s.operator == "source"},
-            "sinks": {str(s): a.state[SINK_STATE_KEY] for s, a in sorted(c.acks.items()) if SINK_STATE_KEY in a.state}}
+            "sinks": sink_snapshots(c)}
+
+
+def sink_snapshots(c: CompletedCheckpoint) -> dict[str, dict[str, Any]]:
+    """Each sink subtask's transactions at ``c`` (its :class:`~checkpoint_lib.core.twophase.SinkSnapshot`, as a dict)."""
+    sinks = {str(s): SinkAckState.held_in(a.state) for s, a in sorted(c.acks.items())}
+    return {s: sink.snapshot.to_dict() for s, sink in sinks.items() if sink is not None}
 
 
 # --- recovery preview --------------------------------------------------------------------------
@@ -375,13 +384,12 @@ def _operator_preview(warehouse: str, pipeline: Pipeline, c: CompletedCheckpoint
         return None
     path = state_table(checkpoint_root(warehouse, pipeline.name), pipeline.operator_uid)
     keys, tables = 0, {}
-    for _sid, state in acks:
-        version = int(state["table_version"])
+    for _sid, pinned in acks:
+        version = pinned.table_version
         if version not in tables:
             tables[version] = _pinned(path, version, c)
-        lo, hi = (int(k) for k in state["key_groups"])
-        keys += _count(tables[version], f"{KEY_GROUP} between {lo} and {hi}")
-    spans = [tuple(int(k) for k in state["key_groups"]) for _s, state in acks]
+        keys += _count(tables[version], f"{KEY_GROUP} between {pinned.key_groups.start} and {pinned.key_groups.end}")
+    spans = [(pinned.key_groups.start, pinned.key_groups.end) for _s, pinned in acks]
     return OperatorPreview(
         pipeline.operator_uid, str(path), latest_version(path), tuple(sorted(tables)),
         (min(lo for lo, _ in spans), max(hi for _, hi in spans)), len(acks), keys,
@@ -389,7 +397,7 @@ def _operator_preview(warehouse: str, pipeline: Pipeline, c: CompletedCheckpoint
 
 
 def _source_preview(warehouse: str, pipeline: Pipeline, c: CompletedCheckpoint) -> SourcePreview | None:
-    offsets = sorted({a.state.get("version") for s, a in c.acks.items() if s.operator == "source"} - {None})
+    offsets = sorted({SourceAckState.from_state(a.state).version for s, a in c.acks.items() if s.operator == "source"})
     if not offsets or pipeline.source_spec is None:
         return None
     offset = min(offsets)  # every source subtask shares the offset

@@ -15,9 +15,10 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from ..core.recovery import SINK_STATE_KEY
+from ..core.acks import KeyedAckState
 from ..core.errors import NoCheckpointError
 from ..delta.inspect import checkpoint  # noqa: F401 - the named or latest completed checkpoint, re-exported
+from ..delta.inspect import sink_snapshots
 from ..layout import channel_state_table, checkpoint_root, state_table
 from ..pipeline import Pipeline
 from .channels import read_channel_state
@@ -41,10 +42,10 @@ def operator_state(spark: SparkSession, warehouse: str, pipeline: Pipeline, chec
     for sid, ack in sorted(c.acks.items()):
         if sid.operator != pipeline.operator_uid:
             continue
-        lo, hi = ack.state["key_groups"]
+        pinned = KeyedAckState.from_state(ack.state).pinned
         parts.append(
-            spark.read.format("delta").option("versionAsOf", int(ack.state["table_version"])).load(path)
-            .where(F.col(KEY_GROUP).between(lo, hi))
+            spark.read.format("delta").option("versionAsOf", pinned.table_version).load(path)
+            .where(F.col(KEY_GROUP).between(pinned.key_groups.start, pinned.key_groups.end))
             .withColumn("subtask", F.lit(sid.index))
         )
     if not parts:
@@ -69,5 +70,4 @@ def source_offsets(warehouse: str, pipeline: Pipeline, checkpoint_id: int | None
 
 
 def sink_transactions(warehouse: str, pipeline: Pipeline, checkpoint_id: int | None = None) -> dict[str, Any]:
-    c = checkpoint(warehouse, pipeline, checkpoint_id)
-    return {str(s): a.state[SINK_STATE_KEY] for s, a in sorted(c.acks.items()) if SINK_STATE_KEY in a.state}
+    return sink_snapshots(checkpoint(warehouse, pipeline, checkpoint_id))
