@@ -96,6 +96,19 @@ class PinnedState:
     table_version: int
     key_groups: KeyGroupRange
 
+    def to_state(self) -> dict[str, Any]:
+        """Its part of the operator subtask's ack state (:meth:`KeyedAckState.to_state`)."""
+        return {"table_version": self.table_version, "key_groups": self.key_groups.to_list()}
+
+    @classmethod
+    def held_in(cls, state: Mapping[str, Any]) -> PinnedState | None:
+        """The keyed state an operator subtask's ack ``state`` pins, or None (it pins none: a
+        stateless operator's)."""
+        if "table_version" not in state:
+            return None
+        lo, hi = state["key_groups"]
+        return cls(int(state["table_version"]), KeyGroupRange(int(lo), int(hi)))
+
 
 @dataclass(frozen=True)
 class KeyedAckState:
@@ -111,10 +124,7 @@ class KeyedAckState:
     feedback_barrier_seq: int | None = None
 
     def to_state(self) -> dict[str, Any]:
-        state: dict[str, Any] = {}
-        if self.pinned is not None:
-            state["table_version"] = self.pinned.table_version
-            state["key_groups"] = self.pinned.key_groups.to_list()
+        state: dict[str, Any] = self.pinned.to_state() if self.pinned is not None else {}
         state["cursor"] = self.cursor
         if self.feedback_barrier_seq is not None:
             state["feedback_barrier_seq"] = self.feedback_barrier_seq
@@ -122,12 +132,8 @@ class KeyedAckState:
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> KeyedAckState:
-        pinned = None
-        if "table_version" in state:
-            lo, hi = state["key_groups"]
-            pinned = PinnedState(int(state["table_version"]), KeyGroupRange(int(lo), int(hi)))
         fb = state.get("feedback_barrier_seq")
-        return cls(int(state["cursor"]), pinned, None if fb is None else int(fb))
+        return cls(int(state["cursor"]), PinnedState.held_in(state), None if fb is None else int(fb))
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
 
-from .acks import SINK_STATE_KEY, KeyedAckState, SinkAckState
+from .acks import SINK_STATE_KEY, PinnedState, SinkAckState
 from .checkpoints import CompletedCheckpoint
 from .errors import NoCheckpointError, SnapshotIncompatibleError, UnknownCheckpointError
 from .twophase import SinkRecovery, Transaction, recover
@@ -192,8 +192,7 @@ def check_fits(
         problems.append(
             f"the snapshot holds state of removed operators {removed}: pass --allow-non-restored-state to drop it"
         )
-    pinned = [KeyedAckState.from_state(ack.state).pinned for sid, ack in checkpoint.acks.items()
-              if sid.operator == keyed_operator]
+    pinned = [PinnedState.held_in(ack.state) for sid, ack in checkpoint.acks.items() if sid.operator == keyed_operator]
     spans = [p.key_groups for p in pinned if p is not None]
     if spans:
         top = max(kg.end for kg in spans)

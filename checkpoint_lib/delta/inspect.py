@@ -22,7 +22,7 @@ from typing import Any, Mapping
 import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder
 
-from ..core.acks import KeyedAckState, PinnedState, SinkAckState, SourceAckState
+from ..core.acks import PinnedState, SinkAckState, SourceAckState
 from ..core.checkpoints import CompletedCheckpoint
 from ..core.errors import NoCheckpointError
 from ..core.recovery import RecoveryPlan, choose_checkpoint
@@ -101,8 +101,7 @@ def _checkpoint_fields(pipeline: Pipeline, c: CompletedCheckpoint) -> dict[str, 
 
 def _keyed_acks(pipeline: Pipeline, c: CompletedCheckpoint) -> list[tuple[SubtaskId, PinnedState]]:
     """The operator's subtasks at ``c`` with the keyed state each pinned (none when stateless)."""
-    keyed = [(s, KeyedAckState.from_state(a.state).pinned) for s, a in sorted(c.acks.items())
-             if s.operator == pipeline.operator_uid]
+    keyed = [(s, PinnedState.held_in(a.state)) for s, a in sorted(c.acks.items()) if s.operator == pipeline.operator_uid]
     return [(s, pinned) for s, pinned in keyed if pinned is not None]
 
 

@@ -78,6 +78,14 @@ def test_keyed_state_in_a_cycle_has_its_feedback_barrier():
     assert KeyedAckState.from_state(stored(today)) == state
 
 
+def test_the_keyed_state_an_operator_subtask_pins():
+    pinned = PinnedState(table_version=9, key_groups=KeyGroupRange(0, 42))
+    assert pinned.to_state() == {"table_version": 9, "key_groups": [0, 42]}
+    assert PinnedState.held_in({"table_version": 9, "key_groups": [0, 42], "cursor": 41}) == pinned
+    assert PinnedState.held_in({"cursor": 41}) is None  # a stateless operator's
+    assert PinnedState.held_in({}) is None
+
+
 def test_a_stateless_operator_acks_its_cursor_only():
     state = KeyedAckState(cursor=17)
     assert state.to_state() == {"cursor": 17}
