@@ -12,7 +12,7 @@ checkpoint pins stays readable). :func:`maintain` applies the rules below; ``ckp
 
 What the retained checkpoints need (:class:`Needs`, read first)
 ---------------------------------------------------------------
-- **retained**: ``store.all()`` of a reader (no retention of its own: exactly what the writers
+- **retained**: ``store.checkpoints.all()`` of a reader (no retention of its own: exactly what the writers
   recorded), so every savepoint, and a checkpoint that retention evicted but a crash left unmarked.
 - **protected ids**: the retained ones, every pending one, every unreadable completed one (a
   recovery rolls the sinks back below it and discards it), the checkpoint the newest finished
@@ -406,11 +406,11 @@ def _rel(path: Location | str, warehouse: Location | str) -> str:
 
 def read_needs(store: "DeltaCheckpointStore", view: Any = None, sessions: Sequence[Mapping[str, Any]] | None = None,
                *, from_sessions: Needs | None = None) -> Needs:
-    """What the checkpoints of ``store`` need, from ``view`` (a store ``_View``; default: a fresh
+    """What the checkpoints of ``store`` need, from ``view`` (a :class:`~checkpoint_lib.delta.checkpoint_table.CheckpointsView`; default: a fresh
     read) and the ``sessions`` rows (default: a fresh read; or copied ``from_sessions``)."""
     from .core.types import CheckpointKind, CheckpointStatus
 
-    view = store._view() if view is None else view
+    view = store.checkpoints.table.view() if view is None else view
     needs = Needs()
     needs.retained = [c.checkpoint_id for c in view.kept]
     needs.savepoints = [c.checkpoint_id for c in view.kept if c.kind is CheckpointKind.SAVEPOINT]
@@ -422,8 +422,7 @@ def read_needs(store: "DeltaCheckpointStore", view: Any = None, sessions: Sequen
         needs.restored_at, needs.owed_rollback = from_sessions.restored_at, from_sessions.owed_rollback
     else:
         if sessions is None:
-            table, _ = store._read("sessions")
-            sessions = table.to_pylist()
+            sessions = store.sessions.table.rows()
         _sessions_needs(needs, sessions)
     regular = [c.checkpoint_id for c in view.kept if c.kind is not CheckpointKind.SAVEPOINT]
     candidates = [min(regular, default=None), min(needs.pending, default=None), needs.max_id or None]
@@ -435,7 +434,7 @@ def read_needs(store: "DeltaCheckpointStore", view: Any = None, sessions: Sequen
 
 def _sessions_needs(needs: Needs, rows: Sequence[Mapping[str, Any]]) -> None:
     """The newest finished restore and an owed rollback, as the runner and the store read them."""
-    from .delta.store import RESTORED, ROLLBACK
+    from .delta.sessions import RESTORED, ROLLBACK
 
     restored = [r for r in rows if r["event"] == RESTORED]
     if restored:
@@ -509,10 +508,9 @@ def _store_rewrite(ctx: _Context, name: str, decide: Callable[[Any, list[dict[st
 
     def read(dt: Any) -> list[dict[str, Any]]:
         snapshot["dt"] = dt
-        table, _ = store._read(name, dt=dt)
-        return table.to_pylist()
+        return store.table(name).rows(dt)
 
-    dropped, kept, retries = rewrite(lambda: store._load(name), read, lambda rows: decide(snapshot["dt"], rows),
+    dropped, kept, retries = rewrite(store.table(name).load, read, lambda rows: decide(snapshot["dt"], rows),
                                      dry_run=ctx.dry_run)
     return ctx.add(RuleOutcome(f"{name} rows", ctx.rel(control_table(ctx.root, name)), ROWS, dropped, kept, keeps=keeps,
                                retries=retries))
@@ -524,7 +522,7 @@ def _rewrite_checkpoints(ctx: _Context) -> None:
     def decide(dt: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
         # decided again on the very snapshot the overwrite lands on (a concurrent completion,
         # pending row or discard is part of it); the restore and rollback come from the sessions
-        needs = read_needs(ctx.store, ctx.store._view(dt), from_sessions=base)
+        needs = read_needs(ctx.store, ctx.store.checkpoints.table.view(dt), from_sessions=base)
         keep = [r for r in rows if not needs.droppable(r["checkpoint_id"])]
         return keep if len(keep) < len(rows) else None
 
@@ -537,7 +535,7 @@ def _rewrite_acks(ctx: _Context) -> None:
     from .core.types import CheckpointStatus
 
     def decide(dt: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
-        view = ctx.store._view()  # statuses only move forward: one that is final stays final
+        view = ctx.store.checkpoints.table.view()  # statuses only move forward: one that is final stays final
         needs = read_needs(ctx.store, view, from_sessions=ctx.needs)
 
         def needed(r: Mapping[str, Any]) -> bool:
@@ -557,7 +555,7 @@ def sessions_to_keep(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any
     every row of the newest epoch that finished restoring and of later epochs, except the start and
     end rows of sessions that ended and are neither the last session of their stage nor the last
     one that ended. Everything when no epoch finished restoring."""
-    from .delta.store import ALL_STAGES, END, RESTORED, START
+    from .delta.sessions import ALL_STAGES, END, RESTORED, START
 
     restored = [r["epoch"] for r in rows if r["event"] == RESTORED]
     if not restored:
@@ -919,15 +917,14 @@ def pinned_state_versions(store: "DeltaCheckpointStore", needs: Needs, operator:
     pinned: dict[int, int] = {}
     for checkpoint_id in sorted(needs.protected):
         try:
-            acks = store.acks(checkpoint_id)
+            acks = store.checkpoints.acks(checkpoint_id)
         except Exception:  # no row (the largest id may be a bare pending one), or unreadable
             continue
         versions = [int(a["state"]["table_version"]) for a in acks
                     if a["operator"] == operator and "table_version" in a["state"]]
         if versions:
             pinned[checkpoint_id] = min(versions)
-    table, _ = store._read("acks")
-    for r in table.to_pylist():
+    for r in store.acks.table.rows():
         if r["checkpoint_id"] not in needs.pending or not r["subtask"].startswith(f"{operator}["):
             continue
         try:

@@ -1,0 +1,129 @@
+"""Sessions: within an epoch, each run of a stage (a process) is a session with a ``start`` row
+and, when it stopped cleanly, an ``end`` row carrying where the next session of the stage resumes.
+The epoch's ``restored`` row (stage ``*``) says which checkpoint it restored (null: none) once the
+restore is done; a ``rollback`` row is the intent of a recovery to an older checkpoint. A start
+without an end means the process died: the next start of that stage recovers (a new epoch).
+Every write is decided on the snapshot it lands on and fenced by its epoch in that commit."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+from typing import Any, Callable, Mapping
+
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from ..core.types import CheckpointId
+from .control_table import ControlRoot, ControlTable
+
+SESSIONS_SCHEMA = pa.schema(
+    [
+        pa.field("epoch", pa.int64(), nullable=False),
+        pa.field("stage", pa.string(), nullable=False),
+        pa.field("session", pa.int64(), nullable=False),
+        pa.field("event", pa.string(), nullable=False),
+        pa.field("checkpoint_id", pa.int64()),
+        pa.field("resume_json", pa.string()),
+        pa.field("owner", pa.string(), nullable=False),
+        pa.field("recorded_at", pa.float64(), nullable=False),
+    ]
+)
+"""The ``sessions`` table (see the module doc)."""
+
+START, END, RESTORED, ROLLBACK = "start", "end", "restored", "rollback"
+ALL_STAGES = "*"
+_STAGE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+class DeltaSessionStore:
+    """The ``sessions`` table: at most one live session per stage and epoch, resume points, the
+    restore and rollback records.
+
+    ``after_commit(file_count)``: told the table's data-file count after each write (compaction)."""
+
+    def __init__(self, place: ControlRoot, after_commit: Callable[[int], None] = lambda files: None):
+        self.table = ControlTable(place, "sessions", SESSIONS_SCHEMA)
+        self._after_commit = after_commit
+
+    def of_epoch(self, epoch: int, dt: DeltaTable | None = None) -> list[dict[str, Any]]:
+        """Every session row of ``epoch`` (as of ``dt``'s snapshot), in the order they were recorded."""
+        rows = [r for r in self.table.rows(dt) if r["epoch"] == epoch]
+        return sorted(rows, key=lambda r: (r["recorded_at"], r["session"]))
+
+    def record_restored(self, epoch: int, checkpoint_id: CheckpointId | None, resume: Mapping[str, Any]) -> None:
+        """``epoch`` finished restoring ``checkpoint_id`` (None: started from scratch); ``resume``
+        maps each stage to where its first session of the epoch starts. Stages may join it now.
+        Fenced in its commit."""
+        text = json.dumps(dict(resume), sort_keys=True)
+        row = self._row(epoch, ALL_STAGES, 0, RESTORED, checkpoint_id, text)
+        self.table.commit(lambda dt: [row], fence=epoch)
+
+    def begin(self, epoch: int, stage: str, after: int | None = None) -> int | None:
+        """Start the next session of ``stage`` in ``epoch`` and return its number, or None when the
+        caller lost a race: a session of the stage is live (started, not ended), or, with ``after``
+        (the session whose end row the caller resumes from; 0: the epoch's restored row), another
+        session started since. Decided on the snapshot the start row lands on, so a stage has at
+        most one live session per epoch, provably. Fenced in its commit."""
+        if not _STAGE.match(stage):
+            raise ValueError(f"bad stage name {stage!r}")
+        got: dict[str, int | None] = {}
+
+        def build(dt: DeltaTable) -> list[dict[str, Any]] | None:
+            mine = [r for r in self.of_epoch(epoch, dt) if r["stage"] == stage]
+            started = {r["session"] for r in mine if r["event"] == START}
+            ended = {r["session"] for r in mine if r["event"] == END}
+            last = max(started, default=0)
+            if started - ended or (after is not None and last != after):
+                got["number"] = None
+                return None
+            got["number"] = last + 1
+            return [self._row(epoch, stage, last + 1, START, None, None)]
+
+        file_count = self.table.commit(build, fence=epoch)
+        if got["number"] is not None:
+            self._after_commit(file_count + 1)
+        return got["number"]
+
+    def end(self, epoch: int, stage: str, session: int, resume: Mapping[str, Any]) -> None:
+        """The live ``session`` stopped cleanly; ``resume`` (JSON) is where the next one continues.
+        ``ValueError`` if it is not live (never started, or already ended). Fenced in its commit."""
+        row = self._row(epoch, stage, session, END, None, json.dumps(dict(resume), sort_keys=True))
+
+        def build(dt: DeltaTable) -> list[dict[str, Any]]:
+            events = {r["event"] for r in self.of_epoch(epoch, dt) if r["stage"] == stage and r["session"] == session}
+            if events != {START}:
+                raise ValueError(f"session {session} of stage {stage} in epoch {epoch} is not live ({sorted(events)})")
+            return [row]
+
+        self.table.commit(build, fence=epoch)
+
+    def record_rollback(self, epoch: int, checkpoint_id: CheckpointId) -> None:
+        """Intent, written before anything is rolled back: ``epoch`` restores ``checkpoint_id``, older
+        than the latest completed one, so the sinks must be rolled back to it and every later
+        checkpoint discarded. It stays owed (:meth:`owed_rollback`) until an epoch at or after it
+        finishes restoring. Fenced in its commit."""
+        row = self._row(epoch, ALL_STAGES, 0, ROLLBACK, checkpoint_id, None)
+        self.table.commit(lambda dt: [row], fence=epoch)
+
+    def owed_rollback(self) -> CheckpointId | None:
+        """The checkpoint of a rollback whose epoch crashed before it finished restoring (and no
+        later epoch finished one either): the next recovery must complete it. None otherwise."""
+        rows = self.table.rows()
+        rollbacks = [r for r in rows if r["event"] == ROLLBACK]
+        if not rollbacks:
+            return None
+        last = max(rollbacks, key=lambda r: (r["epoch"], r["recorded_at"]))
+        if any(r["event"] == RESTORED and r["epoch"] >= last["epoch"] for r in rows):
+            return None
+        return int(last["checkpoint_id"])
+
+    def _row(self, epoch, stage, session, event, checkpoint_id, resume_json) -> dict[str, Any]:
+        return {
+            "epoch": int(epoch), "stage": stage, "session": int(session), "event": event,
+            "checkpoint_id": None if checkpoint_id is None else int(checkpoint_id),
+            "resume_json": resume_json, "owner": f"{socket.gethostname()}:{os.getpid()}",
+            "recorded_at": float(self.table.place.now()),
+        }
