@@ -439,6 +439,16 @@ class PipelineControl:
                 committed[name] = [t.handle for t in sinks[name].commit(txns, cid, epoch)]
         return CommitOutcome(cid, epoch, committed, done)
 
+    def all_committed(self, checkpoint_id: int | str) -> bool:
+        """Whether every sink transaction completed checkpoint ``checkpoint_id`` owns has committed
+        (read from the sinks' stamps, no Spark): the commit phase then needs no Spark session.
+        Raises what :meth:`commit` would for an id that is not a retained completed checkpoint."""
+        cid = parse_checkpoint_id(checkpoint_id)
+        if cid is None:
+            raise ValueError("all_committed needs a checkpoint id")
+        sinks = self._sinks(None)
+        return all(sinks[n].is_committed(t) for n, txns in self._owned_transactions(cid).items() for t in txns)
+
     def _owned_transactions(self, cid: int) -> dict[str, list]:
         """Per sink, the pre-committed transactions completed checkpoint ``cid`` owns."""
         from .core.recovery import owned_transactions

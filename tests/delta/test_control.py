@@ -247,7 +247,9 @@ def test_commit_is_a_noop_when_the_sinks_hold_the_stamps(control):
     store.checkpoints.add(_completed(cid, 5.0, {"ledger": ledger, "balances": balances}), epoch=1)
     w = Path(control.warehouse)
     _stamp(w / "gold" / "ledger", "checkpoint_lib/payments/ledger/e1", cid)
+    assert not control.all_committed(cid)  # the balances' transaction has not committed
     _stamp(w / "gold" / "balances", "checkpoint_lib/payments/balances/e1", cid)
+    assert control.all_committed(cid)  # what the Airflow hook asks before it starts Spark
     started = time.monotonic()
     out = control.commit(cid)
     assert out.noop and time.monotonic() - started < 10  # no Spark session was started
