@@ -35,7 +35,10 @@ from checkpoint_lib.delta.store import DeltaCheckpointStore
 _CORE_TESTS = str(Path(__file__).resolve().parents[1] / "core")
 if _CORE_TESTS not in sys.path:
     sys.path.insert(0, _CORE_TESTS)
-from test_store_contract import CompletedCheckpointStoreContract, checkpoint, ids  # noqa: E402
+from test_store_contract import (  # noqa: E402
+    AckStoreContract, CompletedCheckpointStoreContract, EpochStoreContract, SessionStoreContract,
+    ValidationVerdictsContract, checkpoint, ids,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -57,6 +60,20 @@ class TestDeltaStoreContract(CompletedCheckpointStoreContract):
 
     def make_counter(self):
         return DeltaCheckpointStore(self._fresh_root()).ids
+
+
+class TestDeltaRoleStoreContracts(EpochStoreContract, AckStoreContract, SessionStoreContract,
+                                  ValidationVerdictsContract):
+    """Every role store of the Delta control plane passes its role's contract."""
+
+    @pytest.fixture(autouse=True)
+    def _tmp(self, tmp_path):
+        self.tmp_path = tmp_path
+        self.made = 0
+
+    def make_control(self):
+        self.made += 1
+        return DeltaCheckpointStore(self.tmp_path / f"control{self.made}", retained=3)
 
 
 @pytest.fixture

@@ -16,7 +16,10 @@ from checkpoint_lib.objectstore import ConditionalPutUnsupported, ObjectStoreRes
 _CORE_TESTS = str(Path(__file__).resolve().parents[1] / "core")
 if _CORE_TESTS not in sys.path:
     sys.path.insert(0, _CORE_TESTS)
-from test_store_contract import CompletedCheckpointStoreContract  # noqa: E402
+from test_store_contract import (  # noqa: E402
+    AckStoreContract, CompletedCheckpointStoreContract, EpochStoreContract, SessionStoreContract,
+    ValidationVerdictsContract,
+)
 
 # the local suite's racers, run here on the object store
 from test_store import (  # noqa: E402
@@ -45,6 +48,20 @@ class TestDeltaStoreContractOnS3(CompletedCheckpointStoreContract):
 
     def make_counter(self):
         return DeltaCheckpointStore(self._fresh_root()).ids
+
+
+class TestDeltaRoleStoreContractsOnS3(EpochStoreContract, AckStoreContract, SessionStoreContract,
+                                  ValidationVerdictsContract):
+    """Every role store of the Delta control plane on S3 passes its role's contract."""
+
+    @pytest.fixture(autouse=True)
+    def _prefix(self, s3):
+        self.prefix = s3
+        self.made = 0
+
+    def make_control(self):
+        self.made += 1
+        return DeltaCheckpointStore(f"{self.prefix}/control{self.made}", retained=3)
 
 
 def test_ids_from_racing_threads_and_instances_are_distinct(s3):
