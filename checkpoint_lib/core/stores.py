@@ -113,6 +113,32 @@ class ValidationVerdicts(Protocol):
         ...
 
 
+class TransactionStore(Protocol):
+    """A sink's pre-committed transactions: what each wrote, durable before the checkpoint
+    completes, so that a commit adds exactly those files (or refuses, naming one that is gone), an
+    abort deletes exactly them, and a recovery finds every transaction that wrote anything."""
+
+    def begin_write(self, txns: Sequence[Any]) -> str:
+        """Before a write: each transaction's record and the intent; returns where to write."""
+        ...
+
+    def seal_write(self, write_dir: str, txns: Sequence[Any]) -> int:
+        """After it: each transaction's manifest of its files; returns the rows written."""
+        ...
+
+    def transactions(self) -> list[Any]:
+        """Every transaction that began to write and was not forgotten."""
+        ...
+
+    def lost(self, txns: Sequence[Any]) -> list[str]:
+        """The files ``txns`` wrote that are gone."""
+        ...
+
+    def forget(self, txns: Sequence[Any], *, delete_data: bool) -> None:
+        """Drop their records (and, with ``delete_data``, their files). Idempotent."""
+        ...
+
+
 class InMemoryCheckpointIdCounter:
     def __init__(self, start: CheckpointId = 1):
         if start < 1:
