@@ -66,9 +66,11 @@ def test_maintain_task_reports_what_it_deleted_and_skips_while_a_recovery_holds_
     from checkpoint_lib.core.types import CheckpointKind, SubtaskAck, SubtaskId
     from checkpoint_lib.core.checkpoints import CompletedCheckpoint
 
-    control = PipelineControl(tmp_path, "payments")
-    store = control.store
-    store.retained = 2
+    from checkpoint_lib.delta.store import DeltaCheckpointStore
+    from checkpoint_lib.layout import checkpoint_root
+
+    store = DeltaCheckpointStore.open(checkpoint_root(tmp_path, "payments"), retained=2)  # the runner's retention
+    control = PipelineControl(tmp_path, "payments", store=store)
     store.epochs.begin()
     for _ in range(5):
         cid = store.ids.get_and_increment()
