@@ -16,4 +16,6 @@ Pieces:
 - :mod:`.barriers`: per-subtask barrier handlers (aligned, unaligned, aligned-with-timeout, tracker).
 - :mod:`.twophase`: two-phase-commit sink bookkeeping, transaction-id pool and epoch fencing.
 - :mod:`.recovery`: recovery planning from the completed checkpoints.
+- :mod:`.retention`: what the retained checkpoints need, and the protocol of a store whose old
+  rows maintenance drops.
 """

@@ -4,11 +4,13 @@ separate processes complete a checkpoint together (whoever writes the last ack c
 from __future__ import annotations
 
 import json
-from typing import Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import pyarrow as pa
+from deltalake import DeltaTable
 
-from ..core.types import CheckpointId, SubtaskAck, SubtaskId
+from ..core.retention import Retention
+from ..core.types import CheckpointId, CheckpointStatus, SubtaskAck, SubtaskId
 from .ack_codec import ACK_FIELDS, ack_fields, subtask_id
 from .control_table import ControlRoot, ControlTable
 
@@ -82,3 +84,31 @@ class DeltaAckStore:
         done = sorted(self.checkpoint_ids() - set(pending))
         if done:
             dt.delete(f"checkpoint_id IN ({', '.join(str(int(i)) for i in done)})")
+
+    # --- what maintenance may prune (core.retention.PrunedStore) ---------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.table.name
+
+    def load(self) -> DeltaTable | None:
+        return self.table.load()
+
+    def rows_at(self, snapshot: DeltaTable) -> list[dict[str, Any]]:
+        return self.table.rows(snapshot)
+
+    def rows_to_keep(self, snapshot: Any, rows: Sequence[dict[str, Any]], retention: Retention) -> list[dict[str, Any]]:
+        """The acks of checkpoints still pending (a completed row repeats all its acks), by the
+        latest statuses (they only move forward: one that is final stays final), and of ids with
+        no status row (in flight: the pending row comes first; or long gone) that are not
+        droppable."""
+        def needed(r: Mapping[str, Any]) -> bool:
+            status = retention.statuses.get(r["checkpoint_id"])
+            if status is None:
+                return not retention.needs.droppable(r["checkpoint_id"])
+            return status == CheckpointStatus.PENDING
+
+        return [r for r in rows if needed(r)]
+
+    def keeps(self, retention: Retention | None = None) -> str:
+        return "acks of checkpoints still pending (a completed row repeats all its acks)"

@@ -83,6 +83,11 @@ class CheckpointsView:
     """id -> when its per-checkpoint validation passed (first record)."""
     file_count: int = 0
 
+    @property
+    def statuses(self) -> dict[int, str]:
+        """Each checkpoint id with its status."""
+        return {i: r["status"] for i, r in self.effective.items()}
+
 
 def effective_row(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The row that states the checkpoint's status: highest rank, then earliest recorded."""

@@ -32,10 +32,11 @@ from deltalake import DeltaTable
 
 from ..core.checkpoints import CompletedCheckpoint
 from ..core.errors import CheckpointAbortedError, FailureReason, FencedError, UnknownCheckpointError
+from ..core.retention import Needs, Restores, Retention
 from ..core.stores import apply_retention
 from ..core.types import CheckpointId, CheckpointKind, CheckpointStatus
 from .ack_codec import Corrupt, ack_fields, decode_acks, failure_reason
-from .checkpoint_table import ONCE_COMPLETED, CheckpointTable
+from .checkpoint_table import ONCE_COMPLETED, CheckpointsView, CheckpointTable
 from .ids import DeltaCheckpointIdCounter
 
 log = logging.getLogger(__name__)
@@ -298,6 +299,36 @@ class DeltaCompletedCheckpointStore:
              "retained": i in kept, "corrupt": i in view.corrupt, "validated_at": view.validated.get(i)}
             for i in sorted(view.effective, reverse=True)
         ]
+
+    # --- what the retained checkpoints need; what maintenance may prune (core.retention) --------
+
+    def needs(self, restores: Restores = Restores(), view: CheckpointsView | None = None) -> Needs:
+        """What the checkpoints need (:class:`~checkpoint_lib.core.retention.Needs`), as of
+        ``view`` (default: a fresh read), with the sessions' ``restores``."""
+        view = self.table.view() if view is None else view
+        return Needs.of(view.kept, view.statuses, view.corrupt, restores)
+
+    @property
+    def name(self) -> str:
+        return self.table.name
+
+    def load(self) -> DeltaTable | None:
+        return self.table.load()
+
+    def rows_at(self, snapshot: DeltaTable) -> list[dict[str, Any]]:
+        return self.table.rows(snapshot)
+
+    def rows_to_keep(self, snapshot: DeltaTable, rows: Sequence[dict[str, Any]],
+                     retention: Retention) -> list[dict[str, Any]]:
+        """Every row of an id that is not droppable, decided on the very ``snapshot`` the rows are
+        of (a concurrent completion, pending row or discard is part of it); the restore and the
+        rollback are ``retention``'s."""
+        needs = self.needs(retention.restores, self.table.view(snapshot))
+        return [r for r in rows if not needs.droppable(r["checkpoint_id"])]
+
+    def keeps(self, retention: Retention | None = None) -> str:
+        return ("every row of a retained, pending, unreadable, restored or owed checkpoint, of the "
+                "largest id, and of every id at or above the floor")
 
 
 def _epochs_of(rows: Sequence[dict[str, Any]], effective: Mapping[str, Any]) -> dict[str, Any]:

@@ -11,11 +11,13 @@ import json
 import os
 import re
 import socket
-from typing import Any, Callable, Mapping
+from collections import defaultdict
+from typing import Any, Callable, Mapping, Sequence
 
 import pyarrow as pa
 from deltalake import DeltaTable
 
+from ..core.retention import Restores, Retention
 from ..core.types import CheckpointId
 from .control_table import ControlRoot, ControlTable
 
@@ -111,14 +113,40 @@ class DeltaSessionStore:
     def owed_rollback(self) -> CheckpointId | None:
         """The checkpoint of a rollback whose epoch crashed before it finished restoring (and no
         later epoch finished one either): the next recovery must complete it. None otherwise."""
-        rows = self.table.rows()
-        rollbacks = [r for r in rows if r["event"] == ROLLBACK]
-        if not rollbacks:
-            return None
-        last = max(rollbacks, key=lambda r: (r["epoch"], r["recorded_at"]))
-        if any(r["event"] == RESTORED and r["epoch"] >= last["epoch"] for r in rows):
-            return None
-        return int(last["checkpoint_id"])
+        return owed_rollback_of(self.table.rows())
+
+    def restores(self, rows: Sequence[Mapping[str, Any]] | None = None) -> Restores:
+        """The newest finished restore and an owed rollback (of ``rows``; default: a fresh read):
+        what retention must keep for the after-restore suite and the next recovery."""
+        rows = self.table.rows() if rows is None else rows
+        restored = [r for r in rows if r["event"] == RESTORED]
+        if not restored:
+            return Restores(owed_rollback=owed_rollback_of(rows))
+        epoch = max(r["epoch"] for r in restored)
+        first = min((r for r in restored if r["epoch"] == epoch), key=lambda r: (r["recorded_at"], r["session"]))
+        return Restores(None if first["checkpoint_id"] is None else int(first["checkpoint_id"]), int(epoch),
+                        float(first["recorded_at"]), owed_rollback_of(rows))
+
+    # --- what maintenance may prune (core.retention.PrunedStore) ---------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.table.name
+
+    def load(self) -> DeltaTable | None:
+        return self.table.load()
+
+    def rows_at(self, snapshot: DeltaTable) -> list[dict[str, Any]]:
+        return self.table.rows(snapshot)
+
+    def rows_to_keep(self, snapshot: Any, rows: Sequence[Mapping[str, Any]],
+                     retention: Retention | None = None) -> list[Mapping[str, Any]]:
+        """:func:`sessions_to_keep`: decided from the rows alone."""
+        return sessions_to_keep(rows)
+
+    def keeps(self, retention: Retention | None = None) -> str:
+        return ("rows of the newest epoch that finished restoring and later ones (restores, rollbacks); "
+                "per stage the last session, the last ended one, any that never ended")
 
     def _row(self, epoch, stage, session, event, checkpoint_id, resume_json) -> dict[str, Any]:
         return {
@@ -127,3 +155,36 @@ class DeltaSessionStore:
             "resume_json": resume_json, "owner": f"{socket.gethostname()}:{os.getpid()}",
             "recorded_at": float(self.table.place.now()),
         }
+
+
+def owed_rollback_of(rows: Sequence[Mapping[str, Any]]) -> CheckpointId | None:
+    """Of the session ``rows``: :meth:`DeltaSessionStore.owed_rollback`."""
+    rollbacks = [r for r in rows if r["event"] == ROLLBACK]
+    if not rollbacks:
+        return None
+    last = max(rollbacks, key=lambda r: (r["epoch"], r["recorded_at"]))
+    if any(r["event"] == RESTORED and r["epoch"] >= last["epoch"] for r in rows):
+        return None
+    return int(last["checkpoint_id"])
+
+
+def sessions_to_keep(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The session rows resuming, ``begin``, ``end`` and ``owed_rollback`` read: every row of the
+    newest epoch that finished restoring and of later epochs, except the start and end rows of
+    sessions that ended and are neither the last session of their stage nor the last one that
+    ended. Everything when no epoch finished restoring."""
+    restored = [r["epoch"] for r in rows if r["event"] == RESTORED]
+    if not restored:
+        return list(rows)
+    newest = max(restored)
+    events: dict[tuple[int, str], dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
+    for r in rows:
+        if r["epoch"] >= newest and r["stage"] != ALL_STAGES:
+            events[(r["epoch"], r["stage"])][r["session"]].add(r["event"])
+    needed: dict[tuple[int, str], set[int]] = {}
+    for key, sessions in events.items():
+        ended = [s for s, ev in sessions.items() if END in ev]
+        live_or_odd = {s for s, ev in sessions.items() if ev != {START, END}}
+        needed[key] = {max(sessions), *([max(ended)] if ended else []), *live_or_odd}
+    return [r for r in rows if r["epoch"] >= newest
+            and (r["stage"] == ALL_STAGES or r["session"] in needed[(r["epoch"], r["stage"])])]

@@ -26,6 +26,7 @@ from checkpoint_lib import maintenance
 from checkpoint_lib.control import CheckpointRequests
 from checkpoint_lib.core.checkpoints import CompletedCheckpoint
 from checkpoint_lib.core.errors import FailureReason
+from checkpoint_lib.core.retention import PrunedStore, Retention
 from checkpoint_lib.core.types import CheckpointKind, SubtaskAck, SubtaskId
 from checkpoint_lib.delta.store import DeltaCheckpointStore
 from checkpoint_lib.files import files_at
@@ -496,6 +497,34 @@ def test_an_owed_rollback_and_the_newest_restore_keep_what_they_read(warehouse):
     rows = DeltaTable(str(p.root / "sessions")).to_pyarrow_table().to_pylist()
     assert {r["epoch"] for r in rows} == {epoch, dead}  # epoch 1 finished long ago
     assert any(r["event"] == "rollback" and r["epoch"] == dead for r in rows)
+
+
+@pytest.mark.parametrize("storage_root", ["posix"], indirect=True)  # the rules on S3: the tests above
+def test_each_pruned_store_says_which_rows_it_keeps_and_maintenance_keeps_exactly_those(world):
+    p = world
+    reader = DeltaCheckpointStore(p.root)
+    needs = maintenance.read_needs(reader)
+    retention = Retention(needs.restores, lambda: (needs, reader.checkpoints.table.view().statuses),
+                          now=T0 + 60 * DAY, result_days=NOW_POLICY.result_days)
+    stores = [reader.acks, reader.checkpoints, reader.sessions, ValidationLog(p.root)]
+    assert all(isinstance(store, PrunedStore) for store in stores)
+    kept = {}
+    for store in stores:
+        snapshot = store.load()
+        rows = store.rows_at(snapshot)
+        kept[store.name] = (len(rows), store.rows_to_keep(snapshot, rows, retention))
+    assert {r["checkpoint_id"] for r in kept["acks"][1]} == set(needs.pending)
+    assert {r["checkpoint_id"] for r in kept["checkpoints"][1]} == {
+        i for i in needs.protected | set(range(needs.floor, needs.max_id + 1)) if i}
+    assert kept["sessions"][1] == sessions_to_keep(reader.sessions.table.rows())
+
+    report = maintain(p.warehouse, "payments", now=T0 + 60 * DAY, policy=NOW_POLICY)
+    for store in stores:
+        total, keep = kept[store.name]
+        outcome = report.rule(f"{store.name} rows")
+        assert (outcome.deleted, outcome.kept) == (total - len(keep), len(keep)), store.name
+        assert outcome.keeps == store.keeps(retention) and outcome.deleted > 0
+        assert sorted(map(str, store.rows_at(store.load()))) == sorted(map(str, keep)), store.name
 
 
 def test_sessions_to_keep_keeps_what_resuming_reads():
