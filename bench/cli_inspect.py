@@ -90,7 +90,7 @@ def measure(warehouse: str, pipeline: str, repeat: int) -> list[dict]:
     from checkpoint_lib.layout import checkpoint_root
 
     store = DeltaCheckpointStore.existing(checkpoint_root(warehouse, pipeline))
-    completed = [c.checkpoint_id for c in store.all()]
+    completed = [c.checkpoint_id for c in store.checkpoints.all()]
     rows = []
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory() as cache:
         env = _env(cache)

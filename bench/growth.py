@@ -84,8 +84,8 @@ class Simulation:
         self.store = DeltaCheckpointStore.open(self.root, retained=retained)
         self.requests = CheckpointRequests(self.root)
         self.validations = ValidationLog(self.root)
-        self.epoch = self.store.begin_epoch()
-        self.store.record_restored(self.epoch, None, {"source": {}, "keyed": {}})
+        self.epoch = self.store.epochs.begin()
+        self.store.sessions.record_restored(self.epoch, None, {"source": {}, "keyed": {}})
         self.sessions = {"source": 0, "keyed": 0}
         self.savepoint_every = savepoint_every
         self.gx_json, self.gx_html = b"{" + b" " * 16_000 + b"}", b"<html>" + b" " * 40_000 + b"</html>"
@@ -96,23 +96,23 @@ class Simulation:
     def checkpoint(self) -> tuple[int, float]:
         """One hourly run; returns the checkpoint id and the seconds the store's work took."""
         store = self.store
-        cid = store.peek()
+        cid = store.ids.peek()
         t = self.now(cid)
         kind = CheckpointKind.SAVEPOINT if cid % self.savepoint_every == 0 else CheckpointKind.CHECKPOINT
         self.requests.create(f"scheduled__{cid}", "payments_snapshot", now=t)
         started = time.perf_counter()
         for stage in ("source", "keyed"):
-            self.sessions[stage] = store.begin_session(self.epoch, stage, after=self.sessions[stage])
-        got = store.get_and_increment()
+            self.sessions[stage] = store.sessions.begin(self.epoch, stage, after=self.sessions[stage])
+        got = store.ids.get_and_increment()
         assert got == cid, (got, cid)
         self.requests.honour(self.requests.open(), cid, self.epoch)
-        store.record_pending(cid, kind, t, self.epoch)
+        store.checkpoints.record_pending(cid, kind, t, self.epoch)
         acks = acks_of(cid, self.epoch)
-        store.record_acks(cid, {s: a for s, a in acks.items() if s.operator == "source"}, self.epoch, t)
-        store.record_acks(cid, {s: a for s, a in acks.items() if s.operator != "source"}, self.epoch, t + 1)
-        store.add(CompletedCheckpoint(cid, kind, t, t + 2, acks, {s: t + 1 for s in acks}))
+        store.acks.record(cid, {s: a for s, a in acks.items() if s.operator == "source"}, self.epoch, t)
+        store.acks.record(cid, {s: a for s, a in acks.items() if s.operator != "source"}, self.epoch, t + 1)
+        store.checkpoints.add(CompletedCheckpoint(cid, kind, t, t + 2, acks, {s: t + 1 for s in acks}), epoch=self.epoch)
         for stage in ("source", "keyed"):
-            store.end_session(self.epoch, stage, self.sessions[stage], {"at": cid})
+            store.sessions.end(self.epoch, stage, self.sessions[stage], {"at": cid})
         spent = time.perf_counter() - started
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(t))
         run = f"{PIPELINE}-checkpoint-c{cid}-e{self.epoch}-{stamp}Z"
@@ -158,7 +158,7 @@ def run(base: Path, checkpoints: int, every: int | None, marks: list[int], log) 
             recent = times[-window:]
             mark["median_ms"] = statistics.median(recent) * 1000
             mark["p90_ms"] = sorted(recent)[int(0.9 * (len(recent) - 1))] * 1000
-            mark["rows"] = len(sim.store.history())
+            mark["rows"] = len(sim.store.checkpoints.history())
             mark["markers"] = len(os.listdir(reservation_markers(sim.root, "ids")))
         if every and n % every == 0:
             t = time.monotonic()
@@ -168,14 +168,14 @@ def run(base: Path, checkpoints: int, every: int | None, marks: list[int], log) 
         if n in marks:
             mark["after"] = disk(sim.root)
             mark["quality_after"] = disk(sim.quality)[0]
-            mark["rows_after"] = len(sim.store.history())
+            mark["rows_after"] = len(sim.store.checkpoints.history())
             mark["markers_after"] = len(os.listdir(reservation_markers(sim.root, "ids")))
             out["marks"][n] = mark
             log(f"  {'maintained' if every else 'never maintained'}: {n} checkpoints, "
                 f"{mark['median_ms']:.1f} ms per checkpoint, _checkpoints/{PIPELINE} {human_bytes(mark['after'][0])} "
                 f"({human_bytes(mark['after'][1])} of it Delta logs), {mark['rows_after']} checkpoint ids, "
                 f"{time.monotonic() - started:.0f} s so far")
-    retained = [c.checkpoint_id for c in DeltaCheckpointStore(sim.root).all()]
+    retained = [c.checkpoint_id for c in DeltaCheckpointStore(sim.root).checkpoints.all()]
     out["retained"] = retained
     return out
 

@@ -52,7 +52,7 @@ def run_ours(spark: Any, warehouse: str, *, mode: str, rows_per_checkpoint: int,
     )
     summary = runner.run()
     seconds = time.monotonic() - started
-    history = DeltaCheckpointStore.open(checkpoint_root(warehouse, "payments")).history()
+    history = DeltaCheckpointStore.open(checkpoint_root(warehouse, "payments")).checkpoints.history()
     done = [r for r in history if r["completion_time"] and r["checkpoint_id"] != summary.final]
     durations = [(r["completion_time"] - r["trigger_time"]) * 1000 for r in done]
     return {

@@ -123,12 +123,12 @@ def checkpoint_figures(spark, warehouse: str, pipeline: str = "payments") -> dic
     operator = get(pipeline).operator_uid
     root = str(checkpoint_root(warehouse, pipeline))
     store = DeltaCheckpointStore.open(root)
-    done = sorted((r for r in store.history() if r["status"] == CheckpointStatus.COMPLETED),
+    done = sorted((r for r in store.checkpoints.history() if r["status"] == CheckpointStatus.COMPLETED),
                   key=lambda r: r["checkpoint_id"])
     pinned = {}
     for r in done:
         versions = [KeyedAckState.from_state(a["state"]).pinned.table_version
-                    for a in store.acks(r["checkpoint_id"]) if a["operator"] == operator]
+                    for a in store.checkpoints.acks(r["checkpoint_id"]) if a["operator"] == operator]
         pinned[r["checkpoint_id"]] = max(versions)
     state_path = f"{root}/state/{operator}"
     files = {}  # pinned version -> {file path: size}

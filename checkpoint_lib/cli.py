@@ -405,7 +405,7 @@ def _cmd_checkpoints(args: argparse.Namespace) -> int:
 
     store = DeltaCheckpointStore.existing(checkpoint_root(args.warehouse, args.pipeline))
     if args.action == "list":
-        rows = with_durations(store.history()[: args.limit])
+        rows = with_durations(store.checkpoints.history()[: args.limit])
         if _json(args):
             _emit([_nested_acks(r) for r in rows])
         else:
@@ -415,7 +415,7 @@ def _cmd_checkpoints(args: argparse.Namespace) -> int:
         return 0
     if args.id is None:
         raise ValueError("checkpoints show needs a checkpoint id")
-    acks = store.acks(args.id)
+    acks = store.checkpoints.acks(args.id)
     if _json(args):
         _emit(acks)
     else:

@@ -28,7 +28,7 @@ Requests on disk (``<root>/requests/``), crash-safe without locks:
 ``link(tmp, final)``, which fails if the name exists. So a request is written once, and exactly one
 of "honoured as checkpoint c" (the source stage) and "cancelled" (an abort) wins a race. Request ids
 are orchestrator run ids, so a retried task finds its own request instead of making a second one.
-Local filesystems only (like :class:`~checkpoint_lib.delta.store.LocalReservations`).
+Local filesystems only (like :class:`~checkpoint_lib.delta.reservations.LocalReservations`).
 
 Every name and id that reaches a path is validated first (:func:`validate_pipeline_name`,
 :func:`parse_checkpoint_id`, :func:`validate_request_id`): nothing here reads or writes outside
@@ -232,11 +232,11 @@ class PipelineControl:
     def source_running(self) -> bool:
         """Whether a source session of the current epoch started and has not ended: a running
         pipeline (or one whose process died, which only a recovery can tell apart)."""
-        from .delta.store import END, START
+        from .delta.sessions import END, START
 
-        epoch = self.store.current_epoch()
+        epoch = self.store.epochs.current()
         events: dict[int, set[str]] = {}
-        for r in self.store.sessions(epoch):
+        for r in self.store.sessions.of_epoch(epoch):
             if r["stage"] == "source":
                 events.setdefault(r["session"], set()).add(r["event"])
         return any(START in ev and END not in ev for ev in events.values())
@@ -263,7 +263,7 @@ class PipelineControl:
         checkpoint_id = int(request.checkpoint_id)  # type: ignore[arg-type]
         deadline = time.monotonic() + timeout
         while True:
-            row = self.store.status(checkpoint_id)
+            row = self.store.checkpoints.status(checkpoint_id)
             status = None if row is None else row["status"]
             if status == CheckpointStatus.COMPLETED:
                 return checkpoint_id, CheckpointStatus.COMPLETED
@@ -308,8 +308,8 @@ class PipelineControl:
 
     def _in_flight_and_last_end(self) -> tuple[int, float | None]:
         """(pending checkpoints of the current epoch + open requests, when the last one ended)."""
-        epoch = self.store.current_epoch()
-        history = self.store.history()
+        epoch = self.store.epochs.current()
+        history = self.store.checkpoints.history()
         pending = [r for r in history if r["status"] == CheckpointStatus.PENDING and r["epoch"] >= epoch]
         ends = [r["completion_time"] or r["recorded_at"] for r in history
                 if r["status"] in (CheckpointStatus.COMPLETED, CheckpointStatus.ABORTED)]
@@ -332,13 +332,13 @@ class PipelineControl:
             checkpoint_id = request.checkpoint_id
         cid = parse_checkpoint_id(checkpoint_id)
         assert cid is not None
-        row = self.store.status(cid)
+        row = self.store.checkpoints.status(cid)
         expected = self._expected_acks()
         if row is None:
             return CheckpointProgress("unknown", cid, request_id, acks_expected=expected)
         received = expected if row["status"] in (CheckpointStatus.COMPLETED, CheckpointStatus.DISCARDED) else 0
         if row["status"] == CheckpointStatus.PENDING:
-            received = len(self.store.pending_acks(cid, row["epoch"]))
+            received = len(self.store.acks.pending(cid, row["epoch"]))
         return CheckpointProgress(
             row["status"], cid, request_id, row["epoch"], received, expected,
             row["failure_reason"], row["message"],
@@ -354,24 +354,24 @@ class PipelineControl:
         """The store's history (newest first) with ``duration_ms``; JSON-able."""
         from .history import with_durations
 
-        rows = self.store.history()
+        rows = self.store.checkpoints.history()
         return with_durations(rows[:limit] if limit else rows)
 
     def acks(self, checkpoint_id: Any) -> list[dict[str, Any]]:
         """Per-subtask acks of a completed checkpoint, or the acks recorded so far of a pending one."""
         cid = parse_checkpoint_id(checkpoint_id)
         if cid is None:
-            latest = self.store.latest()
+            latest = self.store.checkpoints.latest()
             if latest is None:
                 raise UnknownCheckpointError(f"{self.pipeline_name} has no completed checkpoint")
             cid = latest.checkpoint_id
-        row = self.store.status(cid)
+        row = self.store.checkpoints.status(cid)
         if row is None:
             raise UnknownCheckpointError(f"checkpoint {cid} of {self.pipeline_name} does not exist")
         if row["status"] != CheckpointStatus.PENDING:
-            return self.store.acks(cid)
+            return self.store.checkpoints.acks(cid)
         out = []
-        for subtask, (ack, when) in sorted(self.store.pending_acks(cid, row["epoch"]).items()):
+        for subtask, (ack, when) in sorted(self.store.acks.pending(cid, row["epoch"]).items()):
             out.append({"subtask": str(subtask), "operator": subtask.operator, "index": subtask.index,
                         **asdict(ack), "state": dict(ack.state), "ack_time": when})
         return out
@@ -383,7 +383,7 @@ class PipelineControl:
         cid = parse_checkpoint_id(checkpoint_id)
         if cid is None:
             return None
-        self.store.get(cid)  # raises UnknownCheckpointError listing the retained ids
+        self.store.checkpoints.get(cid)  # raises UnknownCheckpointError listing the retained ids
         return cid
 
     # --- committing -------------------------------------------------------------------------------
@@ -404,7 +404,7 @@ class PipelineControl:
         cid = parse_checkpoint_id(checkpoint_id)
         if cid is None:
             raise ValueError("commit needs a checkpoint id")
-        row = self.store.status(cid)
+        row = self.store.checkpoints.status(cid)
         if row is None:
             raise UnknownCheckpointError(f"checkpoint {cid} of {self.pipeline_name} does not exist")
         if row["status"] != CheckpointStatus.COMPLETED:
@@ -412,7 +412,7 @@ class PipelineControl:
             why = f" ({row['failure_reason']}: {row['message'] or ''})" if aborted else ""
             raise CheckpointError(f"checkpoint {cid} is {row['status']}{why}: only a completed checkpoint commits")
         epoch = int(row["epoch"])
-        self.store.check_epoch(epoch)  # FencedError for a zombie epoch
+        self.store.epochs.check(epoch)  # FencedError for a zombie epoch
         owned = self._owned_transactions(cid)
         sinks = self._sinks(None)
         todo: dict[str, list] = {}
@@ -427,7 +427,7 @@ class PipelineControl:
 
             spark = get_spark(app_name=f"ckpt-commit-{self.pipeline_name}")
             use_warehouse(spark, self.warehouse)
-        if self.pipeline().validate_checkpoints and not self.store.validated(cid):
+        if self.pipeline().validate_checkpoints and not self.store.verdicts.validated(cid):
             # the gate: validated first (the stage process may have died before its verdict)
             from .quality import validate_before_commit
 
@@ -439,11 +439,21 @@ class PipelineControl:
                 committed[name] = [t.handle for t in sinks[name].commit(txns, cid, epoch)]
         return CommitOutcome(cid, epoch, committed, done)
 
+    def all_committed(self, checkpoint_id: int | str) -> bool:
+        """Whether every sink transaction completed checkpoint ``checkpoint_id`` owns has committed
+        (read from the sinks' stamps, no Spark): the commit phase then needs no Spark session.
+        Raises what :meth:`commit` would for an id that is not a retained completed checkpoint."""
+        cid = parse_checkpoint_id(checkpoint_id)
+        if cid is None:
+            raise ValueError("all_committed needs a checkpoint id")
+        sinks = self._sinks(None)
+        return all(sinks[n].is_committed(t) for n, txns in self._owned_transactions(cid).items() for t in txns)
+
     def _owned_transactions(self, cid: int) -> dict[str, list]:
         """Per sink, the pre-committed transactions completed checkpoint ``cid`` owns."""
         from .core.recovery import owned_transactions
 
-        return {name: [] for name in self.pipeline().sinks} | owned_transactions(self.store.get(cid))
+        return {name: [] for name in self.pipeline().sinks} | owned_transactions(self.store.checkpoints.get(cid))
 
     def _sinks(self, spark: "SparkSession | None") -> dict[str, Any]:
         """The pipeline's sinks as :class:`~checkpoint_lib.spark.sinks.SinkWriter` (the same
@@ -451,7 +461,7 @@ class PipelineControl:
         control-plane reads work (the commit stamps): parsing the schema needs a running Spark context."""
         from .spark.sinks import pipeline_sinks
 
-        return pipeline_sinks(spark, self.pipeline(), self.warehouse, str(self.root), check_epoch=self.store.check_epoch)
+        return pipeline_sinks(spark, self.pipeline(), self.warehouse, str(self.root), check_epoch=self.store.epochs.check)
 
     # --- aborting ---------------------------------------------------------------------------------
 
@@ -480,12 +490,12 @@ class PipelineControl:
         cid = parse_checkpoint_id(checkpoint_id)
         if cid is None:
             raise ValueError("abort needs a checkpoint id")
-        row = self.store.status(cid)
-        epoch = int(row["epoch"]) if row is not None else self.store.current_epoch()
+        row = self.store.checkpoints.status(cid)
+        epoch = int(row["epoch"]) if row is not None else self.store.epochs.current()
         try:
-            self.store.record_aborted(cid, reason, message, epoch)
+            self.store.checkpoints.record_aborted(cid, reason, message, epoch)
         except ValueError:  # completed (or discarded) first: that wins
-            status = (self.store.status(cid) or {}).get("status", "unknown")
+            status = (self.store.checkpoints.status(cid) or {}).get("status", "unknown")
             return AbortOutcome(False, status, cid, request_id, f"checkpoint {cid} is {status}: not aborted")
         return AbortOutcome(True, CheckpointStatus.ABORTED, cid, request_id, message)
 

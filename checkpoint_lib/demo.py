@@ -87,7 +87,7 @@ def run_demo(warehouse: str, rows: int = 200_000) -> int:
 
     _say("checkpoint history (ckpt checkpoints list payments)")
     store = DeltaCheckpointStore.open(checkpoint_root(w, "payments"))
-    print(format_table(with_durations(store.history()[:12]), ["checkpoint_id", "kind", "status", "epoch", "duration_ms",
+    print(format_table(with_durations(store.checkpoints.history()[:12]), ["checkpoint_id", "kind", "status", "epoch", "duration_ms",
                                                "state_bytes", "alignment_ms", "failure_reason"]))
 
     _say("balances (first 5 accounts of gold/balances)")

@@ -2,7 +2,7 @@
 primitive the control plane needs from a store besides Delta's own commits: **create if absent**.
 
 Checkpoint ids and epochs are unique because exactly one creator of a marker succeeds. On a POSIX
-filesystem that is ``O_CREAT | O_EXCL`` (:class:`checkpoint_lib.delta.store.LocalReservations`);
+filesystem that is ``O_CREAT | O_EXCL`` (:class:`checkpoint_lib.delta.reservations.LocalReservations`);
 on an object store it is a conditional put, the primitive all three clouds offer: S3's and Azure's
 ``If-None-Match: *``, GCS's ``ifGenerationMatch=0``. :class:`ObjectStoreReservations` creates the
 markers with it (through ``obstore``, the Python face of the ``object_store`` crate delta-rs commits
@@ -171,7 +171,7 @@ def verify_conditional_put(location: str, options: Mapping[str, str] | None = No
 class ObjectStoreReservations:
     """Markers as objects ``<location>/_<namespace>/<number:020d>`` created with a conditional put:
     exactly one creator succeeds, and the marker is durable once the store acknowledged it (the
-    :class:`~checkpoint_lib.delta.store.Reservations` protocol)."""
+    :class:`~checkpoint_lib.delta.reservations.Reservations` protocol)."""
 
     def __init__(self, location: str, options: Mapping[str, str] | None = None):
         self.location = str(location).rstrip("/")

@@ -31,19 +31,19 @@ def synthetic_history(w: Path) -> Path:
     root = w / "_checkpoints" / "payments"
     store = DeltaCheckpointStore.open(root, retained=10)
     t = 1_790_000_000.0
-    e1 = store.begin_epoch("test", "recover (all)")
-    store.record_restored(e1, None, {})
+    e1 = store.epochs.begin("test", "recover (all)")
+    store.sessions.record_restored(e1, None, {})
     for cid in (1, 2, 3):
-        store.record_pending(cid, epoch=e1, trigger_time=t + cid)
-        store.add(completed(cid, t + cid, cs_rows=cid - 1))
-    store.record_pending(4, epoch=e1, trigger_time=t + 4)  # the crash: 4 never completes
-    e2 = store.begin_epoch("test", "recover (all)")
-    store.record_aborted(4, FailureReason.TASK_FAILURE, "epoch 1 ended before it completed", e1)
-    store.record_restored(e2, 3, {})
-    store.epoch = e2
+        store.checkpoints.record_pending(cid, epoch=e1, trigger_time=t + cid)
+        store.checkpoints.add(completed(cid, t + cid, cs_rows=cid - 1), epoch=e1)
+    store.checkpoints.record_pending(4, epoch=e1, trigger_time=t + 4)  # the crash: 4 never completes
+    e2 = store.epochs.begin("test", "recover (all)")
+    store.checkpoints.record_aborted(4, FailureReason.TASK_FAILURE, "epoch 1 ended before it completed", e1,
+                                     fence=e2)
+    store.sessions.record_restored(e2, 3, {})
     for cid in (5, 6):
-        store.record_pending(cid, epoch=e2, trigger_time=t + cid)
-        store.add(completed(cid, t + cid))
+        store.checkpoints.record_pending(cid, epoch=e2, trigger_time=t + cid)
+        store.checkpoints.add(completed(cid, t + cid), epoch=e2)
     result = QualityResult("payments", "restore", 6, e2, 3, "payments-restore-c6-e2-test",
                            str(w / "_quality" / "payments" / "data_docs" / "index.html"),
                            [ExpectationOutcome("ledger", "expect_column_values_to_be_unique", "event_id", True)],

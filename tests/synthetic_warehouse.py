@@ -53,7 +53,7 @@ def synthetic_warehouse(w: Path) -> Path:
     landing, ledger, balances = w / "landing" / "payments", w / "gold" / "ledger", w / "gold" / "balances"
     state = w / "_checkpoints" / "payments" / "state" / "balance"
     store = DeltaCheckpointStore.open(w / "_checkpoints" / "payments")
-    epoch = store.begin_epoch("test", "synthetic")
+    epoch = store.epochs.begin("test", "synthetic")
     totals: dict[str, tuple[int, int]] = {}
     write_deltalake(state, pa.table({"key_group": pa.array([], pa.int32()), "account": pa.array([], pa.string()),
                                      "balance_cents": pa.array([], pa.int64()),
@@ -90,9 +90,9 @@ def synthetic_warehouse(w: Path) -> Path:
                 state={"table_version": min(cid, 2), "key_groups": [lo, hi], "cursor": -1}, state_size_bytes=500 + i)
             for sink in ("ledger", "balances"):
                 acks[SubtaskId(sink_operator(sink), i)] = SubtaskAck(state={SINK_STATE_KEY: _snapshot(sink, i, cid)})
-        store.record_pending(cid, epoch=epoch, trigger_time=T0 + 10 * cid)
-        store.add(CompletedCheckpoint(cid, CheckpointKind.CHECKPOINT, T0 + 10 * cid, T0 + 10 * cid + 2, acks,
-                                      {s: T0 + 10 * cid + 1 for s in acks}))
+        store.checkpoints.record_pending(cid, epoch=epoch, trigger_time=T0 + 10 * cid)
+        store.checkpoints.add(CompletedCheckpoint(cid, CheckpointKind.CHECKPOINT, T0 + 10 * cid, T0 + 10 * cid + 2, acks,
+                                      {s: T0 + 10 * cid + 1 for s in acks}), epoch=epoch)
     return w
 
 

@@ -18,4 +18,6 @@ Pieces:
 - :mod:`.acks`: what each kind of subtask acknowledges (source, keyed operator, sink), typed, with
   the one encoding of each as the dict a checkpoint stores; the positions a restore derives.
 - :mod:`.recovery`: recovery planning from the completed checkpoints.
+- :mod:`.retention`: what the retained checkpoints need, and the protocol of a store whose old
+  rows maintenance drops.
 """

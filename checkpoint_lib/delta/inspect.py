@@ -42,7 +42,7 @@ def _store(warehouse: str, pipeline: str) -> DeltaCheckpointStore:
 
 def checkpoint(warehouse: str, pipeline: Pipeline, checkpoint_id: int | None = None) -> CompletedCheckpoint:
     """The named retained completed checkpoint, or the latest one."""
-    chosen = choose_checkpoint(list(_store(warehouse, pipeline.name).all()), checkpoint_id)
+    chosen = choose_checkpoint(list(_store(warehouse, pipeline.name).checkpoints.all()), checkpoint_id)
     if chosen is None:
         raise NoCheckpointError(f"pipeline {pipeline.name!r} has no completed checkpoint in {warehouse}")
     return chosen

@@ -21,6 +21,9 @@ Delta statistics, read from the Parquet footers). So
 The folders are local or on an object store (``s3://...``), through :mod:`checkpoint_lib.files`;
 the paths an append sink's add actions carry are relative to the table root either way.
 
+:class:`PendingFiles` is the core's :class:`~checkpoint_lib.core.stores.TransactionStore`; its contract
+is ``tests/delta/test_pending.py``, run on a local folder and on the S3 server.
+
 Pure Python and pyarrow (no Spark, no JVM). The data folders of one write hold a folder per
 transaction (``<data>/<write id>/txn_handle=<handle>/``: one Spark job writes every subtask's
 transaction of a flush).

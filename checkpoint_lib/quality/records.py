@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
 
 from ..core.cas import commit_on_snapshot
+from ..core.retention import Retention
 from ..layout import control_table
 from ..objectstore import is_remote
 from .result import QualityResult
@@ -99,14 +100,10 @@ class ValidationLog:
 
     def rows(self) -> list[dict[str, Any]]:
         """Every row, newest first (empty when nothing was ever validated)."""
-        from deltalake import DeltaTable
-        from deltalake.exceptions import TableNotFoundError
-
-        try:
-            table = DeltaTable(self.path).to_pyarrow_table()
-        except TableNotFoundError:
+        dt = self.load()
+        if dt is None:
             return []
-        return sorted(table.to_pylist(), key=lambda r: r["finished_at"], reverse=True)
+        return sorted(self.rows_at(dt), key=lambda r: r["finished_at"], reverse=True)
 
     def latest(self, kind: str | None = None, checkpoint_id: int | None = None) -> dict[str, Any] | None:
         """The newest row (of ``kind``, on ``checkpoint_id``), or None."""
@@ -114,3 +111,44 @@ class ValidationLog:
             if (kind is None or r["kind"] == kind) and (checkpoint_id is None or r["checkpoint_id"] == checkpoint_id):
                 return r
         return None
+
+    # --- what maintenance may prune (core.retention.PrunedStore) ---------------------------------
+
+    name = "validations"
+
+    def load(self) -> Any:
+        """The latest snapshot of the table (a ``deltalake.DeltaTable``), None when nothing was
+        ever validated."""
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            return DeltaTable(self.path)
+        except TableNotFoundError:
+            return None
+
+    def rows_at(self, snapshot: Any) -> list[dict[str, Any]]:
+        return snapshot.to_pyarrow_table().to_pylist()
+
+    def rows_to_keep(self, snapshot: Any, rows: Sequence[dict[str, Any]], retention: Retention) -> list[dict[str, Any]]:
+        """The newest row of each kind, rows naming no checkpoint finished since
+        ``retention.results_since``, and rows of checkpoints that are not droppable (by the latest
+        checkpoints: ids only grow, so a read after the snapshot is safe)."""
+        newest: dict[str, dict[str, Any]] = {}
+        for r in rows:
+            if r["kind"] not in newest or r["finished_at"] > newest[r["kind"]]["finished_at"]:
+                newest[r["kind"]] = r
+        keep_ids = {r["validation_id"] for r in newest.values()}
+
+        def needed(r: Mapping[str, Any]) -> bool:
+            if r["validation_id"] in keep_ids:
+                return True
+            if r["checkpoint_id"] is None:
+                return r["finished_at"] >= retention.results_since
+            return not retention.needs.droppable(r["checkpoint_id"])
+
+        return [r for r in rows if needed(r)]
+
+    def keeps(self, retention: Retention) -> str:
+        return ("validations of protected ids and ids at or above the floor, the newest of each "
+                f"kind, those naming no checkpoint for {retention.result_days:g} days")

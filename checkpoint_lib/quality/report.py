@@ -92,7 +92,8 @@ def svg_chart(title: str, unit: str, points: Sequence[tuple[int, float]], marker
 
 def collect(pipeline_name: str, warehouse: str) -> dict[str, Any]:
     """Everything the report shows, as plain data (tests and other pages can reuse it)."""
-    from ..delta.store import RESTORED, DeltaCheckpointStore
+    from ..delta.sessions import RESTORED
+    from ..delta.store import DeltaCheckpointStore
     from ..history import with_durations
 
     check_pipeline_name(pipeline_name)
@@ -101,18 +102,18 @@ def collect(pipeline_name: str, warehouse: str) -> dict[str, Any]:
     if not files_at(croot).is_dir(control_table(croot, "checkpoints")):
         raise FileNotFoundError(f"pipeline {pipeline_name!r} has no checkpoint store in {root} (run it first)")
     store = DeltaCheckpointStore(croot)
-    history = sorted(with_durations(store.history()), key=lambda r: r["checkpoint_id"])
+    history = sorted(with_durations(store.checkpoints.history()), key=lambda r: r["checkpoint_id"])
     completed = [r for r in history if r["status"] in (CheckpointStatus.COMPLETED, CheckpointStatus.DISCARDED)
                  and r.get("completion_time")]
     validations = ValidationLog(croot).rows()
     restores = []
-    for e in sorted(store.epochs(), key=lambda e: e["epoch"]):
-        restored = [r for r in store.sessions(e["epoch"]) if r["event"] == RESTORED]
+    for e in sorted(store.epochs.all(), key=lambda e: e["epoch"]):
+        restored = [r for r in store.sessions.of_epoch(e["epoch"]) if r["event"] == RESTORED]
         cid = restored[0]["checkpoint_id"] if restored else None
         offset = None
         if cid is not None:
             try:
-                offset = next((a["state"].get("version") for a in store.acks(cid) if a["operator"] == "source"), None)
+                offset = next((a["state"].get("version") for a in store.checkpoints.acks(cid) if a["operator"] == "source"), None)
             except Exception:  # an unknown id: show the row without the offset
                 offset = None
         check = next((v for v in validations if v["kind"] == "restore" and v["epoch"] == e["epoch"]), None)

@@ -150,12 +150,14 @@ def validate_checkpoint(
 
 def validate_before_commit(
     spark: SparkSession, pipeline_name: str, warehouse: str, store: Any, checkpoint_id: int,
-    progress: Callable[[str], None] = lambda line: None, *, kill_point: Callable[[str], None] | None = None,
+    progress: Callable[[str], None] = lambda line: None, *, epoch: int | None = None,
+    kill_point: Callable[[str], None] | None = None,
 ) -> QualityResult | None:
     """The per-checkpoint suite on completed checkpoint ``checkpoint_id`` and its verdict recorded in
-    ``store`` (a :class:`~checkpoint_lib.delta.store.DeltaCheckpointStore`), the gate every commit of
+    ``store`` (a :class:`~checkpoint_lib.delta.store.DeltaCheckpointStore`, its ``verdicts``), the gate every commit of
     a validating pipeline passes: the runner after completion, the snapshot DAG's commit task and a
-    recovery all call this for a checkpoint not validated yet. The verdict is a compare-and-swap, so
+    recovery all call this for a checkpoint not validated yet, as epoch ``epoch`` (fenced by it;
+    None: unfenced). The verdict is a compare-and-swap, so
     attempts validating the same checkpoint at once agree on one outcome:
 
     - passed, and it stands: returns the result (the caller may commit);
@@ -169,12 +171,13 @@ def validate_before_commit(
     try:
         result = validate_checkpoint(spark, pipeline_name, warehouse, checkpoint_id)
     except QualityCheckError as exc:
-        if store.record_validation(checkpoint_id, False, f"failed its per-checkpoint validation: {str(exc)[:500]}"):
+        if store.verdicts.record(checkpoint_id, False, f"failed its per-checkpoint validation: {str(exc)[:500]}",
+                                 epoch=epoch):
             progress(f"checkpoint {checkpoint_id} FAILED validation: discarded, not committed")
             raise
         progress(f"checkpoint {checkpoint_id} failed validation here, but another attempt had validated it: it stands")
         return None
-    if not store.record_validation(checkpoint_id, True, result.headline()[:500]):
+    if not store.verdicts.record(checkpoint_id, True, result.headline()[:500], epoch=epoch):
         raise QualityCheckFailed(
             f"checkpoint {checkpoint_id} passed validation here, but another attempt's validation failed "
             "first and discarded it: it is never committed", result,

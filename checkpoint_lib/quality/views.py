@@ -50,7 +50,8 @@ from pyspark.sql import types as T
 
 from ..core.types import CheckpointStatus, sink_operator
 from ..delta import log as delta_log
-from ..delta.store import RESTORED, DeltaCheckpointStore
+from ..delta.sessions import RESTORED
+from ..delta.store import DeltaCheckpointStore
 from ..files import files_at
 from ..layout import channel_state_table, checkpoint_root, control_table, state_table
 from ..pipeline import DeltaSource, Pipeline
@@ -139,15 +140,15 @@ def open_store(warehouse: Path, pipeline_name: str) -> DeltaCheckpointStore:
 def checkpoint_facts(ctx: Context, checkpoint_id: int | None) -> CheckpointFacts:
     """The chosen completed checkpoint (default: the latest retained one)."""
     if checkpoint_id is None:
-        latest = ctx.store.latest()
+        latest = ctx.store.checkpoints.latest()
         if latest is None:
             raise QualityCheckError(f"pipeline {ctx.pipeline.name!r} has no completed checkpoint to validate")
         checkpoint_id = latest.checkpoint_id
-    row = ctx.store.status(checkpoint_id)
+    row = ctx.store.checkpoints.status(checkpoint_id)
     if row is None or row["status"] != CheckpointStatus.COMPLETED:
         state = "unknown" if row is None else row["status"]
         raise QualityCheckError(f"checkpoint {checkpoint_id} of {ctx.pipeline.name!r} is {state}, not completed")
-    acks = ctx.store.acks(checkpoint_id)
+    acks = ctx.store.checkpoints.acks(checkpoint_id)
     sources = [a for a in acks if a["operator"] == "source"]
     if not sources:
         raise QualityCheckError(f"checkpoint {checkpoint_id} has no source acknowledgement (no offsets)")
@@ -161,8 +162,8 @@ def checkpoint_facts(ctx: Context, checkpoint_id: int | None) -> CheckpointFacts
 
 def latest_restore(ctx: Context) -> RestoreFacts | None:
     """The newest epoch that finished restoring (its ``restored`` session row), or None."""
-    for e in ctx.store.epochs():
-        rows = [r for r in ctx.store.sessions(e["epoch"]) if r["event"] == RESTORED]
+    for e in ctx.store.epochs.all():
+        rows = [r for r in ctx.store.sessions.of_epoch(e["epoch"]) if r["event"] == RESTORED]
         if rows:
             r = rows[0]
             cid = r["checkpoint_id"]
@@ -439,7 +440,7 @@ def restored_state_view(ctx: Context, restore: RestoreFacts) -> DataFrame:
     if restore.checkpoint_id is None:
         expected = restored.select(key, *[F.col(c).cast("long").alias(c) for c in aggs]).limit(0)
     else:
-        expected = effective_state(ctx, ctx.store.acks(restore.checkpoint_id), restore.checkpoint_id, full=False)
+        expected = effective_state(ctx, ctx.store.checkpoints.acks(restore.checkpoint_id), restore.checkpoint_id, full=False)
     r = restored.select(F.col(key).alias("key"), F.lit(True).alias("in_restored"),
                         *[F.col(c).cast("long").alias(f"restored_{c}") for c in aggs])
     s = expected.select(F.col(key).alias("key"), F.lit(True).alias("in_snapshot"),
@@ -467,7 +468,7 @@ def _restored_state_any(ctx: Context, restore: RestoreFacts, restored: DataFrame
     if restore.checkpoint_id is None:
         expected, replayed = restored.limit(0), None
     else:
-        expected = snapshot_state(ctx, ctx.store.acks(restore.checkpoint_id))
+        expected = snapshot_state(ctx, ctx.store.checkpoints.acks(restore.checkpoint_id))
         channel = channel_state_rows(ctx, restore.checkpoint_id)
         replayed = None if channel is None else channel.select(F.col(key).alias("key")).distinct()
     r = restored.select(F.col(key).alias("key"), F.lit(True).alias("in_restored"), *values(restored, "restored"))

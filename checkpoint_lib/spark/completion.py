@@ -79,7 +79,7 @@ class Completion:
                 self._commit_up_to(e.checkpoint_id)
             elif isinstance(e, CheckpointAborted):
                 try:
-                    ctx.store.record_aborted(e.checkpoint_id, e.reason, e.message, ctx.epoch)
+                    ctx.store.checkpoints.record_aborted(e.checkpoint_id, e.reason, e.message, ctx.epoch, fence=ctx.epoch)
                 except ValueError:  # the keyed stage (another process) completed it first: that wins
                     ctx.progress(f"checkpoint {e.checkpoint_id} completed elsewhere before it expired here")
                     continue
@@ -97,7 +97,7 @@ class Completion:
 
     def _validate_before_commit(self, cid: int) -> None:
         """The per-checkpoint GX suite on ``cid`` (durable, not committed yet), and its verdict
-        recorded (:meth:`~checkpoint_lib.delta.store.DeltaCheckpointStore.record_validation`):
+        recorded (:meth:`~checkpoint_lib.delta.verdicts.DeltaValidationVerdicts.record`):
         nothing commits ``cid`` before it is validated - not this process, the snapshot DAG's
         commit task or a recovery. A failure (or a validation that cannot run) discards ``cid``
         and stops the run: its transactions never commit, the next start restores the last
@@ -106,7 +106,7 @@ class Completion:
 
         ctx = self.ctx
         validate_before_commit(ctx.spark, ctx.pipeline.name, ctx.topology.warehouse, ctx.store, cid, ctx.progress,
-                               kill_point=ctx.reached)
+                               epoch=ctx.epoch, kill_point=ctx.reached)
 
     def _commit_up_to(self, cid: int) -> None:
         """Checkpoint ``cid`` is complete: commit every sink's transactions up to it (one Delta
@@ -149,7 +149,7 @@ class Completion:
             t.channel.truncate_upto(upto, ctx.epoch)
             self._truncated = (delta_log.latest_version(t.channel.path), upto)
         if t.feedback_log is not None:
-            acks = ctx.store.get(self.last_completed).acks
+            acks = ctx.store.checkpoints.get(self.last_completed).acks
             operator = ctx.pipeline.operator_uid
             keyed = [KeyedAckState.from_state(a.state) for s, a in acks.items() if s.operator == operator]
             fb = [k.feedback_barrier_seq for k in keyed if k.feedback_barrier_seq is not None]
@@ -158,5 +158,5 @@ class Completion:
         self.last_completed = None
 
     def _barrier_seq(self, cid: int) -> int:
-        source = self.ctx.store.get(cid).acks[self.ctx.topology.sources[0]]
+        source = self.ctx.store.checkpoints.get(cid).acks[self.ctx.topology.sources[0]]
         return SourceAckState.from_state(source.state).barrier_seq

@@ -57,7 +57,7 @@ class RunContext:
         """Refuse to write once a newer attempt began (FencedError): the early, cheap check before
         a data-plane write. It is not the fence: a process may stall between this check and its
         write. The fence is inside each write's commit (see the recovery's data-plane fence)."""
-        self.store.check_epoch(self.epoch)
+        self.store.epochs.check(self.epoch)
 
     def cached(self, df: DataFrame) -> DataFrame:
         """``df`` persisted (memory, spilling to disk) until :meth:`uncache`: for a DataFrame of

@@ -201,10 +201,10 @@ class KeyedStage:
         ctx = self.ctx
         if ctx.coordinator.status_of(cid) != "unknown":
             return
-        row = ctx.store.status(cid)
+        row = ctx.store.checkpoints.status(cid)
         if row is None or row["status"] != CheckpointStatus.PENDING or row["epoch"] != ctx.epoch:
             return
-        acks = ctx.store.pending_acks(cid, ctx.epoch)
+        acks = ctx.store.acks.pending(cid, ctx.epoch)
         self.on_effects(ctx.coordinator.adopt(cid, row["trigger_time"], CheckpointKind(row["kind"]), acks))
 
     # carrying out the handlers' effects ------------------------------------------------------------
@@ -481,7 +481,7 @@ class KeyedStage:
         for name, sink in snap.sinks.items():
             acks[t.sink_ids[name][r]] = SubtaskAck(state=sink.to_state())
         if ctx.coordinator.status_of(cid) == CheckpointStatus.PENDING:
-            ctx.store.record_acks(cid, acks, ctx.epoch)  # durable first: see SourceStage.write
+            ctx.store.acks.record(cid, acks, ctx.epoch)  # durable first: see SourceStage.write
         for sid, a in acks.items():
             self.on_effects(ctx.coordinator.acknowledge(cid, sid, a).effects)
 

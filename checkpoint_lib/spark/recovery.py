@@ -24,8 +24,8 @@ from ..core.errors import FailureReason, SnapshotIncompatibleError
 from ..core.recovery import RecoveryPlan, check_fits
 from ..core.twophase import SinkSnapshot, Transaction
 from ..delta.pending import PendingFilesLostError
-from ..delta.store import END as SESSION_END
-from ..delta.store import RESTORED, START
+from ..delta.sessions import END as SESSION_END
+from ..delta.sessions import RESTORED, START
 from .context import RunContext
 
 
@@ -66,7 +66,7 @@ class Recovery:
         """Where each of this runner's stages resumes in ``epoch``, or None if it must recover."""
         if epoch < 1:
             return None
-        rows = self.ctx.store.sessions(epoch)
+        rows = self.ctx.store.sessions.of_epoch(epoch)
         restored = [r for r in rows if r["event"] == RESTORED]
         if not restored:
             return None  # the epoch's recovery never finished
@@ -101,11 +101,11 @@ class Recovery:
         started = time.monotonic()
         self.ctx.store.check_readable()  # a damaged control table: refused before anything is written
         stage = "all" if len(self.stages) > 1 else self.stages[0]
-        self.ctx.epoch = self.ctx.store.begin_epoch(f"{socket.gethostname()}:{os.getpid()}", f"recover ({stage})")
+        self.ctx.epoch = self.ctx.store.epochs.begin(f"{socket.gethostname()}:{os.getpid()}", f"recover ({stage})")
         self.fence_data_plane()
         self._abort_stale_pending()
         open_txns = [t for sink in self.t.sinks.values() for t in sink.open_transactions()]
-        for cid in self.ctx.store.unreadable():  # completed, so maybe committed, but not restorable
+        for cid in self.ctx.store.checkpoints.unreadable():  # completed, so maybe committed, but not restorable
             self.ctx.progress(f"checkpoint {cid} completed but its record is unreadable: it cannot be restored")
         # (an owed rollback is one an earlier recovery began and a crash interrupted)
         plan = self.ctx.store.recovery_plan(self.restore_checkpoint, current_epoch=self.ctx.epoch - 1, open_transactions=open_txns)
@@ -125,7 +125,7 @@ class Recovery:
         if plan.checkpoint:
             self.keyed.replay_channel_state(plan)
         resume = {"source": self.source.point(self.parallelism), "keyed": self.keyed.point(self.parallelism)}
-        self.ctx.store.record_restored(self.ctx.epoch, plan.checkpoint_id, resume)
+        self.ctx.store.sessions.record_restored(self.ctx.epoch, plan.checkpoint_id, resume)
         self.ctx.summary.restored = plan.checkpoint_id
         self.ctx.metrics.recovered(time.monotonic() - started)
         if plan.checkpoint:
@@ -143,11 +143,11 @@ class Recovery:
         from ..quality import QualityCheckError, validate_before_commit
 
         fell_back = False
-        while self.validate_checkpoints and plan.checkpoint is not None and not self.ctx.store.validated(plan.checkpoint_id):
+        while self.validate_checkpoints and plan.checkpoint is not None and not self.ctx.store.verdicts.validated(plan.checkpoint_id):
             self.ctx.progress(f"checkpoint {plan.checkpoint_id} completed but was never validated: validating it first")
             try:
                 validate_before_commit(self.ctx.spark, self.ctx.pipeline.name, self.t.warehouse, self.ctx.store,
-                                       plan.checkpoint_id, self.ctx.progress)
+                                       plan.checkpoint_id, self.ctx.progress, epoch=self.ctx.epoch)
             except QualityCheckError:
                 if self.restore_checkpoint is not None:
                     raise
@@ -172,7 +172,7 @@ class Recovery:
             if self.restore_checkpoint is not None:
                 raise PendingFilesLostError(f"checkpoint {cid} cannot be restored: {why}. Nothing was written. "
                                             "Restore an older checkpoint (ckpt recover --checkpoint N).")
-            older = [c.checkpoint_id for c in self.ctx.store.all() if c.checkpoint_id < cid]
+            older = [c.checkpoint_id for c in self.ctx.store.checkpoints.all() if c.checkpoint_id < cid]
             self.ctx.progress(f"checkpoint {cid} can never be committed ({why}): restoring "
                               + (f"checkpoint {max(older)}" if older else "from scratch") + " and replaying it")
             if not older:
@@ -188,14 +188,15 @@ class Recovery:
         every later checkpoint (savepoints included: their commits are undone), (3) roll every
         sink back to what ``cid`` committed. A crash anywhere in between leaves the rollback owed
         (no restored row yet): the next recovery completes it, and (3) is idempotent until then."""
-        self.ctx.store.record_rollback(self.ctx.epoch, cid)
-        later = [c for c in self.ctx.store.all() if c.checkpoint_id > cid]
+        self.ctx.store.sessions.record_rollback(self.ctx.epoch, cid)
+        later = [c for c in self.ctx.store.checkpoints.all() if c.checkpoint_id > cid]
         why = f"rolled back to checkpoint {cid} by epoch {self.ctx.epoch}"
         if later:
-            self.ctx.store.mark_discarded(later, why)
-        unreadable = [i for i in self.ctx.store.unreadable() if i > cid]
+            self.ctx.store.checkpoints.mark_discarded(later, why, epoch=self.ctx.epoch)
+        unreadable = [i for i in self.ctx.store.checkpoints.unreadable() if i > cid]
         if unreadable:
-            self.ctx.store.discard_unreadable(unreadable, f"{why} (its record was unreadable)")
+            self.ctx.store.checkpoints.discard_unreadable(unreadable, f"{why} (its record was unreadable)",
+                                                          epoch=self.ctx.epoch)
         self.ctx.reached("rollback")
         for name, sink in self.t.sinks.items():
             version = sink.rollback_to(cid)
@@ -205,12 +206,13 @@ class Recovery:
 
     def _abort_stale_pending(self) -> None:
         """Pending checkpoints of older epochs can never complete (their writers are fenced)."""
-        for row in self.ctx.store.pending():
+        for row in self.ctx.store.checkpoints.pending():
             if row["epoch"] < self.ctx.epoch:
                 try:
-                    self.ctx.store.record_aborted(
+                    self.ctx.store.checkpoints.record_aborted(
                         row["checkpoint_id"], FailureReason.TASK_FAILURE,
                         f"epoch {row['epoch']} ended before it completed", row["epoch"],
+                        fence=self.ctx.epoch,
                     )
                 except ValueError:
                     pass  # completed meanwhile by its (now fenced) epoch: the completed row wins

@@ -122,7 +122,7 @@ class PipelineRunner:
         self.alignment_timeout = alignment_timeout if self.mode is BarrierMode.ALIGNED_WITH_TIMEOUT else None
         self.validate_checkpoints = p.validate_checkpoints if validate_checkpoints is None else validate_checkpoints
 
-        self.topology = t = Topology(p, self.warehouse, spark, check_epoch=lambda epoch: self.store.check_epoch(epoch))
+        self.topology = t = Topology(p, self.warehouse, spark, check_epoch=lambda epoch: self.store.epochs.check(epoch))
         self.store = DeltaCheckpointStore.open(t.root, retained=self.config.retained)
         self.ctx = ctx = RunContext(p, t, spark, self.store, KillPoints(), self.progress, PipelineMetrics(p.name))
         if not 0 <= lagging_sources < t.S:
@@ -235,7 +235,7 @@ class PipelineRunner:
         self.ctx.summary = RunSummary(0, None)
         for role in (self.source_stage, self.keyed_stage, self.completion):
             role.reset()
-        epoch = self.store.current_epoch()
+        epoch = self.store.epochs.current()
         recovery = self.recovery
         points = None if (self.force_recover or self.restore_checkpoint is not None) else recovery.resume_points(epoch)
         plan = None
@@ -245,12 +245,11 @@ class PipelineRunner:
             assert points is not None, "the epoch just restored must be joinable"
         else:
             self.ctx.epoch = epoch
-            self.store.epoch = epoch
         for stage in self._stages():
             # on top of the very session whose end this process resumes from: a racing starter of
             # the stage, or one that started and ended meanwhile, makes this None (never a second
             # live session, never a stale resume point)
-            number = self.store.begin_session(self.epoch, stage, after=recovery.resumes_after(stage))
+            number = self.store.sessions.begin(self.epoch, stage, after=recovery.resumes_after(stage))
             if number is None:
                 raise CheckpointError(
                     f"another {stage} process of pipeline {self.pipeline.name!r} started at the same "
@@ -260,7 +259,7 @@ class PipelineRunner:
         for stage in self._stages():
             (self.source_stage if stage == "source" else self.keyed_stage).resume(points[stage])
         self.ctx.coordinator = CheckpointCoordinator(
-            self.config, t.tasks, t.sources, self.store, self.store, self.clock
+            self.config, t.tasks, t.sources, self.store.ids, self.store.checkpoints.fenced(self.epoch), self.clock
         )
         self.coordinator.all_running()
         self.summary.epoch = self.epoch
@@ -295,7 +294,7 @@ class PipelineRunner:
         parallelism = self.recovery.parallelism
         for stage, number in self.sessions.items():
             role = self.source_stage if stage == "source" else self.keyed_stage
-            self.store.end_session(self.epoch, stage, number, role.point(parallelism))
+            self.store.sessions.end(self.epoch, stage, number, role.point(parallelism))
         self._opened = False
         self._closed = True
 

@@ -88,7 +88,7 @@ class SourceStage:
         """Forget pending checkpoints another process (the keyed stage) completed or aborted."""
         if self.runs_keyed or not self.ctx.coordinator.pending:
             return
-        for row in self.ctx.store.history():
+        for row in self.ctx.store.checkpoints.history():
             cid = row["checkpoint_id"]
             if cid in self.ctx.coordinator.pending and row["status"] != CheckpointStatus.PENDING:
                 status = (CheckpointStatus.ABORTED if row["status"] == CheckpointStatus.ABORTED
@@ -179,7 +179,7 @@ class SourceStage:
         (``source_read``, ``dlq``, ``source_ack``) and the keyed stage's (``flush_stage``,
         ``flush_merge``, ``snapshot``, ``ack``, ...); ``channel_write`` is never reached."""
         if trigger is not None:
-            self.ctx.store.record_pending(trigger.checkpoint_id, trigger.barrier.kind, trigger.barrier.timestamp, self.ctx.epoch)
+            self.ctx.store.checkpoints.record_pending(trigger.checkpoint_id, trigger.barrier.kind, trigger.barrier.timestamp, self.ctx.epoch)
         if step:
             self.ctx.reached("source_read")
             data = self._read_step(step, end_version)
@@ -194,7 +194,7 @@ class SourceStage:
                                barrier_seqs={s: last for s in range(self.t.S)}, event_time_reference=self.time_reference)
         acks = {sid: SubtaskAck(state=state.to_state()) for sid in self.t.sources}
         self.ctx.reached("source_ack")
-        self.ctx.store.record_acks(cid, acks, self.ctx.epoch)
+        self.ctx.store.acks.record(cid, acks, self.ctx.epoch)
         for sid, ack in acks.items():
             self.on_effects(self.ctx.coordinator.acknowledge(cid, sid, ack).effects)
         if self.ctx.coordinator.status_of(cid) != CheckpointStatus.PENDING:
@@ -217,7 +217,7 @@ class SourceStage:
         (durable before any barrier of the checkpoint) know where the last barrier will be."""
         seq = self.next_seq
         if trigger is not None:
-            self.ctx.store.record_pending(trigger.checkpoint_id, trigger.barrier.kind, trigger.barrier.timestamp, self.ctx.epoch)
+            self.ctx.store.checkpoints.record_pending(trigger.checkpoint_id, trigger.barrier.kind, trigger.barrier.timestamp, self.ctx.epoch)
         data = None
         if step:
             self.ctx.reached("source_read")
@@ -260,7 +260,7 @@ class SourceStage:
                                    event_time_reference=self.time_reference)
             acks = {sid: SubtaskAck(state=state.to_state()) for sid in self.t.sources}
             self.ctx.reached("source_ack")
-            self.ctx.store.record_acks(trigger.checkpoint_id, acks, self.ctx.epoch)
+            self.ctx.store.acks.record(trigger.checkpoint_id, acks, self.ctx.epoch)
         if parts:
             self.ctx.reached("channel_write")
             self.ctx.fence()

@@ -241,10 +241,7 @@ class CheckpointHook(BaseHook):
 
     def _nothing_to_commit(self, checkpoint_id: int) -> bool:
         try:
-            control = self.control()
-            owned = control._owned_transactions(int(checkpoint_id))
-            sinks = control._sinks(None)
-            return all(sinks[n].is_committed(t) for n, txns in owned.items() for t in txns)
+            return self.control().all_committed(checkpoint_id)
         except Exception:  # let commit() raise the precise error
             return True
 

@@ -401,7 +401,7 @@ def page(user: GetUserDep, pipeline: str | None = None, checkpoint: str | None =
 
 def _completed(control: PipelineControl, cid: int) -> dict[str, Any]:
     """The history row of completed checkpoint ``cid`` (404 if it is not one)."""
-    row = control.store.status(cid) if control.root.is_dir() else None
+    row = control.store.checkpoints.status(cid) if control.root.is_dir() else None
     if row is None or row.get("status") != CheckpointStatus.COMPLETED:
         state = "unknown" if row is None else row.get("status")
         raise HTTPException(status_code=404, detail=f"checkpoint {cid} of {control.pipeline_name} is {state}, "

@@ -104,9 +104,9 @@ def api_server(tmp_path: Path, users: dict[str, str], auth_manager: str = SIMPLE
 
 def _store_with_a_checkpoint(warehouse: Path) -> int:
     store = PipelineControl(warehouse, "payments").store
-    store.begin_epoch()
-    cid = store.get_and_increment()
-    store.record_pending(cid, trigger_time=1.0, epoch=1)
+    store.epochs.begin()
+    cid = store.ids.get_and_increment()
+    store.checkpoints.record_pending(cid, trigger_time=1.0, epoch=1)
     docs = warehouse / "_quality" / "payments" / "data_docs"
     docs.mkdir(parents=True)
     (docs / "index.html").write_text("<h1>GX of payments</h1>")
@@ -167,9 +167,9 @@ def test_a_pipeline_a_users_package_registers_shows_with_no_edit_to_checkpoint_l
         **registered, "visits": EntryPoint("visits", "userpkg.flows:visits", pipelines.GROUP)})
     warehouse = tmp_path / "warehouse"
     store = PipelineControl(warehouse, "visits").store
-    store.begin_epoch()
-    cid = store.get_and_increment()
-    store.record_pending(cid, trigger_time=1.0, epoch=1)
+    store.epochs.begin()
+    cid = store.ids.get_and_increment()
+    store.checkpoints.record_pending(cid, trigger_time=1.0, epoch=1)
     monkeypatch.setenv("CKPT_WAREHOUSE", str(warehouse))
     with api_server(tmp_path, {"admin": "admin"}) as api:
         assert "visits" in api.get("admin", "/checkpoints/api/pipelines").json()
@@ -277,7 +277,7 @@ def test_no_get_creates_anything_under_the_warehouse(tmp_path, monkeypatch, migr
     empty = tmp_path / "empty"
     empty.mkdir()
     only_checkpoints = tmp_path / "partial"  # a store with only its checkpoints table (no epochs, acks, sessions)
-    DeltaCheckpointStore(only_checkpoints / "_checkpoints" / "payments").record_pending(1, trigger_time=1.0, epoch=0)
+    DeltaCheckpointStore(only_checkpoints / "_checkpoints" / "payments").checkpoints.record_pending(1, trigger_time=1.0, epoch=0)
     warehouses = [empty, tmp_path / "absent", only_checkpoints]
     (tmp_path / "auth").mkdir()
     with api_server(tmp_path / "auth", {"admin": "admin"}) as api:

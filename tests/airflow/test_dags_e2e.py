@@ -103,22 +103,22 @@ def _asset_events(env, dag_id):
 # (test_provider.py: validate_params) run in CI; this is the same from a checkout
 def test_recover_dag_dry_run_and_bad_params_change_nothing(world):
     control = PipelineControl(world["warehouse"], "payments")
-    epoch = control.store.current_epoch()
+    epoch = control.store.epochs.current()
     out = _dags_test(world["a"], "payments_recover", "-c", json.dumps({"checkpoint_id": "latest", "dry_run": True}))
-    assert "restore checkpoint" in out and control.store.current_epoch() == epoch  # only printed the plan
+    assert "restore checkpoint" in out and control.store.epochs.current() == epoch  # only printed the plan
     bad = _dags_test(world["a"], "payments_recover", "-c", json.dumps({"checkpoint_id": "../../etc"}), check=False)
     assert "checkpoint_id" in bad and "state=success" not in bad
-    assert control.store.current_epoch() == epoch and control.paused() is None
+    assert control.store.epochs.current() == epoch and control.paused() is None
 
 
 @pytest.mark.slow  # CI tier: CI's real DAG run is the snapshot DAG above; the real recovery is tests/chaos
 def test_recover_dag_restores_an_older_checkpoint_exactly_once(world):
     control = PipelineControl(world["warehouse"], "payments")
-    epoch = control.store.current_epoch()
+    epoch = control.store.epochs.current()
     append_payments(world["warehouse"], 150, batch=1)
-    oldest = min(c.checkpoint_id for c in control.store.all())
+    oldest = min(c.checkpoint_id for c in control.store.checkpoints.all())
     out = _dags_test(world["a"], "payments_recover", "-c", json.dumps({"checkpoint_id": str(oldest), "mode": "aligned"}))
-    assert control.store.current_epoch() > epoch and control.paused() is None, out[-6000:]
+    assert control.store.epochs.current() > epoch and control.paused() is None, out[-6000:]
     check = check_payments(str(world["warehouse"]))
     assert check.ok, check.summary()
     assert check.valid_rows > 290
@@ -130,11 +130,11 @@ def test_maintenance_dag_drops_what_no_retained_checkpoint_needs_and_changes_no_
     from checkpoint_lib.maintenance import read_needs
 
     control = PipelineControl(world["warehouse"], "payments")
-    retained = [c.checkpoint_id for c in control.store.all()]
+    retained = [c.checkpoint_id for c in control.store.checkpoints.all()]
     needs = read_needs(DeltaCheckpointStore(control.root))
     _dags_test(world["a"], "payments_maintenance")
     store = DeltaCheckpointStore(control.root)
-    assert [c.checkpoint_id for c in store.all()] == retained
-    assert {h["checkpoint_id"] for h in store.history()} <= needs.protected | set(range(needs.floor, needs.max_id + 1))
+    assert [c.checkpoint_id for c in store.checkpoints.all()] == retained
+    assert {h["checkpoint_id"] for h in store.checkpoints.history()} <= needs.protected | set(range(needs.floor, needs.max_id + 1))
     check = check_payments(str(world["warehouse"]))
     assert check.ok, check.summary()

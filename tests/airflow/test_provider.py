@@ -66,25 +66,27 @@ def test_maintain_task_reports_what_it_deleted_and_skips_while_a_recovery_holds_
     from checkpoint_lib.core.types import CheckpointKind, SubtaskAck, SubtaskId
     from checkpoint_lib.core.checkpoints import CompletedCheckpoint
 
-    control = PipelineControl(tmp_path, "payments")
-    store = control.store
-    store.retained = 2
-    store.begin_epoch()
+    from checkpoint_lib.delta.store import DeltaCheckpointStore
+    from checkpoint_lib.layout import checkpoint_root
+
+    store = DeltaCheckpointStore.open(checkpoint_root(tmp_path, "payments"), retained=2)  # the runner's retention
+    control = PipelineControl(tmp_path, "payments", store=store)
+    store.epochs.begin()
     for _ in range(5):
-        cid = store.get_and_increment()
-        store.record_pending(cid, trigger_time=float(cid), epoch=1)
+        cid = store.ids.get_and_increment()
+        store.checkpoints.record_pending(cid, trigger_time=float(cid), epoch=1)
         src = SubtaskId("source", 0)
-        store.add(CompletedCheckpoint(cid, CheckpointKind.CHECKPOINT, float(cid), cid + 0.5,
-                                      {src: SubtaskAck(state={"version": cid})}, {src: cid + 0.5}))
+        store.checkpoints.add(CompletedCheckpoint(cid, CheckpointKind.CHECKPOINT, float(cid), cid + 0.5,
+                                      {src: SubtaskAck(state={"version": cid})}, {src: cid + 0.5}), epoch=1)
     op = MaintainPipelineOperator(task_id="maintain", pipeline="payments", warehouse=str(tmp_path), with_spark=False,
                                   dry_run="true")
     report = op.execute({})
     assert report["dry_run"] and report["needs"]["retained"] == [4, 5]
     rows = {r["rule"]: r for r in report["rules"] if r["target"].endswith("checkpoints")}
-    assert rows["checkpoints rows"]["deleted"] > 0 and len(store.history()) == 5  # a dry run deletes nothing
+    assert rows["checkpoints rows"]["deleted"] > 0 and len(store.checkpoints.history()) == 5  # a dry run deletes nothing
     report = MaintainPipelineOperator(task_id="m2", pipeline="payments", warehouse=str(tmp_path),
                                       with_spark=False).execute({})
-    assert not report["dry_run"] and [h["checkpoint_id"] for h in store.history()] == [5, 4]
+    assert not report["dry_run"] and [h["checkpoint_id"] for h in store.checkpoints.history()] == [5, 4]
     assert any(r["skipped"] and "Spark" in r["skipped"] for r in report["rules"])  # said, not silently passed
     control.pause("recover-run", "recovery")
     with pytest.raises(AirflowSkipException, match="paused"):
@@ -123,10 +125,10 @@ def test_trigger_fires_done_when_the_checkpoint_is_decided_and_timeout_otherwise
     assert timeout["event"] == "timeout" and timeout["status"] == "requested"
     assert time.monotonic() - started < 5
     store = control.store
-    store.begin_epoch()
-    cid = store.get_and_increment()
+    store.epochs.begin()
+    cid = store.ids.get_and_increment()
     honour_requests(control.root, cid, 1)
-    store.record_pending(cid, trigger_time=1.0, epoch=1)
+    store.checkpoints.record_pending(cid, trigger_time=1.0, epoch=1)
     control.abort(checkpoint_id=cid, reason=FailureReason.DECLINED, message="snapshot failed")
     done = _first_event(CheckpointAcksTrigger(str(tmp_path), "payments", deadline=time.time() + 30,
                                               request_id="r1", poll_interval=0.1))

@@ -84,7 +84,7 @@ def test_scheduled_snapshots_while_running_then_manual_recover(tmp_path):
         failed = [r for d in ("payments_snapshot", "payments_run") for r in runs(env, d) if r.get("state") == "failed"]
         assert not failed, failed
 
-        latest = max(c.checkpoint_id for c in control.store.all())
+        latest = max(c.checkpoint_id for c in control.store.checkpoints.all())
         conf = json.dumps({"checkpoint_id": str(latest), "mode": "aligned", "dry_run": False})
         subprocess.run([AIRFLOW, "dags", "trigger", "payments_recover", "-c", conf], env=env, check=True,
                        capture_output=True, timeout=120)
@@ -109,7 +109,7 @@ def test_scheduled_snapshots_while_running_then_manual_recover(tmp_path):
     # recover discards what completed after the checkpoint it restores): its row keeps its
     # completion time, a checkpoint that never completed has none.
     completed = [p for p in honoured if p.status in ("completed", "discarded")
-                 and control.store.status(p.checkpoint_id)["completion_time"] is not None]
+                 and control.store.checkpoints.status(p.checkpoint_id)["completion_time"] is not None]
     assert len(completed) >= 2, honoured
     assert all(p.status in ("completed", "aborted", "discarded", "pending") for p in honoured), honoured
     assert control.paused() is None  # the recover DAG unpaused the pipeline

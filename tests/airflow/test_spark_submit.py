@@ -22,4 +22,4 @@ def test_stages_submitted_with_spark_submit_are_exactly_once(tmp_path):
     check = check_payments(str(warehouse))
     assert check.ok, check.summary()
     assert check.ledger_rows == check.valid_rows > 190
-    assert hook.control().store.latest() is not None
+    assert hook.control().store.checkpoints.latest() is not None

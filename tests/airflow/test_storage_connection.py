@@ -36,7 +36,7 @@ def test_the_hook_takes_the_object_store_credentials_from_a_connection(s3_server
     assert hook.warehouse == warehouse  # an object-store URI is kept as it is, not made a local path
     assert os.environ["AWS_ACCESS_KEY_ID"] == s3_server.access_key and os.environ["AWS_ALLOW_HTTP"] == "true"
     store = hook.control().store  # delta-rs and the conditional puts, with the connection's keys
-    assert store.begin_epoch("airflow") == 1 and store.get_and_increment() == 1
+    assert store.epochs.begin("airflow") == 1 and store.ids.get_and_increment() == 1
     assert str(hook.control().root) == f"{warehouse}/_checkpoints/payments"
 
     monkeypatch.setenv("AIRFLOW_CONN_CHECKPOINT_LIB_DEFAULT", json.dumps({
@@ -66,10 +66,10 @@ def test_checkpoint_history_on_object_storage_reads_through_the_cli(s3, capsys):
     root = checkpoint_root(s3, "payments")
     assert isinstance(root, ObjectUri) and str(root) == f"{s3}/_checkpoints/payments"
     store = DeltaCheckpointStore.open(root, retained=5)
-    epoch = store.begin_epoch("test")
+    epoch = store.epochs.begin("test")
     for cid in (1, 2):
-        store.record_pending(store.get_and_increment(), epoch=epoch, trigger_time=1000.0 + cid)
-        store.add(history.completed(cid, 1000.0 + cid))
+        store.checkpoints.record_pending(store.ids.get_and_increment(), epoch=epoch, trigger_time=1000.0 + cid)
+        store.checkpoints.add(history.completed(cid, 1000.0 + cid), epoch=epoch)
     assert cli.main(["checkpoints", "list", "payments", "--warehouse", s3 + "/", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert [(r["checkpoint_id"], r["status"]) for r in listed] == [(2, "completed"), (1, "completed")]

@@ -165,7 +165,7 @@ def test_the_payments_dags_run_from_the_wheel(installed):
     out = _run(w, "-m", "airflow", "dags", "test", "payments_run")
     assert "state=success" in out, out[-4000:]
     control = PipelineControl(w["warehouse"], "payments")
-    latest = control.store.latest()
+    latest = control.store.checkpoints.latest()
     assert latest is not None, out[-4000:]
     check = check_payments(str(w["warehouse"]))
     assert check.ok, check.summary()

@@ -72,7 +72,7 @@ def _store_is_sound(warehouse: Path) -> None:
     from checkpoint_lib.delta.store import DeltaCheckpointStore
 
     store = DeltaCheckpointStore.open(str(warehouse / "_checkpoints" / "payments"))
-    assert store.unreadable() == [], "a checkpoint row was left half-written"
+    assert store.checkpoints.unreadable() == [], "a checkpoint row was left half-written"
 
 
 def test_the_warehouse_fills_up_mid_checkpoint(spark, tmp_path):

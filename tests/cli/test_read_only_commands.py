@@ -45,7 +45,7 @@ def test_a_mistyped_warehouse_is_not_created(tmp_path, capsys):
 
 def test_an_existing_store_opens_for_reading(tmp_path, capsys):
     DeltaCheckpointStore.open(checkpoint_root(tmp_path, "payments"))
-    assert DeltaCheckpointStore.existing(checkpoint_root(tmp_path, "payments")).history() == []
+    assert DeltaCheckpointStore.existing(checkpoint_root(tmp_path, "payments")).checkpoints.history() == []
     assert cli.main(["checkpoints", "list", "payments", "--warehouse", str(tmp_path), "--json"]) == 0
     assert capsys.readouterr().out.strip() == "[]"
 
@@ -55,12 +55,12 @@ def test_a_discarded_checkpoint_is_listed_under_the_epoch_that_completed_it(tmp_
 
     root = checkpoint_root(tmp_path, "payments")
     first = DeltaCheckpointStore.open(root)
-    assert first.begin_epoch() == 1
+    assert first.epochs.begin() == 1
     for cid in (1, 2):
-        first.add(completed(cid, 1000.0 * cid))
+        first.checkpoints.add(completed(cid, 1000.0 * cid), epoch=1)
     second = DeltaCheckpointStore.open(root)
-    assert second.begin_epoch() == 2  # a recovery to checkpoint 1 discards 2
-    second.mark_discarded([first.get(2)], "rolled back by a recovery to checkpoint 1")
+    assert second.epochs.begin() == 2  # a recovery to checkpoint 1 discards 2
+    second.checkpoints.mark_discarded([first.checkpoints.get(2)], "rolled back by a recovery to checkpoint 1", epoch=2)
     assert cli.main(["checkpoints", "list", "payments", "--warehouse", str(tmp_path), "-o", "json"]) == 0
     rows = {r["checkpoint_id"]: r for r in json.loads(capsys.readouterr().out)}
     assert (rows[2]["status"], rows[2]["epoch"], rows[2]["discarded_in_epoch"]) == ("discarded", 1, 2)

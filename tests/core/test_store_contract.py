@@ -285,3 +285,148 @@ def test_apply_retention_splits_kept_and_evicted():
 def test_apply_retention_rejects_retained_below_one():
     with pytest.raises(ValueError, match="^retained must be >= 1$"):
         apply_retention([], 0)
+
+
+# --- the durable control plane's other roles -------------------------------------------------------
+# Each suite builds its stores with ``make_control()``: an object whose ``epochs``, ``acks``,
+# ``sessions``, ``checkpoints`` and ``verdicts`` attributes are the role stores of ONE fresh, empty
+# control plane (they share their storage, as a pipeline's do). No in-memory implementation: these
+# roles exist only where they are durable; the Delta stores run every suite on a local folder and
+# on an object store.
+
+
+class ControlPlaneContract(abc.ABC):
+    @abc.abstractmethod
+    def make_control(self):
+        """A fresh, empty control plane (its role stores as attributes)."""
+
+
+class EpochStoreContract(ControlPlaneContract):
+    """Behaviour of every :class:`~checkpoint_lib.core.stores.EpochStore`."""
+
+    def test_epochs_start_at_zero_and_increase(self):
+        epochs = self.make_control().epochs
+        assert epochs.current() == 0 and epochs.all() == []
+        assert epochs.begin("host:1", "start") == 1
+        assert epochs.begin("host:2", "recover") == 2
+        assert epochs.current() == 2
+        assert [(e["epoch"], e["owner"], e["reason"]) for e in epochs.all()] == [(2, "host:2", "recover"),
+                                                                              (1, "host:1", "start")]
+
+    def test_an_older_epoch_is_fenced_the_current_one_is_not(self):
+        from checkpoint_lib.core.errors import FencedError
+
+        epochs = self.make_control().epochs
+        first, second = epochs.begin(), epochs.begin()
+        epochs.check(second)
+        with pytest.raises(FencedError, match=f"epoch {first} is fenced: epoch {second} has taken over"):
+            epochs.check(first)
+
+    def test_beginning_an_epoch_fences_the_writes_of_older_ones(self):
+        from checkpoint_lib.core.errors import FencedError
+
+        control = self.make_control()
+        old = control.epochs.begin()
+        control.acks.record(1, {SRC: SubtaskAck()}, old)
+        control.epochs.begin()
+        with pytest.raises(FencedError):
+            control.acks.record(1, {SINK: SubtaskAck()}, old)
+        with pytest.raises(FencedError):
+            control.sessions.record_restored(old, None, {})
+        assert list(control.acks.pending(1, old)) == [SRC]
+
+
+class AckStoreContract(ControlPlaneContract):
+    """Behaviour of every :class:`~checkpoint_lib.core.stores.AckStore`."""
+
+    def test_acks_of_a_pending_checkpoint_read_back_per_epoch(self):
+        control = self.make_control()
+        epoch = control.epochs.begin()
+        control.acks.record(1, {SRC: SubtaskAck(state={"version": 3}, state_size_bytes=8)}, epoch, 10.0)
+        control.acks.record(1, {SINK: SubtaskAck(state={"txn": "a"}, channel_state_rows=2)}, epoch, 11.0)
+        control.acks.record(2, {SRC: SubtaskAck(state={"version": 4})}, epoch, 12.0)
+        assert control.acks.pending(1, epoch) == {
+            SRC: (SubtaskAck(state={"version": 3}, state_size_bytes=8), 10.0),
+            SINK: (SubtaskAck(state={"txn": "a"}, channel_state_rows=2), 11.0),
+        }
+        assert control.acks.pending(1, epoch + 1) == {} and control.acks.pending(3, epoch) == {}
+
+    def test_the_first_ack_of_a_subtask_stands(self):
+        control = self.make_control()
+        epoch = control.epochs.begin()
+        control.acks.record(1, {SRC: SubtaskAck(state={"version": 3})}, epoch, 10.0)
+        control.acks.record(1, {SRC: SubtaskAck(state={"version": 9})}, epoch, 20.0)  # a replayed ack
+        assert control.acks.pending(1, epoch) == {SRC: (SubtaskAck(state={"version": 3}), 10.0)}
+
+    def test_an_ack_that_is_not_json_is_refused(self):
+        control = self.make_control()
+        with pytest.raises(ValueError, match="not JSON"):
+            control.acks.record(1, {SRC: SubtaskAck(state={"when": object()})}, control.epochs.begin())
+        assert control.acks.pending(1, 1) == {}
+
+
+class SessionStoreContract(ControlPlaneContract):
+    """Behaviour of every :class:`~checkpoint_lib.core.stores.SessionStore`."""
+
+    def test_a_stage_has_one_live_session_and_resumes_from_the_last_end(self):
+        sessions = self.make_control().sessions
+        assert sessions.begin(1, "source") == 1
+        assert sessions.begin(1, "source") is None  # live
+        assert sessions.begin(1, "keyed") == 1  # another stage: its own sessions
+        sessions.end(1, "source", 1, {"offset": 7})
+        assert sessions.begin(1, "source", after=0) is None  # a stale resume point
+        assert sessions.begin(1, "source", after=1) == 2
+        assert sessions.begin(2, "source") == 1  # a new epoch starts over
+        rows = [(r["stage"], r["session"], r["event"]) for r in sessions.of_epoch(1)]
+        assert rows == [("source", 1, "start"), ("keyed", 1, "start"), ("source", 1, "end"), ("source", 2, "start")]
+        assert [r for r in sessions.of_epoch(1) if r["event"] == "end"][0]["resume_json"] == '{"offset": 7}'
+
+    def test_only_a_live_session_ends(self):
+        sessions = self.make_control().sessions
+        with pytest.raises(ValueError, match="not live"):
+            sessions.end(1, "source", 1, {})
+        number = sessions.begin(1, "source")
+        sessions.end(1, "source", number, {})
+        with pytest.raises(ValueError, match="not live"):
+            sessions.end(1, "source", number, {})
+
+    def test_a_bad_stage_name_is_refused(self):
+        with pytest.raises(ValueError, match="bad stage name"):
+            self.make_control().sessions.begin(1, "Source Stage")
+
+    def test_a_rollback_is_owed_until_an_epoch_at_or_after_it_restores(self):
+        sessions = self.make_control().sessions
+        assert sessions.owed_rollback() is None
+        sessions.record_rollback(2, 5)
+        sessions.record_restored(1, 4, {})  # an older epoch's restore does not settle it
+        assert sessions.owed_rollback() == 5
+        sessions.record_restored(2, 5, {"source": {"offset": 1}})
+        assert sessions.owed_rollback() is None
+        [restored] = [r for r in sessions.of_epoch(2) if r["event"] == "restored"]
+        assert (restored["stage"], restored["checkpoint_id"]) == ("*", 5)
+
+
+class ValidationVerdictsContract(ControlPlaneContract):
+    """Behaviour of every :class:`~checkpoint_lib.core.stores.ValidationVerdicts`."""
+
+    def test_a_pass_stands_and_a_later_failure_does_not_undo_it(self):
+        control = self.make_control()
+        control.checkpoints.add(checkpoint(1))
+        assert not control.verdicts.validated(1)
+        assert control.verdicts.record(1, True, "passed")
+        assert control.verdicts.record(1, True)  # the same verdict again
+        assert control.verdicts.record(1, False, "late failure") is False
+        assert control.verdicts.validated(1) and ids(control.checkpoints.all()) == [1]
+
+    def test_a_failure_discards_and_a_later_pass_cannot_revive_it(self):
+        control = self.make_control()
+        control.checkpoints.add(checkpoint(1))
+        control.checkpoints.add(checkpoint(2))
+        assert control.verdicts.record(2, False, "conservation failed")
+        assert ids(control.checkpoints.all()) == [1] and not control.verdicts.validated(2)
+        assert control.verdicts.record(2, True) is False
+        assert control.checkpoints.latest().checkpoint_id == 1
+
+    def test_only_a_completed_checkpoint_gets_a_verdict(self):
+        with pytest.raises(UnknownCheckpointError):
+            self.make_control().verdicts.record(7, True)

@@ -149,16 +149,16 @@ def test_a_savepoint_of_a_running_pipeline_is_taken_by_it_without_stopping_it(sp
     running = _start(tmp_path, "--follow", "--poll", "0.5")
     try:
         deadline = time.monotonic() + TIMEOUT
-        while not store.all():  # the run is under way: its first checkpoint completed
+        while not store.checkpoints.all():  # the run is under way: its first checkpoint completed
             assert running.poll() is None and time.monotonic() < deadline, running.communicate()
             time.sleep(0.5)
-        epoch = store.current_epoch()
+        epoch = store.epochs.current()
         taken = subprocess.run([*_ckpt("savepoint", "payments", "--warehouse", str(tmp_path))],
                                env=ckpt_run_env("local[2]"), capture_output=True, text=True, timeout=TIMEOUT)
         assert taken.returncode == 0 and "taken by the running pipeline" in taken.stdout, taken.stdout + taken.stderr[-3000:]
         assert running.poll() is None, "the savepoint stopped the running pipeline"
-        assert store.current_epoch() == epoch  # no recovery
-        savepoint = store.latest()
+        assert store.epochs.current() == epoch  # no recovery
+        savepoint = store.checkpoints.latest()
         assert savepoint.kind.value == "savepoint"
     finally:
         out = _finish(running, signal.SIGTERM)
@@ -184,13 +184,13 @@ def test_an_abort_landing_before_the_completion_of_a_running_pipeline_is_not_a_j
     try:
         _wait_stopped(running)
         control = PipelineControl(str(tmp_path), "payments")
-        [pending] = [h["checkpoint_id"] for h in control.store.history() if h["status"] == "pending"]
+        [pending] = [h["checkpoint_id"] for h in control.store.checkpoints.history() if h["status"] == "pending"]
         outcome = control.abort(checkpoint_id=pending, reason="expired", message="the snapshot DAG's ack timeout")
         assert outcome.aborted, outcome
     finally:
         out = _finish(running, signal.SIGCONT)
     assert running.returncode == 0, out
-    statuses = {h["checkpoint_id"]: h["status"] for h in control.store.history()}
+    statuses = {h["checkpoint_id"]: h["status"] for h in control.store.checkpoints.history()}
     assert statuses[pending] == "aborted", statuses  # the abort stood: completion lost
     assert f"checkpoint {pending} aborted" in out, out  # the runner met the race and went on
     assert any(cid > pending and s == "completed" for cid, s in statuses.items()), statuses  # and the run went on

@@ -150,9 +150,9 @@ def control(tmp_path) -> PipelineControl:
 
 def test_request_policy_min_pause_and_max_concurrent(control):
     store = control.store
-    store.begin_epoch()
-    cid = store.get_and_increment()
-    store.record_pending(cid, trigger_time=100.0, epoch=1)
+    store.epochs.begin()
+    cid = store.ids.get_and_increment()
+    store.checkpoints.record_pending(cid, trigger_time=100.0, epoch=1)
     # one pending checkpoint of the current epoch: max_concurrent=1 postpones, 2 admits
     out = control.request_checkpoint("a", max_concurrent=1, now=200.0)
     assert out.request is None and out.postponed == "too_many_concurrent_checkpoints"
@@ -161,8 +161,7 @@ def test_request_policy_min_pause_and_max_concurrent(control):
     # open request + pending = 2 in flight
     assert control.request_checkpoint("b", max_concurrent=2, now=200.0).postponed == "too_many_concurrent_checkpoints"
     # complete the pending one (its end at 300): min pause 60 postpones until 360
-    store.epoch = 1
-    store.add(_completed(cid, 300.0))
+    store.checkpoints.add(_completed(cid, 300.0), epoch=1)
     honour_requests(control.root, 42, 1)
     early = control.request_checkpoint("c", min_pause=60, now=330.0)
     assert early.postponed == "minimum_time_between_checkpoints" and early.not_before == 360.0
@@ -174,9 +173,9 @@ def test_request_policy_min_pause_and_max_concurrent(control):
 
 def test_pending_of_a_fenced_epoch_does_not_count(control):
     store = control.store
-    store.begin_epoch()
-    store.record_pending(store.get_and_increment(), trigger_time=1.0, epoch=1)
-    store.begin_epoch()  # epoch 2: the old pending checkpoint can never complete
+    store.epochs.begin()
+    store.checkpoints.record_pending(store.ids.get_and_increment(), trigger_time=1.0, epoch=1)
+    store.epochs.begin()  # epoch 2: the old pending checkpoint can never complete
     assert control.request_checkpoint("x", max_concurrent=1, now=10.0).created
 
 
@@ -184,18 +183,17 @@ def test_progress_through_a_checkpoint_life(control):
     control.request_checkpoint("r", now=1.0)
     assert control.progress(request_id="r").status == "requested"
     store = control.store
-    store.begin_epoch()
-    cid = store.get_and_increment()
+    store.epochs.begin()
+    cid = store.ids.get_and_increment()
     honour_requests(control.root, cid, 1)
     assert control.progress(request_id="r").status == "unknown"  # honoured, pending row not yet written
-    store.record_pending(cid, trigger_time=2.0, epoch=1)
-    store.record_acks(cid, {SubtaskId("source", 0): SubtaskAck(state={"version": 1})}, epoch=1)
+    store.checkpoints.record_pending(cid, trigger_time=2.0, epoch=1)
+    store.acks.record(cid, {SubtaskId("source", 0): SubtaskAck(state={"version": 1})}, epoch=1)
     p = control.progress(request_id="r")
     assert (p.status, p.checkpoint_id, p.acks_received, p.done) == ("pending", cid, 1, False)
     assert p.acks_expected == 2 + 3 * 3  # payments: 2 sources, 3 keyed, 2 sinks x 3
     assert control.acks(cid)[0]["subtask"] == "source[0]"
-    store.epoch = 1
-    store.add(_completed(cid, 3.0))
+    store.checkpoints.add(_completed(cid, 3.0), epoch=1)
     done = control.progress(checkpoint_id=cid)
     assert done.status == "completed" and done.done and done.to_dict()["checkpoint_id"] == cid
     with pytest.raises(UnknownCheckpointError):
@@ -214,21 +212,20 @@ def test_abort_cancels_an_unhonoured_request(control):
 
 def test_abort_a_pending_checkpoint_but_never_a_completed_one(control):
     store = control.store
-    store.begin_epoch()
-    a, b = store.get_and_increment(), store.get_and_increment()
-    store.record_pending(a, trigger_time=1.0, epoch=1)
+    store.epochs.begin()
+    a, b = store.ids.get_and_increment(), store.ids.get_and_increment()
+    store.checkpoints.record_pending(a, trigger_time=1.0, epoch=1)
     assert control.request_checkpoint("r", max_concurrent=2).created
     honour_requests(control.root, a, 1)
     out = control.abort(request_id="r", reason="expired", message="timeout")
     assert (out.aborted, out.status, out.checkpoint_id) == (True, "aborted", a)
-    row = store.status(a)
+    row = store.checkpoints.status(a)
     assert (row["status"], row["failure_reason"], row["message"]) == ("aborted", "expired", "timeout")
     assert control.abort(checkpoint_id=a).aborted  # again: a no-op, still aborted
-    store.epoch = 1
-    store.add(_completed(b, 5.0))
+    store.checkpoints.add(_completed(b, 5.0), epoch=1)
     refused = control.abort(checkpoint_id=b)
     assert (refused.aborted, refused.status) == (False, "completed")
-    assert store.status(b)["status"] == "completed"
+    assert store.checkpoints.status(b)["status"] == "completed"
 
 
 # --- commit -----------------------------------------------------------------------------------------
@@ -243,15 +240,16 @@ def _stamp(path: Path, app_id: str, version: int) -> None:
 
 def test_commit_is_a_noop_when_the_sinks_hold_the_stamps(control):
     store = control.store
-    store.begin_epoch()
-    cid = store.get_and_increment()
+    store.epochs.begin()
+    cid = store.ids.get_and_increment()
     ledger = [Transaction(0, "payments.ledger-0-0", 1, cid)]
     balances = [Transaction(0, "payments.balances-0-0", 1, cid)]
-    store.epoch = 1
-    store.add(_completed(cid, 5.0, {"ledger": ledger, "balances": balances}))
+    store.checkpoints.add(_completed(cid, 5.0, {"ledger": ledger, "balances": balances}), epoch=1)
     w = Path(control.warehouse)
     _stamp(w / "gold" / "ledger", "checkpoint_lib/payments/ledger/e1", cid)
+    assert not control.all_committed(cid)  # the balances' transaction has not committed
     _stamp(w / "gold" / "balances", "checkpoint_lib/payments/balances/e1", cid)
+    assert control.all_committed(cid)  # what the Airflow hook asks before it starts Spark
     started = time.monotonic()
     out = control.commit(cid)
     assert out.noop and time.monotonic() - started < 10  # no Spark session was started
@@ -261,12 +259,11 @@ def test_commit_is_a_noop_when_the_sinks_hold_the_stamps(control):
 
 def test_commit_refusals(control):
     store = control.store
-    store.begin_epoch()
-    pending, aborted, done = (store.get_and_increment() for _ in range(3))
-    store.record_pending(pending, trigger_time=1.0, epoch=1)
-    store.record_aborted(aborted, FailureReason.DECLINED, "no", 1)
-    store.epoch = 1
-    store.add(_completed(done, 5.0))
+    store.epochs.begin()
+    pending, aborted, done = (store.ids.get_and_increment() for _ in range(3))
+    store.checkpoints.record_pending(pending, trigger_time=1.0, epoch=1)
+    store.checkpoints.record_aborted(aborted, FailureReason.DECLINED, "no", 1)
+    store.checkpoints.add(_completed(done, 5.0), epoch=1)
     with pytest.raises(UnknownCheckpointError):
         control.commit(999)
     with pytest.raises(CheckpointError, match="is pending"):
@@ -275,17 +272,16 @@ def test_commit_refusals(control):
         control.commit(aborted)
     with pytest.raises(ValueError, match="path"):
         control.commit("../1")
-    store.begin_epoch()  # a recovery began epoch 2: checkpoint `done` belongs to a zombie attempt
+    store.epochs.begin()  # a recovery began epoch 2: checkpoint `done` belongs to a zombie attempt
     with pytest.raises(FencedError):
         control.commit(done)
 
 
 def test_resolve_checkpoint(control):
     store = control.store
-    store.begin_epoch()
-    store.epoch = 1
-    cid = store.get_and_increment()
-    store.add(_completed(cid, 5.0))
+    store.epochs.begin()
+    cid = store.ids.get_and_increment()
+    store.checkpoints.add(_completed(cid, 5.0), epoch=1)
     assert control.resolve_checkpoint("latest") is None
     assert control.resolve_checkpoint(str(cid)) == cid
     with pytest.raises(UnknownCheckpointError, match="retained"):
@@ -310,10 +306,10 @@ def test_a_running_pipeline_takes_a_requested_savepoint_without_stopping(control
     """``ckpt savepoint`` on a running pipeline asks its next source step (as Flink's savepoint of
     a running job) and waits for the savepoint to complete; nothing begins a new epoch."""
     store = control.store
-    epoch = store.begin_epoch()
-    store.record_restored(epoch, None, {})
+    epoch = store.epochs.begin()
+    store.sessions.record_restored(epoch, None, {})
     assert not control.source_running()
-    session = store.begin_session(epoch, "source")
+    session = store.sessions.begin(epoch, "source")
     assert control.source_running()
 
     def running_source_step():  # what the runner's next step does with the open request
@@ -321,20 +317,19 @@ def test_a_running_pipeline_takes_a_requested_savepoint_without_stopping(control
             time.sleep(0.01)
         (request,) = control.requests.open()
         assert request.kind == "savepoint"
-        cid = store.get_and_increment()
+        cid = store.ids.get_and_increment()
         honour_requests(control.root, cid, epoch)
-        store.record_pending(cid, trigger_time=1.0, epoch=epoch, kind=CheckpointKind.SAVEPOINT)
-        store.epoch = epoch
+        store.checkpoints.record_pending(cid, trigger_time=1.0, epoch=epoch, kind=CheckpointKind.SAVEPOINT)
         c = _completed(cid, 2.0)
-        store.add(CompletedCheckpoint(cid, CheckpointKind.SAVEPOINT, 1.0, 2.0, c.acks, c.ack_times))
+        store.checkpoints.add(CompletedCheckpoint(cid, CheckpointKind.SAVEPOINT, 1.0, 2.0, c.acks, c.ack_times), epoch=epoch)
 
     step = threading.Thread(target=running_source_step)
     step.start()
     cid, state = control.savepoint_from_running("sp-1", timeout=30, poll=0.02)
     step.join()
-    assert state == "completed" and store.latest().kind is CheckpointKind.SAVEPOINT and store.latest().checkpoint_id == cid
-    assert store.current_epoch() == epoch
-    store.end_session(epoch, "source", session, {})
+    assert state == "completed" and store.checkpoints.latest().kind is CheckpointKind.SAVEPOINT and store.checkpoints.latest().checkpoint_id == cid
+    assert store.epochs.current() == epoch
+    store.sessions.end(epoch, "source", session, {})
     assert not control.source_running()
 
 
@@ -343,8 +338,8 @@ def test_a_savepoint_request_nobody_takes_is_cancelled_for_the_caller_to_take_it
     cancelled (a late honour would win the race instead, and be waited for), and the caller
     recovers and takes the savepoint itself."""
     store = control.store
-    epoch = store.begin_epoch()
-    store.begin_session(epoch, "source")
+    epoch = store.epochs.begin()
+    store.sessions.begin(epoch, "source")
     assert control.savepoint_from_running("sp-2", timeout=0.2, poll=0.05) == (None, "unanswered")
     request = control.requests.get("sp-2")
     assert request.state == "cancelled" and request.kind == "savepoint" and not control.requests.open()

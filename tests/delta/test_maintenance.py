@@ -26,6 +26,7 @@ from checkpoint_lib import maintenance
 from checkpoint_lib.control import CheckpointRequests
 from checkpoint_lib.core.checkpoints import CompletedCheckpoint
 from checkpoint_lib.core.errors import FailureReason
+from checkpoint_lib.core.retention import PrunedStore, Retention
 from checkpoint_lib.core.types import CheckpointKind, SubtaskAck, SubtaskId
 from checkpoint_lib.delta.store import DeltaCheckpointStore
 from checkpoint_lib.files import files_at
@@ -65,8 +66,8 @@ class Pipeline:
         self.files = files_at(self.root)
         self.store = DeltaCheckpointStore.open(self.root, retained=retained)
         self.requests = CheckpointRequests(self.root)
-        self.epoch = self.store.begin_epoch()
-        self.store.record_restored(self.epoch, None, {"source": {}, "keyed": {}})
+        self.epoch = self.store.epochs.begin()
+        self.store.sessions.record_restored(self.epoch, None, {"source": {}, "keyed": {}})
         self.sessions = {"source": 0, "keyed": 0}
 
     def run(self, kind: CheckpointKind = CheckpointKind.CHECKPOINT, *, abort: bool = False,
@@ -74,27 +75,27 @@ class Pipeline:
         """One hourly run: a request, both stages' sessions, a checkpoint (completed, aborted or
         left pending), validation rows."""
         store = self.store
-        cid = store.peek()
+        cid = store.ids.peek()
         t = T0 + 3600 * cid
         self.requests.create(f"run-{cid}", "payments_snapshot", now=t)
         for stage in ("source", "keyed"):
-            self.sessions[stage] = store.begin_session(self.epoch, stage, after=self.sessions[stage])
-        assert store.get_and_increment() == cid
+            self.sessions[stage] = store.sessions.begin(self.epoch, stage, after=self.sessions[stage])
+        assert store.ids.get_and_increment() == cid
         self.requests.honour(self.requests.open(), cid, self.epoch)
-        store.record_pending(cid, kind, t, self.epoch)
+        store.checkpoints.record_pending(cid, kind, t, self.epoch)
         c = completed(cid, kind)
-        store.record_acks(cid, {SRC: c.acks[SRC]}, self.epoch, t)
+        store.acks.record(cid, {SRC: c.acks[SRC]}, self.epoch, t)
         if abort:
-            store.record_aborted(cid, FailureReason.DECLINED, "declined", self.epoch)
+            store.checkpoints.record_aborted(cid, FailureReason.DECLINED, "declined", self.epoch)
         elif complete:
-            store.record_acks(cid, {OP: c.acks[OP]}, self.epoch, t + 1)
-            store.add(c)
+            store.acks.record(cid, {OP: c.acks[OP]}, self.epoch, t + 1)
+            store.checkpoints.add(c, epoch=self.epoch)
             ValidationLog(self.root).record(QualityResult(
                 pipeline="payments", kind="checkpoint", checkpoint_id=cid, epoch=self.epoch,
                 restored_checkpoint_id=None, run_name=f"payments-checkpoint-c{cid}-e{self.epoch}-x",
                 data_docs="", started_at=t, finished_at=t + 1, validation_id=f"v{cid}"))
         for stage in ("source", "keyed"):
-            store.end_session(self.epoch, stage, self.sessions[stage], {"at": cid})
+            store.sessions.end(self.epoch, stage, self.sessions[stage], {"at": cid})
         return cid
 
 
@@ -125,7 +126,7 @@ def everything(p: "Pipeline") -> dict[str, tuple[int, int]]:
 
 def resume_points(store: DeltaCheckpointStore, epoch: int) -> dict:
     """What PipelineRunner._resume_points reads: per stage, live sessions and the last end's point."""
-    rows = store.sessions(epoch)
+    rows = store.sessions.of_epoch(epoch)
     out = {"restored": [r["checkpoint_id"] for r in rows if r["event"] == "restored"][:1]}
     for stage in ("source", "keyed"):
         mine = [r for r in rows if r["stage"] == stage]
@@ -192,7 +193,7 @@ def world(warehouse, world_templates, tmp_path_factory):
     p.warehouse = location(warehouse)
     p.root = p.warehouse / "_checkpoints" / "payments"
     p.files = files_at(p.root)
-    p.store = DeltaCheckpointStore.open(p.root, retained=3, epoch=template.epoch)
+    p.store = DeltaCheckpointStore.open(p.root, retained=3)
     p.requests = CheckpointRequests(p.root)
     p.epoch, p.sessions, p.savepoint = template.epoch, dict(template.sessions), template.savepoint
     return p
@@ -207,12 +208,12 @@ def test_every_rule_keeps_what_is_needed_and_drops_the_rest(world):
     gx_run(p.warehouse, None, T0)  # a validation that failed before it knew its checkpoint
     reader = DeltaCheckpointStore(p.root)
     before = {
-        "all": [c.checkpoint_id for c in reader.all()], "latest": reader.latest().checkpoint_id,
-        "plan": reader.recovery_plan().describe(), "owed": reader.owed_rollback(),
-        "fences": {t: reader.fence(t) for t in ("checkpoints", "acks", "sessions")},
-        "resume": resume_points(reader, p.epoch), "pending": [r["checkpoint_id"] for r in reader.pending()],
-        "pending_acks": reader.pending_acks(reader.pending()[0]["checkpoint_id"], p.epoch),
-        "max": max(h["checkpoint_id"] for h in reader.history()),
+        "all": [c.checkpoint_id for c in reader.checkpoints.all()], "latest": reader.checkpoints.latest().checkpoint_id,
+        "plan": reader.recovery_plan().describe(), "owed": reader.sessions.owed_rollback(),
+        "fences": {t: reader.epochs.fence(t) for t in ("checkpoints", "acks", "sessions")},
+        "resume": resume_points(reader, p.epoch), "pending": [r["checkpoint_id"] for r in reader.checkpoints.pending()],
+        "pending_acks": reader.acks.pending(reader.checkpoints.pending()[0]["checkpoint_id"], p.epoch),
+        "max": max(h["checkpoint_id"] for h in reader.checkpoints.history()),
     }
     retained = before["all"]
     assert p.savepoint in retained and len(retained) == 4  # three checkpoints and the savepoint
@@ -230,18 +231,18 @@ def test_every_rule_keeps_what_is_needed_and_drops_the_rest(world):
     assert needs.savepoints == [p.savepoint] and needs.pending == before["pending"]
 
     reader = DeltaCheckpointStore(p.root)
-    kept_ids = {h["checkpoint_id"] for h in reader.history()}
+    kept_ids = {h["checkpoint_id"] for h in reader.checkpoints.history()}
     assert kept_ids == {*retained, *before["pending"]} | {i for i in range(needs.floor, before["max"] + 1)}
     assert p.savepoint in kept_ids and 1 not in kept_ids and 6 not in kept_ids  # the aborted one went
     # everything a recovery, a resume, a rollback and the id counter read is unchanged
-    assert [c.checkpoint_id for c in reader.all()] == before["all"]
-    assert reader.latest().checkpoint_id == before["latest"]
-    assert reader.recovery_plan().describe() == before["plan"] and reader.owed_rollback() == before["owed"]
-    assert {t: reader.fence(t) for t in ("checkpoints", "acks", "sessions")} == before["fences"]
+    assert [c.checkpoint_id for c in reader.checkpoints.all()] == before["all"]
+    assert reader.checkpoints.latest().checkpoint_id == before["latest"]
+    assert reader.recovery_plan().describe() == before["plan"] and reader.sessions.owed_rollback() == before["owed"]
+    assert {t: reader.epochs.fence(t) for t in ("checkpoints", "acks", "sessions")} == before["fences"]
     assert resume_points(reader, p.epoch) == before["resume"]
-    assert [r["checkpoint_id"] for r in reader.pending()] == before["pending"]
-    assert reader.pending_acks(before["pending"][0], p.epoch) == before["pending_acks"]
-    assert reader.get(p.savepoint).kind is CheckpointKind.SAVEPOINT
+    assert [r["checkpoint_id"] for r in reader.checkpoints.pending()] == before["pending"]
+    assert reader.acks.pending(before["pending"][0], p.epoch) == before["pending_acks"]
+    assert reader.checkpoints.get(p.savepoint).kind is CheckpointKind.SAVEPOINT
     acks_left = set(DeltaTable(str(p.root / "acks")).to_pyarrow_table()["checkpoint_id"].to_pylist())
     assert acks_left == set(before["pending"])  # a completed row repeats its acks
     sessions = DeltaTable(str(p.root / "sessions")).to_pyarrow_table().to_pylist()
@@ -249,7 +250,7 @@ def test_every_rule_keeps_what_is_needed_and_drops_the_rest(world):
     # markers: only below the floor went; the counter never goes back
     markers = sorted(int(n) for n in p.files.names(p.root / "_ids"))
     assert markers == list(range(needs.floor, before["max"] + 1))
-    assert store.get_and_increment() == before["max"] + 1
+    assert store.ids.get_and_increment() == before["max"] + 1
     # requests: decided and old ones went, the open one stays
     left = {r.request_id: r.state for r in p.requests.all()}
     assert left == {"open-one": "requested"}
@@ -281,13 +282,13 @@ def test_every_rule_keeps_what_is_needed_and_drops_the_rest(world):
     assert "DRY RUN" not in report.describe() and "checkpoints rows" in report.describe()
 
     # and the pipeline goes on: a second maintenance after more checkpoints keeps the same promises
-    store.record_aborted(before["pending"][0], FailureReason.EXPIRED, "late", p.epoch)
+    store.checkpoints.record_aborted(before["pending"][0], FailureReason.EXPIRED, "late", p.epoch)
     for _ in range(4):
         p.run()
     again = maintain(p.warehouse, "payments", now=now + DAY, policy=NOW_POLICY)
     reader = DeltaCheckpointStore(p.root)
-    assert [c.checkpoint_id for c in reader.all()] == again.needs.retained
-    assert p.savepoint in again.needs.retained and min(reader.history(), key=lambda h: h["checkpoint_id"])[
+    assert [c.checkpoint_id for c in reader.checkpoints.all()] == again.needs.retained
+    assert p.savepoint in again.needs.retained and min(reader.checkpoints.history(), key=lambda h: h["checkpoint_id"])[
         "checkpoint_id"] == p.savepoint
 
 
@@ -365,7 +366,7 @@ def test_a_write_landing_during_a_rewrite_is_never_lost(world, monkeypatch):
     overwrite is refused, the rule reads again and decides again, and the write survives."""
     p = world
     other = DeltaCheckpointStore(p.root, retained=3)  # another process of the pipeline
-    pending = other.pending()[0]["checkpoint_id"]
+    pending = other.checkpoints.pending()[0]["checkpoint_id"]
     raced: dict[str, int] = {}
 
     def race(table: str) -> None:
@@ -373,13 +374,13 @@ def test_a_write_landing_during_a_rewrite_is_never_lost(world, monkeypatch):
         if raced[table] > 1:
             return
         if table == "checkpoints":
-            new = other.get_and_increment()
-            other.record_pending(new, trigger_time=T0, epoch=p.epoch)
+            new = other.ids.get_and_increment()
+            other.checkpoints.record_pending(new, trigger_time=T0, epoch=p.epoch)
             raced["new_id"] = new
         elif table == "acks":
-            other.record_acks(pending, {OP: completed(pending).acks[OP]}, p.epoch)
+            other.acks.record(pending, {OP: completed(pending).acks[OP]}, p.epoch)
         elif table == "sessions":
-            raced["session"] = other.begin_session(p.epoch, "source", after=p.sessions["source"])
+            raced["session"] = other.sessions.begin(p.epoch, "source", after=p.sessions["source"])
         elif table == "validations":
             ValidationLog(p.root).record(QualityResult(
                 pipeline="payments", kind="restore", checkpoint_id=1, epoch=p.epoch, restored_checkpoint_id=None,
@@ -406,11 +407,11 @@ def test_a_write_landing_during_a_rewrite_is_never_lost(world, monkeypatch):
     assert {t: n for t, n in raced.items() if t in ("checkpoints", "acks", "sessions", "validations")} == {
         "checkpoints": 2, "acks": 2, "sessions": 2, "validations": 2}  # refused once, then landed
     reader = DeltaCheckpointStore(p.root)
-    assert reader.status(raced["new_id"])["status"] == "pending"
-    assert OP in reader.pending_acks(pending, p.epoch) and SRC in reader.pending_acks(pending, p.epoch)
-    live = [r for r in reader.sessions(p.epoch) if r["stage"] == "source" and r["session"] == raced["session"]]
+    assert reader.checkpoints.status(raced["new_id"])["status"] == "pending"
+    assert OP in reader.acks.pending(pending, p.epoch) and SRC in reader.acks.pending(pending, p.epoch)
+    live = [r for r in reader.sessions.of_epoch(p.epoch) if r["stage"] == "source" and r["session"] == raced["session"]]
     assert [r["event"] for r in live] == ["start"]  # the live session the racing start began
-    assert reader.begin_session(p.epoch, "source", after=p.sessions["source"]) is None  # still live: no second one
+    assert reader.sessions.begin(p.epoch, "source", after=p.sessions["source"]) is None  # still live: no second one
     assert "raced" in {r["validation_id"] for r in ValidationLog(p.root).rows()}  # the newest restore row
     assert report.rule("checkpoints rows").deleted > 0 and report.rule("sessions rows").deleted > 0
     assert all(report.rule(f"{t} rows").retries == 1 for t in ("checkpoints", "acks", "sessions", "validations"))
@@ -458,16 +459,16 @@ def test_maintenance_racing_a_running_pipeline_loses_nothing(warehouse):
           sum(r.retries for rep in reports for r in rep.rules))
     final = maintain(warehouse, "payments", now=T0 + 400 * DAY, policy=RetentionPolicy(file_retention_hours=1.0))
     reader = DeltaCheckpointStore(p.root)
-    statuses = {h["checkpoint_id"]: h["status"] for h in reader.history()}
+    statuses = {h["checkpoint_id"]: h["status"] for h in reader.checkpoints.history()}
     floor = final.needs.floor
     for cid, status in done.items():
         if cid >= floor:
             assert statuses.get(cid) in (status, "discarded"), (cid, status, statuses.get(cid))
-    retained = [c.checkpoint_id for c in DeltaCheckpointStore(p.root, retained=3).all()]
+    retained = [c.checkpoint_id for c in DeltaCheckpointStore(p.root, retained=3).checkpoints.all()]
     assert retained == sorted(c for c, s in done.items() if s == "completed")[-3:]
     points = resume_points(reader, p.epoch)
     assert points["source"][0] == [] and json.loads(points["source"][2]) == {"at": max(done)}
-    assert reader.get_and_increment() == max(done) + 1
+    assert reader.ids.get_and_increment() == max(done) + 1
 
 
 def test_an_owed_rollback_and_the_newest_restore_keep_what_they_read(warehouse):
@@ -476,26 +477,54 @@ def test_an_owed_rollback_and_the_newest_restore_keep_what_they_read(warehouse):
         p.run()
     store = p.store
     # epoch 2 restored checkpoint 6 (older than the latest: 7 and 8 discarded), then ran on
-    epoch = store.begin_epoch()
-    store.record_rollback(epoch, 6)
-    store.mark_discarded([store.get(7), store.get(8)], "rolled back")
-    store.record_restored(epoch, 6, {"source": {}, "keyed": {}})
+    epoch = store.epochs.begin()
+    store.sessions.record_rollback(epoch, 6)
+    store.checkpoints.mark_discarded([store.checkpoints.get(7), store.checkpoints.get(8)], "rolled back", epoch=epoch)
+    store.sessions.record_restored(epoch, 6, {"source": {}, "keyed": {}})
     p.epoch, p.sessions = epoch, {"source": 0, "keyed": 0}
     for _ in range(5):
         p.run()
     # epoch 3 began a rollback to checkpoint 12 and died before it finished restoring: owed
-    dead = store.begin_epoch()
-    store.record_rollback(dead, 12)
+    dead = store.epochs.begin()
+    store.sessions.record_rollback(dead, 12)
     before_plan = DeltaCheckpointStore(p.root).recovery_plan().describe()
     report = maintain(warehouse, "payments", now=T0 + 60 * DAY, policy=NOW_POLICY)
     assert report.needs.owed_rollback == 12 and report.needs.restored == 6 and 6 < report.needs.floor
     reader = DeltaCheckpointStore(p.root)
-    assert reader.owed_rollback() == 12 and reader.recovery_plan().describe() == before_plan
-    assert reader.acks(6)  # the after-restore suite reads the restored checkpoint's acks
-    assert 5 not in {h["checkpoint_id"] for h in reader.history()}
+    assert reader.sessions.owed_rollback() == 12 and reader.recovery_plan().describe() == before_plan
+    assert reader.checkpoints.acks(6)  # the after-restore suite reads the restored checkpoint's acks
+    assert 5 not in {h["checkpoint_id"] for h in reader.checkpoints.history()}
     rows = DeltaTable(str(p.root / "sessions")).to_pyarrow_table().to_pylist()
     assert {r["epoch"] for r in rows} == {epoch, dead}  # epoch 1 finished long ago
     assert any(r["event"] == "rollback" and r["epoch"] == dead for r in rows)
+
+
+@pytest.mark.parametrize("storage_root", ["posix"], indirect=True)  # the rules on S3: the tests above
+def test_each_pruned_store_says_which_rows_it_keeps_and_maintenance_keeps_exactly_those(world):
+    p = world
+    reader = DeltaCheckpointStore(p.root)
+    needs = maintenance.read_needs(reader)
+    retention = Retention(needs.restores, lambda: (needs, reader.checkpoints.table.view().statuses),
+                          now=T0 + 60 * DAY, result_days=NOW_POLICY.result_days)
+    stores = [reader.acks, reader.checkpoints, reader.sessions, ValidationLog(p.root)]
+    assert all(isinstance(store, PrunedStore) for store in stores)
+    kept = {}
+    for store in stores:
+        snapshot = store.load()
+        rows = store.rows_at(snapshot)
+        kept[store.name] = (len(rows), store.rows_to_keep(snapshot, rows, retention))
+    assert {r["checkpoint_id"] for r in kept["acks"][1]} == set(needs.pending)
+    assert {r["checkpoint_id"] for r in kept["checkpoints"][1]} == {
+        i for i in needs.protected | set(range(needs.floor, needs.max_id + 1)) if i}
+    assert kept["sessions"][1] == sessions_to_keep(reader.sessions.table.rows())
+
+    report = maintain(p.warehouse, "payments", now=T0 + 60 * DAY, policy=NOW_POLICY)
+    for store in stores:
+        total, keep = kept[store.name]
+        outcome = report.rule(f"{store.name} rows")
+        assert (outcome.deleted, outcome.kept) == (total - len(keep), len(keep)), store.name
+        assert outcome.keeps == store.keeps(retention) and outcome.deleted > 0
+        assert sorted(map(str, store.rows_at(store.load()))) == sorted(map(str, keep)), store.name
 
 
 def test_sessions_to_keep_keeps_what_resuming_reads():

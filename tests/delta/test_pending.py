@@ -1,6 +1,7 @@
 """The files of uncommitted sink transactions (checkpoint_lib/delta/pending.py), with Parquet files
 written as Spark's partitioned writer lays them out, on a local folder and on a real S3-compatible
-server (SeaweedFS): the same outcomes, and the same relative paths in the add actions. No JVM."""
+server (SeaweedFS): the same outcomes, and the same relative paths in the add actions. No JVM. This
+is the contract of the core's ``TransactionStore`` (sinks' pre-committed transactions) on both roots."""
 
 from __future__ import annotations
 

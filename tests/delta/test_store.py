@@ -25,12 +25,9 @@ from checkpoint_lib.core.checkpoints import CompletedCheckpoint
 from checkpoint_lib.core.clock import ManualClock
 from checkpoint_lib.core.errors import FailureReason, FencedError, UnknownCheckpointError
 from checkpoint_lib.core.types import CheckpointKind, SubtaskAck, SubtaskId
-from checkpoint_lib.delta.store import (
-    CHECKPOINTS_SCHEMA,
-    CorruptCheckpointWarning,
-    CorruptControlTableError,
-    DeltaCheckpointStore,
-)
+from checkpoint_lib.delta.checkpoint_table import CHECKPOINTS_SCHEMA, CorruptCheckpointWarning
+from checkpoint_lib.delta.control_table import CorruptControlTableError
+from checkpoint_lib.delta.store import DeltaCheckpointStore
 
 # The shared contract lives in tests/core, which (like every test directory here) is not a package.
 # pytest's default "prepend" import mode puts tests/core on sys.path to import it as
@@ -38,7 +35,10 @@ from checkpoint_lib.delta.store import (
 _CORE_TESTS = str(Path(__file__).resolve().parents[1] / "core")
 if _CORE_TESTS not in sys.path:
     sys.path.insert(0, _CORE_TESTS)
-from test_store_contract import CompletedCheckpointStoreContract, checkpoint, ids  # noqa: E402
+from test_store_contract import (  # noqa: E402
+    AckStoreContract, CompletedCheckpointStoreContract, EpochStoreContract, SessionStoreContract,
+    ValidationVerdictsContract, checkpoint, ids,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -56,10 +56,24 @@ class TestDeltaStoreContract(CompletedCheckpointStoreContract):
         return self.tmp_path / f"store{self.made}"
 
     def make_store(self, retained: int):
-        return DeltaCheckpointStore(self._fresh_root(), retained)
+        return DeltaCheckpointStore(self._fresh_root(), retained).checkpoints
 
     def make_counter(self):
-        return DeltaCheckpointStore(self._fresh_root())
+        return DeltaCheckpointStore(self._fresh_root()).ids
+
+
+class TestDeltaRoleStoreContracts(EpochStoreContract, AckStoreContract, SessionStoreContract,
+                                  ValidationVerdictsContract):
+    """Every role store of the Delta control plane passes its role's contract."""
+
+    @pytest.fixture(autouse=True)
+    def _tmp(self, tmp_path):
+        self.tmp_path = tmp_path
+        self.made = 0
+
+    def make_control(self):
+        self.made += 1
+        return DeltaCheckpointStore(self.tmp_path / f"control{self.made}", retained=3)
 
 
 @pytest.fixture
@@ -68,7 +82,7 @@ def root(tmp_path) -> Path:
 
 
 def statuses(store: DeltaCheckpointStore) -> dict[int, str]:
-    return {h["checkpoint_id"]: h["status"] for h in store.history()}
+    return {h["checkpoint_id"]: h["status"] for h in store.checkpoints.history()}
 
 
 # --- construction ---------------------------------------------------------------------------------
@@ -77,7 +91,7 @@ def statuses(store: DeltaCheckpointStore) -> dict[int, str]:
 def test_constructor_does_no_io(root):
     store = DeltaCheckpointStore(root)
     assert not root.exists()
-    assert store.peek() == 1 and store.latest() is None and store.history() == []
+    assert store.ids.peek() == 1 and store.checkpoints.latest() is None and store.checkpoints.history() == []
     assert not root.exists()
 
 
@@ -102,41 +116,41 @@ def test_imports_without_spark():
 
 def test_ids_survive_a_new_store_instance(root):
     first = DeltaCheckpointStore(root)
-    assert [first.get_and_increment() for _ in range(3)] == [1, 2, 3]
-    first.add(checkpoint(2))
+    assert [first.ids.get_and_increment() for _ in range(3)] == [1, 2, 3]
+    first.checkpoints.add(checkpoint(2))
     again = DeltaCheckpointStore(root)
-    assert again.peek() == 4
-    assert again.get_and_increment() == 4
-    assert again.latest().checkpoint_id == 2
+    assert again.ids.peek() == 4
+    assert again.ids.get_and_increment() == 4
+    assert again.checkpoints.latest().checkpoint_id == 2
 
 
 def test_pending_and_aborted_ids_are_never_reused_after_a_crash(root):
     dead = DeltaCheckpointStore(root)
-    one, two, three = (dead.get_and_increment() for _ in range(3))
-    dead.record_pending(one, CheckpointKind.CHECKPOINT, 10.0, epoch=1)
-    dead.record_pending(two, CheckpointKind.SAVEPOINT, 11.0, epoch=1)
-    dead.record_aborted(two, FailureReason.EXPIRED, "timed out", epoch=1)
+    one, two, three = (dead.ids.get_and_increment() for _ in range(3))
+    dead.checkpoints.record_pending(one, CheckpointKind.CHECKPOINT, 10.0, epoch=1)
+    dead.checkpoints.record_pending(two, CheckpointKind.SAVEPOINT, 11.0, epoch=1)
+    dead.checkpoints.record_aborted(two, FailureReason.EXPIRED, "timed out", epoch=1)
     # ``three`` was reserved and then the process died before writing any row.
     del dead
     restarted = DeltaCheckpointStore(root)
-    assert restarted.peek() == 4
-    assert restarted.get_and_increment() == 4
+    assert restarted.ids.peek() == 4
+    assert restarted.ids.get_and_increment() == 4
     assert statuses(restarted) == {1: "pending", 2: "aborted"}
 
 
 def test_ids_in_the_table_are_not_reused_even_without_their_markers(root):
     store = DeltaCheckpointStore(root)
-    store.add(checkpoint(7))  # an id the counter never handed out
+    store.checkpoints.add(checkpoint(7))  # an id the counter never handed out
     for marker in (root / "_ids").iterdir():
         marker.unlink()
-    assert DeltaCheckpointStore(root).get_and_increment() == 8  # 1 + max id in the table
+    assert DeltaCheckpointStore(root).ids.get_and_increment() == 8  # 1 + max id in the table
 
 
 def test_an_added_id_is_reserved_so_a_stale_counter_skips_it(root):
     counter = DeltaCheckpointStore(root)
-    assert counter.get_and_increment() == 1
-    DeltaCheckpointStore(root).add(checkpoint(2))
-    assert counter.get_and_increment() == 3
+    assert counter.ids.get_and_increment() == 1
+    DeltaCheckpointStore(root).checkpoints.add(checkpoint(2))
+    assert counter.ids.get_and_increment() == 3
 
 
 _RACER = textwrap.dedent(
@@ -150,9 +164,9 @@ _RACER = textwrap.dedent(
         time.sleep(0.001)
     got = []
     for _ in range(n):
-        i = store.get_and_increment()
+        i = store.ids.get_and_increment()
         got.append(i)
-        store.record_pending(i, CheckpointKind.CHECKPOINT, time.time(), 0)
+        store.checkpoints.record_pending(i, CheckpointKind.CHECKPOINT, time.time(), 0)
     print(json.dumps(got))
     """
 )
@@ -184,7 +198,7 @@ def test_concurrent_get_and_increment_from_two_processes_gives_distinct_ids(root
     assert a == sorted(a) and b == sorted(b)  # strictly increasing within each process
     assert not set(a) & set(b), (a, b)
     assert sorted(statuses(DeltaCheckpointStore(root))) == sorted(a + b)
-    assert DeltaCheckpointStore(root).get_and_increment() > max(a + b)
+    assert DeltaCheckpointStore(root).ids.get_and_increment() > max(a + b)
 
 
 def test_concurrent_get_and_increment_from_threads_and_instances(root):
@@ -193,7 +207,7 @@ def test_concurrent_get_and_increment_from_threads_and_instances(root):
 
     def take(k: int) -> None:
         for _ in range(8):
-            got[k].append(stores[k].get_and_increment())
+            got[k].append(stores[k].ids.get_and_increment())
 
     threads = [threading.Thread(target=take, args=(k,)) for k in range(len(stores))]
     for t in threads:
@@ -216,9 +230,9 @@ def test_sigkill_at_any_point_leaves_a_readable_store_and_no_reused_id(root):
         store = DeltaCheckpointStore(sys.argv[1], retained=2)
         src = SubtaskId("src", 0)
         while True:
-            i = store.get_and_increment()
-            store.record_pending(i, CheckpointKind.CHECKPOINT, float(i), 0)
-            store.add(CompletedCheckpoint(i, CheckpointKind.CHECKPOINT, float(i), i + 0.5,
+            i = store.ids.get_and_increment()
+            store.checkpoints.record_pending(i, CheckpointKind.CHECKPOINT, float(i), 0)
+            store.checkpoints.add(CompletedCheckpoint(i, CheckpointKind.CHECKPOINT, float(i), i + 0.5,
                                           {src: SubtaskAck(state={"offset": i})}, {src: i + 0.25}))
         """
     )
@@ -237,12 +251,12 @@ def test_sigkill_at_any_point_leaves_a_readable_store_and_no_reused_id(root):
         os.kill(p.pid, signal.SIGKILL)
         p.wait()
         store = DeltaCheckpointStore(root, retained=2)
-        kept = store.all()
+        kept = store.checkpoints.all()
         assert len([c for c in kept if not c.is_savepoint]) <= 2
         for c in kept:
             assert c.acks[SubtaskId("src", 0)].state == {"offset": c.checkpoint_id}
         markers = [int(m.name) for m in (root / "_ids").iterdir()] if (root / "_ids").exists() else [0]
-        nxt = store.peek()
+        nxt = store.ids.peek()
         assert nxt > max(markers) and nxt > seen_max
         seen_max = max(markers)
     assert seen_max > 0
@@ -253,21 +267,21 @@ def test_sigkill_at_any_point_leaves_a_readable_store_and_no_reused_id(root):
 
 def test_epochs_increase_and_fence_older_writers(root):
     old = DeltaCheckpointStore(root)
-    assert old.current_epoch() == 0
-    assert old.begin_epoch("host-a:1", "start") == 1
-    old.check_epoch(1)
-    old.add(checkpoint(1))
+    assert old.epochs.current() == 0
+    assert old.epochs.begin("host-a:1", "start") == 1
+    old.epochs.check(1)
+    old.checkpoints.add(checkpoint(1), epoch=1)
     new = DeltaCheckpointStore(root)
-    assert new.begin_epoch("host-b:2", "recovery") == 2
-    assert old.current_epoch() == new.current_epoch() == 2
+    assert new.epochs.begin("host-b:2", "recovery") == 2
+    assert old.epochs.current() == new.epochs.current() == 2
     with pytest.raises(FencedError, match="epoch 1 is fenced: epoch 2 has taken over"):
-        old.check_epoch(1)
+        old.epochs.check(1)
     with pytest.raises(FencedError):
-        old.add(checkpoint(2))  # the zombie cannot complete a checkpoint
-    assert ids(new.all()) == [1]
-    new.add(checkpoint(2))
-    assert [h["epoch"] for h in new.history()] == [2, 1]
-    assert [(e["epoch"], e["owner"], e["reason"]) for e in new.epochs()] == [
+        old.checkpoints.add(checkpoint(2), epoch=1)  # the zombie cannot complete a checkpoint
+    assert ids(new.checkpoints.all()) == [1]
+    new.checkpoints.add(checkpoint(2), epoch=2)
+    assert [h["epoch"] for h in new.checkpoints.history()] == [2, 1]
+    assert [(e["epoch"], e["owner"], e["reason"]) for e in new.epochs.all()] == [
         (2, "host-b:2", "recovery"),
         (1, "host-a:1", "start"),
     ]
@@ -281,7 +295,7 @@ def test_concurrent_begin_epoch_is_unique_and_old_reservation_markers_do_not_mat
 
     def begin(s):
         try:
-            got.append(s.begin_epoch())
+            got.append(s.epochs.begin())
         except FencedError as exc:  # overtaken by a newer epoch before it could fence: never an owner
             fenced.append(exc)
 
@@ -291,16 +305,16 @@ def test_concurrent_begin_epoch_is_unique_and_old_reservation_markers_do_not_mat
     for t in threads:
         t.join()
     assert len(got) + len(fenced) == 4 and len(set(got)) == len(got)
-    rows = sorted(e["epoch"] for e in stores[0].epochs())
+    rows = sorted(e["epoch"] for e in stores[0].epochs.all())
     assert rows == [1, 2, 3, 4]  # every starter committed a distinct epoch row
     assert max(got) == 4  # the newest always owns its epoch, and it fenced every table
-    assert all(stores[0].fence(name) == 4 for name in ("checkpoints", "acks", "sessions"))
+    assert all(stores[0].epochs.fence(name) == 4 for name in ("checkpoints", "acks", "sessions"))
     # a marker file of the old reservation scheme (a process that died before its row): epochs are
     # unique because each is committed on top of the snapshot it follows, so it is simply ignored
     (root / "_epochs").mkdir(exist_ok=True)
     (root / "_epochs" / f"{5:020d}").touch()
-    assert DeltaCheckpointStore(root).current_epoch() == 4
-    assert DeltaCheckpointStore(root).begin_epoch() == 5
+    assert DeltaCheckpointStore(root).epochs.current() == 4
+    assert DeltaCheckpointStore(root).epochs.begin() == 5
 
 
 # --- history and acks -----------------------------------------------------------------------------
@@ -313,7 +327,7 @@ def test_history_and_acks_round_trip_every_ack_field(root):
     src = SubtaskId("src", 0)
     state = {"table": "s3://w/t", "version": 12, "groups": [[0, 63], [64, 127]], "meta": {"a": None, "b": 1.25, "c": True}}
     c = CompletedCheckpoint(
-        checkpoint_id=store.get_and_increment(),
+        checkpoint_id=store.ids.get_and_increment(),
         kind=CheckpointKind.SAVEPOINT,
         trigger_time=100.0,
         completion_time=103.75,
@@ -324,11 +338,11 @@ def test_history_and_acks_round_trip_every_ack_field(root):
         },
         ack_times={keyed: 103.75, src: 101.5},
     )
-    store.record_pending(c.checkpoint_id, c.kind, c.trigger_time, epoch=0)
+    store.checkpoints.record_pending(c.checkpoint_id, c.kind, c.trigger_time, epoch=0)
     clock.advance(5)
-    assert store.add(c) == []
-    assert DeltaCheckpointStore(root).get(c.checkpoint_id) == c
-    [h] = DeltaCheckpointStore(root).history()
+    assert store.checkpoints.add(c) == []
+    assert DeltaCheckpointStore(root).checkpoints.get(c.checkpoint_id) == c
+    [h] = DeltaCheckpointStore(root).checkpoints.history()
     assert {k: v for k, v in h.items() if k != "acks_json"} == {
         "checkpoint_id": 1,
         "kind": "savepoint",
@@ -350,7 +364,7 @@ def test_history_and_acks_round_trip_every_ack_field(root):
         "discarded_in_epoch": None,  # never discarded
     }
     assert json.loads(h["acks_json"])["acks"]["keyed[x][3]"]["state"] == state
-    assert store.acks(1) == [
+    assert store.checkpoints.acks(1) == [
         {"subtask": "keyed[x][3]", "operator": "keyed[x]", "index": 3, "state": state,
          "state_size_bytes": 4096, "channel_state_rows": 7, "channel_state_bytes": 512,
          "alignment_ms": 12.5, "unaligned": True, "duration_ms": 88.25, "ack_time": 103.75},
@@ -363,30 +377,30 @@ def test_history_and_acks_round_trip_every_ack_field(root):
 def test_history_is_latest_status_per_id_newest_first(root):
     store = DeltaCheckpointStore(root, clock=ManualClock(50.0))
     for i in (1, 2, 3):
-        store.record_pending(i, CheckpointKind.CHECKPOINT, float(i), epoch=4)
-    store.add(checkpoint(1))
-    store.record_aborted(2, FailureReason.DECLINED, "declined by sink[0]: disk full", epoch=4)
-    history = store.history()
+        store.checkpoints.record_pending(i, CheckpointKind.CHECKPOINT, float(i), epoch=4)
+    store.checkpoints.add(checkpoint(1))
+    store.checkpoints.record_aborted(2, FailureReason.DECLINED, "declined by sink[0]: disk full", epoch=4)
+    history = store.checkpoints.history()
     assert [(h["checkpoint_id"], h["status"]) for h in history] == [(3, "pending"), (2, "aborted"), (1, "completed")]
     aborted = history[1]
     assert (aborted["failure_reason"], aborted["message"], aborted["trigger_time"], aborted["epoch"]) == (
         "declined", "declined by sink[0]: disk full", 2.0, 4)
-    assert store.acks(2) == [] and store.acks(3) == []
+    assert store.checkpoints.acks(2) == [] and store.checkpoints.acks(3) == []
     with pytest.raises(UnknownCheckpointError, match=r"\b9\b"):
-        store.acks(9)
+        store.checkpoints.acks(9)
 
 
 def test_status_transitions_are_forward_only(root):
     store = DeltaCheckpointStore(root)
-    store.add(checkpoint(1))
+    store.checkpoints.add(checkpoint(1))
     with pytest.raises(ValueError, match="checkpoint 1 is already completed"):
-        store.record_aborted(1, FailureReason.EXPIRED)
+        store.checkpoints.record_aborted(1, FailureReason.EXPIRED)
     with pytest.raises(ValueError, match="checkpoint 1 is already completed"):
-        store.record_pending(1, CheckpointKind.CHECKPOINT, 1.0)
-    store.record_aborted(2, FailureReason.EXPIRED)
-    store.record_aborted(2, FailureReason.EXPIRED)  # again: a no-op
+        store.checkpoints.record_pending(1, CheckpointKind.CHECKPOINT, 1.0)
+    store.checkpoints.record_aborted(2, FailureReason.EXPIRED)
+    store.checkpoints.record_aborted(2, FailureReason.EXPIRED)  # again: a no-op
     with pytest.raises(ValueError, match="checkpoint 2 was aborted"):
-        store.add(checkpoint(2))
+        store.checkpoints.add(checkpoint(2))
     assert statuses(store) == {2: "aborted", 1: "completed"}
     assert len(DeltaTable(str(root / "checkpoints")).to_pyarrow_table()) == 2
 
@@ -396,11 +410,11 @@ def test_state_that_does_not_survive_json_is_refused(root):
     src = SubtaskId("src", 0)
     bad = CompletedCheckpoint(1, CheckpointKind.CHECKPOINT, 1.0, 2.0, {src: SubtaskAck(state={"k": (1, 2)})})
     with pytest.raises(ValueError, match=r"ack of src\[0\] does not survive JSON"):
-        store.add(bad)
+        store.checkpoints.add(bad)
     opaque = CompletedCheckpoint(1, CheckpointKind.CHECKPOINT, 1.0, 2.0, {src: SubtaskAck(state={"k": object()})})
     with pytest.raises(ValueError, match="checkpoint 1: acks are not JSON-serialisable"):
-        store.add(opaque)
-    assert store.history() == []
+        store.checkpoints.add(opaque)
+    assert store.checkpoints.history() == []
 
 
 # --- corrupt rows ---------------------------------------------------------------------------------
@@ -431,20 +445,20 @@ def _append_raw(root: Path, **overrides) -> None:
 )
 def test_corrupt_completed_row_is_skipped_with_a_warning_and_latest_falls_back(root, overrides):
     store = DeltaCheckpointStore(root, retained=2)
-    store.add(checkpoint(1))
-    store.add(checkpoint(2))
+    store.checkpoints.add(checkpoint(1))
+    store.checkpoints.add(checkpoint(2))
     _append_raw(root, **overrides)
     with pytest.warns(CorruptCheckpointWarning, match="checkpoint 3 has a corrupt row"):
-        assert store.latest() == checkpoint(2)
+        assert store.checkpoints.latest() == checkpoint(2)
     with pytest.warns(CorruptCheckpointWarning):
-        assert ids(store.all()) == [1, 2]  # the corrupt one does not count toward retention
+        assert ids(store.checkpoints.all()) == [1, 2]  # the corrupt one does not count toward retention
     with pytest.warns(CorruptCheckpointWarning), pytest.raises(UnknownCheckpointError, match=r"\b3\b"):
-        store.get(3)
+        store.checkpoints.get(3)
     with pytest.warns(CorruptCheckpointWarning):
-        assert {h["checkpoint_id"]: h["corrupt"] for h in store.history()} == {3: True, 2: False, 1: False}
-    assert store.get_and_increment() == 4  # a corrupt row's id is still used (ids are not decoded)
+        assert {h["checkpoint_id"]: h["corrupt"] for h in store.checkpoints.history()} == {3: True, 2: False, 1: False}
+    assert store.ids.get_and_increment() == 4  # a corrupt row's id is still used (ids are not decoded)
     with pytest.warns(CorruptCheckpointWarning), pytest.raises(ValueError, match="already stored"):
-        store.add(checkpoint(3))
+        store.checkpoints.add(checkpoint(3))
 
 
 def _topology_checkpoint(checkpoint_id: int, *, sink_current: bool = True, key_groups=((0, 63), (64, 127))):
@@ -487,8 +501,8 @@ def test_an_incomplete_but_well_formed_completed_row_is_not_restorable(root, dam
     with no keyed state and no sinks, wiping state. Such a row must count as unreadable: skipped
     (recovery falls back, rolling the sinks back below it), never restored."""
     store = DeltaCheckpointStore(root, retained=3)
-    store.add(_topology_checkpoint(1))
-    store.add(_topology_checkpoint(2))
+    store.checkpoints.add(_topology_checkpoint(1))
+    store.checkpoints.add(_topology_checkpoint(2))
     if damage == "edited-to-keep-only-source-acks":
         _rewrite_acks(root, 2, _keep_only_sources)  # the digest no longer matches
     else:
@@ -502,9 +516,9 @@ def test_an_incomplete_but_well_formed_completed_row_is_not_restorable(root, dam
         _rewrite_acks(root, 2, edit)
     reader = DeltaCheckpointStore(root, retained=3)
     with pytest.warns(CorruptCheckpointWarning, match="checkpoint 2 has a corrupt row"):
-        assert reader.latest().checkpoint_id == 1
+        assert reader.checkpoints.latest().checkpoint_id == 1
     with pytest.warns(CorruptCheckpointWarning):
-        assert reader.unreadable() == [2]
+        assert reader.checkpoints.unreadable() == [2]
     with pytest.warns(CorruptCheckpointWarning):
         plan = reader.recovery_plan()
     assert plan.checkpoint_id == 1 and plan.rollback_after == 1
@@ -512,49 +526,49 @@ def test_an_incomplete_but_well_formed_completed_row_is_not_restorable(root, dam
 
 def test_a_genuine_topology_row_round_trips_with_its_digest(root):
     store = DeltaCheckpointStore(root, retained=3)
-    store.add(_topology_checkpoint(1))
+    store.checkpoints.add(_topology_checkpoint(1))
     with pytest.raises(ValueError, match="sink transactions are missing"):
-        store.add(_topology_checkpoint(2, sink_current=False))  # never completes what cannot restore
+        store.checkpoints.add(_topology_checkpoint(2, sink_current=False))  # never completes what cannot restore
     with pytest.raises(ValueError, match="gap or overlap"):
-        store.add(_topology_checkpoint(2, key_groups=((0, 63), (65, 127))))
-    assert DeltaCheckpointStore(root).latest() == _topology_checkpoint(1)
-    assert "digest" in json.loads(store._read("checkpoints")[0].to_pylist()[0]["acks_json"])
+        store.checkpoints.add(_topology_checkpoint(2, key_groups=((0, 63), (65, 127))))
+    assert DeltaCheckpointStore(root).checkpoints.latest() == _topology_checkpoint(1)
+    assert "digest" in json.loads(store.checkpoints.table.rows()[0]["acks_json"])
 
 
 def test_unreadable_completed_rows_are_listed_and_can_be_discarded(root):
     store = DeltaCheckpointStore(root, retained=2)
-    store.add(checkpoint(1))
-    store.add(checkpoint(2))
+    store.checkpoints.add(checkpoint(1))
+    store.checkpoints.add(checkpoint(2))
     _append_raw(root, kind="snapshot")
     with pytest.warns(CorruptCheckpointWarning):
-        assert store.unreadable() == [3]
+        assert store.checkpoints.unreadable() == [3]
     with pytest.warns(CorruptCheckpointWarning):
-        store.discard_unreadable([2, 3], "rolled back")  # 2 is readable: left alone
-    assert store.unreadable() == []  # no warning any more: the discarded row states its status
-    statuses = {h["checkpoint_id"]: (h["status"], h["corrupt"], h["message"]) for h in store.history()}
+        store.checkpoints.discard_unreadable([2, 3], "rolled back")  # 2 is readable: left alone
+    assert store.checkpoints.unreadable() == []  # no warning any more: the discarded row states its status
+    statuses = {h["checkpoint_id"]: (h["status"], h["corrupt"], h["message"]) for h in store.checkpoints.history()}
     assert statuses == {3: ("discarded", False, "rolled back"), 2: ("completed", False, None), 1: ("completed", False, None)}
-    store.discard_unreadable([3])  # idempotent: nothing unreadable left to discard
-    assert len([h for h in store.history() if h["checkpoint_id"] == 3]) == 1
-    assert ids(store.all()) == [1, 2] and store.get_and_increment() == 4
+    store.checkpoints.discard_unreadable([3])  # idempotent: nothing unreadable left to discard
+    assert len([h for h in store.checkpoints.history() if h["checkpoint_id"] == 3]) == 1
+    assert ids(store.checkpoints.all()) == [1, 2] and store.ids.get_and_increment() == 4
 
 
 def test_recovery_plan_rolls_back_below_unreadable_checkpoints_and_finishes_owed_rollbacks(root):
     store = DeltaCheckpointStore(root, retained=3)
-    store.add(checkpoint(1))
-    store.add(checkpoint(2))
+    store.checkpoints.add(checkpoint(1))
+    store.checkpoints.add(checkpoint(2))
     plan = store.recovery_plan()
     assert (plan.checkpoint_id, plan.rollback_after, plan.new_epoch) == (2, None, 1)
     _append_raw(root, kind="snapshot")  # checkpoint 3 completed, its row unreadable
     with pytest.warns(CorruptCheckpointWarning):
         plan = store.recovery_plan()
     assert (plan.checkpoint_id, plan.rollback_after) == (2, 2)
-    epoch = store.begin_epoch("test")
-    store.record_rollback(epoch, 1)  # an epoch began rolling back to 1, then died
+    epoch = store.epochs.begin("test")
+    store.sessions.record_rollback(epoch, 1)  # an epoch began rolling back to 1, then died
     with pytest.warns(CorruptCheckpointWarning):
         plan = store.recovery_plan()  # the owed rollback names the checkpoint
     assert (plan.checkpoint_id, plan.rollback_after, plan.new_epoch) == (1, 1, epoch + 1)
-    store.discard_unreadable([3])
-    store.mark_discarded([checkpoint(2)])
+    store.checkpoints.discard_unreadable([3], epoch=epoch)
+    store.checkpoints.mark_discarded([checkpoint(2)], epoch=epoch)
     plan = store.recovery_plan()  # nothing above 1 any more, still owed
     assert (plan.checkpoint_id, plan.rollback_after) == (1, 1)
     assert "roll sinks back to what checkpoint 1 committed" in plan.describe()
@@ -562,10 +576,10 @@ def test_recovery_plan_rolls_back_below_unreadable_checkpoints_and_finishes_owed
 
 def test_row_with_an_unknown_status_is_ignored_with_a_warning(root):
     store = DeltaCheckpointStore(root)
-    store.add(checkpoint(1))
+    store.checkpoints.add(checkpoint(1))
     _append_raw(root, checkpoint_id=1, status="resurrected", acks_json=None)
     with pytest.warns(CorruptCheckpointWarning, match="unknown status"):
-        assert store.latest() == checkpoint(1)
+        assert store.checkpoints.latest() == checkpoint(1)
 
 
 # --- retention ------------------------------------------------------------------------------------
@@ -573,50 +587,50 @@ def test_row_with_an_unknown_status_is_ignored_with_a_warning(root):
 
 def test_retention_marks_evicted_checkpoints_discarded(root):
     store = DeltaCheckpointStore(root, retained=1)
-    store.add(checkpoint(1))
-    store.add(checkpoint(2, savepoint=True))
-    assert ids(store.add(checkpoint(3))) == [1]
+    store.checkpoints.add(checkpoint(1))
+    store.checkpoints.add(checkpoint(2, savepoint=True))
+    assert ids(store.checkpoints.add(checkpoint(3))) == [1]
     assert statuses(store) == {3: "completed", 2: "completed", 1: "discarded"}
-    assert ids(DeltaCheckpointStore(root, retained=1).all()) == [2, 3]
+    assert ids(DeltaCheckpointStore(root, retained=1).checkpoints.all()) == [2, 3]
     # the discarded row keeps the checkpoint's acks for the history
-    assert store.acks(1)[0]["state"] == {"version": 1}
-    assert store.pending_discards() == []
+    assert store.checkpoints.acks(1)[0]["state"] == {"version": 1}
+    assert store.checkpoints.pending_discards() == []
     with pytest.raises(ValueError, match="checkpoint 1 is already stored"):
-        store.add(checkpoint(1))
+        store.checkpoints.add(checkpoint(1))
 
 
 def test_lost_discard_commit_is_recovered_on_read(root, monkeypatch):
     store = DeltaCheckpointStore(root, retained=1)
-    store.add(checkpoint(1))
+    store.checkpoints.add(checkpoint(1))
 
-    def crash(_checkpoints):
+    def crash(_checkpoints, epoch=None):
         raise OSError("killed between the two commits")
 
-    monkeypatch.setattr(store, "mark_discarded", crash)
-    assert ids(store.add(checkpoint(2))) == [1]  # durable, so add succeeds and reports the eviction
+    monkeypatch.setattr(store.checkpoints, "mark_discarded", crash)
+    assert ids(store.checkpoints.add(checkpoint(2))) == [1]  # durable, so add succeeds and reports the eviction
     restarted = DeltaCheckpointStore(root, retained=1)
-    assert ids(restarted.all()) == [2] and restarted.latest().checkpoint_id == 2
+    assert ids(restarted.checkpoints.all()) == [2] and restarted.checkpoints.latest().checkpoint_id == 2
     with pytest.raises(UnknownCheckpointError):
-        restarted.get(1)
-    assert [(h["checkpoint_id"], h["status"], h["retained"]) for h in restarted.history()] == [
+        restarted.checkpoints.get(1)
+    assert [(h["checkpoint_id"], h["status"], h["retained"]) for h in restarted.checkpoints.history()] == [
         (2, "completed", True),
         (1, "completed", False),
     ]
-    assert ids(restarted.pending_discards()) == [1]
-    restarted.mark_discarded(restarted.pending_discards())
-    assert restarted.pending_discards() == [] and statuses(restarted)[1] == "discarded"
+    assert ids(restarted.checkpoints.pending_discards()) == [1]
+    restarted.checkpoints.mark_discarded(restarted.checkpoints.pending_discards())
+    assert restarted.checkpoints.pending_discards() == [] and statuses(restarted)[1] == "discarded"
 
 
 def test_crash_before_the_completed_commit_leaves_the_previous_checkpoint(root, monkeypatch):
     store = DeltaCheckpointStore(root)
-    store.add(checkpoint(1))
-    i = store.get_and_increment()
-    monkeypatch.setattr(store, "_commit", lambda *a, **k: (_ for _ in ()).throw(OSError("disk gone")))
+    store.checkpoints.add(checkpoint(1))
+    i = store.ids.get_and_increment()
+    monkeypatch.setattr(store.checkpoints.table, "commit", lambda *a, **k: (_ for _ in ()).throw(OSError("disk gone")))
     with pytest.raises(OSError):
-        store.add(checkpoint(i))
+        store.checkpoints.add(checkpoint(i))
     restarted = DeltaCheckpointStore(root)
-    assert restarted.latest() == checkpoint(1)
-    assert restarted.get_and_increment() == i + 1
+    assert restarted.checkpoints.latest() == checkpoint(1)
+    assert restarted.ids.get_and_increment() == i + 1
 
 
 # --- maintenance ----------------------------------------------------------------------------------
@@ -625,10 +639,10 @@ def test_crash_before_the_completed_commit_leaves_the_previous_checkpoint(root, 
 def test_table_is_compacted_automatically(root):
     store = DeltaCheckpointStore(root, retained=2, compact_after_files=5)
     for i in range(1, 9):
-        store.add(checkpoint(i))
+        store.checkpoints.add(checkpoint(i))
     files = DeltaTable(str(root / "checkpoints")).file_uris()
     assert len(files) < 5
-    assert ids(store.all()) == [7, 8]
+    assert ids(store.checkpoints.all()) == [7, 8]
     assert statuses(store) == {i: ("completed" if i > 6 else "discarded") for i in range(1, 9)}
 
 
@@ -639,11 +653,11 @@ def test_a_reader_sees_exactly_what_the_writer_retained(tmp_path):
 
     writer = DeltaCheckpointStore.open(tmp_path / "root", retained=5)
     for _ in range(7):
-        cid = writer.get_and_increment()
-        writer.add(CompletedCheckpoint(cid, CheckpointKind.CHECKPOINT, 1.0, 2.0, {SubtaskId("src", 0): SubtaskAck()}))
+        cid = writer.ids.get_and_increment()
+        writer.checkpoints.add(CompletedCheckpoint(cid, CheckpointKind.CHECKPOINT, 1.0, 2.0, {SubtaskId("src", 0): SubtaskAck()}))
     reader = DeltaCheckpointStore.open(tmp_path / "root")
-    assert [c.checkpoint_id for c in reader.all()] == [3, 4, 5, 6, 7]
-    assert [c.checkpoint_id for c in writer.all()] == [3, 4, 5, 6, 7]
+    assert [c.checkpoint_id for c in reader.checkpoints.all()] == [3, 4, 5, 6, 7]
+    assert [c.checkpoint_id for c in writer.checkpoints.all()] == [3, 4, 5, 6, 7]
 
 
 # --- acks of pending checkpoints, sessions, rollback intents -----------------------------------
@@ -651,61 +665,61 @@ def test_a_reader_sees_exactly_what_the_writer_retained(tmp_path):
 
 def test_acks_of_a_pending_checkpoint_are_durable_per_epoch_and_fenced(root):
     store = DeltaCheckpointStore.open(root)
-    epoch = store.begin_epoch("a")
-    store.record_pending(1, epoch=epoch)
+    epoch = store.epochs.begin("a")
+    store.checkpoints.record_pending(1, epoch=epoch)
     ack = SubtaskAck(state={"version": 3, "next_seq": 4}, alignment_ms=1.5)
-    store.record_acks(1, {SubtaskId("source", 0): ack, SubtaskId("source", 1): ack}, epoch, ack_time=9.0)
+    store.acks.record(1, {SubtaskId("source", 0): ack, SubtaskId("source", 1): ack}, epoch, ack_time=9.0)
     other = DeltaCheckpointStore.open(root)  # another process
-    got = other.pending_acks(1, epoch)
+    got = other.acks.pending(1, epoch)
     assert got == {SubtaskId("source", 0): (ack, 9.0), SubtaskId("source", 1): (ack, 9.0)}
-    assert other.pending_acks(1, epoch + 1) == {}
-    assert [r["checkpoint_id"] for r in other.pending()] == [1]
-    other.begin_epoch("b")
+    assert other.acks.pending(1, epoch + 1) == {}
+    assert [r["checkpoint_id"] for r in other.checkpoints.pending()] == [1]
+    other.epochs.begin("b")
     with pytest.raises(FencedError):
-        store.record_acks(1, {SubtaskId("source", 0): ack}, epoch)
+        store.acks.record(1, {SubtaskId("source", 0): ack}, epoch)
 
 
 def test_compaction_prunes_acks_of_finished_checkpoints_only(root):
     store = DeltaCheckpointStore.open(root)
-    epoch = store.begin_epoch("a")
+    epoch = store.epochs.begin("a")
     for cid in (1, 2):
-        store.record_pending(cid, epoch=epoch)
-        store.record_acks(cid, {SubtaskId("s", 0): SubtaskAck()}, epoch)
-    store.record_aborted(1, FailureReason.EXPIRED, epoch=epoch)
+        store.checkpoints.record_pending(cid, epoch=epoch)
+        store.acks.record(cid, {SubtaskId("s", 0): SubtaskAck()}, epoch)
+    store.checkpoints.record_aborted(1, FailureReason.EXPIRED, epoch=epoch)
     store.compact()
-    assert store.pending_acks(1, epoch) == {} and len(store.pending_acks(2, epoch)) == 1
+    assert store.acks.pending(1, epoch) == {} and len(store.acks.pending(2, epoch)) == 1
 
 
 def test_sessions_start_once_end_with_a_resume_point_and_are_fenced(root):
     store = DeltaCheckpointStore.open(root)
-    epoch = store.begin_epoch("a")
-    store.record_restored(epoch, None, {"source": {"offset": -1}})
-    assert store.begin_session(epoch, "source") == 1
-    store.end_session(epoch, "source", 1, {"offset": 4})
-    assert store.begin_session(epoch, "source") == 2
-    events = [(r["stage"], r["session"], r["event"]) for r in store.sessions(epoch)]
+    epoch = store.epochs.begin("a")
+    store.sessions.record_restored(epoch, None, {"source": {"offset": -1}})
+    assert store.sessions.begin(epoch, "source") == 1
+    store.sessions.end(epoch, "source", 1, {"offset": 4})
+    assert store.sessions.begin(epoch, "source") == 2
+    events = [(r["stage"], r["session"], r["event"]) for r in store.sessions.of_epoch(epoch)]
     assert events == [("*", 0, "restored"), ("source", 1, "start"), ("source", 1, "end"), ("source", 2, "start")]
-    assert json.loads(store.sessions(epoch)[2]["resume_json"]) == {"offset": 4}
+    assert json.loads(store.sessions.of_epoch(epoch)[2]["resume_json"]) == {"offset": 4}
     # the stage's session 2 is live: nobody else starts one (races: test_store_races.py)
-    assert store.begin_session(epoch, "source") is None
-    assert store.begin_session(epoch, "keyed") == 1
+    assert store.sessions.begin(epoch, "source") is None
+    assert store.sessions.begin(epoch, "keyed") == 1
     with pytest.raises(ValueError, match="bad stage"):
-        store.begin_session(epoch, "../x")
-    store.begin_epoch("b")
+        store.sessions.begin(epoch, "../x")
+    store.epochs.begin("b")
     with pytest.raises(FencedError):
-        store.end_session(epoch, "source", 2, {})
+        store.sessions.end(epoch, "source", 2, {})
 
 
 def test_a_rollback_is_owed_until_an_epoch_at_or_after_it_finishes_restoring(root):
     store = DeltaCheckpointStore.open(root)
-    first = store.begin_epoch("a")
-    assert store.owed_rollback() is None
-    store.record_rollback(first, 3)
-    assert store.owed_rollback() == 3  # the process died before it restored
-    second = store.begin_epoch("b")
-    store.record_rollback(second, 3)
-    store.record_restored(second, 3, {})
-    assert store.owed_rollback() is None
+    first = store.epochs.begin("a")
+    assert store.sessions.owed_rollback() is None
+    store.sessions.record_rollback(first, 3)
+    assert store.sessions.owed_rollback() == 3  # the process died before it restored
+    second = store.epochs.begin("b")
+    store.sessions.record_rollback(second, 3)
+    store.sessions.record_restored(second, 3, {})
+    assert store.sessions.owed_rollback() is None
 
 
 @pytest.mark.parametrize("damage", ["data file", "commit file"])
@@ -714,7 +728,7 @@ def test_a_damaged_control_table_file_is_refused_naming_the_file(root, damage):
     every read refuses with a message naming the file, and nothing is decided on it."""
     store = DeltaCheckpointStore(root, retained=2)
     for i in (1, 2):
-        store.add(checkpoint(i))
+        store.checkpoints.add(checkpoint(i))
     if damage == "data file":
         victim = max((root / "checkpoints").glob("*.parquet"), key=lambda f: f.stat().st_mtime)
         victim.write_bytes(victim.read_bytes()[:50])
@@ -723,7 +737,7 @@ def test_a_damaged_control_table_file_is_refused_naming_the_file(root, damage):
         text = victim.read_text()
         victim.write_text(text[: len(text) // 2])
     reader = DeltaCheckpointStore(root)
-    for read in (reader.latest, reader.check_readable, lambda: reader.recovery_plan(None, current_epoch=0)):
+    for read in (reader.checkpoints.latest, reader.check_readable, lambda: reader.recovery_plan(None, current_epoch=0)):
         with pytest.raises(CorruptControlTableError, match=f"{damage} {victim} is damaged") as err:
             read()
         assert "Nothing was written" in str(err.value)

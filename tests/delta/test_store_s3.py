@@ -16,7 +16,10 @@ from checkpoint_lib.objectstore import ConditionalPutUnsupported, ObjectStoreRes
 _CORE_TESTS = str(Path(__file__).resolve().parents[1] / "core")
 if _CORE_TESTS not in sys.path:
     sys.path.insert(0, _CORE_TESTS)
-from test_store_contract import CompletedCheckpointStoreContract  # noqa: E402
+from test_store_contract import (  # noqa: E402
+    AckStoreContract, CompletedCheckpointStoreContract, EpochStoreContract, SessionStoreContract,
+    ValidationVerdictsContract,
+)
 
 # the local suite's racers, run here on the object store
 from test_store import (  # noqa: E402
@@ -41,10 +44,24 @@ class TestDeltaStoreContractOnS3(CompletedCheckpointStoreContract):
         return f"{self.prefix}/store{self.made}"
 
     def make_store(self, retained: int):
-        return DeltaCheckpointStore(self._fresh_root(), retained)
+        return DeltaCheckpointStore(self._fresh_root(), retained).checkpoints
 
     def make_counter(self):
-        return DeltaCheckpointStore(self._fresh_root())
+        return DeltaCheckpointStore(self._fresh_root()).ids
+
+
+class TestDeltaRoleStoreContractsOnS3(EpochStoreContract, AckStoreContract, SessionStoreContract,
+                                  ValidationVerdictsContract):
+    """Every role store of the Delta control plane on S3 passes its role's contract."""
+
+    @pytest.fixture(autouse=True)
+    def _prefix(self, s3):
+        self.prefix = s3
+        self.made = 0
+
+    def make_control(self):
+        self.made += 1
+        return DeltaCheckpointStore(f"{self.prefix}/control{self.made}", retained=3)
 
 
 def test_ids_from_racing_threads_and_instances_are_distinct(s3):
@@ -76,9 +93,9 @@ def test_racing_epoch_starters_get_distinct_epochs_and_the_newest_fences_every_t
 def test_ids_are_reserved_by_conditional_puts_that_survive_a_new_instance(s3):
     root = f"{s3}/_checkpoints/p"
     first = DeltaCheckpointStore.open(root)
-    assert [first.get_and_increment() for _ in range(3)] == [1, 2, 3]
+    assert [first.ids.get_and_increment() for _ in range(3)] == [1, 2, 3]
     again = DeltaCheckpointStore(root)
-    assert again.get_and_increment() == 4  # nothing in the table yet: the markers alone reserve
+    assert again.ids.get_and_increment() == 4  # nothing in the table yet: the markers alone reserve
     markers = ObjectStoreReservations(root)
     assert all(markers.exists("ids", n) for n in (1, 2, 3, 4)) and not markers.exists("ids", 5)
     assert not markers.claim("ids", 2) and markers.claim("ids", 5)
@@ -99,9 +116,9 @@ def test_a_store_that_ignores_conditional_puts_is_refused_before_anything_is_wri
         root = f"s3://{ANONYMOUS_BUCKET}/dropping/_checkpoints/p"
         store = DeltaCheckpointStore(root, storage_options=options)
         with pytest.raises(ConditionalPutUnsupported, match="a second create of the same object succeeded"):
-            store.get_and_increment()
+            store.ids.get_and_increment()
         with pytest.raises(ConditionalPutUnsupported):
-            store.begin_epoch("me")  # epochs reserve their number the same way
+            store.epochs.begin("me")  # epochs reserve their number the same way
         direct = from_url(f"s3://{ANONYMOUS_BUCKET}/dropping", aws_endpoint=s3_server.endpoint,
                           aws_skip_signature=True, aws_region="us-east-1", client_options={"allow_http": True})
         written = [m["path"] for batch in obstore.list(direct) for m in batch]
@@ -111,7 +128,7 @@ def test_a_store_that_ignores_conditional_puts_is_refused_before_anything_is_wri
 def test_a_client_with_conditional_put_switched_off_is_refused_with_a_clear_error(s3):
     store = DeltaCheckpointStore(f"{s3}/_checkpoints/p", storage_options={"aws_conditional_put": "disabled"})
     with pytest.raises(ConditionalPutUnsupported, match="does not honour create-if-absent.*client refuses it"):
-        store.get_and_increment()
+        store.ids.get_and_increment()
 
 
 def test_remote_locations_are_told_from_local_ones():

@@ -71,9 +71,9 @@ def test_recover_runs_the_validation_and_records_it(healthy):
     row = ValidationLog(healthy / "_checkpoints" / "payments").latest(kind="restore")
     assert row is not None and row["success"] and row["status"] == "passed"
     store = DeltaCheckpointStore(healthy / "_checkpoints" / "payments")
-    assert row["epoch"] == store.current_epoch() == 2
+    assert row["epoch"] == store.epochs.current() == 2
     assert row["restored_checkpoint_id"] is not None
-    assert row["checkpoint_id"] == store.latest().checkpoint_id
+    assert row["checkpoint_id"] == store.checkpoints.latest().checkpoint_id
     assert row["evaluated"] >= 10 and row["failed"] == 0
     assert "PASSED" in row["summary"]
 
@@ -155,8 +155,8 @@ def test_a_dropped_ledger_row_and_a_tampered_balance_each_fail_their_own_checks(
 
 
 def _add_checkpoint(store: DeltaCheckpointStore, base: CompletedCheckpoint, acks: dict) -> int:
-    cid = store.get_and_increment()
-    store.add(dataclasses.replace(base, checkpoint_id=cid, acks=acks,
+    cid = store.ids.get_and_increment()
+    store.checkpoints.add(dataclasses.replace(base, checkpoint_id=cid, acks=acks,
                                   ack_times={s: t for s, t in base.ack_times.items() if s in acks}))
     return cid
 
@@ -164,7 +164,7 @@ def _add_checkpoint(store: DeltaCheckpointStore, base: CompletedCheckpoint, acks
 def test_an_unacknowledged_subtask_fails(spark, healthy, tmp_path):
     w = _copy(healthy, tmp_path)
     store = DeltaCheckpointStore(w / "_checkpoints" / "payments")
-    base = store.latest()
+    base = store.checkpoints.latest()
     acks = {s: a for s, a in base.acks.items() if s != SubtaskId("balance", 2)}
     cid = _add_checkpoint(store, base, acks)
     with pytest.raises(QualityCheckFailed) as err:
@@ -184,7 +184,7 @@ def _unaligned_snapshot(spark, w: Path) -> tuple[int, str]:
 
     root = w / "_checkpoints" / "payments"
     store = DeltaCheckpointStore(root)
-    base = store.latest()
+    base = store.checkpoints.latest()
     keyed, source = SubtaskId("balance", 0), SubtaskId("source", 0)
     lo, hi = base.acks[keyed].state["key_groups"]
     offset, barrier = base.acks[source].state["version"], base.acks[source].state["barrier_seq"]
@@ -196,7 +196,7 @@ def _unaligned_snapshot(spark, w: Path) -> tuple[int, str]:
     )
     account = records.agg(F.min("account")).first()[0]
     records = records.where(F.col("account") == account)
-    cid = store.get_and_increment()
+    cid = store.ids.get_and_increment()
     state_path = f"{root}/state/balance"
     state = spark.read.format("delta").option("versionAsOf", base.acks[keyed].state["table_version"]).load(state_path)
     moved = records.agg(F.sum("amount_cents").alias("a"), F.count(F.lit(1)).alias("n")).first()
@@ -220,7 +220,7 @@ def _unaligned_snapshot(spark, w: Path) -> tuple[int, str]:
         base.acks[keyed], state={**base.acks[keyed].state, "table_version": int(version)},
         channel_state_rows=int(moved["n"]), channel_state_bytes=int(moved["n"]) * 64, unaligned=True,
     )
-    store.add(dataclasses.replace(base, checkpoint_id=cid, acks=acks))
+    store.checkpoints.add(dataclasses.replace(base, checkpoint_id=cid, acks=acks))
     return cid, cs_path
 
 

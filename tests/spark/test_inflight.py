@@ -55,7 +55,7 @@ def assert_consistent_cut(spark, w, cid: int) -> int:
     barriers = {int(k): v for k, v in offsets["barrier_seqs"].items()}
     for row in chan.groupBy("sender").agg(F.max("seq").alias("last")).collect():
         assert row.last < barriers[row.sender], f"checkpoint {cid}: segment after the barrier of sender {row.sender}"
-    acked = sum(a.channel_state_rows for s, a in store(w).get(cid).acks.items() if s.operator == p.operator_uid)
+    acked = sum(a.channel_state_rows for s, a in store(w).checkpoints.get(cid).acks.items() if s.operator == p.operator_uid)
     assert acked == inflight.events, f"checkpoint {cid}: acks recorded {acked} in-flight rows, found {inflight.events}"
     return inflight.events
 
@@ -64,7 +64,7 @@ def test_unaligned_snapshots_hold_real_in_flight_records_and_conserve_money(spar
     w, summary = skewed
     check = check_payments(str(w), exact_order=False)
     assert check.ok, check.summary()
-    completed = store(w).all()
+    completed = store(w).checkpoints.all()
     assert [c.checkpoint_id for c in completed] == summary.completed and len(completed) >= 3
     inflight = {c.checkpoint_id: assert_consistent_cut(spark, w, c.checkpoint_id) for c in completed}
     # every checkpoint but the final one (taken once everything was read) caught records in flight
@@ -90,7 +90,7 @@ def test_restoring_channel_state_rescaled_3_to_5_then_5_to_2_is_exactly_once(spa
     assert up.restored == first
     check = check_payments(str(w), exact_order=False)
     assert check.ok, f"3 -> 5: {check.summary()}"
-    five = [c for c in store(w).all() if len([s for s in c.acks if s.operator == "balance"]) == 5]
+    five = [c for c in store(w).checkpoints.all() if len([s for s in c.acks if s.operator == "balance"]) == 5]
     logged = [c.checkpoint_id for c in five if assert_consistent_cut(spark, w, c.checkpoint_id) > 0]
     assert logged, "the run at parallelism 5 logged no channel state"
     down = run(spark, w, parallelism=2, restore_checkpoint=logged[0])
@@ -112,7 +112,7 @@ def test_every_mode_is_exact_without_failures_under_skew(spark, tmp_path, mode):
     summary = run(spark, tmp_path, mode=mode, **kw)
     check = check_payments(str(tmp_path), exact_order=False)
     assert check.ok, check.summary()
-    first = store(tmp_path).get(summary.completed[0])
+    first = store(tmp_path).checkpoints.get(summary.completed[0])
     keyed = [a for s, a in first.acks.items() if s.operator == "balance"]
     if mode == "aligned":  # the fast channel waited a whole source step for the lagging barrier
         assert all(not a.unaligned and a.channel_state_rows == 0 and a.alignment_ms > 0 for a in keyed)

@@ -55,7 +55,7 @@ def _rows(prefix: str, n: int) -> pa.Table:
 def _read_all(spark, table: str, tmp_path) -> list:
     site = SourceSite(spark, table, str(tmp_path / "root"), "neighbours", progress=lambda _: None)
     reader = source_reader(DeltaSource(path="landing", schema={"event_id": "string", "amount": "long"}), site)
-    step = reader.next_step(-1, reader.latest(), 1_000_000)
+    step = reader.next_step(-1, reader.checkpoints.latest(), 1_000_000)
     return reader.read(step, senders=2).select("event_id", "src_file", "src_row", "src_version").collect()
 
 
@@ -295,7 +295,7 @@ def test_a_vacuum_that_deleted_a_completed_checkpoints_uncommitted_files_is_repa
 
     assert done.restored == 1
     store = DeltaCheckpointStore.open(f"{tmp_path}/_checkpoints/payments")
-    assert store.status(2)["status"] == "discarded" and "rolled back to checkpoint 1" in store.status(2)["message"]
+    assert store.checkpoints.status(2)["status"] == "discarded" and "rolled back to checkpoint 1" in store.checkpoints.status(2)["message"]
     check = check_payments(str(tmp_path))
     assert check.ok, check.summary()
     assert check.ledger_rows == check.valid_rows

@@ -50,7 +50,7 @@ def store(w, name: str) -> DeltaCheckpointStore:
 
 
 def completed_in_one_process(w, name: str, summary) -> list[int]:
-    completed = [c.checkpoint_id for c in store(w, name).all()]
+    completed = [c.checkpoint_id for c in store(w, name).checkpoints.all()]
     assert completed == summary.completed, (completed, summary.completed)
     assert len(completed) >= CHECKPOINTS, f"only {len(completed)} checkpoints completed: {completed}"
     assert len(completed) > 2 * TRUNCATE_EVERY  # the periodic clean-up ran at least twice mid-run

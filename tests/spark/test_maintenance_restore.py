@@ -76,7 +76,7 @@ def test_after_maintenance_the_oldest_retained_checkpoint_still_restores_exactly
     second = runner(spark, w).run()
     root = w / "_checkpoints" / "payments"
     store = DeltaCheckpointStore(root)
-    retained = [c.checkpoint_id for c in store.all()]
+    retained = [c.checkpoint_id for c in store.checkpoints.all()]
     assert retained[0] == savepoint and len(retained) == 3, retained
     assert len(first.completed) + len(second.completed) >= 5
     cs = root / "channel_state"
@@ -85,7 +85,7 @@ def test_after_maintenance_the_oldest_retained_checkpoint_still_restores_exactly
 
     # the state table's history as if the first run was 6 hours ago and the rest 2 hours ago: what
     # only versions before the savepoint's used is outside any window the savepoint allows
-    pinned = min(a.state["table_version"] for sid, a in store.get(savepoint).acks.items() if sid.operator == "balance")
+    pinned = min(a.state["table_version"] for sid, a in store.checkpoints.get(savepoint).acks.items() if sid.operator == "balance")
     state_table = root / "state" / "balance"
     pinned_rows = spark.read.format("delta").option("versionAsOf", pinned).load(str(state_table)).count()
     age(spark, state_table, pinned, before=6.0, since=2.0)
@@ -118,7 +118,7 @@ def test_after_maintenance_the_oldest_retained_checkpoint_still_restores_exactly
 
     # what went is gone
     reader = DeltaCheckpointStore(root)
-    assert {h["checkpoint_id"] for h in reader.history()} <= set(needs.protected) | set(range(needs.floor, needs.max_id + 1))
+    assert {h["checkpoint_id"] for h in reader.checkpoints.history()} <= set(needs.protected) | set(range(needs.floor, needs.max_id + 1))
     assert min(int(n) for n in os.listdir(root / "_ids")) == needs.floor
     left = {r.checkpoint_id for r in spark.read.format("delta").load(str(cs)).select("checkpoint_id").distinct().collect()}
     assert not {c for c in left if needs.droppable(c)} and left & set(retained) == in_flight & set(retained)
@@ -166,11 +166,11 @@ def test_the_data_plane_rules_on_an_object_store_warehouse(spark, s3, tmp_path, 
     use_warehouse(spark, s3)
     root = location(s3) / "_checkpoints" / "payments"
     store = DeltaCheckpointStore.open(root, retained=2)
-    epoch = store.begin_epoch()
-    store.record_restored(epoch, None, {})
+    epoch = store.epochs.begin()
+    store.sessions.record_restored(epoch, None, {})
     for cid in range(1, 6):  # checkpoint c pins version c of the state table: 4 and 5 retained
-        store.record_pending(cid, epoch=epoch, trigger_time=1_790_000_000.0 + cid)
-        store.add(completed(cid, 1_790_000_000.0 + cid))
+        store.checkpoints.record_pending(cid, epoch=epoch, trigger_time=1_790_000_000.0 + cid)
+        store.checkpoints.add(completed(cid, 1_790_000_000.0 + cid), epoch=epoch)
     state, log, cs = root / "state" / "balance", root / "channels" / "source_balance", root / "channel_state"
     for v in range(7):  # one overwrite per version: each removes the files of the one before
         spark.createDataFrame([(v % 3, v)], "key_group int, balance_cents long").write.format("delta") \

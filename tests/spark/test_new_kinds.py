@@ -153,7 +153,7 @@ def test_a_source_kind_and_a_sink_kind_made_in_one_file_run_exactly_once_through
     doomed.ctx.kills.reached = raise_at("commit", 2)  # the second checkpoint completed, its sinks not committed
     with pytest.raises(RuntimeError, match="killed"):
         doomed.run()
-    crashed_at = DeltaCheckpointStore.open(f"{tmp_path}/_checkpoints/batches").latest().checkpoint_id
+    crashed_at = DeltaCheckpointStore.open(f"{tmp_path}/_checkpoints/batches").checkpoints.latest().checkpoint_id
     # a new batch, read by a new process: a recovery from the completed checkpoint, which it commits
     everything = first + (batch("b3", 15),)
     summary = PipelineRunner(pipeline(everything), str(tmp_path), spark, rows_per_checkpoint=40).run()

@@ -37,7 +37,7 @@ def test_orders_exactly_once_across_a_crash_and_rescaled_3_to_5_to_2(spark, tmp_
     at3.ctx.kills.reached = raise_at("commit", 2)  # completed, not committed
     with pytest.raises(RuntimeError, match="killed"):
         at3.run()
-    crashed_at = DeltaCheckpointStore.open(f"{w}/_checkpoints/orders").latest().checkpoint_id
+    crashed_at = DeltaCheckpointStore.open(f"{w}/_checkpoints/orders").checkpoints.latest().checkpoint_id
 
     at5 = PipelineRunner(get("orders").with_parallelism(operator=5), w, spark, rows_per_checkpoint=ROWS).run()
     assert at5.restored == crashed_at

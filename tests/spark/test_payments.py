@@ -93,7 +93,7 @@ def healthy(spark, tmp_path_factory):
 def test_checkpoint_history_records_acks_and_sizes(healthy):
     w, summary = healthy
     store = DeltaCheckpointStore.open(f"{w}/_checkpoints/payments")
-    latest = store.latest()
+    latest = store.checkpoints.latest()
     assert latest.checkpoint_id == summary.completed[-1]
     operators = sorted({s.operator for s in latest.acks})
     assert operators == ["balance", "sink_balances", "sink_ledger", "source"]
@@ -109,7 +109,7 @@ def test_commit_repeated_after_success_is_a_no_op(spark, healthy):
 
     w, summary = healthy
     before = read_delta(f"{w}/gold/ledger")
-    latest = DeltaCheckpointStore.open(f"{w}/_checkpoints/payments").latest()
+    latest = DeltaCheckpointStore.open(f"{w}/_checkpoints/payments").checkpoints.latest()
     owned = [
         txn
         for sid, ack in latest.acks.items() if sid.operator == "sink_ledger"
@@ -191,9 +191,9 @@ def test_state_read_back_equals_balances_and_savepoints_survive_retention(spark,
     later = runner(spark, tmp_path, rows_per_checkpoint=ROWS // 3, config=config).run()
     assert len(later.completed) >= 4  # more checkpoints than retained
     store = DeltaCheckpointStore.open(f"{tmp_path}/_checkpoints/payments")
-    ids = [c.checkpoint_id for c in store.all()]
-    assert savepoint in ids and store.get(savepoint).is_savepoint
-    assert [c.checkpoint_id for c in store.all() if not c.is_savepoint] == later.completed[-2:]
+    ids = [c.checkpoint_id for c in store.checkpoints.all()]
+    assert savepoint in ids and store.checkpoints.get(savepoint).is_savepoint
+    assert [c.checkpoint_id for c in store.checkpoints.all() if not c.is_savepoint] == later.completed[-2:]
 
 
 def test_restore_checks_the_snapshot_fits_the_pipeline(spark, tmp_path):
@@ -238,8 +238,8 @@ def test_stages_run_as_separate_processes_resume_where_they_stopped(spark, tmp_p
     assert check.ledger_rows == check.valid_rows
 
     store = DeltaCheckpointStore.open(f"{tmp_path}/_checkpoints/payments")
-    assert store.current_epoch() == src.epoch  # no recovery was needed
-    rows = store.sessions(src.epoch)
+    assert store.epochs.current() == src.epoch  # no recovery was needed
+    rows = store.sessions.of_epoch(src.epoch)
     ended = sorted((r["stage"], r["session"]) for r in rows if r["event"] == "end")
     assert ended == [("keyed", 1), ("keyed", 2), ("source", 1), ("source", 2)]
     # nothing new: a keyed run stops at once, and an 'all' run joins both stages
@@ -286,7 +286,7 @@ def test_the_state_table_is_compacted_every_n_flushes_and_resume_and_restore_sti
     assert check.ok, check.summary()
 
     # an older checkpoint pinned a version from before a compaction: restoring it replays exactly once
-    oldest = min(c.checkpoint_id for c in DeltaCheckpointStore.open(f"{tmp_path}/_checkpoints/payments").all())
+    oldest = min(c.checkpoint_id for c in DeltaCheckpointStore.open(f"{tmp_path}/_checkpoints/payments").checkpoints.all())
     assert oldest in first.completed[:-1]  # retained: a checkpoint of the first run, followed by a compaction
     older = runner(spark, tmp_path, rows_per_checkpoint=small, state_compact_every=2,
                    restore_checkpoint=oldest).run()
@@ -335,7 +335,7 @@ def test_restoring_an_older_checkpoint_rolls_sinks_back_even_across_a_crash(spar
     aside = expire_log_through(ledger, runner(spark, tmp_path).sinks["ledger"].rollback_version(oldest))
     with pytest.raises(RollbackUnavailableError, match=f"sink ledger: .* cannot be rolled back to what checkpoint {oldest}"):
         runner(spark, tmp_path, restore_checkpoint=oldest).run()
-    assert store.owed_rollback() is None and store.latest().checkpoint_id == later[-1]
+    assert store.sessions.owed_rollback() is None and store.checkpoints.latest().checkpoint_id == later[-1]
     unexpire(ledger, aside)
 
     def die_mid_rollback(phase):  # the process dies after discarding, before the sinks roll back
@@ -346,11 +346,11 @@ def test_restoring_an_older_checkpoint_rolls_sinks_back_even_across_a_crash(spar
     doomed.ctx.kills.reached = die_mid_rollback
     with pytest.raises(RuntimeError, match="killed"):
         doomed.run()
-    assert store.latest().checkpoint_id == oldest and store.owed_rollback() == oldest
-    assert {r["checkpoint_id"]: r["status"] for r in store.history()}[later[-1]] == "discarded"
+    assert store.checkpoints.latest().checkpoint_id == oldest and store.sessions.owed_rollback() == oldest
+    assert {r["checkpoint_id"]: r["status"] for r in store.checkpoints.history()}[later[-1]] == "discarded"
 
     again = runner(spark, tmp_path).run()  # a plain run finishes the owed rollback, then replays
-    assert again.restored == oldest and again.rows_in == 2 * ROWS and store.owed_rollback() is None
+    assert again.restored == oldest and again.rows_in == 2 * ROWS and store.sessions.owed_rollback() is None
     check = check_payments(str(tmp_path))
     assert check.ok, check.summary()
     assert check.ledger_rows == check.valid_rows
@@ -376,7 +376,7 @@ def test_an_unreadable_latest_checkpoint_whose_commit_landed_is_rolled_back_not_
     with pytest.raises(RuntimeError, match="killed"):
         doomed.run()
     store = DeltaCheckpointStore.open(f"{tmp_path}/_checkpoints/payments")
-    latest = store.latest().checkpoint_id
+    latest = store.checkpoints.latest().checkpoint_id
     assert latest >= 2 and doomed.sinks["ledger"].committed_checkpoint(doomed.epoch) == latest
 
     DeltaTable(f"{tmp_path}/_checkpoints/payments/checkpoints").update(
@@ -384,19 +384,19 @@ def test_an_unreadable_latest_checkpoint_whose_commit_landed_is_rolled_back_not_
         predicate=f"checkpoint_id = {latest} AND status = 'completed'",
     )
     with pytest.warns(Warning, match=f"checkpoint {latest} has a corrupt row"):
-        assert store.latest().checkpoint_id < latest
+        assert store.checkpoints.latest().checkpoint_id < latest
 
     again = runner(spark, tmp_path).run()
     assert again.restored == latest - 1 and again.rows_in > 0
     check = check_payments(str(tmp_path))
     assert check.ok, check.summary()
     assert check.ledger_rows == check.valid_rows
-    row = next(h for h in store.history() if h["checkpoint_id"] == latest)
+    row = next(h for h in store.checkpoints.history() if h["checkpoint_id"] == latest)
     assert row["status"] == "discarded" and not row["corrupt"] and "unreadable" in row["message"]
 
     # a damaged control-table FILE (not a row: the disk or a tool) is refused, naming the file,
     # before anything is written: no epoch begins, no fence, no sink or state commit
-    from checkpoint_lib.delta.store import CorruptControlTableError
+    from checkpoint_lib.delta.control_table import CorruptControlTableError
 
     root = tmp_path / "_checkpoints" / "payments"
     tables = [root / "epochs", root / "state" / "balance", tmp_path / "gold" / "ledger", tmp_path / "gold" / "balances"]
@@ -424,7 +424,7 @@ def test_rescaling_3_to_5_to_2_restores_state_by_key_group_and_recommits_every_o
     with pytest.raises(RuntimeError, match="killed"):
         at3.run()
     store = DeltaCheckpointStore.open(f"{tmp_path}/_checkpoints/payments")
-    crashed_at = store.latest().checkpoint_id
+    crashed_at = store.checkpoints.latest().checkpoint_id
 
     wide = get("payments").with_parallelism(source=3, operator=5)
     at5 = PipelineRunner(wide, str(tmp_path), spark, rows_per_checkpoint=ROWS // 2).run()
@@ -444,7 +444,7 @@ def test_rescaling_3_to_5_to_2_restores_state_by_key_group_and_recommits_every_o
     check = check_payments(str(tmp_path))
     assert check.ok, check.summary()
     assert check.ledger_rows == check.valid_rows
-    latest = store.latest()
+    latest = store.checkpoints.latest()
     balance = sorted((s.index, tuple(a.state["key_groups"])) for s, a in latest.acks.items() if s.operator == "balance")
     assert balance == [(i, tuple(range_for_subtask(i, 2).to_list())) for i in range(2)]
     assert sorted(s.index for s in latest.acks if s.operator == "source") == [0, 1]

@@ -123,7 +123,7 @@ def check_outputs(w: str, name: str, source: dict[str, str] = SOURCE, hops: int 
 
 def channel_state_rows(w: str, name: str) -> dict[int, int]:
     store = DeltaCheckpointStore.open(f"{w}/_checkpoints/{name}")
-    return {c.checkpoint_id: sum(a.channel_state_rows for a in c.acks.values()) for c in store.all()}
+    return {c.checkpoint_id: sum(a.channel_state_rows for a in c.acks.values()) for c in store.checkpoints.all()}
 
 
 def test_records_named_like_our_columns_run_unaligned_with_a_lagging_source_and_into_the_dead_letters(spark, tmp_path):

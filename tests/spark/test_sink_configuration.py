@@ -38,7 +38,7 @@ def test_a_sink_table_that_would_expire_our_stamps_is_refused_before_any_write(s
               "TBLPROPERTIES ('delta.setTransactionRetentionDuration' = 'interval 1 days')")
     with pytest.raises(SinkConfigurationError, match="setTransactionRetentionDuration.*UNSET TBLPROPERTIES"):
         PipelineRunner(payments, str(tmp_path), spark, rows_per_checkpoint=10).open()
-    assert DeltaCheckpointStore(tmp_path / "_checkpoints" / "payments").current_epoch() == 0  # no attempt began
+    assert DeltaCheckpointStore(tmp_path / "_checkpoints" / "payments").epochs.current() == 0  # no attempt began
 
 
 @pytest.mark.parametrize("lost", ["log", "files"])

@@ -69,7 +69,7 @@ def test_unaligned_checkpoints_of_the_cycle_conserve_money_exactly(spark, banked
     check = check_transfers(str(w))
     assert check.ok, check.summary()
     assert check.bad_transfers > 0 and check.dlq_rows == check.bad_transfers
-    completed = store(w).all()
+    completed = store(w).checkpoints.all()
     assert [c.checkpoint_id for c in completed] == summary.completed and len(completed) >= 3
     inflight = {c.checkpoint_id: conserved(spark, w, c.checkpoint_id) for c in completed}
     # credits really are in flight on the feedback edge in every checkpoint taken mid-stream
@@ -93,14 +93,14 @@ def test_transfers_rescaled_3_to_5_then_5_to_2_from_checkpoints_with_channel_sta
     assert up.restored == first
     check = check_transfers(str(w))
     assert check.ok, f"3 -> 5: {check.summary()}"
-    five = [c for c in store(w).all() if sum(s.operator == "bank" for s in c.acks) == 5]
+    five = [c for c in store(w).checkpoints.all() if sum(s.operator == "bank" for s in c.acks) == 5]
     logged = [c.checkpoint_id for c in five if conserved(spark, w, c.checkpoint_id) > 0]
     assert logged, "the run at parallelism 5 logged no channel state"
     down = run(spark, w, parallelism=2, restore_checkpoint=logged[0])
     assert down.restored == logged[0]
     check = check_transfers(str(w))
     assert check.ok, f"5 -> 2: {check.summary()}"
-    for c in store(w).all():
+    for c in store(w).checkpoints.all():
         conserved(spark, w, c.checkpoint_id)
     # the after-restore GX suite on the rescaled restore of a checkpoint with channel state
     result = validate_restore(spark, "transfers", str(w), logged[0])
@@ -126,9 +126,9 @@ def test_a_checkpoint_failing_validation_is_discarded_never_committed_and_the_ne
     runner.ctx.kills.reached = tamper
     with pytest.raises(QualityCheckFailed, match="conservation"):
         runner.run()
-    history = {r["checkpoint_id"]: r for r in store(tmp_path).history()}
+    history = {r["checkpoint_id"]: r for r in store(tmp_path).checkpoints.history()}
     assert history[2]["status"] == "discarded" and "validation" in history[2]["message"]
-    assert store(tmp_path).latest().checkpoint_id == 1
+    assert store(tmp_path).checkpoints.latest().checkpoint_id == 1
     recovered = run(spark, tmp_path, validate_checkpoints=None)
     assert recovered.restored == 1
     check = check_transfers(str(tmp_path))
@@ -156,7 +156,7 @@ def die_before_validating(runner, w, spark, *, at: int, tamper: bool):
     runner.ctx.kills.reached = kill_point
     with pytest.raises(Died):
         runner.run()
-    assert store(w).latest().checkpoint_id == at and not store(w).validated(at)
+    assert store(w).checkpoints.latest().checkpoint_id == at and not store(w).verdicts.validated(at)
 
 
 @pytest.mark.slow  # CI tier: CI keeps the commit phase's validation gate
@@ -169,9 +169,9 @@ def test_recovery_validates_a_checkpoint_that_was_never_validated_before_it_comm
     die_before_validating(runner, tmp_path, spark, at=2, tamper=True)
     recovered = run(spark, tmp_path, validate_checkpoints=None)
     assert recovered.restored == 1
-    history = {r["checkpoint_id"]: r for r in store(tmp_path).history()}
+    history = {r["checkpoint_id"]: r for r in store(tmp_path).checkpoints.history()}
     assert history[2]["status"] == "discarded" and "validation" in history[2]["message"]
-    assert all(store(tmp_path).validated(c.checkpoint_id) for c in store(tmp_path).all())
+    assert all(store(tmp_path).verdicts.validated(c.checkpoint_id) for c in store(tmp_path).checkpoints.all())
     check = check_transfers(str(tmp_path))
     assert check.ok, check.summary()
 
@@ -194,12 +194,12 @@ def test_the_commit_phase_commits_only_a_validated_checkpoint(spark, tmp_path, t
     if tamper:
         with pytest.raises(QualityCheckFailed, match="conservation"):
             control.commit(1, spark=spark)
-        assert store(tmp_path).status(1)["status"] == "discarded"
+        assert store(tmp_path).checkpoints.status(1)["status"] == "discarded"
         stamps = {n: s.committed_checkpoint(runner.epoch) for n, s in control._sinks(None).items()}
         assert all(stamp < 1 for stamp in stamps.values()), stamps  # nothing of checkpoint 1 is visible
     else:
         outcome = control.commit(1, spark=spark)
-        assert outcome.committed and store(tmp_path).validated(1)
+        assert outcome.committed and store(tmp_path).verdicts.validated(1)
         sinks = control._sinks(None)
         assert all(sinks[n].is_committed(t) for n, ts in control._owned_transactions(1).items() for t in ts)
 
@@ -215,5 +215,5 @@ def test_restoring_each_older_checkpoint_of_the_cycle_ends_exact(spark, tmp_path
         assert again.restored == cid
         check = check_transfers(str(tmp_path))
         assert check.ok, f"after restoring checkpoint {cid} ({mode}): {check.summary()}"
-        for c in store(tmp_path).all():
+        for c in store(tmp_path).checkpoints.all():
             conserved(spark, tmp_path, c.checkpoint_id)
