@@ -55,7 +55,7 @@ def _rows(prefix: str, n: int) -> pa.Table:
 def _read_all(spark, table: str, tmp_path) -> list:
     site = SourceSite(spark, table, str(tmp_path / "root"), "neighbours", progress=lambda _: None)
     reader = source_reader(DeltaSource(path="landing", schema={"event_id": "string", "amount": "long"}), site)
-    step = reader.next_step(-1, reader.checkpoints.latest(), 1_000_000)
+    step = reader.next_step(-1, reader.latest(), 1_000_000)
     return reader.read(step, senders=2).select("event_id", "src_file", "src_row", "src_version").collect()
 
 
