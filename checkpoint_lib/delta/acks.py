@@ -7,12 +7,11 @@ import json
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import pyarrow as pa
-from deltalake import DeltaTable
 
 from ..core.retention import Retention
 from ..core.types import CheckpointId, CheckpointStatus, SubtaskAck, SubtaskId
 from .ack_codec import ACK_FIELDS, ack_fields, subtask_id
-from .control_table import ControlRoot, ControlTable
+from .control_table import ControlRoot, ControlTable, StoreOnTable
 
 ACKS_SCHEMA = pa.schema(
     [
@@ -28,7 +27,7 @@ ACKS_SCHEMA = pa.schema(
 for pending checkpoints."""
 
 
-class DeltaAckStore:
+class DeltaAckStore(StoreOnTable):
     """The ``acks`` table: appended per subtask group, read per pending checkpoint and epoch.
 
     ``after_commit(file_count)``: told the table's data-file count after each write (compaction)."""
@@ -86,16 +85,6 @@ class DeltaAckStore:
             dt.delete(f"checkpoint_id IN ({', '.join(str(int(i)) for i in done)})")
 
     # --- what maintenance may prune (core.retention.PrunedStore) ---------------------------------
-
-    @property
-    def name(self) -> str:
-        return self.table.name
-
-    def load(self) -> DeltaTable | None:
-        return self.table.load()
-
-    def rows_at(self, snapshot: DeltaTable) -> list[dict[str, Any]]:
-        return self.table.rows(snapshot)
 
     def rows_to_keep(self, snapshot: Any, rows: Sequence[dict[str, Any]], retention: Retention) -> list[dict[str, Any]]:
         """The acks of checkpoints still pending (a completed row repeats all its acks), by the

@@ -37,12 +37,13 @@ from ..core.stores import apply_retention
 from ..core.types import CheckpointId, CheckpointKind, CheckpointStatus
 from .ack_codec import Corrupt, ack_fields, decode_acks, failure_reason
 from .checkpoint_table import ONCE_COMPLETED, CheckpointsView, CheckpointTable
+from .control_table import StoreOnTable
 from .ids import DeltaCheckpointIdCounter
 
 log = logging.getLogger(__name__)
 
 
-class DeltaCompletedCheckpointStore:
+class DeltaCompletedCheckpointStore(StoreOnTable):
     """Status rows and the retained completed checkpoints (with every savepoint), oldest first.
 
     ``after_commit(file_count)``: told the table's data-file count after each write (compaction)."""
@@ -307,16 +308,6 @@ class DeltaCompletedCheckpointStore:
         ``view`` (default: a fresh read), with the sessions' ``restores``."""
         view = self.table.view() if view is None else view
         return Needs.of(view.kept, view.statuses, view.corrupt, restores)
-
-    @property
-    def name(self) -> str:
-        return self.table.name
-
-    def load(self) -> DeltaTable | None:
-        return self.table.load()
-
-    def rows_at(self, snapshot: DeltaTable) -> list[dict[str, Any]]:
-        return self.table.rows(snapshot)
 
     def rows_to_keep(self, snapshot: DeltaTable, rows: Sequence[dict[str, Any]],
                      retention: Retention) -> list[dict[str, Any]]:

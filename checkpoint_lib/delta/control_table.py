@@ -250,3 +250,20 @@ class ControlTable:
         dt.optimize.compact()
         if vacuum or (vacuum is None and dt.version() // 100 != before // 100):
             dt.vacuum(dry_run=False)
+
+
+class StoreOnTable:
+    """What a store on one :class:`ControlTable` (``self.table``) answers maintenance by (the
+    ``name``, ``load`` and ``rows_at`` of :class:`~checkpoint_lib.core.retention.PrunedStore`)."""
+
+    table: ControlTable
+
+    @property
+    def name(self) -> str:
+        return self.table.name
+
+    def load(self) -> DeltaTable | None:
+        return self.table.load()
+
+    def rows_at(self, snapshot: DeltaTable) -> list[dict[str, Any]]:
+        return self.table.rows(snapshot)

@@ -19,7 +19,7 @@ from deltalake import DeltaTable
 
 from ..core.retention import Restores, Retention
 from ..core.types import CheckpointId
-from .control_table import ControlRoot, ControlTable
+from .control_table import ControlRoot, ControlTable, StoreOnTable
 
 SESSIONS_SCHEMA = pa.schema(
     [
@@ -40,7 +40,7 @@ ALL_STAGES = "*"
 _STAGE = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
-class DeltaSessionStore:
+class DeltaSessionStore(StoreOnTable):
     """The ``sessions`` table: at most one live session per stage and epoch, resume points, the
     restore and rollback records.
 
@@ -128,16 +128,6 @@ class DeltaSessionStore:
                         float(first["recorded_at"]), owed_rollback_of(rows))
 
     # --- what maintenance may prune (core.retention.PrunedStore) ---------------------------------
-
-    @property
-    def name(self) -> str:
-        return self.table.name
-
-    def load(self) -> DeltaTable | None:
-        return self.table.load()
-
-    def rows_at(self, snapshot: DeltaTable) -> list[dict[str, Any]]:
-        return self.table.rows(snapshot)
 
     def rows_to_keep(self, snapshot: Any, rows: Sequence[Mapping[str, Any]],
                      retention: Retention | None = None) -> list[Mapping[str, Any]]:
