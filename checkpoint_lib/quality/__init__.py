@@ -50,14 +50,14 @@ def validate_checkpoint(
 
 def validate_before_commit(
     spark: "SparkSession", pipeline_name: str, warehouse: str, store: Any, checkpoint_id: int,
-    progress: Any = None, *, kill_point: Any = None,
+    progress: Any = None, *, epoch: int | None = None, kill_point: Any = None,
 ) -> QualityResult | None:
-    """Validate and record the verdict (the commit gate); see
+    """Validate and record the verdict (the commit gate) as epoch ``epoch``; see
     :func:`checkpoint_lib.quality.validate.validate_before_commit`."""
     from .validate import validate_before_commit as run
 
     return run(spark, pipeline_name, warehouse, store, checkpoint_id, progress or (lambda line: None),
-               kill_point=kill_point)
+               epoch=epoch, kill_point=kill_point)
 
 
 def write_report(pipeline_name: str, warehouse: str, out: str | None = None) -> Any:
