@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,12 +52,13 @@ from .checkpoint_requests import (
     honour_requests,
     validate_request_id,
 )
+from .commit_phase import CommitOutcome, CommitPhase
 from .core.decider import CheckpointConfig, Verdict, decide
 from .core.errors import CheckpointError, FailureReason, UnknownCheckpointError
 from .core.types import CheckpointStatus
 from .files import fsync_dir, read_json, write_once
 from .layout import check_pipeline_name as validate_pipeline_name
-from .layout import checkpoint_root, pause_flag, warehouse_location
+from .layout import checkpoint_root, parse_checkpoint_id, pause_flag, warehouse_location
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -66,55 +67,13 @@ if TYPE_CHECKING:
     from .pipeline import Pipeline
 
 __all__ = [
-    "AbortOutcome", "CheckpointProgress", "CheckpointRequests", "CommitOutcome", "PipelineControl",
+    "AbortOutcome", "CheckpointProgress", "CheckpointRequests", "CommitOutcome", "CommitPhase", "PipelineControl",
     "REQUEST_ID", "REQUEST_KINDS", "Request", "RequestOutcome", "has_open_requests", "honour_requests",
     "parse_checkpoint_id", "validate_pipeline_name", "validate_request_id",
 ]
 
-MAX_ID_DIGITS = 18
-"""A checkpoint id fits in a Delta ``long``; longer input is refused before any int() of it."""
-LATEST_WORDS = frozenset({"", "latest"})
 DONE_STATUSES = frozenset({
     CheckpointStatus.COMPLETED, CheckpointStatus.ABORTED, CheckpointStatus.DISCARDED, "cancelled"})
-
-
-# --- validation ---------------------------------------------------------------------------------
-
-
-def parse_checkpoint_id(value: Any) -> int | None:
-    """A checkpoint id from user input: None for the latest (None, "", "latest"), else an int >= 1.
-
-    >>> parse_checkpoint_id("7"), parse_checkpoint_id(7), parse_checkpoint_id("latest")
-    (7, 7, None)
-
-    Raises ``ValueError`` with a message fit for a form: not a number, path-like, too long,
-    zero or negative, a bool. Whether the id exists is the store's question.
-    """
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise ValueError(f"checkpoint id must be 'latest' or a positive whole number, got {value!r}")
-    if isinstance(value, int):
-        if value < 1:
-            raise ValueError(f"checkpoint id must be >= 1, got {value}")
-        if len(str(value)) > MAX_ID_DIGITS:
-            raise ValueError(f"checkpoint id is too long (at most {MAX_ID_DIGITS} digits)")
-        return value
-    if not isinstance(value, str):
-        raise ValueError(f"checkpoint id must be 'latest' or a positive whole number, got {type(value).__name__}")
-    text = value.strip()
-    if text.lower() in LATEST_WORDS:
-        return None
-    if len(text) > MAX_ID_DIGITS:
-        raise ValueError(f"checkpoint id is too long ({len(text)} characters; at most {MAX_ID_DIGITS} digits)")
-    if any(c in text for c in "/\\") or ".." in text or text.startswith("~"):
-        raise ValueError(f"checkpoint id {text!r} looks like a path: give 'latest' or a checkpoint number")
-    if not text.isascii() or not text.isdigit():
-        raise ValueError(f"checkpoint id {text!r} is not a number: give 'latest' or a checkpoint number")
-    number = int(text)
-    if number < 1:
-        raise ValueError(f"checkpoint id must be >= 1, got {number}")
-    return number
 
 
 def expected_acks(pipeline: "Pipeline") -> int:
@@ -160,27 +119,6 @@ class CheckpointProgress:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-@dataclass(frozen=True)
-class CommitOutcome:
-    checkpoint_id: int
-    epoch: int
-    committed: dict[str, list[str]] = field(default_factory=dict)
-    """Per sink, the handles of the transactions this call committed (empty: nothing to do)."""
-    already_committed: dict[str, list[str]] = field(default_factory=dict)
-
-    @property
-    def noop(self) -> bool:
-        return not any(self.committed.values())
-
-    def describe(self) -> str:
-        if self.noop:
-            owned = sum(len(v) for v in self.already_committed.values())
-            return (f"checkpoint {self.checkpoint_id}: every one of its {owned} sink transactions was "
-                    "already committed (nothing to do)")
-        parts = [f"{name}: {len(h)}" for name, h in sorted(self.committed.items()) if h]
-        return f"checkpoint {self.checkpoint_id}: committed transactions ({', '.join(parts)}) as epoch {self.epoch}"
 
 
 @dataclass(frozen=True)
@@ -389,79 +327,16 @@ class PipelineControl:
     # --- committing -------------------------------------------------------------------------------
 
     def commit(self, checkpoint_id: Any, spark: "SparkSession | None" = None) -> CommitOutcome:
-        """Commit phase of a completed checkpoint: re-commit the sink transactions it owns.
-
-        Idempotent: a transaction is committed exactly when its epoch's Delta stamp reached its
-        checkpoint; what is committed is skipped, and when everything is (the usual case: the stage
-        process that completed the checkpoint committed it) no Spark session is started.
-        A pipeline that validates its checkpoints commits only a validated one: a checkpoint not
-        validated yet (its stage process died between completion and verdict) is validated first,
-        and a failure discards it and raises :class:`~checkpoint_lib.quality.QualityCheckFailed`.
-        Raises :class:`UnknownCheckpointError` (no such id), :class:`CheckpointError` (not
-        completed: pending, aborted or discarded) and :class:`FencedError` (a newer epoch took over:
-        this checkpoint's attempt is a zombie, recovery owns its sinks).
-        """
-        cid = parse_checkpoint_id(checkpoint_id)
-        if cid is None:
-            raise ValueError("commit needs a checkpoint id")
-        row = self.store.checkpoints.status(cid)
-        if row is None:
-            raise UnknownCheckpointError(f"checkpoint {cid} of {self.pipeline_name} does not exist")
-        if row["status"] != CheckpointStatus.COMPLETED:
-            aborted = row["status"] == CheckpointStatus.ABORTED
-            why = f" ({row['failure_reason']}: {row['message'] or ''})" if aborted else ""
-            raise CheckpointError(f"checkpoint {cid} is {row['status']}{why}: only a completed checkpoint commits")
-        epoch = int(row["epoch"])
-        self.store.epochs.check(epoch)  # FencedError for a zombie epoch
-        owned = self._owned_transactions(cid)
-        sinks = self._sinks(None)
-        todo: dict[str, list] = {}
-        done: dict[str, list[str]] = {}
-        for name, txns in owned.items():
-            todo[name] = sinks[name].uncommitted(txns)  # one read of the sink's stamps
-            done[name] = [t.handle for t in txns if t not in todo[name]]
-        if not any(todo.values()):
-            return CommitOutcome(cid, epoch, {}, done)
-        if spark is None:
-            from .spark.session import get_spark, use_warehouse
-
-            spark = get_spark(app_name=f"ckpt-commit-{self.pipeline_name}")
-            use_warehouse(spark, self.warehouse)
-        if self.pipeline().validate_checkpoints and not self.store.verdicts.validated(cid):
-            # the gate: validated first (the stage process may have died before its verdict)
-            from .quality import validate_before_commit
-
-            validate_before_commit(spark, self.pipeline_name, str(self.warehouse), self.store, cid)
-        sinks = self._sinks(spark)
-        committed: dict[str, list[str]] = {}
-        for name, txns in todo.items():
-            if txns:
-                committed[name] = [t.handle for t in sinks[name].commit(txns, cid, epoch)]
-        return CommitOutcome(cid, epoch, committed, done)
+        """Commit phase of a completed checkpoint (:meth:`CommitPhase.commit`)."""
+        return self.commit_phase.commit(checkpoint_id, spark)
 
     def all_committed(self, checkpoint_id: int | str) -> bool:
-        """Whether every sink transaction completed checkpoint ``checkpoint_id`` owns has committed
-        (read from the sinks' stamps, no Spark): the commit phase then needs no Spark session.
-        Raises what :meth:`commit` would for an id that is not a retained completed checkpoint."""
-        cid = parse_checkpoint_id(checkpoint_id)
-        if cid is None:
-            raise ValueError("all_committed needs a checkpoint id")
-        sinks = self._sinks(None)
-        return all(sinks[n].is_committed(t) for n, txns in self._owned_transactions(cid).items() for t in txns)
+        """Whether its sink transactions all committed (:meth:`CommitPhase.all_committed`)."""
+        return self.commit_phase.all_committed(checkpoint_id)
 
-    def _owned_transactions(self, cid: int) -> dict[str, list]:
-        """Per sink, the pre-committed transactions completed checkpoint ``cid`` owns."""
-        from .core.recovery import owned_transactions
-
-        return {name: [] for name in self.pipeline().sinks} | owned_transactions(self.store.checkpoints.get(cid))
-
-    def _sinks(self, spark: "SparkSession | None") -> dict[str, Any]:
-        """The pipeline's sinks as :class:`~checkpoint_lib.spark.sinks.SinkWriter` (the same
-        construction as the runner's: :func:`~checkpoint_lib.spark.sinks.pipeline_sinks`). With ``spark=None`` only the
-        control-plane reads work (the commit stamps): parsing the schema needs a running Spark context."""
-        from .spark.sinks import pipeline_sinks
-
-        return pipeline_sinks(spark, self.pipeline(), self.warehouse, str(self.root), check_epoch=self.store.epochs.check)
+    @property
+    def commit_phase(self) -> CommitPhase:
+        return CommitPhase(self.store, self.pipeline_name, self.warehouse, self.root)
 
     # --- aborting ---------------------------------------------------------------------------------
 

@@ -41,7 +41,7 @@ from typing import Any, BinaryIO, Iterator, Mapping, Protocol, Union
 from urllib.parse import urlsplit
 
 from .layout import location
-from .objectstore import ObjectUri, _create, _store, verify_conditional_put
+from .objectstore import ObjectUri, create_once, store_at, verify_conditional_put
 
 Location = Union[Path, ObjectUri]
 """A file or folder in a warehouse, as :func:`checkpoint_lib.layout.location` makes it."""
@@ -267,13 +267,13 @@ class ObjectFiles(Files):
         with self._lock:
             store = self._stores.get((bucket, env))
             if store is None:
-                store = self._stores[(bucket, env)] = _store(bucket, None)
+                store = self._stores[(bucket, env)] = store_at(bucket, None)
         return store, parts.path.strip("/"), bucket
 
     def write_once(self, path: PathLike, doc: Mapping[str, Any]) -> bool:
         store, key, bucket = self._at(path)
         verify_conditional_put(bucket)
-        return _create(store, key, _encode(doc), str(path))
+        return create_once(store, key, _encode(doc), str(path))
 
     def read_bytes(self, path: PathLike) -> bytes:
         import obstore

@@ -46,6 +46,47 @@ def check_pipeline_name(name: Any) -> str:
     return check_name("pipeline name", name)
 
 
+MAX_ID_DIGITS = 18
+"""A checkpoint id fits in a Delta ``long``; longer input is refused before any int() of it."""
+LATEST_WORDS = frozenset({"", "latest"})
+
+
+def parse_checkpoint_id(value: Any) -> int | None:
+    """A checkpoint id from user input: None for the latest (None, "", "latest"), else an int >= 1.
+
+    >>> parse_checkpoint_id("7"), parse_checkpoint_id(7), parse_checkpoint_id("latest")
+    (7, 7, None)
+
+    Raises ``ValueError`` with a message fit for a form: not a number, path-like, too long,
+    zero or negative, a bool. Whether the id exists is the store's question.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"checkpoint id must be 'latest' or a positive whole number, got {value!r}")
+    if isinstance(value, int):
+        if value < 1:
+            raise ValueError(f"checkpoint id must be >= 1, got {value}")
+        if len(str(value)) > MAX_ID_DIGITS:
+            raise ValueError(f"checkpoint id is too long (at most {MAX_ID_DIGITS} digits)")
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"checkpoint id must be 'latest' or a positive whole number, got {type(value).__name__}")
+    text = value.strip()
+    if text.lower() in LATEST_WORDS:
+        return None
+    if len(text) > MAX_ID_DIGITS:
+        raise ValueError(f"checkpoint id is too long ({len(text)} characters; at most {MAX_ID_DIGITS} digits)")
+    if any(c in text for c in "/\\") or ".." in text or text.startswith("~"):
+        raise ValueError(f"checkpoint id {text!r} looks like a path: give 'latest' or a checkpoint number")
+    if not text.isascii() or not text.isdigit():
+        raise ValueError(f"checkpoint id {text!r} is not a number: give 'latest' or a checkpoint number")
+    number = int(text)
+    if number < 1:
+        raise ValueError(f"checkpoint id must be >= 1, got {number}")
+    return number
+
+
 def location(path: str | os.PathLike[str]) -> Path | ObjectUri:
     """A location in a warehouse: a :class:`~pathlib.Path` on a filesystem, an
     :class:`~checkpoint_lib.objectstore.ObjectUri` on an object store (``s3://``, ``gs://``, ``az://``);

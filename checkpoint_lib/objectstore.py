@@ -69,7 +69,7 @@ class ObjectUri(str):
         return self if head.endswith(":/") else ObjectUri(head)
 
 
-def _store(location: str, options: Mapping[str, str] | None) -> Any:
+def store_at(location: str, options: Mapping[str, str] | None) -> Any:
     """An obstore store scoped to ``location`` (bucket and prefix). ``options`` are object_store
     settings (``aws_endpoint``, ``aws_allow_http``...); obstore reads the rest, ``AWS_ALLOW_HTTP``
     included, from the environment."""
@@ -90,7 +90,7 @@ def _store(location: str, options: Mapping[str, str] | None) -> Any:
     return from_url(url, **kwargs)
 
 
-def _create(store: Any, path: str, data: bytes, location: str) -> bool:
+def create_once(store: Any, path: str, data: bytes, location: str) -> bool:
     """Create ``path`` (under ``location``) iff absent: True if this call created it."""
     import obstore
     from obstore.exceptions import AlreadyExistsError
@@ -156,11 +156,11 @@ def verify_conditional_put(location: str, options: Mapping[str, str] | None = No
     with _verify_lock:
         if location in _verified:
             return
-        store = _store(location, options)
+        store = store_at(location, options)
         probe = f"_conditional_put_probe/{uuid.uuid4().hex}"
-        if not _create(store, probe, b"first", location):
+        if not create_once(store, probe, b"first", location):
             raise ConditionalPutUnsupported(_refusal(location, "a new probe object was reported as existing"))
-        if _create(store, probe, b"second", location):
+        if create_once(store, probe, b"second", location):
             raise ConditionalPutUnsupported(_refusal(location, "a second create of the same object succeeded"))
         import obstore
 
@@ -184,13 +184,13 @@ class ObjectStoreReservations:
     def _ready(self) -> Any:
         if self._store is None:
             verify_conditional_put(self.location, self.options)
-            self._store = _store(self.location, self.options)
+            self._store = store_at(self.location, self.options)
         return self._store
 
     def claim(self, namespace: str, number: int) -> bool:
         # Informative only (who took it, when): an empty marker reserves just as well.
         who = f"{socket.gethostname()}:{os.getpid()} {time.time():.6f}\n".encode()
-        return _create(self._ready(), self._path(namespace, number), who, self.location)
+        return create_once(self._ready(), self._path(namespace, number), who, self.location)
 
     def exists(self, namespace: str, number: int) -> bool:
         import obstore

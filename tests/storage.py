@@ -8,7 +8,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from checkpoint_lib.layout import location
-from checkpoint_lib.objectstore import _store
+from checkpoint_lib.objectstore import store_at
 
 
 def put(path: str | os.PathLike[str], data: bytes) -> None:
@@ -21,4 +21,4 @@ def put(path: str | os.PathLike[str], data: bytes) -> None:
     import obstore
 
     parts = urlsplit(where)
-    obstore.put(_store(f"{parts.scheme}://{parts.netloc}", None), parts.path.strip("/"), data)
+    obstore.put(store_at(f"{parts.scheme}://{parts.netloc}", None), parts.path.strip("/"), data)

@@ -30,10 +30,8 @@ from ..core.types import SubtaskId
 from ..layout import (KEY_GROUP, channel_state_table, checkpoint_root, location, source_manifest, stamp_prefix,
                       state_table, warehouse_location)
 from ..pipeline import TTL_COLUMN, DeltaSource, Pipeline
-from .log import MissingLogError, StepPlanner, latest_version, version_before_txn_above
+from .log import MissingLogError, StepPlanner, latest_version, stamped_checkpoints, version_before_txn_above
 from .store import DeltaCheckpointStore
-
-_SEQUENCE = (1 << 32) - 1
 
 
 def _store(warehouse: str, pipeline: str) -> DeltaCheckpointStore:
@@ -332,21 +330,15 @@ def _sink_line(s: SinkPreview) -> str:
 
 def _stamped_commits(target: Any, prefix: str, after: int, upto: int) -> int:
     """How many commits of versions ``after+1 .. upto`` carry a stamp starting with ``prefix``."""
-    from .log import _actions
-
-    return sum(1 for v in range(after + 1, upto + 1)
-               if any("txn" in a and str(a["txn"].get("appId", "")).startswith(prefix) for a in _actions(target, v)))
+    return sum(1 for v in range(after + 1, upto + 1) if stamped_checkpoints(target, v, prefix))
 
 
 def _newest_stamp(target: Any, prefix: str, upto: int) -> int | None:
     """The checkpoint of the newest commit at or below version ``upto`` stamped by ``prefix``
     (walking the log back), or None."""
-    from .log import _actions
-
     for version in range(upto, -1, -1):
         try:
-            stamps = [int(a["txn"]["version"]) & _SEQUENCE for a in _actions(target, version)
-                      if "txn" in a and str(a["txn"].get("appId", "")).startswith(prefix)]
+            stamps = stamped_checkpoints(target, version, prefix)
         except MissingLogError:
             return None
         if stamps:

@@ -79,7 +79,7 @@ def clear_abandoned_creation(table: str | os.PathLike) -> bool:
     return True
 
 
-def _actions(table: str | os.PathLike, version: int) -> Iterator[dict[str, Any]]:
+def commit_actions(table: str | os.PathLike, version: int) -> Iterator[dict[str, Any]]:
     path = _log(table) / f"{version:020d}.json"
     try:
         text = files_at(path).read_text(path)
@@ -101,7 +101,7 @@ def added_files(table: str | os.PathLike, after: int, upto: int) -> list[AddedFi
     """
     files: list[AddedFile] = []
     for version in range(after + 1, upto + 1):
-        files += _added(table, version, list(_actions(table, version)))
+        files += _added(table, version, list(commit_actions(table, version)))
     return sorted(files)
 
 
@@ -143,7 +143,7 @@ def rows_unchanged_since(table: str | os.PathLike, version: int) -> bool:
         return False
     try:
         for v in range(version + 1, latest + 1):
-            for action in _actions(table, v):
+            for action in commit_actions(table, v):
                 if _changes_metadata(action):
                     return False
                 change = action.get("add") or action.get("remove")
@@ -165,7 +165,7 @@ class StepPlanner:
 
     def _version(self, version: int) -> tuple[list[AddedFile], bool]:
         if version not in self._versions:
-            actions = list(_actions(self.table, version))
+            actions = list(commit_actions(self.table, version))
             changed = any(_changes_metadata(a) for a in actions)
             self._versions[version] = (_added(self.table, version, actions), changed)
         return self._versions[version]
@@ -201,6 +201,13 @@ class StepPlanner:
 _SEQUENCE = (1 << 32) - 1
 
 
+def stamped_checkpoints(table: str | os.PathLike, version: int, app_prefix: str) -> list[int]:
+    """The checkpoints commit ``version`` is stamped with by app ids starting with ``app_prefix``
+    (each stamp's low 32 bits; the high ones name the writer's epoch). Empty: not one of ours."""
+    return [int(a["txn"]["version"]) & _SEQUENCE for a in commit_actions(table, version)
+            if "txn" in a and str(a["txn"].get("appId", "")).startswith(app_prefix)]
+
+
 def version_before_txn_above(table: str | os.PathLike, app_prefix: str, checkpoint_id: int) -> int | None:
     """The table version just before the first commit stamped by an app id starting with
     ``app_prefix`` with a transaction version above ``checkpoint_id`` (what the table held when
@@ -215,8 +222,7 @@ def version_before_txn_above(table: str | os.PathLike, app_prefix: str, checkpoi
         return None
     first_above: int | None = None
     for version in range(latest, -1, -1):
-        stamps = [int(a["txn"]["version"]) & _SEQUENCE for a in _actions(table, version)
-                  if "txn" in a and str(a["txn"].get("appId", "")).startswith(app_prefix)]
+        stamps = stamped_checkpoints(table, version, app_prefix)
         if not stamps:
             continue
         if max(stamps) > checkpoint_id:
@@ -239,7 +245,7 @@ def files_added_since_epoch(table: str | os.PathLike, app_id: str, epoch: int) -
     added: set[str] = set()
     for version in range(-1 if latest is None else latest, -1, -1):
         try:
-            actions = list(_actions(table, version))
+            actions = list(commit_actions(table, version))
         except MissingLogError:
             return None
         stamps = [int(a["txn"]["version"]) >> 32 for a in actions if "txn" in a and a["txn"].get("appId") == app_id]
@@ -278,7 +284,7 @@ def restore_since_stamp(table: str | os.PathLike, app_id: str, checkpoint: int, 
         return None
     for version in range(latest, max(latest - MAX_WALK, -1), -1):
         try:
-            actions = list(_actions(table, version))
+            actions = list(commit_actions(table, version))
         except MissingLogError:
             return None
         info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
@@ -304,7 +310,7 @@ def _metadata_and_protocol(table: str | os.PathLike, version: int) -> tuple[dict
     protocol: dict[str, Any] = {}
     for v in range(version, -1, -1):
         try:
-            actions = list(_actions(table, v))
+            actions = list(commit_actions(table, v))
         except MissingLogError:
             return _metadata_and_protocol_of_snapshot(table, version)
         for action in actions:

@@ -10,6 +10,7 @@ import os
 from typing import TYPE_CHECKING, Any, Mapping
 from urllib.parse import unquote
 
+from ..core.acks import PinnedState
 from ..core.retention import Needs
 from ..files import FileStat, Files, Location, files_at
 from ..layout import channel_state_table, location
@@ -155,19 +156,20 @@ def pinned_state_versions(store: "DeltaCheckpointStore", needs: Needs, operator:
             acks = store.checkpoints.acks(checkpoint_id)
         except Exception:  # no row (the largest id may be a bare pending one), or unreadable
             continue
-        versions = [int(a["state"]["table_version"]) for a in acks
-                    if a["operator"] == operator and "table_version" in a["state"]]
+        versions = [pinned.table_version for a in acks if a["operator"] == operator
+                    for pinned in [PinnedState.held_in(a["state"])] if pinned is not None]
         if versions:
             pinned[checkpoint_id] = min(versions)
     for r in store.acks.table.rows():
         if r["checkpoint_id"] not in needs.pending or not r["subtask"].startswith(f"{operator}["):
             continue
         try:
-            version = json.loads(r["ack_json"])["state"].get("table_version")
-        except (ValueError, KeyError, AttributeError):
+            held = PinnedState.held_in(json.loads(r["ack_json"])["state"])
+        except (ValueError, KeyError, AttributeError, TypeError):
             continue
-        if version is not None:
-            pinned[r["checkpoint_id"]] = min(int(version), pinned.get(r["checkpoint_id"], int(version)))
+        if held is not None:
+            version = held.table_version
+            pinned[r["checkpoint_id"]] = min(version, pinned.get(r["checkpoint_id"], version))
     return pinned
 
 

@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..core.acks import SourceAckState
 from ..core.types import CheckpointStatus
 from ..files import files_at
 from ..layout import control_table, location
@@ -113,7 +114,8 @@ def collect(pipeline_name: str, warehouse: str) -> dict[str, Any]:
         offset = None
         if cid is not None:
             try:
-                offset = next((a["state"].get("version") for a in store.checkpoints.acks(cid) if a["operator"] == "source"), None)
+                offset = next((SourceAckState.from_state(a["state"]).version
+                               for a in store.checkpoints.acks(cid) if a["operator"] == "source"), None)
             except Exception:  # an unknown id: show the row without the offset
                 offset = None
         check = next((v for v in validations if v["kind"] == "restore" and v["epoch"] == e["epoch"]), None)

@@ -48,6 +48,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from ..core.acks import KeyedAckState, PinnedState, SourceAckState
 from ..core.types import CheckpointStatus, sink_operator
 from ..delta import log as delta_log
 from ..delta.sessions import RESTORED
@@ -152,12 +153,12 @@ def checkpoint_facts(ctx: Context, checkpoint_id: int | None) -> CheckpointFacts
     sources = [a for a in acks if a["operator"] == "source"]
     if not sources:
         raise QualityCheckError(f"checkpoint {checkpoint_id} has no source acknowledgement (no offsets)")
-    state = sources[0]["state"]
-    barrier = state.get("barrier_seq")
-    per_sender = state.get("barrier_seqs")
-    return CheckpointFacts(checkpoint_id, int(row["epoch"]), acks, int(state.get("version", -1)),
-                           None if barrier is None else int(barrier),
-                           None if per_sender is None else {int(k): int(v) for k, v in per_sender.items()})
+    try:
+        source = SourceAckState.from_state(sources[0]["state"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise QualityCheckError(f"checkpoint {checkpoint_id}'s source acknowledgement is malformed ({e!r})") from None
+    return CheckpointFacts(checkpoint_id, int(row["epoch"]), acks, source.version, source.barrier_seq,
+                           None if source.barrier_seqs is None else dict(source.barrier_seqs))
 
 
 def latest_restore(ctx: Context) -> RestoreFacts | None:
@@ -226,8 +227,9 @@ def snapshot_state(ctx: Context, acks: list[dict[str, Any]]) -> DataFrame:
     for a in sorted(acks, key=lambda a: a["index"]):
         if a["operator"] != p.operator_uid:
             continue
-        lo, hi = a["state"]["key_groups"]
-        ranges.setdefault(int(a["state"]["table_version"]), []).append((int(lo), int(hi)))
+        pinned = PinnedState.held_in(a["state"])
+        if pinned is not None:
+            ranges.setdefault(pinned.table_version, []).append((pinned.key_groups.start, pinned.key_groups.end))
     parts = []
     for version, groups in sorted(ranges.items()):  # one read per version (subtasks usually share one)
         pinned = F.lit(False)
@@ -513,9 +515,12 @@ def checkpoint_views(ctx: Context, facts: CheckpointFacts) -> dict[str, DataFram
             )
             groups_ok = True
             if a is not None and operator == p.operator_uid:  # keyed state: a pinned version and its key groups
-                sizes = sizes and "table_version" in a["state"]
-                want = range_for_subtask(i, P, p.max_parallelism).to_list()
-                groups_ok = list(a["state"].get("key_groups", [])) == list(want)
+                try:
+                    pinned = PinnedState.held_in(a["state"])
+                except (KeyError, TypeError, ValueError):
+                    pinned = None
+                sizes = sizes and pinned is not None
+                groups_ok = pinned is not None and pinned.key_groups == range_for_subtask(i, P, p.max_parallelism)
             rows.append((f"{operator}[{i}]", operator, i, a is not None, bool(sizes), groups_ok,
                          int(a["channel_state_rows"]) if a is not None and operator == p.operator_uid else 0))
     meta = ctx.spark.createDataFrame(
@@ -538,8 +543,9 @@ def checkpoint_views(ctx: Context, facts: CheckpointFacts) -> dict[str, DataFram
     barrier = F.lit(facts.barrier_seq if facts.barrier_seq is not None else -1).cast("long")
     barriers = dict(facts.barrier_seqs or {})
     for a in facts.keyed_acks(p.operator_uid):  # a cycle: feedback channel S + i, i's forwarded barrier
-        if "feedback_barrier_seq" in a["state"]:
-            barriers[S + int(a["index"])] = int(a["state"]["feedback_barrier_seq"])
+        forwarded = KeyedAckState.from_state(a["state"]).feedback_barrier_seq
+        if forwarded is not None:
+            barriers[S + int(a["index"])] = forwarded
     if barriers:  # n >= m per channel: a segment must precede ITS sender's barrier
         positions = F.create_map(*[F.lit(x) for kv in sorted(barriers.items()) for x in kv])
         barrier = F.coalesce(positions[F.col("sender")].cast("long"), F.lit(-1).cast("long"))

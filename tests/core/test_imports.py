@@ -121,3 +121,52 @@ def test_importing_the_core_loads_no_engine():
             f"print(sorted(m for m in sys.modules if m.split('.')[0] in {ENGINES!r}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def private_uses(root: Path = ROOT, package: str = PACKAGE) -> list[str]:
+    """Each use of another module's private name (``_x``, not a dunder): imported by name
+    (``from .log import _actions``) or reached through an imported module (``log._actions``)."""
+    mods = modules(root, package)
+    found = []
+
+    def private(attr: str) -> bool:
+        return attr.startswith("_") and not attr.startswith("__")
+
+    for name, (path, is_package) in sorted(mods.items()):
+        aliases: dict[str, str] = {}  # a local name bound to one of the package's modules
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = name.split(".") if is_package else name.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)] if node.level else []
+                target = ".".join(base + ([node.module] if node.module else [])) if node.level else (node.module or "")
+                for a in node.names:
+                    if f"{target}.{a.name}" in mods:
+                        aliases[a.asname or a.name] = f"{target}.{a.name}"
+                    elif private(a.name) and target in mods and target != name:
+                        found.append(f"{name}:{node.lineno} imports {target}.{a.name}")
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name in mods and a.asname:
+                        aliases[a.asname] = a.name
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and private(node.attr) and isinstance(node.value, ast.Name)
+                    and aliases.get(node.value.id, name) != name):
+                found.append(f"{name}:{node.lineno} uses {aliases[node.value.id]}.{node.attr}")
+    return found
+
+
+def test_no_module_uses_another_modules_private_names():
+    assert private_uses() == []
+
+
+def test_the_private_use_finder_finds_both_kinds(tmp_path):
+    pkg = tmp_path / PACKAGE
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def _helper(): pass\n_x = 1\ndef public(): return _helper()\n")
+    (pkg / "b.py").write_text("from .a import _helper\n")
+    (pkg / "c.py").write_text("from . import a\ndef f(): return a._x\n")
+    (pkg / "d.py").write_text("from . import a\ndef f(self): return self._x, a.public()\n")
+    assert private_uses(tmp_path) == ["checkpoint_lib.b:1 imports checkpoint_lib.a._helper",
+                                      "checkpoint_lib.c:2 uses checkpoint_lib.a._x"]

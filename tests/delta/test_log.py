@@ -71,8 +71,8 @@ def test_the_step_planner_plans_what_plan_steps_does_and_parses_each_commit_once
     table = _table(storage_root, 7)  # versions 0..6, one row each
     want = {after: plan_steps(added_files(table, after, 6), 3)[0] for after in (-1, 2, 5)}
     parsed = []
-    actions = log._actions
-    monkeypatch.setattr(log, "_actions", lambda t, v: parsed.append(v) or actions(t, v))
+    actions = log.commit_actions
+    monkeypatch.setattr(log, "commit_actions", lambda t, v: parsed.append(v) or actions(t, v))
     planner = StepPlanner(table)
     offset, steps = -1, []
     while offset < 6:

@@ -160,12 +160,12 @@ def copy_tree(source, target) -> None:
         return
     import obstore
 
-    from checkpoint_lib.objectstore import _store
+    from checkpoint_lib.objectstore import store_at
 
     files = list(files_at(source).walk(source))
     assert files, source
     bucket = f"s3://{urlsplit(source).netloc}"
-    store = _store(bucket, None)
+    store = store_at(bucket, None)
     key = lambda uri: urlsplit(uri).path.strip("/")  # noqa: E731
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda f: obstore.copy(store, key(f), key(target / f[len(source) + 1:])), files))

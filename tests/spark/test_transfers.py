@@ -189,19 +189,19 @@ def test_the_commit_phase_commits_only_a_validated_checkpoint(spark, tmp_path, t
     runner = PipelineRunner(get("transfers"), str(tmp_path), spark, mode="unaligned", rows_per_checkpoint=ROWS)
     die_before_validating(runner, tmp_path, spark, at=1, tamper=tamper)
     control = PipelineControl(str(tmp_path), "transfers")
-    sinks = control._sinks(None)
-    assert any(not sinks[n].is_committed(t) for n, ts in control._owned_transactions(1).items() for t in ts)
+    sinks = control.commit_phase.sinks(None)
+    assert any(not sinks[n].is_committed(t) for n, ts in control.commit_phase.owned_transactions(1).items() for t in ts)
     if tamper:
         with pytest.raises(QualityCheckFailed, match="conservation"):
             control.commit(1, spark=spark)
         assert store(tmp_path).checkpoints.status(1)["status"] == "discarded"
-        stamps = {n: s.committed_checkpoint(runner.epoch) for n, s in control._sinks(None).items()}
+        stamps = {n: s.committed_checkpoint(runner.epoch) for n, s in control.commit_phase.sinks(None).items()}
         assert all(stamp < 1 for stamp in stamps.values()), stamps  # nothing of checkpoint 1 is visible
     else:
         outcome = control.commit(1, spark=spark)
         assert outcome.committed and store(tmp_path).verdicts.validated(1)
-        sinks = control._sinks(None)
-        assert all(sinks[n].is_committed(t) for n, ts in control._owned_transactions(1).items() for t in ts)
+        sinks = control.commit_phase.sinks(None)
+        assert all(sinks[n].is_committed(t) for n, ts in control.commit_phase.owned_transactions(1).items() for t in ts)
 
 
 @pytest.mark.slow
