@@ -81,8 +81,8 @@ def test_an_error_of_many_lines_is_shown_whole_without_jvm_frames(monkeypatch, t
 
 def test_a_closed_pipe_ends_quietly_with_success(tmp_path):
     """``ckpt ... -o json | head``: the reader leaves before the JSON is written."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(cli.__file__).parents[1]),
-                                                        os.environ.get("PYTHONPATH", "")])}
+    checkout = Path(cli.__file__).parents[2]  # the folder holding checkpoint_lib/ (cli/__init__.py)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(checkout), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-m", "checkpoint_lib.cli", "pipelines", "-o", "json"], cwd=tmp_path,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdout.close()  # the reader is gone before the first write

@@ -18,8 +18,8 @@ import sys
 import time
 from typing import Any, Mapping, Sequence
 
-from .core.decider import DEFAULT_ROWS_PER_STEP
-from .core.types import MODES, CheckpointStatus
+from ..core.decider import DEFAULT_ROWS_PER_STEP
+from ..core.types import MODES, CheckpointStatus
 
 DEFAULT_WAREHOUSE = os.environ.get("CKPT_WAREHOUSE", "warehouse")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_USER_ERROR, EXIT_QUALITY = 0, 1, 2, 3, 4
@@ -79,7 +79,7 @@ def _emit(document: Any) -> None:
 
 
 def _spark(args: argparse.Namespace):
-    from .spark.session import get_spark, use_warehouse
+    from ..spark.session import get_spark, use_warehouse
 
     spark = get_spark(master=getattr(args, "master", None), app_name="ckpt",
                       extra_conf=dict(getattr(args, "spark_conf", None) or ()))
@@ -114,7 +114,7 @@ def _spark_conf_pair(text: str) -> tuple[str, str]:
 
 
 def _pipeline(name: str):
-    from .pipelines import get
+    from ..pipelines import get
 
     return get(name)
 
@@ -125,7 +125,7 @@ def _resolve_pipeline(args: argparse.Namespace) -> None:
     ref = getattr(args, "pipeline", None)
     if not isinstance(ref, str):
         return
-    from .pipelines import is_reference, name_of
+    from ..pipelines import is_reference, name_of
 
     if is_reference(ref) and os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
@@ -136,14 +136,14 @@ def _resolve_pipeline(args: argparse.Namespace) -> None:
 
 
 def _cmd_setup(args: argparse.Namespace) -> int:
-    from .spark.jars import setup_main
+    from ..spark.jars import setup_main
 
     return setup_main()
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from .doctor import diagnose, to_json
-    from .spark.session import resolve_master
+    from ..doctor import diagnose, to_json
+    from ..spark.session import resolve_master
 
     show = None if _json(args) else (lambda check: print(check.line(), flush=True))
     checks = diagnose(args.warehouse, resolve_master(args.master), with_spark=not args.no_spark, progress=show)
@@ -156,7 +156,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from .demo_sim import run_demo
+    from ..demo_sim import run_demo
 
     ok = run_demo(records_per_source=args.records, seed=args.seed)
     print("\nall exactly-once modes reproduced the failure-free result" if ok else "\nMISMATCH")
@@ -203,7 +203,7 @@ def _generator_option(text: str) -> tuple[str, Any]:
 
 
 def _cmd_pipelines(args: argparse.Namespace) -> int:
-    from .pipelines import get, names, ref_of
+    from ..pipelines import get, names, ref_of
 
     rows = []
     for name in names():
@@ -223,8 +223,8 @@ def _cmd_pipelines(args: argparse.Namespace) -> int:
 
 
 def _runner(args: argparse.Namespace, **kw: Any):
-    from .core.decider import CheckpointConfig
-    from .spark.runner import PipelineRunner
+    from ..core.decider import CheckpointConfig
+    from ..spark.runner import PipelineRunner
 
     config = CheckpointConfig(
         interval=args.interval, min_pause=args.min_pause, max_concurrent=1, timeout=args.timeout,
@@ -346,7 +346,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_recover(args: argparse.Namespace) -> int:
     if args.dry_run:  # delta-rs only: no JVM
-        from .delta.inspect import recovery_preview
+        from ..delta.inspect import recovery_preview
 
         preview = recovery_preview(args.warehouse, _pipeline(args.pipeline), args.checkpoint)
         if _json(args):
@@ -364,11 +364,11 @@ def _cmd_recover(args: argparse.Namespace) -> int:
 
 
 def _cmd_savepoint(args: argparse.Namespace) -> int:
-    from .core.types import CheckpointKind
+    from ..core.types import CheckpointKind
 
     if args.stage == "keyed":
         raise ValueError("a savepoint is injected by the source stage: use --stage source or all")
-    from .control import PipelineControl
+    from ..control import PipelineControl
 
     control = PipelineControl(args.warehouse, args.pipeline)
     if args.request_timeout > 0 and control.source_running():
@@ -399,9 +399,9 @@ def _savepoint_taken(args: argparse.Namespace, checkpoint_id: int, done: str, st
 
 
 def _cmd_checkpoints(args: argparse.Namespace) -> int:
-    from .delta.store import DeltaCheckpointStore
-    from .history import format_table, with_durations
-    from .layout import checkpoint_root
+    from ..delta.store import DeltaCheckpointStore
+    from ..history import format_table, with_durations
+    from ..layout import checkpoint_root
 
     store = DeltaCheckpointStore.existing(checkpoint_root(args.warehouse, args.pipeline))
     if args.action == "list":
@@ -438,8 +438,8 @@ def _nested_acks(row: Mapping[str, Any]) -> dict[str, Any]:
 
 def _cmd_state(args: argparse.Namespace) -> int:
     """Read with delta-rs: no JVM."""
-    from .delta import inspect
-    from .history import format_table
+    from ..delta import inspect
+    from ..history import format_table
 
     if args.key is not None and args.what != "operator":
         raise ValueError(f"--key picks a key of the operator's state: ckpt state operator {args.pipeline} --key ...")
@@ -494,13 +494,13 @@ def _validate(args: argparse.Namespace, kinds: Sequence[str]) -> tuple[int, list
     """Run the quality suites (GX): the exit code (:data:`EXIT_QUALITY` when one failed; it is
     recorded in the pipeline's ``validations`` table either way) and one dict per suite. Their
     summaries are printed, on stderr with ``-o json``."""
-    from .quality import QualityCheckFailed, validate_checkpoint, validate_restore
-    from .quality.paths import check_pipeline_name, warehouse_root
+    from ..quality import QualityCheckFailed, validate_checkpoint, validate_restore
+    from ..quality.paths import check_pipeline_name, warehouse_root
 
     check_pipeline_name(args.pipeline)  # bad input fails before Spark starts
     warehouse_root(args.warehouse)
-    from .quality.spec import get_spec
-    from .quality.validate import suite_for
+    from ..quality.spec import get_spec
+    from ..quality.validate import suite_for
 
     run = {"restore": validate_restore, "checkpoint": validate_checkpoint}
     out = sys.stderr if _json(args) else sys.stdout
@@ -541,7 +541,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from .quality import write_report
+    from ..quality import write_report
 
     path = write_report(args.pipeline, args.warehouse, args.out)
     if _json(args):
@@ -552,8 +552,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_maintain(args: argparse.Namespace) -> int:
-    from .maintenance import RetentionPolicy, maintain
-    from .quality.paths import check_pipeline_name, warehouse_root
+    from ..maintenance import RetentionPolicy, maintain
+    from ..quality.paths import check_pipeline_name, warehouse_root
 
     check_pipeline_name(args.pipeline)  # bad input fails before Spark starts
     warehouse_root(args.warehouse)
@@ -579,7 +579,7 @@ def _non_negative(text: str) -> float:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from ..demo import run_demo
 
     return run_demo(args.warehouse, rows=args.rows)
 
@@ -667,7 +667,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .maintenance import RetentionPolicy
+    from ..maintenance import RetentionPolicy
 
     formatter = _formatter()
     epilog = "exit codes:\n" + "\n".join(f"  {code}  {meaning}" for code, meaning in EXIT_CODES.items())
@@ -833,7 +833,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _json_stdout = _json(args)
     if debug:  # Spark's own log profile, for this process and the ones it starts
         os.environ.setdefault("CKPT_SPARK_LOG", "spark")
-    from .core.errors import CheckpointError
+    from ..core.errors import CheckpointError
 
     try:
         _resolve_pipeline(args)
@@ -882,6 +882,3 @@ def _message(exc: BaseException) -> str:
         lines = lines[:MAX_ERROR_LINES] + [f"... {len(lines) - MAX_ERROR_LINES} more lines (--debug shows them)"]
     return "\n".join(lines[:1] + [line if line[:1].isspace() else "  " + line for line in lines[1:]])
 
-
-if __name__ == "__main__":
-    sys.exit(main())
