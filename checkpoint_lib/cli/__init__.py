@@ -20,17 +20,14 @@ from typing import Any, Mapping, Sequence
 
 from ..core.decider import DEFAULT_ROWS_PER_STEP
 from ..core.types import MODES, CheckpointStatus
+from . import context
+from .output import (EXIT_CODES, EXIT_FAILED, EXIT_OK, EXIT_QUALITY, EXIT_USAGE, EXIT_USER_ERROR, MAX_ERROR_LINES,
+                     RowsBar, StepsBar, bar_wanted, emit, error_message, progress, set_json_stdout, wants_json)
 
 DEFAULT_WAREHOUSE = os.environ.get("CKPT_WAREHOUSE", "warehouse")
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_USER_ERROR, EXIT_QUALITY = 0, 1, 2, 3, 4
-EXIT_CODES = {
-    EXIT_OK: "success",
-    EXIT_FAILED: "a run or check failed",
-    EXIT_USAGE: "bad arguments",
-    EXIT_USER_ERROR: "a clear user error: unknown pipeline, checkpoint or warehouse, incompatible snapshot, bad input",
-    EXIT_QUALITY: "a data-quality suite (Great Expectations) failed",
-}
-_json_stdout = False  # -o json: stdout holds the JSON alone; progress goes to stderr
+__all__ = ["main", "build_parser", "DEFAULT_WAREHOUSE", "EXIT_CODES", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE",
+           "EXIT_USER_ERROR", "EXIT_QUALITY", "MAX_ERROR_LINES", "RowsBar", "StepsBar", "bar_wanted", "emit"]
+_bar_wanted, _emit = bar_wanted, emit  # their names before the command line was a package
 
 
 def _positive_int(text: str) -> int:
@@ -53,83 +50,11 @@ def _fraction(text: str) -> float:
     return value
 
 
-def _progress(message: str) -> None:
-    print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {message}", file=sys.stderr if _json_stdout else sys.stdout,
-          flush=True)
-
-
-def _json(args: argparse.Namespace) -> bool:
-    return getattr(args, "output", "table") == "json"
-
-
-def _json_value(value: Any) -> Any:
-    """What ``-o json`` writes for a value JSON has no type for: a time as ISO 8601, bytes as hex,
-    anything else (a Decimal, a path) as its text."""
-    if hasattr(value, "isoformat"):
-        return value.isoformat()
-    if isinstance(value, (bytes, bytearray)):
-        return value.hex()
-    return str(value)
-
-
-def _emit(document: Any) -> None:
-    """``-o json``: the command's one JSON document on stdout (nested objects, never JSON in a
-    string); everything else a command says goes to stderr."""
-    print(json.dumps(document, indent=2, default=_json_value), flush=True)
-
-
-def _spark(args: argparse.Namespace):
-    from ..spark.session import get_spark, use_warehouse
-
-    spark = get_spark(master=getattr(args, "master", None), app_name="ckpt",
-                      extra_conf=dict(getattr(args, "spark_conf", None) or ()))
-    if getattr(args, "warehouse", None):
-        use_warehouse(spark, args.warehouse)
-    return spark
-
-
-def _import_in_background(module: str) -> None:
-    """Import ``module`` on a daemon thread (its cost overlaps the caller's wait for Spark); the
-    first real use waits on Python's import lock for it, and an import error shows there."""
-    import importlib
-    import threading
-
-    if module in sys.modules:  # (recover asks before its run, and its validation again)
-        return
-
-    def load() -> None:
-        try:
-            importlib.import_module(module)
-        except Exception:  # shown where the module is used
-            pass
-
-    threading.Thread(target=load, name=f"import {module}", daemon=True).start()
-
-
 def _spark_conf_pair(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
         raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
     return key.strip(), value
-
-
-def _pipeline(name: str):
-    from ..pipelines import get
-
-    return get(name)
-
-
-def _resolve_pipeline(args: argparse.Namespace) -> None:
-    """``args.pipeline`` as a name: a ``module:attr`` reference is imported (from the current
-    directory too, like ``python -m``) and known by its name to the rest of the process."""
-    ref = getattr(args, "pipeline", None)
-    if not isinstance(ref, str):
-        return
-    from ..pipelines import is_reference, name_of
-
-    if is_reference(ref) and os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    args.pipeline = name_of(ref)
 
 
 # --- commands --------------------------------------------------------------------------------
@@ -145,12 +70,12 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     from ..doctor import diagnose, to_json
     from ..spark.session import resolve_master
 
-    show = None if _json(args) else (lambda check: print(check.line(), flush=True))
+    show = None if wants_json(args) else (lambda check: print(check.line(), flush=True))
     checks = diagnose(args.warehouse, resolve_master(args.master), with_spark=not args.no_spark, progress=show)
-    if _json(args):
-        _emit(to_json(checks))
+    if wants_json(args):
+        emit(to_json(checks))
     failed = [c.name for c in checks if not c.ok]
-    if not _json(args):
+    if not wants_json(args):
         print(f"\n{len(checks) - len(failed)} of {len(checks)} checks OK" + (f"; failed: {', '.join(failed)}" if failed else ""))
     return EXIT_FAILED if failed else EXIT_OK
 
@@ -164,7 +89,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    pipeline = _pipeline(args.pipeline)
+    pipeline = context.pipeline(args.pipeline)
     if pipeline.generator_fn is None:
         raise ValueError(f"pipeline {args.pipeline!r} has no generator (declare one with .generator(fn))")
     options = dict(args.option or ())
@@ -172,8 +97,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
     _check_generator_options(pipeline.generator_fn, options)
-    version = pipeline.generator_fn(_spark(args), args.warehouse, args.rows, bad_fraction=args.bad_fraction,
-                                    seed=args.seed, **options)
+    version = pipeline.generator_fn(context.spark_session(args), args.warehouse, args.rows,
+                                    bad_fraction=args.bad_fraction, seed=args.seed, **options)
     print(f"appended {args.rows} rows to {args.warehouse}/{pipeline.source_spec.path} as version {version}")
     return 0
 
@@ -212,8 +137,8 @@ def _cmd_pipelines(args: argparse.Namespace) -> int:
                      "source": p.source_spec.path, "sinks": {n: s.path for n, s in p.sinks.items()},
                      "operator": p.operator_uid, "keyed": p.keyed, "generator": p.generator_fn is not None,
                      "quality": p.quality_spec is not None})
-    if _json(args):
-        _emit(rows)
+    if wants_json(args):
+        emit(rows)
         return 0
     for r in rows:
         extras = [w for w in ("generator", "quality") if r[w]]
@@ -232,78 +157,18 @@ def _runner(args: argparse.Namespace, **kw: Any):
     )
     source, operator = getattr(args, "source_parallelism", None), getattr(args, "parallelism", None)
     given = [f"--{flag} {n}" for flag, n in (("source-parallelism", source), ("parallelism", operator)) if n is not None]
-    pipeline = _pipeline(args.pipeline).with_parallelism(
+    pipeline = context.pipeline(args.pipeline).with_parallelism(
         source=source, operator=operator, origin=" ".join(given)
     )
     mode = args.mode or ("unaligned" if pipeline.feedback else "aligned")
     return PipelineRunner(
-        pipeline, args.warehouse, _spark(args), mode=mode,
-        rows_per_checkpoint=args.rows_per_checkpoint, config=config, progress=_progress,
+        pipeline, args.warehouse, context.spark_session(args), mode=mode,
+        rows_per_checkpoint=args.rows_per_checkpoint, config=config, progress=progress,
         alignment_timeout=args.alignment_timeout, stage=args.stage,
         poll_interval=getattr(args, "poll", 1.0), lagging_sources=getattr(args, "lagging_sources", 0),
         state_compact_every=getattr(args, "state_compact_every", 32),
         chaining=not getattr(args, "no_chaining", False), **kw,
     )
-
-
-class RowsBar:
-    """A live bar over the rows a run has to read - done, total, rate, time left - on a terminal
-    (rich); the runner's progress lines print above it. ``total`` grows if more data lands."""
-
-    def __init__(self, total: int, console: Any = None):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self.progress = Progress(
-            TextColumn("[bold]reading"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),
-            TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=console, transient=False,
-        )
-        self.task = self.progress.add_task("rows", total=max(total, 1), rate="")
-
-    def update(self, rows: int, seconds: float, backlog: int | None = None) -> None:
-        total = rows + backlog if backlog is not None else None
-        rate = f"{rows / seconds:,.0f} rows/s" if seconds > 0 else ""
-        self.progress.update(self.task, completed=rows, rate=rate,
-                             **({"total": max(total, rows, 1)} if total is not None else {}))
-
-    def __enter__(self) -> "RowsBar":
-        self.progress.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.progress.stop()
-
-
-class StepsBar:
-    """A live bar over a validation's steps - each view computed, then validated - on a terminal
-    (rich), naming the step in progress."""
-
-    def __init__(self, title: str, total: int, console: Any = None):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.progress = Progress(
-            TextColumn(f"[bold]{title}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[step]}"),
-            TimeElapsedColumn(), console=console, transient=False,
-        )
-        self.task = self.progress.add_task(title, total=max(total, 1), step="")
-
-    def step(self, step: str, view: str) -> None:
-        self.progress.update(self.task, advance=1, step=f"{view} {step}")
-
-    def __enter__(self) -> "StepsBar":
-        self.progress.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.progress.update(self.task, completed=self.progress.tasks[0].total)
-        self.progress.stop()
-
-
-def _bar_wanted(args: argparse.Namespace) -> bool:
-    if _json(args) or not sys.stdout.isatty():
-        return False  # plain lines: a log file or a pipe gets the progress messages only
-    import importlib.util
-
-    return importlib.util.find_spec("rich") is not None
 
 
 def _run(args: argparse.Namespace, recover: bool = False) -> dict[str, Any]:
@@ -314,7 +179,7 @@ def _run(args: argparse.Namespace, recover: bool = False) -> dict[str, Any]:
     run = functools.partial(runner.run, until_caught_up=args.until_caught_up, max_steps=args.max_steps,
                             handle_signals=True)
     backlog = None
-    if _bar_wanted(args):
+    if bar_wanted(args):
         runner.open()  # the recovery, if any, says what it restored before the bar starts
         backlog = runner.backlog_rows()
     if backlog:
@@ -324,7 +189,7 @@ def _run(args: argparse.Namespace, recover: bool = False) -> dict[str, Any]:
     else:
         summary = run()
     rate = summary.rows_in / summary.seconds if summary.seconds else 0.0
-    if not _json(args):
+    if not wants_json(args):
         print(
             f"epoch {summary.epoch}: read {summary.rows_in:,} rows in {summary.seconds:.1f} s ({rate:,.0f} rows/s), "
             f"{len(summary.completed)} checkpoints completed, {len(summary.aborted)} aborted"
@@ -339,8 +204,8 @@ def _run(args: argparse.Namespace, recover: bool = False) -> dict[str, Any]:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     summary = _run(args)
-    if _json(args):
-        _emit(summary)
+    if wants_json(args):
+        emit(summary)
     return EXIT_OK
 
 
@@ -348,18 +213,18 @@ def _cmd_recover(args: argparse.Namespace) -> int:
     if args.dry_run:  # delta-rs only: no JVM
         from ..delta.inspect import recovery_preview
 
-        preview = recovery_preview(args.warehouse, _pipeline(args.pipeline), args.checkpoint)
-        if _json(args):
-            _emit(preview.to_dict())
+        preview = recovery_preview(args.warehouse, context.pipeline(args.pipeline), args.checkpoint)
+        if wants_json(args):
+            emit(preview.to_dict())
         else:
             print(preview.describe())
         return EXIT_OK
     if not args.no_validate:
-        _import_in_background("great_expectations")  # the validation's imports, while the run runs
+        context.import_in_background("great_expectations")  # the validation's imports, while the run runs
     summary = _run(args, recover=True)
     code, validations = (EXIT_OK, []) if args.no_validate else _validate(args, kinds=("restore",))
-    if _json(args):
-        _emit({**summary, "validations": validations})
+    if wants_json(args):
+        emit({**summary, "validations": validations})
     return code
 
 
@@ -382,7 +247,7 @@ def _cmd_savepoint(args: argparse.Namespace) -> int:
                 "injected into the running pipeline (it completes when its keyed stage runs)"
             return _savepoint_taken(args, checkpoint_id, done,
                                     CheckpointStatus.COMPLETED if state == CheckpointStatus.COMPLETED else "injected")
-        _progress(f"no running source step took the savepoint request within {args.request_timeout:g} s: "
+        progress(f"no running source step took the savepoint request within {args.request_timeout:g} s: "
                   "its process is gone; recovering and taking the savepoint here")
     checkpoint_id = _runner(args).run(max_steps=0, final_kind=CheckpointKind.SAVEPOINT).final
     done = "taken" if args.stage == "all" else "injected (it completes when the keyed stage runs)"
@@ -390,8 +255,8 @@ def _cmd_savepoint(args: argparse.Namespace) -> int:
 
 
 def _savepoint_taken(args: argparse.Namespace, checkpoint_id: int, done: str, status: str) -> int:
-    if _json(args):
-        _emit({"pipeline": args.pipeline, "savepoint": checkpoint_id, "status": status})
+    if wants_json(args):
+        emit({"pipeline": args.pipeline, "savepoint": checkpoint_id, "status": status})
     else:
         print(f"savepoint {checkpoint_id} {done}; retention never deletes it; "
               f"start from it with: ckpt run {args.pipeline} --checkpoint {checkpoint_id}")
@@ -406,8 +271,8 @@ def _cmd_checkpoints(args: argparse.Namespace) -> int:
     store = DeltaCheckpointStore.existing(checkpoint_root(args.warehouse, args.pipeline))
     if args.action == "list":
         rows = with_durations(store.checkpoints.history()[: args.limit])
-        if _json(args):
-            _emit([_nested_acks(r) for r in rows])
+        if wants_json(args):
+            emit([_nested_acks(r) for r in rows])
         else:
             print(format_table(rows, ["checkpoint_id", "kind", "status", "epoch", "trigger_time", "duration_ms",
                                       "state_bytes", "channel_state_rows", "alignment_ms", "unaligned",
@@ -416,8 +281,8 @@ def _cmd_checkpoints(args: argparse.Namespace) -> int:
     if args.id is None:
         raise ValueError("checkpoints show needs a checkpoint id")
     acks = store.checkpoints.acks(args.id)
-    if _json(args):
-        _emit(acks)
+    if wants_json(args):
+        emit(acks)
     else:
         print(format_table([{k: v for k, v in a.items() if k != "state"} for a in acks]))
         for a in acks:
@@ -443,15 +308,15 @@ def _cmd_state(args: argparse.Namespace) -> int:
 
     if args.key is not None and args.what != "operator":
         raise ValueError(f"--key picks a key of the operator's state: ckpt state operator {args.pipeline} --key ...")
-    pipeline = _pipeline(args.pipeline)
+    pipeline = context.pipeline(args.pipeline)
     if args.what == "operator":
         doc = inspect.operator_state(args.warehouse, pipeline, args.checkpoint, key=args.key, limit=args.limit)
     elif args.what == "channel":
         doc = inspect.channel_state(args.warehouse, pipeline, args.checkpoint, limit=args.limit)
     else:
         doc = inspect.handles(args.warehouse, pipeline, args.checkpoint)
-    if _json(args):
-        _emit(doc)
+    if wants_json(args):
+        emit(doc)
         return EXIT_OK
     at = f"{doc['kind']} {doc['checkpoint_id']} (completed {_utc(doc['completed_at'])})"
     if args.what == "operator":
@@ -503,15 +368,15 @@ def _validate(args: argparse.Namespace, kinds: Sequence[str]) -> tuple[int, list
     from ..quality.validate import suite_for
 
     run = {"restore": validate_restore, "checkpoint": validate_checkpoint}
-    out = sys.stderr if _json(args) else sys.stdout
-    _import_in_background("great_expectations")  # seconds of imports, while the JVM starts
+    out = sys.stderr if wants_json(args) else sys.stdout
+    context.import_in_background("great_expectations")  # seconds of imports, while the JVM starts
     code, results = EXIT_OK, []
-    spark = _spark(args)
+    spark = context.spark_session(args)
     for kind in kinds:
         title = f"validating {kind}"
         started = time.monotonic()
         try:
-            if _bar_wanted(args):  # each view computed, then validated
+            if bar_wanted(args):  # each view computed, then validated
                 with StepsBar(title, 2 * len(suite_for(kind, get_spec(args.pipeline)).views)) as bar:
                     result = run[kind](spark, args.pipeline, args.warehouse, getattr(args, "checkpoint", None),
                                        progress=bar.step)
@@ -535,8 +400,8 @@ def _validate(args: argparse.Namespace, kinds: Sequence[str]) -> tuple[int, list
 def _cmd_validate(args: argparse.Namespace) -> int:
     kinds = ("restore", "checkpoint") if args.suite == "all" else (args.suite,)
     code, results = _validate(args, kinds)
-    if _json(args):
-        _emit(results)
+    if wants_json(args):
+        emit(results)
     return code
 
 
@@ -544,8 +409,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from ..quality import write_report
 
     path = write_report(args.pipeline, args.warehouse, args.out)
-    if _json(args):
-        _emit({"pipeline": args.pipeline, "report": str(path)})
+    if wants_json(args):
+        emit({"pipeline": args.pipeline, "report": str(path)})
     else:
         print(f"report: {path}")
     return 0
@@ -559,10 +424,10 @@ def _cmd_maintain(args: argparse.Namespace) -> int:
     warehouse_root(args.warehouse)
     policy = RetentionPolicy(request_days=args.request_days, result_days=args.result_days,
                              file_retention_hours=args.file_retention_hours)
-    report = maintain(args.warehouse, args.pipeline, None if args.no_spark else _spark(args), dry_run=args.dry_run,
-                      policy=policy)
-    if _json(args):
-        _emit(report.to_dict())
+    report = maintain(args.warehouse, args.pipeline, None if args.no_spark else context.spark_session(args),
+                      dry_run=args.dry_run, policy=policy)
+    if wants_json(args):
+        emit(report.to_dict())
     else:
         print(report.describe())
     return 0
@@ -820,7 +685,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    global _json_stdout
     parser = build_parser()
     try:  # shell completion: eval "$(register-python-argcomplete ckpt)"
         import argcomplete
@@ -830,13 +694,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         pass
     args = parser.parse_args(argv)
     debug = getattr(args, "debug", False)
-    _json_stdout = _json(args)
+    set_json_stdout(wants_json(args))
     if debug:  # Spark's own log profile, for this process and the ones it starts
         os.environ.setdefault("CKPT_SPARK_LOG", "spark")
     from ..core.errors import CheckpointError
 
     try:
-        _resolve_pipeline(args)
+        context.resolve_pipeline(args)
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
         return code
@@ -848,12 +712,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CheckpointError, ValueError, LookupError, FileNotFoundError) as exc:
         if debug:
             raise
-        print(f"ckpt: error: {_message(exc)}", file=sys.stderr)
+        print(f"ckpt: error: {error_message(exc)}", file=sys.stderr)
         return EXIT_USER_ERROR
     except Exception as exc:  # noqa: BLE001 - a clear message; the traceback with --debug
         if debug:
             raise
-        print(f"ckpt: error: {type(exc).__name__}: {_message(exc)}\n  (run again with --debug for the traceback)",
+        print(f"ckpt: error: {type(exc).__name__}: {error_message(exc)}\n  (run again with --debug for the traceback)",
               file=sys.stderr)
         return EXIT_FAILED
 
@@ -868,17 +732,3 @@ def _pipe_closed() -> int:
     except (OSError, ValueError):  # stdout is no file (a test's buffer)
         pass
     return EXIT_OK
-
-
-MAX_ERROR_LINES = 20
-
-
-def _message(exc: BaseException) -> str:
-    """An exception's whole message (a refusal lists every problem, one per line), without a JVM's
-    stack frames (``at org.apache...``, ``--debug`` has them), at most :data:`MAX_ERROR_LINES`."""
-    lines = [line.rstrip() for line in str(exc).strip().splitlines()
-             if line.strip() and not line.strip().startswith(("at ", "... "))] or [type(exc).__name__]
-    if len(lines) > MAX_ERROR_LINES:
-        lines = lines[:MAX_ERROR_LINES] + [f"... {len(lines) - MAX_ERROR_LINES} more lines (--debug shows them)"]
-    return "\n".join(lines[:1] + [line if line[:1].isspace() else "  " + line for line in lines[1:]])
-

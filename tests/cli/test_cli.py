@@ -169,9 +169,10 @@ def test_validate_starts_one_session_for_both_suites(tmp_path, monkeypatch, caps
     from types import SimpleNamespace
 
     from checkpoint_lib import quality
+    from checkpoint_lib.cli import context
 
     sessions, suites = [], []
-    monkeypatch.setattr(cli, "_spark", lambda args: sessions.append(args) or object())
+    monkeypatch.setattr(context, "spark_session", lambda args: sessions.append(args) or object())
 
     def suite(kind):
         def run(spark, pipeline, warehouse, checkpoint, progress=None):

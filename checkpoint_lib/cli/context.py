@@ -1,0 +1,60 @@
+"""What a ``ckpt`` command's arguments name, made real: the pipeline (a registered name or a
+``module:attr`` reference), the Spark session (``--master``, ``--spark-conf``, ``--warehouse``),
+and an engine imported in the background while the command waits for another.
+
+Each imports its engine when called, so ``ckpt --help`` works with the core alone. The commands
+call these through the module (``context.spark_session(args)``), so a test that replaces one
+replaces it for every command."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def spark_session(args: argparse.Namespace):
+    from ..spark.session import get_spark, use_warehouse
+
+    spark = get_spark(master=getattr(args, "master", None), app_name="ckpt",
+                      extra_conf=dict(getattr(args, "spark_conf", None) or ()))
+    if getattr(args, "warehouse", None):
+        use_warehouse(spark, args.warehouse)
+    return spark
+
+
+def import_in_background(module: str) -> None:
+    """Import ``module`` on a daemon thread (its cost overlaps the caller's wait for Spark); the
+    first real use waits on Python's import lock for it, and an import error shows there."""
+    import importlib
+    import threading
+
+    if module in sys.modules:  # (recover asks before its run, and its validation again)
+        return
+
+    def load() -> None:
+        try:
+            importlib.import_module(module)
+        except Exception:  # shown where the module is used
+            pass
+
+    threading.Thread(target=load, name=f"import {module}", daemon=True).start()
+
+
+def pipeline(name: str):
+    from ..pipelines import get
+
+    return get(name)
+
+
+def resolve_pipeline(args: argparse.Namespace) -> None:
+    """``args.pipeline`` as a name: a ``module:attr`` reference is imported (from the current
+    directory too, like ``python -m``) and known by its name to the rest of the process."""
+    ref = getattr(args, "pipeline", None)
+    if not isinstance(ref, str):
+        return
+    from ..pipelines import is_reference, name_of
+
+    if is_reference(ref) and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    args.pipeline = name_of(ref)
