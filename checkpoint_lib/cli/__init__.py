@@ -11,18 +11,19 @@ an incompatible snapshot...), 4 a data-quality suite failed. An error is one lin
 from __future__ import annotations
 
 import argparse
-import functools
-import json
 import os
 import sys
-import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from ..core.decider import DEFAULT_ROWS_PER_STEP
-from ..core.types import MODES, CheckpointStatus
+from ..core.types import MODES
 from . import context
+from .admin import cmd_doctor, cmd_generate, cmd_maintain, cmd_setup, cmd_simulate
+from .inspecting import cmd_checkpoints, cmd_pipelines, cmd_report, cmd_state
 from .output import (EXIT_CODES, EXIT_FAILED, EXIT_OK, EXIT_QUALITY, EXIT_USAGE, EXIT_USER_ERROR, MAX_ERROR_LINES,
-                     RowsBar, StepsBar, bar_wanted, emit, error_message, progress, set_json_stdout, wants_json)
+                     RowsBar, StepsBar, bar_wanted, emit, error_message, set_json_stdout, wants_json)
+from .running import cmd_demo, cmd_recover, cmd_run, cmd_savepoint
+from .validating import cmd_validate
 
 DEFAULT_WAREHOUSE = os.environ.get("CKPT_WAREHOUSE", "warehouse")
 __all__ = ["main", "build_parser", "DEFAULT_WAREHOUSE", "EXIT_CODES", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE",
@@ -57,65 +58,6 @@ def _spark_conf_pair(text: str) -> tuple[str, str]:
     return key.strip(), value
 
 
-# --- commands --------------------------------------------------------------------------------
-
-
-def _cmd_setup(args: argparse.Namespace) -> int:
-    from ..spark.jars import setup_main
-
-    return setup_main()
-
-
-def _cmd_doctor(args: argparse.Namespace) -> int:
-    from ..doctor import diagnose, to_json
-    from ..spark.session import resolve_master
-
-    show = None if wants_json(args) else (lambda check: print(check.line(), flush=True))
-    checks = diagnose(args.warehouse, resolve_master(args.master), with_spark=not args.no_spark, progress=show)
-    if wants_json(args):
-        emit(to_json(checks))
-    failed = [c.name for c in checks if not c.ok]
-    if not wants_json(args):
-        print(f"\n{len(checks) - len(failed)} of {len(checks)} checks OK" + (f"; failed: {', '.join(failed)}" if failed else ""))
-    return EXIT_FAILED if failed else EXIT_OK
-
-
-def _cmd_simulate(args: argparse.Namespace) -> int:
-    from ..demo_sim import run_demo
-
-    ok = run_demo(records_per_source=args.records, seed=args.seed)
-    print("\nall exactly-once modes reproduced the failure-free result" if ok else "\nMISMATCH")
-    return 0 if ok else 1
-
-
-def _cmd_generate(args: argparse.Namespace) -> int:
-    pipeline = context.pipeline(args.pipeline)
-    if pipeline.generator_fn is None:
-        raise ValueError(f"pipeline {args.pipeline!r} has no generator (declare one with .generator(fn))")
-    options = dict(args.option or ())
-    for name in ("accounts", "skew"):  # shorthands of --option
-        if getattr(args, name) is not None:
-            options[name] = getattr(args, name)
-    _check_generator_options(pipeline.generator_fn, options)
-    version = pipeline.generator_fn(context.spark_session(args), args.warehouse, args.rows,
-                                    bad_fraction=args.bad_fraction, seed=args.seed, **options)
-    print(f"appended {args.rows} rows to {args.warehouse}/{pipeline.source_spec.path} as version {version}")
-    return 0
-
-
-def _check_generator_options(fn: Any, options: Mapping[str, Any]) -> None:
-    """Unknown generator options fail before Spark starts, naming the ones it takes."""
-    import inspect as _inspect
-
-    params = _inspect.signature(fn).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return
-    known = [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY and n not in ("bad_fraction", "seed")]
-    unknown = sorted(set(options) - set(known))
-    if unknown:
-        raise ValueError(f"the generator takes no option {', '.join(unknown)}; it takes: {', '.join(known) or 'none'}")
-
-
 def _generator_option(text: str) -> tuple[str, Any]:
     """``KEY=VALUE``, the value a Python literal when it is one (25, 0.3, True), else the string."""
     import ast
@@ -127,312 +69,6 @@ def _generator_option(text: str) -> tuple[str, Any]:
         return key, value
 
 
-def _cmd_pipelines(args: argparse.Namespace) -> int:
-    from ..pipelines import get, names, ref_of
-
-    rows = []
-    for name in names():
-        p = get(name)
-        rows.append({"name": name, "found_by": ref_of(name) if ref_of(name) != name else "entry point",
-                     "source": p.source_spec.path, "sinks": {n: s.path for n, s in p.sinks.items()},
-                     "operator": p.operator_uid, "keyed": p.keyed, "generator": p.generator_fn is not None,
-                     "quality": p.quality_spec is not None})
-    if wants_json(args):
-        emit(rows)
-        return 0
-    for r in rows:
-        extras = [w for w in ("generator", "quality") if r[w]]
-        print(f"{r['name']:<16} {r['source']} -> {r['operator']} -> {', '.join(r['sinks'].values())}"
-              f"  ({r['found_by']}{'; ' + ', '.join(extras) if extras else ''})")
-    return 0
-
-
-def _runner(args: argparse.Namespace, **kw: Any):
-    from ..core.decider import CheckpointConfig
-    from ..spark.runner import PipelineRunner
-
-    config = CheckpointConfig(
-        interval=args.interval, min_pause=args.min_pause, max_concurrent=1, timeout=args.timeout,
-        retained=args.retained,
-    )
-    source, operator = getattr(args, "source_parallelism", None), getattr(args, "parallelism", None)
-    given = [f"--{flag} {n}" for flag, n in (("source-parallelism", source), ("parallelism", operator)) if n is not None]
-    pipeline = context.pipeline(args.pipeline).with_parallelism(
-        source=source, operator=operator, origin=" ".join(given)
-    )
-    mode = args.mode or ("unaligned" if pipeline.feedback else "aligned")
-    return PipelineRunner(
-        pipeline, args.warehouse, context.spark_session(args), mode=mode,
-        rows_per_checkpoint=args.rows_per_checkpoint, config=config, progress=progress,
-        alignment_timeout=args.alignment_timeout, stage=args.stage,
-        poll_interval=getattr(args, "poll", 1.0), lagging_sources=getattr(args, "lagging_sources", 0),
-        state_compact_every=getattr(args, "state_compact_every", 32),
-        chaining=not getattr(args, "no_chaining", False), **kw,
-    )
-
-
-def _run(args: argparse.Namespace, recover: bool = False) -> dict[str, Any]:
-    """Run (or recover) the pipeline; the run's summary, printed as a line unless ``-o json``. On
-    a terminal a live bar shows the rows read of the backlog, the rate and the time left."""
-    runner = _runner(args, restore_checkpoint=args.checkpoint, recover=recover,
-                     allow_non_restored_state=args.allow_non_restored_state)
-    run = functools.partial(runner.run, until_caught_up=args.until_caught_up, max_steps=args.max_steps,
-                            handle_signals=True)
-    backlog = None
-    if bar_wanted(args):
-        runner.open()  # the recovery, if any, says what it restored before the bar starts
-        backlog = runner.backlog_rows()
-    if backlog:
-        started = time.monotonic()
-        with RowsBar(backlog) as bar:
-            summary = run(on_step=lambda s: bar.update(s.rows_in, time.monotonic() - started, runner.backlog_rows()))
-    else:
-        summary = run()
-    rate = summary.rows_in / summary.seconds if summary.seconds else 0.0
-    if not wants_json(args):
-        print(
-            f"epoch {summary.epoch}: read {summary.rows_in:,} rows in {summary.seconds:.1f} s ({rate:,.0f} rows/s), "
-            f"{len(summary.completed)} checkpoints completed, {len(summary.aborted)} aborted"
-        )
-    return {
-        "pipeline": args.pipeline, "epoch": summary.epoch, "restored": summary.restored,
-        "rows_in": summary.rows_in, "seconds": round(summary.seconds, 3), "rows_per_s": round(rate, 1),
-        "steps": summary.steps, "completed": summary.completed,
-        "aborted": [{"checkpoint_id": c, "reason": r} for c, r in summary.aborted], "final": summary.final,
-    }
-
-
-def _cmd_run(args: argparse.Namespace) -> int:
-    summary = _run(args)
-    if wants_json(args):
-        emit(summary)
-    return EXIT_OK
-
-
-def _cmd_recover(args: argparse.Namespace) -> int:
-    if args.dry_run:  # delta-rs only: no JVM
-        from ..delta.inspect import recovery_preview
-
-        preview = recovery_preview(args.warehouse, context.pipeline(args.pipeline), args.checkpoint)
-        if wants_json(args):
-            emit(preview.to_dict())
-        else:
-            print(preview.describe())
-        return EXIT_OK
-    if not args.no_validate:
-        context.import_in_background("great_expectations")  # the validation's imports, while the run runs
-    summary = _run(args, recover=True)
-    code, validations = (EXIT_OK, []) if args.no_validate else _validate(args, kinds=("restore",))
-    if wants_json(args):
-        emit({**summary, "validations": validations})
-    return code
-
-
-def _cmd_savepoint(args: argparse.Namespace) -> int:
-    from ..core.types import CheckpointKind
-
-    if args.stage == "keyed":
-        raise ValueError("a savepoint is injected by the source stage: use --stage source or all")
-    from ..control import PipelineControl
-
-    control = PipelineControl(args.warehouse, args.pipeline)
-    if args.request_timeout > 0 and control.source_running():
-        # a running pipeline takes it at its next step, as Flink's savepoint of a running job:
-        # nothing is stopped or replayed
-        request_id = f"savepoint-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
-        checkpoint_id, state = control.savepoint_from_running(request_id, timeout=args.request_timeout,
-                                                              requested_by="ckpt savepoint")
-        if checkpoint_id is not None:
-            done = "taken by the running pipeline" if state == CheckpointStatus.COMPLETED else \
-                "injected into the running pipeline (it completes when its keyed stage runs)"
-            return _savepoint_taken(args, checkpoint_id, done,
-                                    CheckpointStatus.COMPLETED if state == CheckpointStatus.COMPLETED else "injected")
-        progress(f"no running source step took the savepoint request within {args.request_timeout:g} s: "
-                  "its process is gone; recovering and taking the savepoint here")
-    checkpoint_id = _runner(args).run(max_steps=0, final_kind=CheckpointKind.SAVEPOINT).final
-    done = "taken" if args.stage == "all" else "injected (it completes when the keyed stage runs)"
-    return _savepoint_taken(args, checkpoint_id, done, CheckpointStatus.COMPLETED if args.stage == "all" else "injected")
-
-
-def _savepoint_taken(args: argparse.Namespace, checkpoint_id: int, done: str, status: str) -> int:
-    if wants_json(args):
-        emit({"pipeline": args.pipeline, "savepoint": checkpoint_id, "status": status})
-    else:
-        print(f"savepoint {checkpoint_id} {done}; retention never deletes it; "
-              f"start from it with: ckpt run {args.pipeline} --checkpoint {checkpoint_id}")
-    return EXIT_OK
-
-
-def _cmd_checkpoints(args: argparse.Namespace) -> int:
-    from ..delta.store import DeltaCheckpointStore
-    from ..history import format_table, with_durations
-    from ..layout import checkpoint_root
-
-    store = DeltaCheckpointStore.existing(checkpoint_root(args.warehouse, args.pipeline))
-    if args.action == "list":
-        rows = with_durations(store.checkpoints.history()[: args.limit])
-        if wants_json(args):
-            emit([_nested_acks(r) for r in rows])
-        else:
-            print(format_table(rows, ["checkpoint_id", "kind", "status", "epoch", "trigger_time", "duration_ms",
-                                      "state_bytes", "channel_state_rows", "alignment_ms", "unaligned",
-                                      "failure_reason"]))
-        return 0
-    if args.id is None:
-        raise ValueError("checkpoints show needs a checkpoint id")
-    acks = store.checkpoints.acks(args.id)
-    if wants_json(args):
-        emit(acks)
-    else:
-        print(format_table([{k: v for k, v in a.items() if k != "state"} for a in acks]))
-        for a in acks:
-            print(f"{a['subtask']}: {json.dumps(a['state'], default=str)}")
-    return 0
-
-
-def _nested_acks(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A history row for ``-o json``: its ``acks_json`` (the stored text) as the object ``acks``."""
-    out = {k: v for k, v in row.items() if k != "acks_json"}
-    text = row.get("acks_json")
-    try:
-        out["acks"] = json.loads(text) if text else None
-    except ValueError:  # a corrupt row (``corrupt`` says so): its text, as stored
-        out["acks"] = {"unreadable": text}
-    return out
-
-
-def _cmd_state(args: argparse.Namespace) -> int:
-    """Read with delta-rs: no JVM."""
-    from ..delta import inspect
-    from ..history import format_table
-
-    if args.key is not None and args.what != "operator":
-        raise ValueError(f"--key picks a key of the operator's state: ckpt state operator {args.pipeline} --key ...")
-    pipeline = context.pipeline(args.pipeline)
-    if args.what == "operator":
-        doc = inspect.operator_state(args.warehouse, pipeline, args.checkpoint, key=args.key, limit=args.limit)
-    elif args.what == "channel":
-        doc = inspect.channel_state(args.warehouse, pipeline, args.checkpoint, limit=args.limit)
-    else:
-        doc = inspect.handles(args.warehouse, pipeline, args.checkpoint)
-    if wants_json(args):
-        emit(doc)
-        return EXIT_OK
-    at = f"{doc['kind']} {doc['checkpoint_id']} (completed {_utc(doc['completed_at'])})"
-    if args.what == "operator":
-        versions = sorted({s["table_version"] for s in doc["subtasks"]})
-        spans = [s["key_groups"] for s in doc["subtasks"]]
-        print(f"operator {doc['operator']} of {doc['pipeline']} at {at}: state table "
-              f"{'version' if len(versions) == 1 else 'versions'} {', '.join(map(str, versions))}, key groups "
-              f"{min(lo for lo, _ in spans)}..{max(hi for _, hi in spans)} over {len(spans)} subtasks")
-        which = f"key {doc['key_column']} = {doc['key']!r}: " if doc["key"] is not None else ""
-        more = f"; showing the first {doc['shown']} (--limit)" if doc["shown"] < doc["keys"] else ""
-        print(f"{which}{doc['keys']:,} {'key' if doc['keys'] == 1 else 'keys'}{more}")
-        columns = [doc["key_column"], *[c for c in (doc["rows"][0] if doc["rows"] else {})
-                                        if c not in (doc["key_column"], "subtask")], "subtask"]
-        if doc["rows"]:
-            print(format_table(doc["rows"], columns))
-    elif args.what == "channel":
-        print(f"channel state of {doc['pipeline']} at {at}: {doc['records']:,} in-flight records"
-              + "".join(f"\n  {s['subtask']}: {s['rows']:,} records" for s in doc["subtasks"]))
-        if doc["rows"]:
-            more = f" (the first {doc['shown']}, --limit)" if doc["shown"] < doc["records"] else ""
-            print(f"records{more}:")
-            print(format_table(doc["rows"]))
-    else:
-        print(f"handles of {doc['pipeline']} at {at}")
-        for subtask, state in doc["sources"].items():
-            print(f"  {subtask}: offset version {state.get('version')}")
-        for subtask, snapshot in doc["sinks"].items():
-            pending = ", ".join(t["txn_id"] + f".e{t['epoch']}.s{t['seq']}" for t in snapshot.get("pending", []))
-            print(f"  {subtask}: owns {pending or 'nothing'}; open {snapshot['current']['txn_id']}")
-    return EXIT_OK
-
-
-def _utc(seconds: float | None) -> str:
-    if seconds is None:
-        return "unknown"
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))
-
-
-def _validate(args: argparse.Namespace, kinds: Sequence[str]) -> tuple[int, list[dict[str, Any]]]:
-    """Run the quality suites (GX): the exit code (:data:`EXIT_QUALITY` when one failed; it is
-    recorded in the pipeline's ``validations`` table either way) and one dict per suite. Their
-    summaries are printed, on stderr with ``-o json``."""
-    from ..quality import QualityCheckFailed, validate_checkpoint, validate_restore
-    from ..quality.paths import check_pipeline_name, warehouse_root
-
-    check_pipeline_name(args.pipeline)  # bad input fails before Spark starts
-    warehouse_root(args.warehouse)
-    from ..quality.spec import get_spec
-    from ..quality.validate import suite_for
-
-    run = {"restore": validate_restore, "checkpoint": validate_checkpoint}
-    out = sys.stderr if wants_json(args) else sys.stdout
-    context.import_in_background("great_expectations")  # seconds of imports, while the JVM starts
-    code, results = EXIT_OK, []
-    spark = context.spark_session(args)
-    for kind in kinds:
-        title = f"validating {kind}"
-        started = time.monotonic()
-        try:
-            if bar_wanted(args):  # each view computed, then validated
-                with StepsBar(title, 2 * len(suite_for(kind, get_spec(args.pipeline)).views)) as bar:
-                    result = run[kind](spark, args.pipeline, args.warehouse, getattr(args, "checkpoint", None),
-                                       progress=bar.step)
-            else:  # plain lines on stderr: stdout keeps the summaries (or the JSON) alone
-                def line(step: str, view: str) -> None:
-                    print(f"  {title}: {view} {step} ({time.monotonic() - started:.1f} s)", file=sys.stderr, flush=True)
-
-                result = run[kind](spark, args.pipeline, args.warehouse, getattr(args, "checkpoint", None),
-                                   progress=line)
-        except QualityCheckFailed as exc:
-            print(f"ckpt: validation failed: {exc}", file=sys.stderr)
-            code, result = EXIT_QUALITY, exc.result
-        else:
-            print(result.summary(verbose=getattr(args, "verbose", False)), file=out)
-        results.append({"suite": kind, "success": result.success, "checkpoint_id": result.checkpoint_id,
-                        "expectations": len(result.outcomes), "failed": len(result.failed),
-                        "headline": result.headline(), "data_docs": result.data_docs})
-    return code, results
-
-
-def _cmd_validate(args: argparse.Namespace) -> int:
-    kinds = ("restore", "checkpoint") if args.suite == "all" else (args.suite,)
-    code, results = _validate(args, kinds)
-    if wants_json(args):
-        emit(results)
-    return code
-
-
-def _cmd_report(args: argparse.Namespace) -> int:
-    from ..quality import write_report
-
-    path = write_report(args.pipeline, args.warehouse, args.out)
-    if wants_json(args):
-        emit({"pipeline": args.pipeline, "report": str(path)})
-    else:
-        print(f"report: {path}")
-    return 0
-
-
-def _cmd_maintain(args: argparse.Namespace) -> int:
-    from ..maintenance import RetentionPolicy, maintain
-    from ..quality.paths import check_pipeline_name, warehouse_root
-
-    check_pipeline_name(args.pipeline)  # bad input fails before Spark starts
-    warehouse_root(args.warehouse)
-    policy = RetentionPolicy(request_days=args.request_days, result_days=args.result_days,
-                             file_retention_hours=args.file_retention_hours)
-    report = maintain(args.warehouse, args.pipeline, None if args.no_spark else context.spark_session(args),
-                      dry_run=args.dry_run, policy=policy)
-    if wants_json(args):
-        emit(report.to_dict())
-    else:
-        print(report.describe())
-    return 0
-
-
 def _non_negative(text: str) -> float:
     try:
         value = float(text)
@@ -441,12 +77,6 @@ def _non_negative(text: str) -> float:
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"{value} must be >= 0")
     return value
-
-
-def _cmd_demo(args: argparse.Namespace) -> int:
-    from ..demo import run_demo
-
-    return run_demo(args.warehouse, rows=args.rows)
 
 
 # --- parser ----------------------------------------------------------------------------------
@@ -552,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, parents=[common], formatter_class=formatter, epilog=epilog, **kw)
 
     p = add("setup", help="fetch the Delta Lake jars into the project cache (idempotent)")
-    p.set_defaults(func=_cmd_setup)
+    p.set_defaults(func=cmd_setup)
 
     p = add("doctor", help="check this machine: Java, the Delta jars, the warehouse, the master, a Spark "
                                       "session with Delta, Airflow; each OK or the fix")
@@ -560,16 +190,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--master", default=None, help="Spark master to check (default: CKPT_SPARK_MASTER, else local[*])")
     p.add_argument("--no-spark", action="store_true", help="do not start Spark (the quick checks only)")
     _add_output(p)
-    p.set_defaults(func=_cmd_doctor)
+    p.set_defaults(func=cmd_doctor)
 
     p = add("simulate", help="run the in-memory simulator in every barrier mode, with a crash")
     p.add_argument("--records", type=_positive_int, default=200, help="records per source (default 200)")
     p.add_argument("--seed", type=int, default=7, help="random seed of the schedule (default 7)")
-    p.set_defaults(func=_cmd_simulate)
+    p.set_defaults(func=cmd_simulate)
 
     p = add("pipelines", help="list the registered pipelines (entry point group checkpoint_lib.pipelines)")
     _add_output(p)
-    p.set_defaults(func=_cmd_pipelines)
+    p.set_defaults(func=cmd_pipelines)
 
     p = add("generate", help="append generated input to a pipeline's landing table")
     _add_pipeline(p)
@@ -583,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skew", type=_fraction, default=None, help="shorthand of --option skew=F (transfers: the "
                    "fraction sent from one hot account, a slow bank subtask)")
     _add_spark(p)
-    p.set_defaults(func=_cmd_generate)
+    p.set_defaults(func=cmd_generate)
 
     p = add("run", help="run a pipeline (recovering first if its last run crashed)")
     _add_run_options(p)
@@ -596,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", type=_positive_int, default=None, help="start from this checkpoint or savepoint")
     p.add_argument("--allow-non-restored-state", action="store_true",
                    help="drop state of operators the pipeline no longer has")
-    p.set_defaults(func=_cmd_run)
+    p.set_defaults(func=cmd_run)
 
     p = add("recover", help="restore the latest (or a chosen) checkpoint, re-commit, replay, go on")
     _add_run_options(p)
@@ -608,14 +238,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip the after-restore data-quality validation (Great Expectations)")
     p.add_argument("--allow-non-restored-state", action="store_true",
                    help="drop state of operators the pipeline no longer has")
-    p.set_defaults(func=_cmd_recover, until_caught_up=True, max_steps=None)
+    p.set_defaults(func=cmd_recover, until_caught_up=True, max_steps=None)
 
     p = add("savepoint", help="take a savepoint: a checkpoint the user owns")
     _add_run_options(p)
     p.add_argument("--request-timeout", type=_non_negative, default=120.0,
                    help="a running pipeline is asked to take it at its next step; if none does within this "
                         "many seconds (its process is gone), recover and take it here (0: never ask, default 120)")
-    p.set_defaults(func=_cmd_savepoint)
+    p.set_defaults(func=cmd_savepoint)
 
     p = add("checkpoints", help="list checkpoints or show one")
     p.add_argument("action", choices=("list", "show"))
@@ -624,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_warehouse(p)
     p.add_argument("--limit", type=_positive_int, default=50)
     _add_output(p)
-    p.set_defaults(func=_cmd_checkpoints)
+    p.set_defaults(func=cmd_checkpoints)
 
     p = add("state", help="show operator state, channel state or offsets at a checkpoint (delta-rs: no JVM)")
     p.add_argument("what", choices=("operator", "channel", "handles"))
@@ -634,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--key", default=None, help="operator: only this key's state (compared as text)")
     p.add_argument("--limit", type=_positive_int, default=20, help="rows shown at most (default 20)")
     _add_output(p)
-    p.set_defaults(func=_cmd_state)
+    p.set_defaults(func=cmd_state)
 
     p = add("validate", help="run the data-quality suites (Great Expectations) on a checkpoint")
     _add_pipeline(p)
@@ -645,14 +275,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", action="store_true", help="list every expectation, not only failures")
     _add_output(p)
     _add_spark(p)
-    p.set_defaults(func=_cmd_validate)
+    p.set_defaults(func=cmd_validate)
 
     p = add("report", help="write the self-contained HTML report (charts, validations, restores)")
     _add_pipeline(p)
     _add_warehouse(p)
     p.add_argument("--out", default=None, help="output file (default W/_quality/<pipeline>/report.html)")
     _add_output(p)
-    p.set_defaults(func=_cmd_report)
+    p.set_defaults(func=cmd_report)
 
     p = add(
         "maintain",
@@ -675,12 +305,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "state tables also keep every file a retained checkpoint's version needs")
     _add_output(p)
     _add_spark(p)
-    p.set_defaults(func=_cmd_maintain)
+    p.set_defaults(func=cmd_maintain)
 
     p = add("demo", help="the end-to-end demo: generate, run, kill -9, recover, verify")
     _add_warehouse(p)
     p.add_argument("--rows", type=_positive_int, default=200_000, help="payments to generate (default 200000)")
-    p.set_defaults(func=_cmd_demo)
+    p.set_defaults(func=cmd_demo)
     return parser
 
 

@@ -1,0 +1,136 @@
+"""The commands that read what a pipeline left: ``ckpt pipelines``, ``checkpoints`` (list, show),
+``state`` (operator, channel, handles) and ``report``. They read with delta-rs and start no JVM
+(``tests/cli/test_inspect_commands.py`` runs them where pyspark cannot be imported)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any, Mapping
+
+from . import context
+from .output import EXIT_OK, emit, wants_json
+
+
+def cmd_pipelines(args: argparse.Namespace) -> int:
+    from ..pipelines import get, names, ref_of
+
+    rows = []
+    for name in names():
+        p = get(name)
+        rows.append({"name": name, "found_by": ref_of(name) if ref_of(name) != name else "entry point",
+                     "source": p.source_spec.path, "sinks": {n: s.path for n, s in p.sinks.items()},
+                     "operator": p.operator_uid, "keyed": p.keyed, "generator": p.generator_fn is not None,
+                     "quality": p.quality_spec is not None})
+    if wants_json(args):
+        emit(rows)
+        return 0
+    for r in rows:
+        extras = [w for w in ("generator", "quality") if r[w]]
+        print(f"{r['name']:<16} {r['source']} -> {r['operator']} -> {', '.join(r['sinks'].values())}"
+              f"  ({r['found_by']}{'; ' + ', '.join(extras) if extras else ''})")
+    return 0
+
+
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    from ..delta.store import DeltaCheckpointStore
+    from ..history import format_table, with_durations
+    from ..layout import checkpoint_root
+
+    store = DeltaCheckpointStore.existing(checkpoint_root(args.warehouse, args.pipeline))
+    if args.action == "list":
+        rows = with_durations(store.checkpoints.history()[: args.limit])
+        if wants_json(args):
+            emit([_nested_acks(r) for r in rows])
+        else:
+            print(format_table(rows, ["checkpoint_id", "kind", "status", "epoch", "trigger_time", "duration_ms",
+                                      "state_bytes", "channel_state_rows", "alignment_ms", "unaligned",
+                                      "failure_reason"]))
+        return 0
+    if args.id is None:
+        raise ValueError("checkpoints show needs a checkpoint id")
+    acks = store.checkpoints.acks(args.id)
+    if wants_json(args):
+        emit(acks)
+    else:
+        print(format_table([{k: v for k, v in a.items() if k != "state"} for a in acks]))
+        for a in acks:
+            print(f"{a['subtask']}: {json.dumps(a['state'], default=str)}")
+    return 0
+
+
+def _nested_acks(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A history row for ``-o json``: its ``acks_json`` (the stored text) as the object ``acks``."""
+    out = {k: v for k, v in row.items() if k != "acks_json"}
+    text = row.get("acks_json")
+    try:
+        out["acks"] = json.loads(text) if text else None
+    except ValueError:  # a corrupt row (``corrupt`` says so): its text, as stored
+        out["acks"] = {"unreadable": text}
+    return out
+
+
+def cmd_state(args: argparse.Namespace) -> int:
+    """Read with delta-rs: no JVM."""
+    from ..delta import inspect
+    from ..history import format_table
+
+    if args.key is not None and args.what != "operator":
+        raise ValueError(f"--key picks a key of the operator's state: ckpt state operator {args.pipeline} --key ...")
+    pipeline = context.pipeline(args.pipeline)
+    if args.what == "operator":
+        doc = inspect.operator_state(args.warehouse, pipeline, args.checkpoint, key=args.key, limit=args.limit)
+    elif args.what == "channel":
+        doc = inspect.channel_state(args.warehouse, pipeline, args.checkpoint, limit=args.limit)
+    else:
+        doc = inspect.handles(args.warehouse, pipeline, args.checkpoint)
+    if wants_json(args):
+        emit(doc)
+        return EXIT_OK
+    at = f"{doc['kind']} {doc['checkpoint_id']} (completed {_utc(doc['completed_at'])})"
+    if args.what == "operator":
+        versions = sorted({s["table_version"] for s in doc["subtasks"]})
+        spans = [s["key_groups"] for s in doc["subtasks"]]
+        print(f"operator {doc['operator']} of {doc['pipeline']} at {at}: state table "
+              f"{'version' if len(versions) == 1 else 'versions'} {', '.join(map(str, versions))}, key groups "
+              f"{min(lo for lo, _ in spans)}..{max(hi for _, hi in spans)} over {len(spans)} subtasks")
+        which = f"key {doc['key_column']} = {doc['key']!r}: " if doc["key"] is not None else ""
+        more = f"; showing the first {doc['shown']} (--limit)" if doc["shown"] < doc["keys"] else ""
+        print(f"{which}{doc['keys']:,} {'key' if doc['keys'] == 1 else 'keys'}{more}")
+        columns = [doc["key_column"], *[c for c in (doc["rows"][0] if doc["rows"] else {})
+                                        if c not in (doc["key_column"], "subtask")], "subtask"]
+        if doc["rows"]:
+            print(format_table(doc["rows"], columns))
+    elif args.what == "channel":
+        print(f"channel state of {doc['pipeline']} at {at}: {doc['records']:,} in-flight records"
+              + "".join(f"\n  {s['subtask']}: {s['rows']:,} records" for s in doc["subtasks"]))
+        if doc["rows"]:
+            more = f" (the first {doc['shown']}, --limit)" if doc["shown"] < doc["records"] else ""
+            print(f"records{more}:")
+            print(format_table(doc["rows"]))
+    else:
+        print(f"handles of {doc['pipeline']} at {at}")
+        for subtask, state in doc["sources"].items():
+            print(f"  {subtask}: offset version {state.get('version')}")
+        for subtask, snapshot in doc["sinks"].items():
+            pending = ", ".join(t["txn_id"] + f".e{t['epoch']}.s{t['seq']}" for t in snapshot.get("pending", []))
+            print(f"  {subtask}: owns {pending or 'nothing'}; open {snapshot['current']['txn_id']}")
+    return EXIT_OK
+
+
+def _utc(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from ..quality import write_report
+
+    path = write_report(args.pipeline, args.warehouse, args.out)
+    if wants_json(args):
+        emit({"pipeline": args.pipeline, "report": str(path)})
+    else:
+        print(f"report: {path}")
+    return 0

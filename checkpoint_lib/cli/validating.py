@@ -1,0 +1,63 @@
+"""The data-quality suites (Great Expectations) as commands: ``ckpt validate``, and the validation
+``ckpt recover`` runs after a restore (:func:`validate_suites`); on a terminal a live bar over each
+suite's steps, plain lines on stderr otherwise."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any, Sequence
+
+from . import context
+from .output import EXIT_OK, EXIT_QUALITY, StepsBar, bar_wanted, emit, wants_json
+
+
+def validate_suites(args: argparse.Namespace, kinds: Sequence[str]) -> tuple[int, list[dict[str, Any]]]:
+    """Run the quality suites (GX): the exit code (:data:`EXIT_QUALITY` when one failed; it is
+    recorded in the pipeline's ``validations`` table either way) and one dict per suite. Their
+    summaries are printed, on stderr with ``-o json``."""
+    from ..quality import QualityCheckFailed, validate_checkpoint, validate_restore
+    from ..quality.paths import check_pipeline_name, warehouse_root
+
+    check_pipeline_name(args.pipeline)  # bad input fails before Spark starts
+    warehouse_root(args.warehouse)
+    from ..quality.spec import get_spec
+    from ..quality.validate import suite_for
+
+    run = {"restore": validate_restore, "checkpoint": validate_checkpoint}
+    out = sys.stderr if wants_json(args) else sys.stdout
+    context.import_in_background("great_expectations")  # seconds of imports, while the JVM starts
+    code, results = EXIT_OK, []
+    spark = context.spark_session(args)
+    for kind in kinds:
+        title = f"validating {kind}"
+        started = time.monotonic()
+        try:
+            if bar_wanted(args):  # each view computed, then validated
+                with StepsBar(title, 2 * len(suite_for(kind, get_spec(args.pipeline)).views)) as bar:
+                    result = run[kind](spark, args.pipeline, args.warehouse, getattr(args, "checkpoint", None),
+                                       progress=bar.step)
+            else:  # plain lines on stderr: stdout keeps the summaries (or the JSON) alone
+                def line(step: str, view: str) -> None:
+                    print(f"  {title}: {view} {step} ({time.monotonic() - started:.1f} s)", file=sys.stderr, flush=True)
+
+                result = run[kind](spark, args.pipeline, args.warehouse, getattr(args, "checkpoint", None),
+                                   progress=line)
+        except QualityCheckFailed as exc:
+            print(f"ckpt: validation failed: {exc}", file=sys.stderr)
+            code, result = EXIT_QUALITY, exc.result
+        else:
+            print(result.summary(verbose=getattr(args, "verbose", False)), file=out)
+        results.append({"suite": kind, "success": result.success, "checkpoint_id": result.checkpoint_id,
+                        "expectations": len(result.outcomes), "failed": len(result.failed),
+                        "headline": result.headline(), "data_docs": result.data_docs})
+    return code, results
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    kinds = ("restore", "checkpoint") if args.suite == "all" else (args.suite,)
+    code, results = validate_suites(args, kinds)
+    if wants_json(args):
+        emit(results)
+    return code
