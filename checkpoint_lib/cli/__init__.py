@@ -29,7 +29,6 @@ from .parser import DEFAULT_WAREHOUSE, build_parser
 
 __all__ = ["main", "build_parser", "DEFAULT_WAREHOUSE", "EXIT_CODES", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE",
            "EXIT_USER_ERROR", "EXIT_QUALITY", "MAX_ERROR_LINES", "RowsBar", "StepsBar", "bar_wanted", "emit"]
-_bar_wanted, _emit = bar_wanted, emit  # their names before the command line was a package
 
 
 def main(argv: Sequence[str] | None = None) -> int:

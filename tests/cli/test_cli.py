@@ -155,11 +155,11 @@ def test_the_validation_bar_counts_each_view_computed_then_validated():
 
 def test_no_bar_for_machines_or_pipes(monkeypatch):
     parser = cli.build_parser()
-    assert not cli._bar_wanted(parser.parse_args(["run", "payments", "-o", "json"]))
+    assert not cli.bar_wanted(parser.parse_args(["run", "payments", "-o", "json"]))
     monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
-    assert not cli._bar_wanted(parser.parse_args(["run", "payments"]))
+    assert not cli.bar_wanted(parser.parse_args(["run", "payments"]))
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
-    assert cli._bar_wanted(parser.parse_args(["run", "payments"]))
+    assert cli.bar_wanted(parser.parse_args(["run", "payments"]))
 
 
 def test_validate_starts_one_session_for_both_suites(tmp_path, monkeypatch, capsys):

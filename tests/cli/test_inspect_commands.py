@@ -121,7 +121,7 @@ def _json_in_a_string(doc) -> list[str]:
 
 
 @pytest.mark.spark
-@pytest.mark.slow  # CI tier: tests/cli/test_cli.py's JSON of pipelines; every command writes through cli._emit
+@pytest.mark.slow  # CI tier: tests/cli/test_cli.py's JSON of pipelines; every command writes through cli.output.emit
 def test_run_prints_one_json_document(spark_run):
     _, summary = spark_run
     assert summary["pipeline"] == "payments" and summary["completed"] == [1, 2, 3]
@@ -209,7 +209,7 @@ def test_every_command_that_reports_prints_one_json_document(warehouse, capsys):
 
 
 @pytest.mark.spark
-@pytest.mark.slow  # CI tier: the reporting commands above; these write their JSON through the same cli._emit
+@pytest.mark.slow  # CI tier: the reporting commands above; these write their JSON through the same cli.output.emit
 def test_the_spark_commands_print_one_json_document(spark_run, capsys):
     w = ["--warehouse", str(spark_run[0]), "-o", "json"]
     assert cli.main(["maintain", "payments", "--dry-run", *w]) == 0
