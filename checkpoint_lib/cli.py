@@ -11,6 +11,7 @@ an incompatible snapshot...), 4 a data-quality suite failed. An error is one lin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -496,6 +497,7 @@ def _validate(args: argparse.Namespace, kinds: Sequence[str]) -> tuple[int, list
     summaries are printed, on stderr with ``-o json``."""
     from .quality import QualityCheckFailed, validate_checkpoint, validate_restore
     from .quality.paths import check_pipeline_name, warehouse_root
+    from .quality.validate import ValidationSession
 
     check_pipeline_name(args.pipeline)  # bad input fails before Spark starts
     warehouse_root(args.warehouse)
@@ -507,28 +509,39 @@ def _validate(args: argparse.Namespace, kinds: Sequence[str]) -> tuple[int, list
     _import_in_background("great_expectations")  # seconds of imports, while the JVM starts
     code, results = EXIT_OK, []
     spark = _spark(args)
-    for kind in kinds:
-        title = f"validating {kind}"
-        started = time.monotonic()
-        try:
-            if _bar_wanted(args):  # each view computed, then validated
-                with StepsBar(title, 2 * len(suite_for(kind, get_spec(args.pipeline)).views)) as bar:
-                    result = run[kind](spark, args.pipeline, args.warehouse, getattr(args, "checkpoint", None),
-                                       progress=bar.step)
-            else:  # plain lines on stderr: stdout keeps the summaries (or the JSON) alone
-                def line(step: str, view: str) -> None:
-                    print(f"  {title}: {view} {step} ({time.monotonic() - started:.1f} s)", file=sys.stderr, flush=True)
+    session = ValidationSession(spark)  # the suites share table loads and one Data Docs build
+    finished = False
+    try:
+        for kind in kinds:
+            title = f"validating {kind}"
+            started = time.monotonic()
+            try:
+                if _bar_wanted(args):  # each view computed, then validated
+                    with StepsBar(title, 2 * len(suite_for(kind, get_spec(args.pipeline)).views)) as bar:
+                        result = run[kind](spark, args.pipeline, args.warehouse, getattr(args, "checkpoint", None),
+                                           progress=bar.step, session=session)
+                else:  # plain lines on stderr: stdout keeps the summaries (or the JSON) alone
+                    def line(step: str, view: str) -> None:
+                        print(f"  {title}: {view} {step} ({time.monotonic() - started:.1f} s)", file=sys.stderr,
+                              flush=True)
 
-                result = run[kind](spark, args.pipeline, args.warehouse, getattr(args, "checkpoint", None),
-                                   progress=line)
-        except QualityCheckFailed as exc:
-            print(f"ckpt: validation failed: {exc}", file=sys.stderr)
-            code, result = EXIT_QUALITY, exc.result
-        else:
-            print(result.summary(verbose=getattr(args, "verbose", False)), file=out)
-        results.append({"suite": kind, "success": result.success, "checkpoint_id": result.checkpoint_id,
-                        "expectations": len(result.outcomes), "failed": len(result.failed),
-                        "headline": result.headline(), "data_docs": result.data_docs})
+                    result = run[kind](spark, args.pipeline, args.warehouse, getattr(args, "checkpoint", None),
+                                       progress=line, session=session)
+            except QualityCheckFailed as exc:
+                print(f"ckpt: validation failed: {exc}", file=sys.stderr)
+                code, result = EXIT_QUALITY, exc.result
+            else:
+                print(result.summary(verbose=getattr(args, "verbose", False)), file=out)
+            results.append({"suite": kind, "success": result.success, "checkpoint_id": result.checkpoint_id,
+                            "expectations": len(result.outcomes), "failed": len(result.failed),
+                            "headline": result.headline(), "data_docs": result.data_docs})
+        finished = True
+    finally:
+        if finished:
+            session.publish()
+        else:  # a suite could not run: the pages of those that did are still built, its error stands
+            with contextlib.suppress(Exception):
+                session.publish()
     return code, results
 
 
