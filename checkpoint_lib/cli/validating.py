@@ -5,6 +5,7 @@ suite's steps, plain lines on stderr otherwise."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from typing import Any, Sequence
@@ -23,35 +24,43 @@ def validate_suites(args: argparse.Namespace, kinds: Sequence[str]) -> tuple[int
     check_pipeline_name(args.pipeline)  # bad input fails before Spark starts
     warehouse_root(args.warehouse)
     from ..quality.spec import get_spec
-    from ..quality.validate import suite_for
+    from ..quality.validate import ValidationSession, suite_for
 
     run = {"restore": validate_restore, "checkpoint": validate_checkpoint}
     out = sys.stderr if wants_json(args) else sys.stdout
     context.import_in_background("great_expectations")  # seconds of imports, while the JVM starts
     code, results = EXIT_OK, []
     spark = context.spark_session(args)
-    for kind in kinds:
-        title = f"validating {kind}"
-        started = time.monotonic()
-        try:
-            if bar_wanted(args):  # each view computed, then validated
-                with StepsBar(title, 2 * len(suite_for(kind, get_spec(args.pipeline)).views)) as bar:
-                    result = run[kind](spark, args.pipeline, args.warehouse, getattr(args, "checkpoint", None),
-                                       progress=bar.step)
-            else:  # plain lines on stderr: stdout keeps the summaries (or the JSON) alone
-                def line(step: str, view: str) -> None:
-                    print(f"  {title}: {view} {step} ({time.monotonic() - started:.1f} s)", file=sys.stderr, flush=True)
+    session = ValidationSession(spark)  # the suites share table loads and one Data Docs build
+    try:
+        for kind in kinds:
+            title = f"validating {kind}"
+            started = time.monotonic()
+            try:
+                if bar_wanted(args):  # each view computed, then validated
+                    with StepsBar(title, 2 * len(suite_for(kind, get_spec(args.pipeline)).views)) as bar:
+                        result = run[kind](spark, args.pipeline, args.warehouse, getattr(args, "checkpoint", None),
+                                           progress=bar.step, session=session)
+                else:  # plain lines on stderr: stdout keeps the summaries (or the JSON) alone
+                    def line(step: str, view: str) -> None:
+                        print(f"  {title}: {view} {step} ({time.monotonic() - started:.1f} s)", file=sys.stderr,
+                              flush=True)
 
-                result = run[kind](spark, args.pipeline, args.warehouse, getattr(args, "checkpoint", None),
-                                   progress=line)
-        except QualityCheckFailed as exc:
-            print(f"ckpt: validation failed: {exc}", file=sys.stderr)
-            code, result = EXIT_QUALITY, exc.result
-        else:
-            print(result.summary(verbose=getattr(args, "verbose", False)), file=out)
-        results.append({"suite": kind, "success": result.success, "checkpoint_id": result.checkpoint_id,
-                        "expectations": len(result.outcomes), "failed": len(result.failed),
-                        "headline": result.headline(), "data_docs": result.data_docs})
+                    result = run[kind](spark, args.pipeline, args.warehouse, getattr(args, "checkpoint", None),
+                                       progress=line, session=session)
+            except QualityCheckFailed as exc:
+                print(f"ckpt: validation failed: {exc}", file=sys.stderr)
+                code, result = EXIT_QUALITY, exc.result
+            else:
+                print(result.summary(verbose=getattr(args, "verbose", False)), file=out)
+            results.append({"suite": kind, "success": result.success, "checkpoint_id": result.checkpoint_id,
+                            "expectations": len(result.outcomes), "failed": len(result.failed),
+                            "headline": result.headline(), "data_docs": result.data_docs})
+    except BaseException:  # a suite could not run: the pages of those that did are still built, its error stands
+        with contextlib.suppress(Exception):
+            session.publish()
+        raise
+    session.publish()
     return code, results
 
 

@@ -30,22 +30,24 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def validate_restore(
     spark: "SparkSession", pipeline_name: str, warehouse: str, checkpoint_id: int | None = None,
-    *, raise_on_failure: bool = True, progress: Any = None,
+    *, raise_on_failure: bool = True, progress: Any = None, session: Any = None,
 ) -> QualityResult:
     """Run the after-restore suite; see :func:`checkpoint_lib.quality.validate.validate_restore`."""
     from .validate import validate_restore as run
 
-    return run(spark, pipeline_name, warehouse, checkpoint_id, raise_on_failure=raise_on_failure, progress=progress)
+    return run(spark, pipeline_name, warehouse, checkpoint_id, raise_on_failure=raise_on_failure, progress=progress,
+               session=session)
 
 
 def validate_checkpoint(
     spark: "SparkSession", pipeline_name: str, warehouse: str, checkpoint_id: int | None = None,
-    *, raise_on_failure: bool = True, progress: Any = None,
+    *, raise_on_failure: bool = True, progress: Any = None, session: Any = None,
 ) -> QualityResult:
     """Run the per-checkpoint suite; see :func:`checkpoint_lib.quality.validate.validate_checkpoint`."""
     from .validate import validate_checkpoint as run
 
-    return run(spark, pipeline_name, warehouse, checkpoint_id, raise_on_failure=raise_on_failure, progress=progress)
+    return run(spark, pipeline_name, warehouse, checkpoint_id, raise_on_failure=raise_on_failure, progress=progress,
+               session=session)
 
 
 def validate_before_commit(

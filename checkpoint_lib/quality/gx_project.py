@@ -7,6 +7,11 @@ pointed at ``../data_docs/`` (relative, so a copied or moved warehouse keeps wor
 ``W/_quality/<pipeline>/data_docs/index.html``. Suites, validation definitions and checkpoints are
 ``add_or_update``-ed on every run from the JSON files: the JSON in the repository is the source of
 truth, what the context stores is a cache of it.
+
+A view is a Spark DataFrame (data source ``warehouse``) or, when it was small enough to collect, a
+pandas DataFrame (data source ``warehouse_pandas``: GX's pandas engine, no Spark job). Data Docs are
+built once for everything :meth:`GxProject.run` validated since the last :meth:`GxProject.build_docs`
+(once per command, however many suites it ran).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from .result import ExpectationOutcome
 DOCS_SITE = "local_site"
 DOCS_DIR = "../data_docs/"  # relative to the context root W/_quality/<p>/gx
 DATASOURCE = "warehouse"
+PANDAS_DATASOURCE = "warehouse_pandas"
 
 
 def expectations_dir() -> Path:
@@ -100,6 +106,8 @@ class GxProject:
         self.root.mkdir(parents=True, exist_ok=True)
         self.ctx = gx.get_context(mode="file", project_root_dir=str(self.root))
         self._configure()
+        self.pending: list[Any] = []
+        """What the next Data Docs build renders: each validation result and its suite."""
 
     @property
     def data_docs_index(self) -> Path:
@@ -157,12 +165,25 @@ class GxProject:
             out.append(cls(**kwargs))
         return out
 
+    def _source(self, df: Any, sources: dict[str, Any]) -> Any:
+        """The data source for view ``df``: pandas for a pandas DataFrame, else Spark (each made
+        once per run, in ``sources``)."""
+        import pandas as pd
+
+        name = PANDAS_DATASOURCE if isinstance(df, pd.DataFrame) else DATASOURCE
+        if name not in sources:
+            add = self.ctx.data_sources.add_or_update_pandas if name == PANDAS_DATASOURCE else \
+                self.ctx.data_sources.add_or_update_spark
+            sources[name] = add(name)
+        return sources[name]
+
     def run(self, suite: SuiteSpec, views: Mapping[str, Any], run_name: str,
-            progress: Callable[[str, str], None] | None = None) -> list[ExpectationOutcome]:
-        """Validate each DataFrame of ``views`` against its part of ``suite`` (a view the suite
-        does not name is an error; a named view that is absent is skipped by the caller's choice).
-        One GX Checkpoint run per view, all under one run name; then one Data Docs update for all
-        of them (the index is rendered once per run, not once per view)."""
+            progress: Callable[[str, str], None] | None = None, *, build_docs: bool = True) -> list[ExpectationOutcome]:
+        """Validate each DataFrame of ``views`` (Spark or pandas) against its part of ``suite`` (a
+        view the suite does not name is an error; a named view that is absent is skipped by the
+        caller's choice). One GX Checkpoint run per view, all under one run name; then one Data
+        Docs update for all of them (the index is rendered once per run, not once per view), or,
+        without ``build_docs``, none yet: :meth:`build_docs` renders them with the next ones."""
         from great_expectations.core.run_identifier import RunIdentifier
         from great_expectations.data_context.types.resource_identifiers import ExpectationSuiteIdentifier
 
@@ -170,11 +191,12 @@ class GxProject:
         unknown = sorted(set(views) - set(suite.views))
         if unknown:
             raise ValueError(f"suite {suite.name!r} has no expectations for views {unknown}")
-        source = self.ctx.data_sources.add_or_update_spark(DATASOURCE)
+        sources: dict[str, Any] = {}
         run_id = RunIdentifier(run_name=run_name, run_time=dt.datetime.now(dt.timezone.utc))
         outcomes: list[ExpectationOutcome] = []
         documents: list[Any] = []  # what the Data Docs update renders: each result and its suite
         for view, df in views.items():
+            source = self._source(df, sources)
             name = f"{self.pipeline}.{suite.name}.{view}"
             asset_name = f"{suite.name}.{view}"
             try:
@@ -189,11 +211,11 @@ class GxProject:
                 gx.ExpectationSuite(name=name, expectations=self._expectations(view, suite.views[view]),
                                     meta={"notes": suite.views[view].get("description", "")})
             )
-            vd = self.ctx.validation_definitions.add_or_update(gx.ValidationDefinition(name=name, data=batch, suite=gx_suite))
-            cp = self.ctx.checkpoints.add_or_update(
-                gx.Checkpoint(name=name, validation_definitions=[vd], actions=[],
-                              result_format={"result_format": "SUMMARY"})
-            )
+            vd = _stored(self.ctx.validation_definitions, self.ctx.validation_definition_store,
+                         gx.ValidationDefinition(name=name, data=batch, suite=gx_suite))
+            cp = _stored(self.ctx.checkpoints, self.ctx.checkpoint_store,
+                         gx.Checkpoint(name=name, validation_definitions=[vd], actions=[],
+                                       result_format={"result_format": "SUMMARY"}))
             result = cp.run(batch_parameters={"dataframe": df}, run_id=run_id)
             for identifier, suite_result in result.run_results.items():
                 documents += [identifier, ExpectationSuiteIdentifier(name=suite_result.suite_name)]
@@ -201,10 +223,31 @@ class GxProject:
                     outcomes.append(_outcome(view, r))
             if progress is not None:
                 progress("validated", view)
-        if documents:
-            self.ctx.build_data_docs(site_names=[DOCS_SITE], resource_identifiers=documents, dry_run=False,
-                                     build_index=True)
+        self.pending += documents  # a run that raised renders nothing
+        if build_docs:
+            self.build_docs()
         return outcomes
+
+    def build_docs(self) -> None:
+        """Render the Data Docs pages of every validation since the last build, and the index once."""
+        if self.pending:
+            self.ctx.build_data_docs(site_names=[DOCS_SITE], resource_identifiers=self.pending, dry_run=False,
+                                     build_index=True)
+            self.pending = []
+
+
+def _stored(factory: Any, store: Any, obj: Any) -> Any:
+    """``factory.add_or_update(obj)``, replacing a stored version GX can no longer load: one that
+    names a data asset of the other engine's data source (a view validated on Spark last time and
+    on pandas now, or the reverse), which that source's next ``add_or_update`` dropped."""
+    try:
+        return factory.add_or_update(obj)
+    except Exception:
+        key = store.get_key(name=obj.name, id=None)
+        if not store.has_key(key):
+            raise
+        store.remove_key(key)
+        return factory.add_or_update(obj)
 
 
 def _outcome(view: str, r: Any) -> ExpectationOutcome:

@@ -8,6 +8,11 @@ latest completed one, which is what the sinks hold after ``ckpt recover``), plus
 Both take ``progress(step, view)``, told ``("computed", view)`` and then ``("validated", view)``
 for each view (the CLI's bar).
 
+Suites run by one command share a :class:`ValidationSession` (keyword ``session``): each Delta
+table (and version) is loaded once for all of them, one GX project serves them, and the Data Docs
+are built once, by :meth:`ValidationSession.publish` after the last suite (without a session, each
+call is its own session and publishes its Data Docs itself, as before).
+
 Both record a row in ``W/_checkpoints/<pipeline>/validations`` (passed / failed / error) *before*
 returning or raising, and raise :class:`QualityCheckFailed` (a failed expectation) or
 :class:`QualityCheckError` (the validation could not run) unless ``raise_on_failure=False``. An
@@ -33,25 +38,53 @@ from .spec import get_spec
 SUITES = {RESTORE: "after_restore", CHECKPOINT: "per_checkpoint"}
 
 
-def _context(spark: SparkSession, pipeline_name: str, warehouse: str) -> V.Context:
+class ValidationSession:
+    """What the suites of one command share: the Delta tables they read (:class:`~.views.Tables`:
+    one load per table and version), one GX project per pipeline and warehouse, and one Data Docs
+    build (:meth:`publish`, after the last suite: every suite's pages and the index)."""
+
+    def __init__(self, spark: SparkSession):
+        self.spark = spark
+        self.tables = V.Tables(spark)
+        self._projects: dict[tuple[str, str], tuple[Any, Any]] = {}  # (root, pipeline) -> (warehouse, project)
+
+    def project(self, warehouse: Any, pipeline_name: str) -> Any:
+        """The GX project of ``pipeline_name`` in ``warehouse`` (made once per session)."""
+        from .gx_project import GxProject
+
+        key = (str(warehouse), pipeline_name)
+        if key not in self._projects:
+            self._projects[key] = (warehouse, GxProject(quality_root(warehouse, pipeline_name), pipeline_name))
+        return self._projects[key][1]
+
+    def publish(self) -> None:
+        """Build the Data Docs of every suite run so far (once per project) and publish them."""
+        for (_, pipeline_name), (warehouse, project) in self._projects.items():
+            project.build_docs()
+            publish_data_docs(warehouse, pipeline_name)
+
+
+def _context(spark: SparkSession, pipeline_name: str, warehouse: str, tables: V.Tables | None = None) -> V.Context:
     from ..pipelines import get
 
     check_pipeline_name(pipeline_name)
     root = warehouse_root(warehouse)
     pipeline = get(pipeline_name)
     spec = get_spec(pipeline_name)
-    return V.Context(spark, pipeline, spec, root, V.open_store(root, pipeline_name))
+    return V.Context(spark, pipeline, spec, root, V.open_store(root, pipeline_name), tables=tables)
 
 
 def _run(
     kind: str, spark: SparkSession, pipeline_name: str, warehouse: str, checkpoint_id: int | None,
     build: Callable[[V.Context, V.CheckpointFacts], tuple[dict[str, Any], V.RestoreFacts | None, list[str]]],
     raise_on_failure: bool, progress: Callable[[str, str], None] | None = None,
+    session: ValidationSession | None = None,
 ) -> QualityResult:
-    from .gx_project import GxProject
-
     check_checkpoint_id(checkpoint_id)
-    ctx = _context(spark, pipeline_name, warehouse)
+    own = session is None  # a suite on its own publishes its Data Docs itself
+    if session is None:
+        session = ValidationSession(spark)
+    ctx = _context(spark, pipeline_name, warehouse, session.tables)
     ctx.progress = progress
     log = ValidationLog(ctx.root)
     started = time.time()
@@ -70,9 +103,11 @@ def _run(
             result.restore_known = True
         result.notes += notes
         result.run_name = f"{pipeline_name}-{kind}-c{facts.checkpoint_id}-e{result.epoch}-{stamp}"
-        project = GxProject(quality_root(ctx.warehouse, pipeline_name), pipeline_name)
-        result.outcomes = project.run(suite_for(kind, ctx.spec, ctx.pipeline.key), views, result.run_name, progress=progress)
-        publish_data_docs(ctx.warehouse, pipeline_name)
+        project = session.project(ctx.warehouse, pipeline_name)
+        result.outcomes = project.run(suite_for(kind, ctx.spec, ctx.pipeline.key), views, result.run_name,
+                                      progress=progress, build_docs=False)
+        if own:
+            session.publish()
         result.metrics = _metrics(views)
     except Exception as exc:
         result.error = f"{type(exc).__name__}: {exc}"
@@ -106,14 +141,27 @@ def suite_for(kind: str, spec: Any, key: str | None = None) -> Any:
 
 
 def _metrics(views: dict[str, Any]) -> dict[str, Any]:
-    """Small aggregates for the record and the report (one row each: fine on the driver)."""
+    """Small aggregates for the record and the report (one row each: fine on the driver), from the
+    collected views without Spark, or from the Spark ones."""
+    import pandas as pd
+
     out: dict[str, Any] = {}
     if "totals" in views:
-        out.update(views["totals"].first().asDict())
+        totals = views["totals"]
+        if isinstance(totals, pd.DataFrame):
+            first = totals.head(1).to_dict("records")  # no row: as Spark's first(), an error
+            out.update({k: None if pd.isna(v) else int(v) for k, v in first[0].items()})
+        else:
+            out.update(totals.first().asDict())
     if "restored_state" in views:
-        out["restored_state_keys"] = views["restored_state"].where("in_restored").count()
+        restored = views["restored_state"]
+        if isinstance(restored, pd.DataFrame):
+            out["restored_state_keys"] = int(restored["in_restored"].astype("boolean").fillna(False).sum())
+        else:
+            out["restored_state_keys"] = restored.where("in_restored").count()
     if "channel_state" in views:
-        out["channel_state_segments"] = views["channel_state"].count()
+        segments = views["channel_state"]
+        out["channel_state_segments"] = len(segments) if isinstance(segments, pd.DataFrame) else segments.count()
     return out
 
 
@@ -132,20 +180,25 @@ def _checkpoint_build(ctx: V.Context, facts: V.CheckpointFacts):
 def validate_restore(
     spark: SparkSession, pipeline_name: str, warehouse: str, checkpoint_id: int | None = None,
     *, raise_on_failure: bool = True, progress: Callable[[str, str], None] | None = None,
+    session: ValidationSession | None = None,
 ) -> QualityResult:
     """The after-restore suite: exactly-once outputs at ``checkpoint_id`` (default latest), nothing
-    lost, and the latest restore equal to its snapshot. Recorded; raises on failure."""
-    return _run(RESTORE, spark, pipeline_name, warehouse, checkpoint_id, _restore_build, raise_on_failure, progress)
+    lost, and the latest restore equal to its snapshot. Recorded; raises on failure. With
+    ``session``, its Data Docs wait for :meth:`ValidationSession.publish`."""
+    return _run(RESTORE, spark, pipeline_name, warehouse, checkpoint_id, _restore_build, raise_on_failure, progress,
+                session)
 
 
 def validate_checkpoint(
     spark: SparkSession, pipeline_name: str, warehouse: str, checkpoint_id: int | None = None,
     *, raise_on_failure: bool = True, progress: Callable[[str, str], None] | None = None,
+    session: ValidationSession | None = None,
 ) -> QualityResult:
     """The per-checkpoint suite: every subtask acked with sizes, channel state consistent with the
-    barrier positions, conservation over state + channel state. Recorded; raises on failure."""
+    barrier positions, conservation over state + channel state. Recorded; raises on failure. With
+    ``session``, its Data Docs wait for :meth:`ValidationSession.publish`."""
     return _run(CHECKPOINT, spark, pipeline_name, warehouse, checkpoint_id, _checkpoint_build, raise_on_failure,
-                progress)
+                progress, session)
 
 
 def validate_before_commit(

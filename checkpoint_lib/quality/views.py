@@ -1,6 +1,13 @@
 """The computed views the suites validate: Spark DataFrames joining a checkpoint's promises with
-what the tables hold. Nothing here collects data to the driver; the driver reads only metadata
-(the checkpoint store's acks, Delta logs) and builds plans.
+what the tables hold. The driver reads metadata (the checkpoint store's acks, Delta logs) and builds
+plans; each view is computed by Spark once (:meth:`Context.materialize`). A view whose inputs are
+small enough for the driver (:data:`DRIVER_ROWS`) is then collected as a pandas DataFrame, which GX
+validates with its pandas engine (no Spark job per expectation); a larger one is kept on the
+executors and validated by GX on Spark.
+
+Every Delta table a command reads is loaded once per (table, version) and shared by every view and
+suite of that command (:class:`Tables`): each load resolves a Delta snapshot, and on a cold JVM that
+costs more than the small tables' data.
 
 Every view has *standard* column names, so the JSON suites in ``expectations/`` apply to any
 pipeline with a :class:`~checkpoint_lib.quality.spec.QualitySpec`.
@@ -63,6 +70,12 @@ from .paths import inside
 from .result import QualityCheckError
 from .spec import QualitySpec
 
+DRIVER_ROWS = 2_000_000
+"""A view is collected to the driver (pandas) when the Delta tables it was built from hold at most
+this many rows together, by their logs' statistics (no Spark job counts them); otherwise, or when a
+table's log has no row counts, it stays in Spark. A view has at most as many rows as its inputs,
+unless a pipeline's ``map()`` multiplies records."""
+
 EVENT_SINK_VIEW = "event_sink"
 """The view of the pipeline's event sink (``QualitySpec.event_sink``) as the checkpoint committed it."""
 
@@ -92,6 +105,51 @@ class RestoreFacts:
     recorded_at: float
 
 
+class Tables:
+    """The Delta tables one validation command reads, each (table, version) loaded once: every
+    view and suite of the command that reads it shares the one DataFrame (and so its resolved
+    snapshot). ``version`` None is the latest version as of the first load."""
+
+    def __init__(self, spark: SparkSession):
+        self.spark = spark
+        self._frames: dict[tuple[str, int | None], DataFrame] = {}
+        self._rows: dict[tuple[str, int | None], int | None] = {}
+
+    def load(self, path: str, version: int | None = None) -> DataFrame:
+        key = (str(path), version)
+        if key not in self._frames:
+            reader = self.spark.read.format("delta")
+            if version is not None:
+                reader = reader.option("versionAsOf", version)
+            self._frames[key] = reader.load(str(path))
+        return self._frames[key]
+
+    @property
+    def loaded(self) -> list[tuple[str, int | None]]:
+        """The (table, version) pairs loaded so far, in order."""
+        return list(self._frames)
+
+    def rows(self, path: str, version: int | None = None) -> int | None:
+        """The rows of the table at ``version`` by its log's statistics (delta-rs: no Spark job);
+        None when a file has no row count or the log cannot be read here."""
+        key = (str(path), version)
+        if key not in self._rows:
+            self._rows[key] = _rows_by_stats(str(path), version)
+        return self._rows[key]
+
+
+def _rows_by_stats(path: str, version: int | None) -> int | None:
+    try:
+        from deltalake import DeltaTable
+
+        counts = DeltaTable(path, version=version).get_add_actions(flatten=True).column("num_records").to_pylist()
+    except Exception:  # no statistics column, a store delta-rs is not set up for: the size is unknown
+        return None
+    if any(n is None or n < 0 for n in counts):
+        return None
+    return int(sum(counts))
+
+
 @dataclass
 class Context:
     """Everything the view builders share for one validation run."""
@@ -104,6 +162,33 @@ class Context:
     cached: list[DataFrame] = field(default_factory=list)
     progress: Callable[[str, str], None] | None = None
     """Told ``("computed", view)`` as each view is computed (the CLI's progress)."""
+    tables: Tables | None = None
+    """The command's shared table loads (a new :class:`Tables` when not given)."""
+    read: list[tuple[str, int | None]] = field(default_factory=list)
+    """The (table, version) pairs this run's views read: what bounds a view's size."""
+
+    def __post_init__(self) -> None:
+        if self.tables is None:
+            self.tables = Tables(self.spark)
+
+    def table(self, path: str, version: int | None = None) -> DataFrame:
+        """The Delta table at ``path`` (at ``version``; None: latest), loaded once per command."""
+        assert self.tables is not None
+        key = (str(path), version)
+        if key not in self.read:
+            self.read.append(key)
+        return self.tables.load(path, version)
+
+    def input_rows(self) -> int | None:
+        """The rows of every table this run read so far (by their logs), None if one is unknown."""
+        assert self.tables is not None
+        total = 0
+        for path, version in self.read:
+            n = self.tables.rows(path, version)
+            if n is None:
+                return None
+            total += n
+        return total
 
     @property
     def root(self) -> Path:
@@ -112,16 +197,22 @@ class Context:
     def path(self, relative: str) -> str:
         return str(inside(self.warehouse, relative))
 
-    def materialize(self, df: DataFrame, view: str) -> DataFrame:
-        """Compute view ``view`` once, in Spark, and keep the (small) result on the executors: GX
-        runs a dozen metrics on each view, and each would otherwise re-read the Delta tables. An
-        eager local checkpoint (one Spark job) is used rather than ``cache()``, whose plan matching
-        against the cache costs seconds per call on Delta time-travel plans."""
-        df = df.localCheckpoint(eager=True)
-        self.cached.append(df)
+    def materialize(self, df: DataFrame, view: str) -> Any:
+        """Compute view ``view`` once, in Spark: GX runs a dozen metrics on each view, and each
+        would otherwise re-read the Delta tables. When its inputs hold at most :data:`DRIVER_ROWS`
+        rows, the view is collected (Arrow) and returned as a pandas DataFrame, which GX validates
+        without Spark; otherwise it is kept on the executors by an eager local checkpoint (one
+        Spark job; ``cache()``'s plan matching costs seconds per call on Delta time-travel plans).
+        Views built on a view use the Spark DataFrame they were given, not the returned one."""
+        bound = self.input_rows()
+        if bound is not None and bound <= DRIVER_ROWS:
+            out: Any = df.toArrow().to_pandas()
+        else:
+            out = df.localCheckpoint(eager=True)
+            self.cached.append(out)
         if self.progress is not None:
             self.progress("computed", view)
-        return df
+        return out
 
     def release(self) -> None:
         """Forget the materialized views (their blocks go with the DataFrames)."""
@@ -188,7 +279,7 @@ def source_rows(ctx: Context, version: int) -> DataFrame:
     if version < 0:
         df = _empty(ctx.spark, struct_type(src.schema))
     else:
-        df = ctx.spark.read.format("delta").option("versionAsOf", version).load(ctx.path(src.path)).select(*cols)
+        df = ctx.table(ctx.path(src.path), version).select(*cols)
     error = src.validate(df) if src.validate is not None else F.lit(None).cast("string")
     return df.withColumn(ERROR_COLUMN, error)
 
@@ -203,19 +294,16 @@ def sink_at(ctx: Context, sink: str, checkpoint_id: int) -> DataFrame:
     from ..spark.sinks import stamp_prefix
 
     version = delta_log.version_before_txn_above(path, stamp_prefix(ctx.pipeline.name, sink), checkpoint_id)
-    reader = ctx.spark.read.format("delta")
     if version is not None and version < 0:
-        return reader.load(path).limit(0)
-    if version is not None:
-        reader = reader.option("versionAsOf", version)
-    return reader.load(path)
+        return ctx.table(path).limit(0)
+    return ctx.table(path, version)
 
 
 def dead_letters(ctx: Context, version: int) -> DataFrame | None:
     path = ctx.path(ctx.pipeline.dlq_path) if ctx.pipeline.dlq_path else None
     if path is None or not delta_log.is_delta_table(path):
         return None
-    return ctx.spark.read.format("delta").load(path).where(F.col("src_version") <= version)
+    return ctx.table(path).where(F.col("src_version") <= version)
 
 
 def snapshot_state(ctx: Context, acks: list[dict[str, Any]]) -> DataFrame:
@@ -236,7 +324,7 @@ def snapshot_state(ctx: Context, acks: list[dict[str, Any]]) -> DataFrame:
         for lo, hi in groups:
             pinned = pinned | F.col(KEY_GROUP).between(lo, hi)
         parts.append(
-            ctx.spark.read.format("delta").option("versionAsOf", version).load(path).where(pinned)
+            ctx.table(path, version).where(pinned)
             .select(p.key, *values)
         )
     if not parts:
@@ -254,7 +342,7 @@ def channel_state_rows(ctx: Context, checkpoint_id: int, record: bool = True) ->
         return None
     from ..spark.channels import read_channel_state
 
-    return read_channel_state(ctx.spark, path, checkpoint_id, record)
+    return read_channel_state(ctx.spark, path, checkpoint_id, record, table=ctx.table(path))
 
 
 def mapped(ctx: Context, valid: DataFrame) -> DataFrame:
@@ -317,18 +405,17 @@ def sink_view(sink: str) -> str:
     return sink_operator(sink)
 
 
-def restore_views(ctx: Context, facts: CheckpointFacts, restore: RestoreFacts | None) -> dict[str, DataFrame]:
+def restore_views(ctx: Context, facts: CheckpointFacts, restore: RestoreFacts | None) -> dict[str, Any]:
     spec, key = ctx.spec, ctx.pipeline.key
     src = source_rows(ctx, facts.source_version)
     records = mapped(ctx, src.where(F.col(ERROR_COLUMN).isNull()))  # what the operator saw
-    views: dict[str, DataFrame] = {}
+    views: dict[str, Any] = {}
 
     if spec.event_sink is not None and spec.event_id is not None:
         event_rows = sink_at(ctx, spec.event_sink, facts.checkpoint_id)
         if spec.event_id != "event_id":
             event_rows = event_rows.withColumnRenamed(spec.event_id, "event_id")
-        event_rows = ctx.materialize(event_rows, EVENT_SINK_VIEW)
-        views[EVENT_SINK_VIEW] = event_rows
+        views[EVENT_SINK_VIEW] = ctx.materialize(event_rows, EVENT_SINK_VIEW)
         cols = list(spec.event_columns)
         copies = F.lit(1) if spec.distinct_events else F.count(F.lit(1))  # repeats of an id are one event
         s = records.groupBy(F.col(spec.event_id).alias("event_id")).agg(
@@ -436,7 +523,7 @@ def restored_state_view(ctx: Context, restore: RestoreFacts) -> DataFrame:
     version = state_version_at(path, restore.recorded_at)
     if version is None:
         raise QualityCheckError(f"the state table has no version from before the restore of epoch {restore.epoch}")
-    restored = ctx.spark.read.format("delta").option("versionAsOf", version).load(path)
+    restored = ctx.table(path, version)
     if not aggs:
         return _restored_state_any(ctx, restore, restored)
     if restore.checkpoint_id is None:
@@ -493,7 +580,7 @@ def _restored_state_any(ctx: Context, restore: RestoreFacts, restored: DataFrame
 # --- per-checkpoint views ---------------------------------------------------------------------
 
 
-def checkpoint_views(ctx: Context, facts: CheckpointFacts) -> dict[str, DataFrame]:
+def checkpoint_views(ctx: Context, facts: CheckpointFacts) -> dict[str, Any]:
     from ..core.keygroups import range_for_subtask
 
     p = ctx.pipeline
@@ -527,7 +614,7 @@ def checkpoint_views(ctx: Context, facts: CheckpointFacts) -> dict[str, DataFram
         rows, "subtask string, operator string, subtask_index int, acked boolean, sizes_recorded boolean, key_groups_ok boolean, "
               "channel_state_rows_recorded long")
     channel = channel_state_rows(ctx, facts.checkpoint_id, record=False)  # where each record was: ours only
-    views: dict[str, DataFrame] = {}
+    views: dict[str, Any] = {}
     if channel is None:
         found = ctx.spark.createDataFrame([], "receiver int, channel_state_rows_found long")
         segments = ctx.spark.createDataFrame([], "receiver int, sender int, seq long, records long")

@@ -279,14 +279,18 @@ class ChannelStateTable:
         return df.select("sender", "receiver", *record)
 
 
-def read_channel_state(spark: SparkSession, path: str, checkpoint_id: int, record: bool = True) -> DataFrame:
+def read_channel_state(spark: SparkSession, path: str, checkpoint_id: int, record: bool = True,
+                       table: DataFrame | None = None) -> DataFrame:
     """The records in flight that checkpoint ``checkpoint_id`` logged in the channel-state table at
     ``path``, whatever its layout: the record's columns, beside ``checkpoint_id``, ``receiver``,
     ``sender`` and ``seq`` (a record column of one of those names hides ours: ``sender`` and
     ``receiver`` are reserved, the others are not); without ``record``, those four only (always
     ours: where each record was). The one reader of that table outside the runtime (the quality
-    views, ``inspect``)."""
-    df = spark.read.format("delta").load(path).where(F.col("checkpoint_id") == checkpoint_id)
+    views, ``inspect``). ``table``: that table already loaded (a caller reading it more than once
+    loads it once)."""
+    if table is None:
+        table = spark.read.format("delta").load(path)
+    df = table.where(F.col("checkpoint_id") == checkpoint_id)
     if not record:
         return df.select(*[f.name for f in ChannelStateTable.OURS])
     if set(df.columns) != {*[f.name for f in ChannelStateTable.OURS], RECORD}:

@@ -175,7 +175,7 @@ def test_validate_starts_one_session_for_both_suites(tmp_path, monkeypatch, caps
     monkeypatch.setattr(context, "spark_session", lambda args: sessions.append(args) or object())
 
     def suite(kind):
-        def run(spark, pipeline, warehouse, checkpoint, progress=None):
+        def run(spark, pipeline, warehouse, checkpoint, progress=None, session=None):
             suites.append((kind, spark))
             return SimpleNamespace(success=True, checkpoint_id=1, outcomes=[], failed=[], data_docs="",
                                    headline=lambda: kind, summary=lambda verbose=False: kind)

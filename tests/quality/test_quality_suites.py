@@ -253,3 +253,104 @@ def test_bad_input_is_refused_clearly(spark, healthy, tmp_path):
     with pytest.raises(QualityCheckError, match="checkpoint 999 .* unknown"):
         validate_checkpoint(spark, "payments", str(w), 999)
     assert ValidationLog(w / "_checkpoints" / "payments").latest()["status"] == "error"
+
+
+def _views(spark, w: Path, kind: str) -> dict:
+    """The views of suite ``kind`` on warehouse ``w`` at its latest checkpoint (as a validation builds them)."""
+    from checkpoint_lib.quality import views as V
+    from checkpoint_lib.quality.spec import get_spec
+
+    root = w.resolve()
+    ctx = V.Context(spark, get("payments"), get_spec("payments"), root, V.open_store(root, "payments"))
+    facts = V.checkpoint_facts(ctx, None)
+    if kind == "restore":
+        return V.restore_views(ctx, facts, V.latest_restore(ctx))
+    return V.checkpoint_views(ctx, facts)
+
+
+def _jobs(spark) -> int:
+    ids = spark.sparkContext.statusTracker().getJobIdsForGroup(None)
+    return 1 + max(ids) if ids else 0
+
+
+def test_pandas_and_spark_engines_give_the_same_outcomes(spark, healthy, tmp_path, monkeypatch):
+    """The same views validated both ways - collected (pandas, GX's pandas engine: no Spark job)
+    and kept in Spark (GX on Spark) - give the same outcome for every expectation, failing ones
+    included (a duplicated ledger row, a tampered balance, a lost dead letter)."""
+    import pandas as pd
+    from delta.tables import DeltaTable
+
+    from checkpoint_lib.quality import views as V
+    from checkpoint_lib.quality.gx_project import GxProject
+    from checkpoint_lib.quality.spec import get_spec
+    from checkpoint_lib.quality.validate import suite_for
+
+    w = _copy(healthy, tmp_path)
+    ledger = f"{w}/gold/ledger"
+    spark.read.format("delta").load(ledger).limit(1).write.format("delta").mode("append").save(ledger)
+    balances = f"{w}/gold/balances"
+    account = spark.read.format("delta").load(balances).select("account").first()["account"]
+    DeltaTable.forPath(spark, balances).update(f"account = '{account}'", {"balance_cents": "balance_cents + 1"})
+    dlq = f"{w}/dlq/payments"
+    DeltaTable.forPath(spark, dlq).delete(f"src_row = {spark.read.format('delta').load(dlq).first()['src_row']}")
+
+    def outcomes(kind: str, engine: str) -> list[tuple]:
+        views = _views(spark, w, kind)
+        materialized = [v for name, v in views.items() if not name.startswith("sink_")]
+        assert all(isinstance(v, pd.DataFrame) == (engine == "pandas") for v in materialized), engine
+        before = _jobs(spark)
+        found = GxProject(tmp_path / engine / kind, "payments").run(
+            suite_for(kind, get_spec("payments"), "account"), views, f"{engine}-{kind}")
+        if engine == "pandas":
+            assert _jobs(spark) == before  # GX itself started no Spark job
+        return sorted((o.view, o.expectation, o.target, o.success, o.unexpected_count, o.element_count,
+                       o.observed, o.error) for o in found)
+
+    for kind in ("restore", "checkpoint"):
+        on_pandas = outcomes(kind, "pandas")
+        with monkeypatch.context() as m:
+            m.setattr(V, "DRIVER_ROWS", -1)  # nothing is small enough: every view stays in Spark
+            on_spark = outcomes(kind, "spark")
+        assert on_pandas == on_spark, kind
+        if kind == "restore":
+            failed = {(o[0], o[2]) for o in on_pandas if not o[3]}
+            assert {("event_sink", "event_id"), ("keys", "sink_matches_source"), ("totals", "table")} <= failed
+            assert any(o[4] for o in on_pandas)  # unexpected counts compared, not only zeros
+
+
+def test_one_command_loads_each_table_once_and_builds_the_data_docs_once(spark, healthy, tmp_path, monkeypatch):
+    """``ckpt validate`` (both suites): the channel-state table four views read and the source both
+    suites read are loaded once, and the Data Docs are built once, with both suites' pages."""
+    from pyspark.sql.readwriter import DataFrameReader
+
+    from checkpoint_lib.layout import channel_state_table, checkpoint_root
+    from checkpoint_lib.quality.gx_project import GxProject
+
+    w = _copy(healthy, tmp_path)
+    loads, builds = [], []
+    load, build = DataFrameReader.load, GxProject.build_docs
+
+    def counted_load(self, path=None, *args, **kwargs):
+        loads.append(str(path))
+        return load(self, path, *args, **kwargs)
+
+    def counted_build(self):
+        if self.pending:
+            builds.append([str(d) for d in self.pending])
+        return build(self)
+
+    monkeypatch.setattr(DataFrameReader, "load", counted_load)
+    monkeypatch.setattr(GxProject, "build_docs", counted_build)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(["validate", "payments", "--warehouse", str(w), "-o", "json"]) == 0
+    assert [r["suite"] for r in json.loads(out.getvalue())] == ["restore", "checkpoint"]
+    assert loads.count(str(channel_state_table(checkpoint_root(w.resolve(), "payments")))) == 1
+    assert loads.count(str(w.resolve() / get("payments").source_spec.path)) == 1
+    assert len(builds) == 1 and any("after_restore" in d for d in builds[0]) and any("per_checkpoint" in d for d in builds[0])
+    docs = data_docs_index(w, "payments").parent
+    log = ValidationLog(w / "_checkpoints" / "payments")
+    for kind, suite, view in (("restore", "after_restore", "events"), ("checkpoint", "per_checkpoint", "subtasks")):
+        run_name = log.latest(kind=kind)["run_name"]
+        assert (docs / "validations" / "payments" / suite / view / run_name).is_dir(), suite
+        assert run_name in (docs / "index.html").read_text()
