@@ -29,6 +29,7 @@ from typing import Any, Callable
 from pyspark.sql import SparkSession
 
 from . import views as V
+from .context import Context, Tables
 from .paths import (check_checkpoint_id, check_pipeline_name, data_docs_index, publish_data_docs, quality_root,
                     warehouse_root)
 from .records import ValidationLog
@@ -39,13 +40,13 @@ SUITES = {RESTORE: "after_restore", CHECKPOINT: "per_checkpoint"}
 
 
 class ValidationSession:
-    """What the suites of one command share: the Delta tables they read (:class:`~.views.Tables`:
+    """What the suites of one command share: the Delta tables they read (:class:`~.context.Tables`:
     one load per table and version), one GX project per pipeline and warehouse, and one Data Docs
     build (:meth:`publish`, after the last suite: every suite's pages and the index)."""
 
     def __init__(self, spark: SparkSession):
         self.spark = spark
-        self.tables = V.Tables(spark)
+        self.tables = Tables(spark)
         self._projects: dict[tuple[str, str], tuple[Any, Any]] = {}  # (root, pipeline) -> (warehouse, project)
 
     def project(self, warehouse: Any, pipeline_name: str) -> Any:
@@ -64,19 +65,19 @@ class ValidationSession:
             publish_data_docs(warehouse, pipeline_name)
 
 
-def _context(spark: SparkSession, pipeline_name: str, warehouse: str, tables: V.Tables | None = None) -> V.Context:
+def _context(spark: SparkSession, pipeline_name: str, warehouse: str, tables: Tables | None = None) -> Context:
     from ..pipelines import get
 
     check_pipeline_name(pipeline_name)
     root = warehouse_root(warehouse)
     pipeline = get(pipeline_name)
     spec = get_spec(pipeline_name)
-    return V.Context(spark, pipeline, spec, root, V.open_store(root, pipeline_name), tables=tables)
+    return Context(spark, pipeline, spec, root, V.open_store(root, pipeline_name), tables=tables)
 
 
 def _run(
     kind: str, spark: SparkSession, pipeline_name: str, warehouse: str, checkpoint_id: int | None,
-    build: Callable[[V.Context, V.CheckpointFacts], tuple[dict[str, Any], V.RestoreFacts | None, list[str]]],
+    build: Callable[[Context, V.CheckpointFacts], tuple[dict[str, Any], V.RestoreFacts | None, list[str]]],
     raise_on_failure: bool, progress: Callable[[str, str], None] | None = None,
     session: ValidationSession | None = None,
 ) -> QualityResult:
@@ -165,7 +166,7 @@ def _metrics(views: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _restore_build(ctx: V.Context, facts: V.CheckpointFacts):
+def _restore_build(ctx: Context, facts: V.CheckpointFacts):
     restore = V.latest_restore(ctx)
     notes = []
     if restore is None:
@@ -173,7 +174,7 @@ def _restore_build(ctx: V.Context, facts: V.CheckpointFacts):
     return V.restore_views(ctx, facts, restore), restore, notes
 
 
-def _checkpoint_build(ctx: V.Context, facts: V.CheckpointFacts):
+def _checkpoint_build(ctx: Context, facts: V.CheckpointFacts):
     return V.checkpoint_views(ctx, facts), None, []
 
 

@@ -32,6 +32,7 @@ from checkpoint_lib.quality import (
     validate_checkpoint,
     validate_restore,
 )
+from checkpoint_lib.quality import context as quality_context
 from checkpoint_lib.quality.records import ValidationLog
 from checkpoint_lib.spark.runner import PipelineRunner
 
@@ -280,7 +281,6 @@ def test_pandas_and_spark_engines_give_the_same_outcomes(spark, healthy, tmp_pat
     import pandas as pd
     from delta.tables import DeltaTable
 
-    from checkpoint_lib.quality import views as V
     from checkpoint_lib.quality.gx_project import GxProject
     from checkpoint_lib.quality.spec import get_spec
     from checkpoint_lib.quality.validate import suite_for
@@ -309,7 +309,7 @@ def test_pandas_and_spark_engines_give_the_same_outcomes(spark, healthy, tmp_pat
     for kind in ("restore", "checkpoint"):
         on_pandas = outcomes(kind, "pandas")
         with monkeypatch.context() as m:
-            m.setattr(V, "DRIVER_ROWS", -1)  # nothing is small enough: every view stays in Spark
+            m.setattr(quality_context, "DRIVER_ROWS", -1)  # nothing is small enough: every view stays in Spark
             on_spark = outcomes(kind, "spark")
         assert on_pandas == on_spark, kind
         if kind == "restore":

@@ -1,0 +1,141 @@
+"""What the view builders of one validation share (:class:`Context`), and the Delta tables one
+command reads, each loaded once (:class:`Tables`). A view is computed by Spark once
+(:meth:`Context.materialize`) and, when its inputs are small enough for the driver
+(:data:`DRIVER_ROWS`), collected as a pandas DataFrame that GX validates with its pandas engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from pyspark.sql import DataFrame, SparkSession
+
+from ..delta.store import DeltaCheckpointStore
+from ..layout import checkpoint_root
+from ..pipeline import Pipeline
+from .paths import inside
+from .spec import QualitySpec
+
+DRIVER_ROWS = 2_000_000
+"""A view is collected to the driver (pandas) when the Delta tables it was built from hold at most
+this many rows together, by their logs' statistics (no Spark job counts them); otherwise, or when a
+table's log has no row counts, it stays in Spark. A view has at most as many rows as its inputs,
+unless a pipeline's ``map()`` multiplies records."""
+
+
+
+class Tables:
+    """The Delta tables one validation command reads, each (table, version) loaded once: every
+    view and suite of the command that reads it shares the one DataFrame (and so its resolved
+    snapshot). ``version`` None is the latest version as of the first load."""
+
+    def __init__(self, spark: SparkSession):
+        self.spark = spark
+        self._frames: dict[tuple[str, int | None], DataFrame] = {}
+        self._rows: dict[tuple[str, int | None], int | None] = {}
+
+    def load(self, path: str, version: int | None = None) -> DataFrame:
+        key = (str(path), version)
+        if key not in self._frames:
+            reader = self.spark.read.format("delta")
+            if version is not None:
+                reader = reader.option("versionAsOf", version)
+            self._frames[key] = reader.load(str(path))
+        return self._frames[key]
+
+    @property
+    def loaded(self) -> list[tuple[str, int | None]]:
+        """The (table, version) pairs loaded so far, in order."""
+        return list(self._frames)
+
+    def rows(self, path: str, version: int | None = None) -> int | None:
+        """The rows of the table at ``version`` by its log's statistics (delta-rs: no Spark job);
+        None when a file has no row count or the log cannot be read here."""
+        key = (str(path), version)
+        if key not in self._rows:
+            self._rows[key] = _rows_by_stats(str(path), version)
+        return self._rows[key]
+
+
+def _rows_by_stats(path: str, version: int | None) -> int | None:
+    try:
+        from deltalake import DeltaTable
+
+        counts = DeltaTable(path, version=version).get_add_actions(flatten=True).column("num_records").to_pylist()
+    except Exception:  # no statistics column, a store delta-rs is not set up for: the size is unknown
+        return None
+    if any(n is None or n < 0 for n in counts):
+        return None
+    return int(sum(counts))
+
+
+@dataclass
+class Context:
+    """Everything the view builders share for one validation run."""
+
+    spark: SparkSession
+    pipeline: Pipeline
+    spec: QualitySpec
+    warehouse: Path
+    store: DeltaCheckpointStore
+    cached: list[DataFrame] = field(default_factory=list)
+    progress: Callable[[str, str], None] | None = None
+    """Told ``("computed", view)`` as each view is computed (the CLI's progress)."""
+    tables: Tables | None = None
+    """The command's shared table loads (a new :class:`Tables` when not given)."""
+    read: list[tuple[str, int | None]] = field(default_factory=list)
+    """The (table, version) pairs this run's views read: what bounds a view's size."""
+
+    def __post_init__(self) -> None:
+        if self.tables is None:
+            self.tables = Tables(self.spark)
+
+    def table(self, path: str, version: int | None = None) -> DataFrame:
+        """The Delta table at ``path`` (at ``version``; None: latest), loaded once per command."""
+        assert self.tables is not None
+        key = (str(path), version)
+        if key not in self.read:
+            self.read.append(key)
+        return self.tables.load(path, version)
+
+    def input_rows(self) -> int | None:
+        """The rows of every table this run read so far (by their logs), None if one is unknown."""
+        assert self.tables is not None
+        total = 0
+        for path, version in self.read:
+            n = self.tables.rows(path, version)
+            if n is None:
+                return None
+            total += n
+        return total
+
+    @property
+    def root(self) -> Path:
+        return checkpoint_root(self.warehouse, self.pipeline.name)
+
+    def path(self, relative: str) -> str:
+        return str(inside(self.warehouse, relative))
+
+    def materialize(self, df: DataFrame, view: str) -> Any:
+        """Compute view ``view`` once, in Spark: GX runs a dozen metrics on each view, and each
+        would otherwise re-read the Delta tables. When its inputs hold at most :data:`DRIVER_ROWS`
+        rows, the view is collected (Arrow) and returned as a pandas DataFrame, which GX validates
+        without Spark; otherwise it is kept on the executors by an eager local checkpoint (one
+        Spark job; ``cache()``'s plan matching costs seconds per call on Delta time-travel plans).
+        Views built on a view use the Spark DataFrame they were given, not the returned one."""
+        bound = self.input_rows()
+        if bound is not None and bound <= DRIVER_ROWS:
+            out: Any = df.toArrow().to_pandas()
+        else:
+            out = df.localCheckpoint(eager=True)
+            self.cached.append(out)
+        if self.progress is not None:
+            self.progress("computed", view)
+        return out
+
+    def release(self) -> None:
+        """Forget the materialized views (their blocks go with the DataFrames)."""
+        self.cached.clear()
+
+
