@@ -94,13 +94,18 @@ def test_no_two_modules_import_each_other(package):
     assert cycles(graph(ROOT, package)) == []
 
 
-def test_the_cycle_finder_finds_a_cycle_through_a_lazy_import(tmp_path):
-    pkg = tmp_path / PACKAGE
+def fake_package(root: Path, modules: dict[str, str]) -> Path:
+    """A package named like ours under ``root``: an empty ``__init__`` and ``modules`` (name -> source)."""
+    pkg = root / PACKAGE
     pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "a.py").write_text("from .b import x\n")
-    (pkg / "b.py").write_text("x = 1\ndef f():\n    from . import a\n")
-    (pkg / "c.py").write_text("from checkpoint_lib.a import x\n")
+    for name, source in {"__init__": "", **modules}.items():
+        (pkg / f"{name}.py").write_text(source)
+    return root
+
+
+def test_the_cycle_finder_finds_a_cycle_through_a_lazy_import(tmp_path):
+    fake_package(tmp_path, {"a": "from .b import x\n", "b": "x = 1\ndef f():\n    from . import a\n",
+                            "c": "from checkpoint_lib.a import x\n"})
     assert cycles(graph(tmp_path)) == [["checkpoint_lib.a", "checkpoint_lib.b"]]
 
 
@@ -161,12 +166,11 @@ def test_no_module_uses_another_modules_private_names():
 
 
 def test_the_private_use_finder_finds_both_kinds(tmp_path):
-    pkg = tmp_path / PACKAGE
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "a.py").write_text("def _helper(): pass\n_x = 1\ndef public(): return _helper()\n")
-    (pkg / "b.py").write_text("from .a import _helper\n")
-    (pkg / "c.py").write_text("from . import a\ndef f(): return a._x\n")
-    (pkg / "d.py").write_text("from . import a\ndef f(self): return self._x, a.public()\n")
+    fake_package(tmp_path, {
+        "a": "def _helper(): pass\n_x = 1\ndef public(): return _helper()\n",
+        "b": "from .a import _helper\n",
+        "c": "from . import a\ndef f(): return a._x\n",
+        "d": "from . import a\ndef f(self): return self._x, a.public()\n",
+    })
     assert private_uses(tmp_path) == ["checkpoint_lib.b:1 imports checkpoint_lib.a._helper",
                                       "checkpoint_lib.c:2 uses checkpoint_lib.a._x"]
