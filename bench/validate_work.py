@@ -9,7 +9,8 @@ first on the path) with two counters wrapped around it, and changes nothing the 
 - Spark jobs: the highest job id Spark has handed out, read before and after each suite (job ids
   are consecutive from 0, so the difference is the number of jobs started, however short);
 - Delta table loads: calls of ``spark.read.format("delta")...load(path)`` (each resolves a Delta
-  snapshot, time travel included), with the table and version of each.
+  snapshot in Spark, time travel included) and the small tables read by delta-rs instead
+  (``quality.context._driver_read``), with the table, version and reader of each.
 
 Validation writes its results into the warehouse: run it on a copy. Wall time is printed too, but
 on a busy machine it means little; the counts do not depend on the machine.
@@ -32,7 +33,7 @@ class Counter:
 
     def __init__(self) -> None:
         self.spark: Any = None
-        self.loads: list[tuple[str, str | None]] = []
+        self.loads: list[tuple[str, str | None, str]] = []  # (table, version, reader)
         self.marks: list[tuple[str, int, int, float]] = []  # (name, jobs so far, loads so far, time)
 
     def jobs(self) -> int:
@@ -64,10 +65,22 @@ def install(counter: Counter) -> None:
 
     def load_(self: Any, path: Any = None, *args: Any, **kwargs: Any) -> Any:
         if getattr(self, "_bench_format", None) == "delta" or kwargs.get("format") == "delta":
-            counter.loads.append((str(path), getattr(self, "_bench_version", None)))
+            counter.loads.append((str(path), getattr(self, "_bench_version", None), "spark"))
         return load(self, path, *args, **kwargs)
 
     DataFrameReader.format, DataFrameReader.option, DataFrameReader.load = format_, option_, load_
+
+    from checkpoint_lib.quality import context
+
+    driver_read = context._driver_read
+
+    def driver_read_(spark: Any, path: str, version: int | None) -> Any:
+        frame = driver_read(spark, path, version)
+        if frame is not None:  # None: delta-rs could not read it, Spark's load (counted above) does
+            counter.loads.append((str(path), None if version is None else str(version), "delta-rs"))
+        return frame
+
+    context._driver_read = driver_read_
 
     for kind in ("restore", "checkpoint"):
         name = f"validate_{kind}"
@@ -129,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     rows.append({"part": "command", "spark_jobs": end[0], "delta_loads": end[1],
                  "seconds": round(end[2] - started, 1)})
     tables: dict[str, int] = {}
-    for path, version in counter.loads:
-        key = f"{Path(path).name}@{'latest' if version is None else version}"
+    for path, version, reader in counter.loads:
+        key = f"{Path(path).name}@{'latest' if version is None else version} ({reader})"
         tables[key] = tables.get(key, 0) + 1
     if args.output == "json":
         print(json.dumps({"exit_code": code, "parts": rows, "steps": steps, "loads": tables}, indent=2))

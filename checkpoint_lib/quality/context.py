@@ -5,11 +5,13 @@ command reads, each loaded once (:class:`Tables`). A view is computed by Spark o
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
 
 from ..delta.store import DeltaCheckpointStore
 from ..layout import checkpoint_root
@@ -36,12 +38,20 @@ class Tables:
         self._rows: dict[tuple[str, int | None], int | None] = {}
 
     def load(self, path: str, version: int | None = None) -> DataFrame:
+        """The table at ``version``. One of at most :data:`DRIVER_ROWS` rows (by its log) is read by
+        delta-rs and handed to Spark as Arrow: resolving a Delta snapshot in Spark costs seconds of
+        jobs on a cold JVM, more than such a table's data. A table delta-rs does not read (deletion
+        vectors, column mapping, a store it is not set up for) or a larger one is read by Spark."""
         key = (str(path), version)
         if key not in self._frames:
-            reader = self.spark.read.format("delta")
-            if version is not None:
-                reader = reader.option("versionAsOf", version)
-            self._frames[key] = reader.load(str(path))
+            rows = self.rows(path, version)
+            frame = _driver_read(self.spark, str(path), version) if rows is not None and rows <= DRIVER_ROWS else None
+            if frame is None:
+                reader = self.spark.read.format("delta")
+                if version is not None:
+                    reader = reader.option("versionAsOf", version)
+                frame = reader.load(str(path))
+            self._frames[key] = frame
         return self._frames[key]
 
     @property
@@ -56,6 +66,23 @@ class Tables:
         if key not in self._rows:
             self._rows[key] = _rows_by_stats(str(path), version)
         return self._rows[key]
+
+
+def _driver_read(spark: SparkSession, path: str, version: int | None) -> DataFrame | None:
+    """The table at ``version`` read by delta-rs into a Spark DataFrame with the table's own
+    schema; None when delta-rs cannot read it (it refuses a reader feature it lacks, such as
+    deletion vectors, rather than reading wrong rows), so that Spark, the reference reader, does."""
+    try:
+        from deltalake import DeltaTable
+
+        table = DeltaTable(path, version=version)
+        schema = T.StructType.fromJson(json.loads(table.schema().to_json()))
+        data = table.to_pyarrow_table().select(schema.fieldNames())
+    except Exception:  # any reason delta-rs cannot read it: Spark reads it, or reports why it cannot
+        return None
+    if data.num_rows == 0:  # Arrow without chunks is refused by createDataFrame
+        return spark.createDataFrame([], schema)
+    return spark.createDataFrame(data, schema=schema)
 
 
 def _rows_by_stats(path: str, version: int | None) -> int | None:

@@ -320,7 +320,8 @@ def test_pandas_and_spark_engines_give_the_same_outcomes(spark, healthy, tmp_pat
 
 def test_one_command_loads_each_table_once_and_builds_the_data_docs_once(spark, healthy, tmp_path, monkeypatch):
     """``ckpt validate`` (both suites): the channel-state table four views read and the source both
-    suites read are loaded once, and the Data Docs are built once, with both suites' pages."""
+    suites read are loaded once (by Spark or, being small, by delta-rs), and the Data Docs are built
+    once, with both suites' pages."""
     from pyspark.sql.readwriter import DataFrameReader
 
     from checkpoint_lib.layout import channel_state_table, checkpoint_root
@@ -339,7 +340,14 @@ def test_one_command_loads_each_table_once_and_builds_the_data_docs_once(spark, 
             builds.append([str(d) for d in self.pending])
         return build(self)
 
+    driver_read = quality_context._driver_read
+
+    def counted_driver_read(spark, path, version):
+        loads.append(str(path))
+        return driver_read(spark, path, version)
+
     monkeypatch.setattr(DataFrameReader, "load", counted_load)
+    monkeypatch.setattr(quality_context, "_driver_read", counted_driver_read)
     monkeypatch.setattr(GxProject, "build_docs", counted_build)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -354,3 +362,36 @@ def test_one_command_loads_each_table_once_and_builds_the_data_docs_once(spark, 
         run_name = log.latest(kind=kind)["run_name"]
         assert (docs / "validations" / "payments" / suite / view / run_name).is_dir(), suite
         assert run_name in (docs / "index.html").read_text()
+
+
+def test_a_small_table_read_by_delta_rs_holds_what_spark_reads(spark, healthy, tmp_path, monkeypatch):
+    """``Tables.load`` reads a small table through delta-rs (no Delta snapshot resolved in Spark):
+    at an older version and at the latest, it has Spark's schema and Spark's rows. The keyed state
+    table has deletion vectors, which delta-rs refuses: it is read by Spark, never half-read."""
+    from checkpoint_lib.layout import checkpoint_root, state_table
+
+    w = _copy(healthy, tmp_path)
+    p = get("payments")
+    source, ledger = str(w / p.source_spec.path), str(w / p.sinks["ledger"].path)
+    state = str(state_table(checkpoint_root(w, "payments"), p.operator_uid))
+    driver_read, by_delta_rs = quality_context._driver_read, []
+
+    def counted(spark_, path, version):
+        frame = driver_read(spark_, path, version)
+        by_delta_rs.append((path, version, frame is not None))
+        return frame
+
+    from deltalake import DeltaTable
+
+    older = DeltaTable(ledger).version() - 1
+    assert older >= 0
+    monkeypatch.setattr(quality_context, "_driver_read", counted)
+    tables = quality_context.Tables(spark)
+    for path, version in ((source, None), (ledger, older), (ledger, None), (state, None)):
+        got = tables.load(path, version)
+        reader = spark.read.format("delta")
+        want = (reader if version is None else reader.option("versionAsOf", version)).load(path)
+        assert got.schema == want.schema, path
+        assert sorted(got.collect()) == sorted(want.collect()), (path, version)
+        assert got.count() > 0, path
+    assert by_delta_rs == [(source, None, True), (ledger, older, True), (ledger, None, True), (state, None, False)]
