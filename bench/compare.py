@@ -66,6 +66,7 @@ from bench.floor import run_floor  # noqa: E402
 from bench.markdown import table  # noqa: E402
 from bench.ours import OFF, UNCHAINED, copy_landing, run_ours  # noqa: E402
 from bench.outputs import FILES_PER_VERSION, check, generate_landing  # noqa: E402
+from bench.work import Work  # noqa: E402
 
 MODES = (OFF, "aligned", UNCHAINED, "unaligned", "at_least_once")
 
@@ -115,16 +116,19 @@ def throughput(spark: Any, base: str, size: int, args: argparse.Namespace, log, 
         rows.append(results.append("throughput", row))
 
     floor_out = f"{data}/floor"
-    measured(FLOOR, run_floor(spark, landing, floor_out))
+    with Work(spark, floor_out) as work:
+        figures = run_floor(spark, landing, floor_out)
+    measured(FLOOR, {**figures, **work.figures(steps=1)})
     log(f"  floor: {rows[-1]['seconds']:.1f} s")
     for contender, name in ((EXPERT, "expert"), (PEER, "peer")):
         if contender not in todo:
             continue
         run = importlib.import_module(f"bench.{STREAMING[name]}").__dict__[f"run_{STREAMING[name]}"]
         out = f"{data}/{name}"
-        figures = run(spark, landing, out, files_per_batch=FILES_PER_VERSION, checkpoint_location=f"{out}/_checkpoint")
+        with Work(spark, out) as work:
+            figures = run(spark, landing, out, files_per_batch=FILES_PER_VERSION, checkpoint_location=f"{out}/_checkpoint")
         check(spark, floor_out, out, contender)
-        measured(contender, figures)
+        measured(contender, {**figures, **work.figures(steps=figures["batches"])})
         log(f"  {contender}: {figures['seconds']:.1f} s, {figures['batches']} micro-batches")
     for mode in args.modes:
         label = label_of(mode)
@@ -132,9 +136,10 @@ def throughput(spark: Any, base: str, size: int, args: argparse.Namespace, log, 
             continue
         w = f"{data}/ours-{mode}"
         copy_landing(data, w)
-        figures = run_ours(spark, w, mode=mode, rows_per_checkpoint=k)
+        with Work(spark, w) as work:
+            figures = run_ours(spark, w, mode=mode, rows_per_checkpoint=k)
         check(spark, floor_out, w, f"ours {mode}")
-        measured(label, {"mode": mode, **figures})
+        measured(label, {"mode": mode, **figures, **work.figures(steps=figures["steps"])})
         log(f"  {label}: {figures['seconds']:.1f} s, {figures['checkpoints']} checkpoints")
         if not args.keep:
             shutil.rmtree(w, ignore_errors=True)
@@ -223,12 +228,21 @@ def skew(spark: Any, base: str, size: int, args: argparse.Namespace, log) -> lis
 def render_throughput(rows: list[dict]) -> str:
     return table(
         ["contender", "events", "time (s)", "events/s", "time / floor", "checkpoints", "median checkpoint (ms)",
-         "measured (UTC)", "commit"],
+         "steps", "Spark jobs / step", "Delta commits / step", "measured (UTC)", "commit"],
         [[r["contender"], f"{r['events']:,}", f"{r['seconds']:.1f}", f"{r['events_per_s']:,.0f}",
           f"{r['ratio']:.2f}", str(r.get("checkpoints", "")),
           f"{r['median_checkpoint_ms']:.0f}" if "median_checkpoint_ms" in r else "",
-          r.get("measured_at", ""), r.get("commit", "")] for r in rows],
+          *_per_step(r), r.get("measured_at", ""), r.get("commit", "")] for r in rows],
     )
+
+
+def _per_step(r: dict) -> list[str]:
+    """Steps, Spark jobs and Delta commits per step (bench/work.py); blank for a row logged before
+    they were counted."""
+    if "spark_jobs" not in r:
+        return ["", "", ""]
+    steps = r.get("steps", r.get("batches", 1))
+    return [str(steps), f"{r['jobs_per_step']:.1f}", f"{r['commits_per_step']:.1f}"]
 
 
 def render_overhead(rows: list[dict]) -> str:

@@ -69,3 +69,23 @@ def test_ours_contender_matches_the_floor_and_reports_its_checkpoints(spark, tmp
     assert figures["checkpoints"] == figures["measured_checkpoints"] + 1  # the final one is not measured
     assert figures["median_checkpoint_ms"] > 0 and figures["seconds"] > 0
     assert figures["interval_s_first_tenth"] > 0 and figures["interval_s_last_tenth"] > 0
+
+
+def test_the_work_counter_counts_the_jobs_and_the_commits_of_a_run(spark, tmp_path):
+    """bench/work.py: the Delta commits a run adds to every table under its folder (a table it
+    creates counts its first version, one made before does not count its old ones) and the
+    Spark jobs it starts, per step."""
+    from bench.work import Work
+
+    old, new = str(tmp_path / "out" / "old"), str(tmp_path / "out" / "deep" / "new")
+    spark.range(3).write.format("delta").save(old)
+    with Work(spark, str(tmp_path / "out")) as work:
+        spark.range(2).write.format("delta").mode("append").save(old)
+        for _ in range(3):
+            spark.range(2).write.format("delta").mode("append").save(new)
+        assert spark.read.format("delta").load(new).count() == 6
+    assert work.commits == 1 + 3
+    assert work.jobs >= 5  # each write is at least one job, the count one more
+    figures = work.figures(steps=2)
+    assert figures["delta_commits"] == 4 and figures["commits_per_step"] == 2.0
+    assert figures["jobs_per_step"] == work.jobs / 2
