@@ -40,8 +40,8 @@ class Tables:
     def load(self, path: str, version: int | None = None) -> DataFrame:
         """The table at ``version``. One of at most :data:`DRIVER_ROWS` rows (by its log) is read by
         delta-rs and handed to Spark as Arrow: resolving a Delta snapshot in Spark costs seconds of
-        jobs on a cold JVM, more than such a table's data. A table delta-rs does not read (deletion
-        vectors, column mapping, a store it is not set up for) or a larger one is read by Spark."""
+        jobs on a cold JVM, more than such a table's data. A table delta-rs does not read (a reader
+        feature it lacks, a store it is not set up for) or a larger one is read by Spark."""
         key = (str(path), version)
         if key not in self._frames:
             rows = self.rows(path, version)
@@ -70,14 +70,18 @@ class Tables:
 
 def _driver_read(spark: SparkSession, path: str, version: int | None) -> DataFrame | None:
     """The table at ``version`` read by delta-rs into a Spark DataFrame with the table's own
-    schema; None when delta-rs cannot read it (it refuses a reader feature it lacks, such as
-    deletion vectors, rather than reading wrong rows), so that Spark, the reference reader, does."""
+    schema; None when delta-rs cannot read it, so that Spark, the reference reader, does.
+    DataFusion (delta-rs's ``QueryBuilder``) applies deletion vectors, which the state tables use;
+    a table whose columns it returns under other names (column mapping) fails the cast to the
+    table's schema and goes to Spark too."""
     try:
-        from deltalake import DeltaTable
+        import pyarrow as pa
+        from deltalake import DeltaTable, QueryBuilder
 
         table = DeltaTable(path, version=version)
         schema = T.StructType.fromJson(json.loads(table.schema().to_json()))
-        data = table.to_pyarrow_table().select(schema.fieldNames())
+        data = pa.table(QueryBuilder().register("t", table).execute("select * from t"))
+        data = data.cast(pa.schema(table.schema().to_arrow()))  # DataFusion's string views: plain strings
     except Exception:  # any reason delta-rs cannot read it: Spark reads it, or reports why it cannot
         return None
     if data.num_rows == 0:  # Arrow without chunks is refused by createDataFrame

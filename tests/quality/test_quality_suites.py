@@ -366,14 +366,24 @@ def test_one_command_loads_each_table_once_and_builds_the_data_docs_once(spark, 
 
 def test_a_small_table_read_by_delta_rs_holds_what_spark_reads(spark, healthy, tmp_path, monkeypatch):
     """``Tables.load`` reads a small table through delta-rs (no Delta snapshot resolved in Spark):
-    at an older version and at the latest, it has Spark's schema and Spark's rows. The keyed state
-    table has deletion vectors, which delta-rs refuses: it is read by Spark, never half-read."""
+    at an older version and at the latest, it has Spark's schema and Spark's rows, the keyed state
+    with a deletion vector (a deleted row) included. A table delta-rs cannot read is read by Spark."""
+    from delta.tables import DeltaTable as SparkDeltaTable
+    from deltalake import DeltaTable
+    from pyspark.sql import functions as F
+
     from checkpoint_lib.layout import checkpoint_root, state_table
 
     w = _copy(healthy, tmp_path)
     p = get("payments")
     source, ledger = str(w / p.source_spec.path), str(w / p.sinks["ledger"].path)
     state = str(state_table(checkpoint_root(w, "payments"), p.operator_uid))
+    one = spark.read.format("delta").load(state).first()[p.key]
+    SparkDeltaTable.forPath(spark, state).delete(F.col(p.key) == one)  # a deletion vector, not a rewrite
+    log = "".join(f.read_text() for f in sorted(Path(state, "_delta_log").glob("*.json")))
+    assert '"deletionVector":{' in log
+    older = DeltaTable(ledger).version() - 1
+    assert older >= 0
     driver_read, by_delta_rs = quality_context._driver_read, []
 
     def counted(spark_, path, version):
@@ -381,10 +391,6 @@ def test_a_small_table_read_by_delta_rs_holds_what_spark_reads(spark, healthy, t
         by_delta_rs.append((path, version, frame is not None))
         return frame
 
-    from deltalake import DeltaTable
-
-    older = DeltaTable(ledger).version() - 1
-    assert older >= 0
     monkeypatch.setattr(quality_context, "_driver_read", counted)
     tables = quality_context.Tables(spark)
     for path, version in ((source, None), (ledger, older), (ledger, None), (state, None)):
@@ -394,4 +400,15 @@ def test_a_small_table_read_by_delta_rs_holds_what_spark_reads(spark, healthy, t
         assert got.schema == want.schema, path
         assert sorted(got.collect()) == sorted(want.collect()), (path, version)
         assert got.count() > 0, path
-    assert by_delta_rs == [(source, None, True), (ledger, older, True), (ledger, None, True), (state, None, False)]
+    assert tables.load(state).where(F.col(p.key) == one).count() == 0
+    assert by_delta_rs == [(source, None, True), (ledger, older, True), (ledger, None, True), (state, None, True)]
+
+    import deltalake
+
+    def refused(*args, **kwargs):
+        raise deltalake.exceptions.DeltaProtocolError("a reader feature delta-rs lacks")
+
+    monkeypatch.setattr(deltalake.QueryBuilder, "execute", refused)
+    fallback = quality_context.Tables(spark).load(ledger, older)
+    assert by_delta_rs[-1] == (ledger, older, False)
+    assert sorted(fallback.collect()) == sorted(spark.read.format("delta").option("versionAsOf", older).load(ledger).collect())
