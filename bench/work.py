@@ -1,8 +1,9 @@
 """The work a contender does, counted rather than timed: Spark jobs and Delta commits, in all and
 per step.
 
-- Spark jobs: the highest job id Spark has handed out, read before and after the run (job ids are
-  consecutive from 0, so the difference is the number of jobs started, however short);
+- Spark jobs: the next job id Spark hands out, read before and after the run (job ids are
+  consecutive from 0 across job groups, so the difference is the number of jobs started, however
+  short, a streaming query's included);
 - Delta commits: the versions every Delta table under the contender's output folder gained during
   the run (a table the run created counts its version 0), found by listing the ``_delta_log``
   folders: sinks, state, channel log and control tables alike.
@@ -22,9 +23,10 @@ _COMMIT = re.compile(r"^(\d{20})\.json$")
 
 
 def spark_jobs(spark: Any) -> int:
-    """How many Spark jobs this session has started so far."""
-    ids = spark.sparkContext.statusTracker().getJobIdsForGroup(None)
-    return 1 + max(ids) if ids else 0
+    """How many Spark jobs this session has started so far, in every job group: the DAG
+    scheduler's next job id (the status tracker lists one group at a time, and Structured Streaming
+    runs each query's jobs in a group of its own)."""
+    return int(spark.sparkContext._jsc.sc().dagScheduler().nextJobId())
 
 
 def delta_versions(root: str) -> dict[str, int]:

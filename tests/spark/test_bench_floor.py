@@ -89,3 +89,10 @@ def test_the_work_counter_counts_the_jobs_and_the_commits_of_a_run(spark, tmp_pa
     figures = work.figures(steps=2)
     assert figures["delta_commits"] == 4 and figures["commits_per_step"] == 2.0
     assert figures["jobs_per_step"] == work.jobs / 2
+    with Work(spark, str(tmp_path / "out")) as grouped:  # as a streaming query runs its jobs
+        spark.sparkContext.setJobGroup("a-streaming-query", "jobs of another group count too")
+        try:
+            assert spark.read.format("delta").load(new).count() == 6
+        finally:
+            spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    assert grouped.jobs >= 1 and grouped.commits == 0
