@@ -8,8 +8,8 @@ executors and validated by GX on Spark.
 Every Delta table a command reads is loaded once per (table, version) and shared by every view and
 suite of that command (:class:`Tables`): resolving a Delta snapshot in Spark costs seconds of jobs on
 a cold JVM, more than a small table's data, so a table of at most :data:`DRIVER_ROWS` rows is read by
-delta-rs and handed to Spark as Arrow (one that delta-rs refuses, such as the keyed state with its
-deletion vectors, is read by Spark).
+delta-rs (deletion vectors applied) and handed to Spark as Arrow; one that delta-rs refuses is read
+by Spark.
 
 Every view has *standard* column names, so the JSON suites in ``expectations/`` apply to any
 pipeline with a :class:`~checkpoint_lib.quality.spec.QualitySpec`.
