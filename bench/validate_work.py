@@ -6,8 +6,9 @@ per suite and for the whole command.
 Runs ``ckpt validate`` in this process (on this checkout's code: the folder above this file comes
 first on the path) with two counters wrapped around it, and changes nothing the command does:
 
-- Spark jobs: the highest job id Spark has handed out, read before and after each suite (job ids
-  are consecutive from 0, so the difference is the number of jobs started, however short);
+- Spark jobs: ``bench/work.py::spark_jobs``, the next job id Spark hands out, read before and after
+  each suite (job ids are consecutive from 0 in every job group, so the difference is the number of
+  jobs started, however short);
 - Delta table loads: calls of ``spark.read.format("delta")...load(path)`` (each resolves a Delta
   snapshot in Spark, time travel included) and the small tables read by delta-rs instead
   (``quality.context._driver_read``), with the table, version and reader of each.
@@ -27,6 +28,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.work import spark_jobs  # noqa: E402
+
 
 class Counter:
     """Spark jobs and Delta loads, marked at named points."""
@@ -39,8 +42,7 @@ class Counter:
     def jobs(self) -> int:
         if self.spark is None:
             return 0
-        ids = self.spark.sparkContext.statusTracker().getJobIdsForGroup(None)
-        return 1 + max(ids) if ids else 0
+        return spark_jobs(self.spark)
 
     def mark(self, name: str) -> None:
         self.marks.append((name, self.jobs(), len(self.loads), time.monotonic()))

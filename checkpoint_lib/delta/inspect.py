@@ -65,7 +65,7 @@ def _pinned(path: Any, version: int, c: CompletedCheckpoint) -> DeltaTable | Non
                           f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
 
 
-def _query(dt: DeltaTable, sql: str) -> pa.Table:
+def query(dt: DeltaTable, sql: str) -> pa.Table:
     """``sql`` over ``dt`` registered as ``t`` (DataFusion reads deletion vectors, which the state
     tables use and pyarrow's reader does not)."""
     return pa.table(QueryBuilder().register("t", dt).execute(sql))
@@ -74,7 +74,7 @@ def _query(dt: DeltaTable, sql: str) -> pa.Table:
 def _count(dt: DeltaTable | None, where: str = "true") -> int:
     if dt is None:
         return 0
-    return int(_query(dt, f"select count(*) as n from t where {where}")["n"][0].as_py())
+    return int(query(dt, f"select count(*) as n from t where {where}")["n"][0].as_py())
 
 
 def _quote(name: str) -> str:
@@ -132,7 +132,7 @@ def operator_state(warehouse: str, pipeline: Pipeline, checkpoint_id: int | None
         subtasks.append({"subtask": sid.index, "key_groups": [lo, hi], "table_version": version, "keys": n})
         total += n
         if dt is not None and n:  # each subtask's first ``limit`` by key: the first ``limit`` of all are among them
-            for row in _query(dt, f"select * from t where {where} order by {_quote(pipeline.key)} "
+            for row in query(dt, f"select * from t where {where} order by {_quote(pipeline.key)} "
                                   f"limit {int(limit)}").to_pylist():
                 row.pop(TTL_COLUMN, None)  # hidden: the operator never sees it
                 rows.append({**row, "subtask": sid.index})
@@ -152,7 +152,7 @@ def channel_state(warehouse: str, pipeline: Pipeline, checkpoint_id: int | None 
     rows: list[dict[str, Any]] = []
     dt = _table(channel_state_table(checkpoint_root(warehouse, pipeline.name))) if logged else None
     if dt is not None:
-        rows = _query(dt, f"select * from t where checkpoint_id = {int(c.checkpoint_id)} limit {int(limit)}").to_pylist()
+        rows = query(dt, f"select * from t where checkpoint_id = {int(c.checkpoint_id)} limit {int(limit)}").to_pylist()
     return {**_checkpoint_fields(pipeline, c), "subtasks": logged, "records": sum(s["rows"] for s in logged),
             "limit": limit, "shown": len(rows), "rows": rows}
 

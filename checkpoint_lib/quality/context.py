@@ -76,12 +76,14 @@ def _driver_read(spark: SparkSession, path: str, version: int | None) -> DataFra
     table's schema and goes to Spark too."""
     try:
         import pyarrow as pa
-        from deltalake import DeltaTable, QueryBuilder
+        from deltalake import DeltaTable
+
+        from ..delta.inspect import query
 
         table = DeltaTable(path, version=version)
-        schema = T.StructType.fromJson(json.loads(table.schema().to_json()))
-        data = pa.table(QueryBuilder().register("t", table).execute("select * from t"))
-        data = data.cast(pa.schema(table.schema().to_arrow()))  # DataFusion's string views: plain strings
+        declared = table.schema()
+        schema = T.StructType.fromJson(json.loads(declared.to_json()))
+        data = query(table, "select * from t").cast(pa.schema(declared.to_arrow()))  # string views: plain strings
     except Exception:  # any reason delta-rs cannot read it: Spark reads it, or reports why it cannot
         return None
     if data.num_rows == 0:  # Arrow without chunks is refused by createDataFrame
