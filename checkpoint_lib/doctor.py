@@ -79,8 +79,14 @@ def jars() -> Check:
                      f"delete {'them' if len(foreign) > 1 else 'it'} and {fix}")
     logstore = ("the S3 log store built" if delta_jars.logstore_jar(directory).is_file()
                 else "no S3 log store (no JDK at set-up: s3:// warehouses are refused)")
+    from .spark import jvm_archive
+
+    archive = jvm_archive.java_options(delta_jars.ensure_jars(directory))
+    classes = ("the driver's class archive built" if archive else
+               "no driver class archive (Spark starts a few seconds slower: `ckpt setup` builds it)"
+               if jvm_archive.enabled() else "the driver's class archive turned off")
     return Check("jars", True, f"{len(delta_jars.ARTIFACTS)} jars (Delta {delta_jars.DELTA_JAR_VERSION}, S3A) in "
-                 f"{directory}, {logstore}")
+                 f"{directory}, {logstore}, {classes}")
 
 
 def warehouse(path: str) -> Check:

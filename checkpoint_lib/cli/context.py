@@ -13,11 +13,12 @@ import os
 import sys
 
 
-def spark_session(args: argparse.Namespace):
+def spark_session(args: argparse.Namespace, short_lived: bool = False):
+    """The command's Spark session (``short_lived``: see :data:`~checkpoint_lib.spark.session.SHORT_LIVED_JIT`)."""
     from ..spark.session import get_spark, use_warehouse
 
     spark = get_spark(master=getattr(args, "master", None), app_name="ckpt",
-                      extra_conf=dict(getattr(args, "spark_conf", None) or ()))
+                      extra_conf=dict(getattr(args, "spark_conf", None) or ()), short_lived=short_lived)
     if getattr(args, "warehouse", None):
         use_warehouse(spark, args.warehouse)
     return spark

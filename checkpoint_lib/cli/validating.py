@@ -22,7 +22,8 @@ def validate_suites(args: argparse.Namespace, kinds: Sequence[str]) -> tuple[int
     from ..quality.paths import check_pipeline_name, warehouse_root
 
     check_pipeline_name(args.pipeline)  # bad input fails before Spark starts
-    warehouse_root(args.warehouse)
+    root = warehouse_root(args.warehouse)
+    from ..quality.context import driver_sized
     from ..quality.spec import get_spec
     from ..quality.validate import ValidationSession, suite_for
 
@@ -30,7 +31,8 @@ def validate_suites(args: argparse.Namespace, kinds: Sequence[str]) -> tuple[int
     out = sys.stderr if wants_json(args) else sys.stdout
     context.import_in_background("great_expectations")  # seconds of imports, while the JVM starts
     code, results = EXIT_OK, []
-    spark = context.spark_session(args)
+    small = driver_sized(context.pipeline(args.pipeline), root)
+    spark = context.spark_session(args, short_lived=small)  # small: seconds of small jobs
     session = ValidationSession(spark)  # the suites share table loads and one Data Docs build
     try:
         for kind in kinds:
@@ -60,7 +62,10 @@ def validate_suites(args: argparse.Namespace, kinds: Sequence[str]) -> tuple[int
         with contextlib.suppress(Exception):
             session.publish()
         raise
-    session.publish()
+    else:
+        session.publish()
+    finally:
+        session.close()
     return code, results
 
 

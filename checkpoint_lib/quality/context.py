@@ -36,23 +36,36 @@ class Tables:
         self.spark = spark
         self._frames: dict[tuple[str, int | None], DataFrame] = {}
         self._rows: dict[tuple[str, int | None], int | None] = {}
+        self._cached: list[DataFrame] = []
 
     def load(self, path: str, version: int | None = None) -> DataFrame:
         """The table at ``version``. One of at most :data:`DRIVER_ROWS` rows (by its log) is read by
         delta-rs and handed to Spark as Arrow: resolving a Delta snapshot in Spark costs seconds of
-        jobs on a cold JVM, more than such a table's data. A table delta-rs does not read (a reader
-        feature it lacks, a store it is not set up for) or a larger one is read by Spark."""
+        jobs on a cold JVM, more than such a table's data. Such a frame is cached (in memory, by
+        the first job that reads it): otherwise every view's job ships the table's rows to the
+        executors again, inside its tasks. A table delta-rs does not read (a reader feature it
+        lacks, a store it is not set up for) or a larger one is read by Spark."""
         key = (str(path), version)
         if key not in self._frames:
             rows = self.rows(path, version)
             frame = _driver_read(self.spark, str(path), version) if rows is not None and rows <= DRIVER_ROWS else None
-            if frame is None:
+            if frame is not None:
+                frame = frame.cache()
+                self._cached.append(frame)
+            else:
                 reader = self.spark.read.format("delta")
                 if version is not None:
                     reader = reader.option("versionAsOf", version)
                 frame = reader.load(str(path))
             self._frames[key] = frame
         return self._frames[key]
+
+    def release(self) -> None:
+        """Drop the cached tables (a validation inside a long-lived process, the runner's gate
+        before a commit, must not keep them)."""
+        for frame in self._cached:
+            frame.unpersist(blocking=False)
+        self._cached.clear()
 
     @property
     def loaded(self) -> list[tuple[str, int | None]]:
@@ -101,6 +114,37 @@ def _rows_by_stats(path: str, version: int | None) -> int | None:
     if any(n is None or n < 0 for n in counts):
         return None
     return int(sum(counts))
+
+
+def driver_sized(pipeline: Pipeline, warehouse: Path) -> bool:
+    """Whether the Delta tables a validation of ``pipeline`` reads (its Delta source, sinks, dead
+    letters, keyed state and channel state, at their latest versions) hold at most
+    :data:`DRIVER_ROWS` rows together by their logs (delta-rs, no Spark): then every view is
+    collected to the driver and the command is seconds of small Spark jobs. False when a table's
+    size is unknown."""
+    from ..layout import channel_state_table, checkpoint_root, state_table
+
+    relative = [getattr(pipeline.source_spec, "path", None), pipeline.dlq_path,
+                *(spec.path for spec in pipeline.sinks.values())]
+    paths = [str(inside(warehouse, r)) for r in relative if isinstance(r, str)]
+    root = checkpoint_root(warehouse, pipeline.name)
+    paths += [str(channel_state_table(root))] + ([str(state_table(root, pipeline.operator_uid))]
+                                                 if pipeline.operator_uid else [])
+    total = 0
+    for path in paths:
+        if not _is_table(path):
+            continue
+        rows = _rows_by_stats(path, None)
+        if rows is None:
+            return False
+        total += rows
+    return total <= DRIVER_ROWS
+
+
+def _is_table(path: str) -> bool:
+    from ..delta import log as delta_log
+
+    return delta_log.is_delta_table(path)
 
 
 @dataclass

@@ -64,6 +64,10 @@ class ValidationSession:
             project.build_docs()
             publish_data_docs(warehouse, pipeline_name)
 
+    def close(self) -> None:
+        """Release what the session holds in Spark (its cached tables)."""
+        self.tables.release()
+
 
 def _context(spark: SparkSession, pipeline_name: str, warehouse: str, tables: Tables | None = None) -> Context:
     from ..pipelines import get
@@ -118,6 +122,8 @@ def _run(
         raise QualityCheckError(result.summary(), result) from exc
     finally:
         ctx.release()
+        if own:
+            session.close()
     result.finished_at = time.time()
     if not result.outcomes:
         result.notes.append("no expectation was evaluated: counted as failed")

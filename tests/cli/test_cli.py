@@ -165,14 +165,15 @@ def test_no_bar_for_machines_or_pipes(monkeypatch):
 def test_validate_starts_one_session_for_both_suites(tmp_path, monkeypatch, capsys):
     """`ckpt validate --suite all` asks for its Spark session once: a second request with options
     that only apply at start (``--spark-conf spark.driver.extraJavaOptions=...``) was refused by
-    the session the first one started ("cannot change on the running Spark session")."""
+    the session the first one started ("cannot change on the running Spark session"). The driver
+    is short-lived (C1 only) when the pipeline's tables are driver-sized."""
     from types import SimpleNamespace
 
     from checkpoint_lib import quality
     from checkpoint_lib.cli import context
 
     sessions, suites = [], []
-    monkeypatch.setattr(context, "spark_session", lambda args: sessions.append(args) or object())
+    monkeypatch.setattr(context, "spark_session", lambda args, short_lived=False: sessions.append(short_lived) or object())
 
     def suite(kind):
         def run(spark, pipeline, warehouse, checkpoint, progress=None, session=None):
@@ -189,6 +190,12 @@ def test_validate_starts_one_session_for_both_suites(tmp_path, monkeypatch, caps
     assert code == 0, capsys.readouterr().err
     assert len(sessions) == 1 and [k for k, _ in suites] == ["restore", "checkpoint"]
     assert suites[0][1] is suites[1][1]
+    assert sessions == [True]  # no table over DRIVER_ROWS: a short-lived driver (C1 only)
+    from checkpoint_lib.quality import context as quality_context
+
+    monkeypatch.setattr(quality_context, "DRIVER_ROWS", -1)
+    assert cli.main(["validate", "payments", "--warehouse", str(tmp_path / "w")]) == 0
+    assert sessions == [True, False]
 
 
 def test_a_rescale_says_where_the_parallelism_comes_from_and_how_to_keep_the_earlier_one():

@@ -95,11 +95,18 @@ def test_data_docs_index_exists_and_names_the_latest_run(healthy):
 
 @pytest.mark.slow  # ~12 s; CI tier: a real (unaligned) checkpoint passes it in tests/spark/test_inflight.py, and the
 # views and the progress steps are checked on the constructed cut of test_a_missing_channel_state_segment_fails
+def _cached_plans(spark) -> int:
+    return spark._jsparkSession.sharedState().cacheManager().numCachedEntries()
+
+
 def test_per_checkpoint_suite_passes_on_the_healthy_run(spark, healthy, tmp_path):
+    """... and, run on its own as the runner's gate before a commit runs it, leaves nothing cached
+    in the (long-lived) process: the tables it cached for its views are released."""
     w = _copy(healthy, tmp_path)
-    steps = []
+    steps, cached = [], _cached_plans(spark)
     result = validate_checkpoint(spark, "payments", str(w), progress=lambda step, view: steps.append((step, view)))
     assert result.success, result.summary(verbose=True)
+    assert _cached_plans(spark) == cached
     views = ["subtasks", "channel_state", "conservation"]
     assert {o.view for o in result.outcomes} == set(views)
     assert steps == [("computed", v) for v in views] + [("validated", v) for v in views]  # what the CLI's bar shows
@@ -402,6 +409,10 @@ def test_a_small_table_read_by_delta_rs_holds_what_spark_reads(spark, healthy, t
         assert got.count() > 0, path
     assert tables.load(state).where(F.col(p.key) == one).count() == 0
     assert by_delta_rs == [(source, None, True), (ledger, older, True), (ledger, None, True), (state, None, True)]
+    frames = [tables.load(path, version) for path, version in tables.loaded]
+    assert all(f.storageLevel.useMemory for f in frames)  # the views' jobs do not ship the rows again
+    tables.release()
+    assert not any(f.storageLevel.useMemory for f in frames)
 
     import deltalake
 
@@ -410,5 +421,17 @@ def test_a_small_table_read_by_delta_rs_holds_what_spark_reads(spark, healthy, t
 
     monkeypatch.setattr(deltalake.QueryBuilder, "execute", refused)
     fallback = quality_context.Tables(spark).load(ledger, older)
-    assert by_delta_rs[-1] == (ledger, older, False)
+    assert by_delta_rs[-1] == (ledger, older, False) and not fallback.storageLevel.useMemory
     assert sorted(fallback.collect()) == sorted(spark.read.format("delta").option("versionAsOf", older).load(ledger).collect())
+
+
+def test_a_warehouse_is_driver_sized_by_all_its_tables_rows(healthy, monkeypatch):
+    """What decides a short-lived driver for ``ckpt validate``: the source, sinks, dead letters,
+    state and channel state together (by their logs), not any one of them."""
+    from deltalake import DeltaTable
+
+    p = get("payments")
+    assert quality_context.driver_sized(p, healthy.resolve())
+    source = DeltaTable(str(healthy / p.source_spec.path)).get_add_actions(flatten=True).column("num_records")
+    monkeypatch.setattr(quality_context, "DRIVER_ROWS", sum(source.to_pylist()))  # the source alone fits
+    assert not quality_context.driver_sized(p, healthy.resolve())

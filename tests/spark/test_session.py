@@ -273,3 +273,66 @@ def test_the_log_store_is_built_once_by_javac_and_its_absence_is_named(tmp_path:
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
     built.unlink()
     assert jars.build_logstore(tmp_path) is None  # no JDK: set-up says so, and s3:// is refused
+
+
+def test_a_driver_maps_the_class_archive_only_when_it_is_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver's options name the class archive of this JVM, pyspark and jar set when set-up built
+    it, none otherwise (no archive, or ``CKPT_JVM_ARCHIVE=0``), quoted when its folder has a space;
+    a short-lived command also compiles with C1 only."""
+    from checkpoint_lib.spark import jvm_archive
+    from checkpoint_lib.spark.session import SHORT_LIVED_JIT
+
+    directory = tmp_path / "a jar dir"
+    directory.mkdir()
+    monkeypatch.setenv(jars.JAR_DIR_ENV, str(directory))
+    monkeypatch.delenv(jvm_archive.ARCHIVE_ENV, raising=False)
+    jar = directory / "x.jar"
+    jar.write_bytes(b"jar")
+
+    def options(**kw) -> str:
+        return session_conf("local[1]", jars=[jar], **kw).get("spark.driver.extraJavaOptions", "")
+
+    assert "SharedArchiveFile" not in options()
+    path = jvm_archive.archive_path([jar])
+    assert path is not None and path.parent == directory
+    path.write_bytes(b"archive")
+    assert f'"-XX:SharedArchiveFile={path}"' in options()
+    assert SHORT_LIVED_JIT not in options() and SHORT_LIVED_JIT in options(short_lived=True)
+    jar.write_bytes(b"another jar")  # another jar set: another archive, not this one
+    assert jvm_archive.archive_path([jar]) != path and "SharedArchiveFile" not in options()
+    monkeypatch.setenv(jvm_archive.ARCHIVE_ENV, "0")
+    assert "SharedArchiveFile" not in options()
+
+
+def test_a_failed_training_run_leaves_no_archive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A training run that fails (or writes nothing) leaves neither an archive nor its partial file:
+    a driver never maps half an archive."""
+    import subprocess
+
+    from checkpoint_lib.spark import jvm_archive
+
+    monkeypatch.setenv(jars.JAR_DIR_ENV, str(tmp_path))
+    jar = tmp_path / "x.jar"
+    jar.write_bytes(b"jar")
+
+    def failing(args, **kwargs):
+        Path(args[-1]).write_bytes(b"half an archive")
+        return subprocess.CompletedProcess(args, 1, "", "Traceback ...\nRuntimeError: killed")
+
+    monkeypatch.setattr(jvm_archive.subprocess, "run", failing)
+    path, said = jvm_archive.build([jar], tmp_path)
+    assert path is None and "RuntimeError: killed" in said
+    assert not list(tmp_path.glob("*.jsa")) and not list(tmp_path.glob("*partial*"))
+
+
+@pytest.mark.spark
+def test_the_running_driver_maps_the_archive_set_up_built(spark) -> None:
+    """Set-up (``make setup``, before every test run) built the archive of this session's JVM and
+    jars, and the driver JVM has it mapped (its ``/proc/<pid>/maps``): the archive is in use, not
+    only named."""
+    from checkpoint_lib.spark import jvm_archive
+
+    path = jvm_archive.archive_path(ensure_jars())
+    assert path is not None and path.is_file(), "set-up did not build the driver's class archive"
+    pid = spark._jvm.java.lang.ProcessHandle.current().pid()
+    assert str(path) in Path(f"/proc/{pid}/maps").read_text()
