@@ -81,7 +81,7 @@ def jars() -> Check:
                 else "no S3 log store (no JDK at set-up: s3:// warehouses are refused)")
     from .spark import jvm_archive
 
-    archive = jvm_archive.java_options(delta_jars.ensure_jars(directory))
+    archive = jvm_archive.java_options(delta_jars.ensure_jars(directory), directory)
     classes = ("the driver's class archive built" if archive else
                "no driver class archive (Spark starts a few seconds slower: `ckpt setup` builds it)"
                if jvm_archive.enabled() else "the driver's class archive turned off")

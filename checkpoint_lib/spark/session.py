@@ -142,7 +142,7 @@ def session_conf(
     java = []
     if (os.environ.get(LOG_ENV) or "quiet") == "quiet":  # read when this process starts the driver's JVM
         java.append(f"-Dlog4j2.configurationFile={QUIET_LOG_CONFIG.as_uri()}")
-    java += jvm_archive.java_options(jars)
+    java += jvm_archive.java_options(jars, jar_dir())
     if short_lived:
         java.append(SHORT_LIVED_JIT)
     if java:

@@ -293,13 +293,13 @@ def test_a_driver_maps_the_class_archive_only_when_it_is_there(tmp_path: Path, m
         return session_conf("local[1]", jars=[jar], **kw).get("spark.driver.extraJavaOptions", "")
 
     assert "SharedArchiveFile" not in options()
-    path = jvm_archive.archive_path([jar])
+    path = jvm_archive.archive_path([jar], directory)
     assert path is not None and path.parent == directory
     path.write_bytes(b"archive")
     assert f'"-XX:SharedArchiveFile={path}"' in options()
     assert SHORT_LIVED_JIT not in options() and SHORT_LIVED_JIT in options(short_lived=True)
     jar.write_bytes(b"another jar")  # another jar set: another archive, not this one
-    assert jvm_archive.archive_path([jar]) != path and "SharedArchiveFile" not in options()
+    assert jvm_archive.archive_path([jar], directory) != path and "SharedArchiveFile" not in options()
     monkeypatch.setenv(jvm_archive.ARCHIVE_ENV, "0")
     assert "SharedArchiveFile" not in options()
 
@@ -332,7 +332,7 @@ def test_the_running_driver_maps_the_archive_set_up_built(spark) -> None:
     only named."""
     from checkpoint_lib.spark import jvm_archive
 
-    path = jvm_archive.archive_path(ensure_jars())
+    path = jvm_archive.archive_path(ensure_jars(), jars.jar_dir())
     assert path is not None and path.is_file(), "set-up did not build the driver's class archive"
     pid = spark._jvm.java.lang.ProcessHandle.current().pid()
     assert str(path) in Path(f"/proc/{pid}/maps").read_text()
