@@ -177,7 +177,9 @@ class Simulation:
         aborts: Aborts | None = None,
     ):
         self.topology = topology
+        """As given: a :class:`Graph`, or a :class:`Topology` that :attr:`graph` lowers."""
         self.graph = graph_of(topology)
+        """What runs."""
         sources = self.graph.source_subtasks()
         if len(inputs) != len(sources):
             raise ValueError(
