@@ -132,7 +132,9 @@ class Graph:
             raise ValueError(f"{', '.join(unreachable)} unreachable from any source")
         ordered = self.topological_order()
         if len(ordered) < len(self.vertices):
-            left = [v for v in self.vertices if v not in ordered]
+            left = [v for v in self.vertices if v not in ordered]  # on a cycle, or after one
+            while after := [v for v in left if not set(self._down[v]) & set(left)]:
+                left = [v for v in left if v not in after]
             raise ValueError(f"the graph has a cycle through {', '.join(left)}: only DAGs are supported")
 
     # shape -----------------------------------------------------------------------------------
