@@ -1,19 +1,51 @@
-"""The simulator. See the package docstring.
+"""The simulator: one pipeline, a dataflow graph, run step by step by a seeded scheduler.
 
-The pipeline moves tokens: source ``i`` starts with ``initial[i]`` tokens and emits records
-``(uid, key, amount)``, each taking ``amount`` from its balance. A keyed stage keeps a fee of
-``amount // 10`` of every record it processes and forwards the rest, re-partitioned by key, to
-the next stage; the last stage (the sink) keeps what it receives and writes every record to a
-two-phase-commit sink. Money is only moved, so every consistent snapshot conserves the total:
-sum of balances in the snapshots + sum of amounts in the channel state = sum of ``initial``.
+**The topology** is a :class:`~.topology.Graph`: source and keyed-stage vertices, each with its own
+parallelism, and edges of all-to-all channels between them (a :class:`~.topology.Topology`, the
+older line of layers, is lowered to one). A stage reads all its input channels, from every upstream
+vertex, through one barrier handler (:func:`~..core.barriers.create_handler`); a vertex with several
+outgoing edges routes each record to ONE of them by key; every stage without outgoing edges is a
+two-phase-commit sink. See :mod:`.topology` for the rules.
 
-Volatile state (subtasks, channels, handlers, the coordinator's pending checkpoints) dies in a
+**The pipeline moves tokens**: source subtask ``k`` (in :meth:`Graph.source_subtasks` order)
+starts with ``initial[k]`` tokens and emits records ``(uid, key, amount)``, each taking ``amount``
+from its balance. A stage keeps a fee of ``amount // 10`` of every record it processes and forwards
+the rest to the vertex its key routes it to, to the subtask of that vertex its key partitions it
+to; a sink keeps what it receives and writes every record to its open transaction. Money is only
+moved, so every consistent snapshot conserves the total: sum of balances in the snapshots + sum of
+amounts in the channel state = sum of ``initial``.
+
+**A step** is one action chosen at random among those enabled: a source emits, a channel delivers
+its head (record, barrier or end), an aligning handler's timer fires, the coordinator ticks, a
+completion or abort notice arrives. :meth:`Simulation.run` steps to the end (a final checkpoint
+commits everything, then the sources end), with an optional crash and recovery on the way.
+
+**Volatile state** (subtasks, channels, handlers, the coordinator's pending checkpoints) dies in a
 crash; durable state (the id counter, the completed-checkpoint store, the epoch, staged and
 committed sink transactions) survives it, exactly like the Delta tables of the real runtime.
 
 The coordinator's aborts reach every subtask at once by default; :class:`Aborts` makes each
 subtask's notice a message of its own (late: after later barriers, in any order with barriers and
 other aborts; lost) and lets the coordinator abort pending checkpoints on its own.
+
+**What is checked**, into ``violations``, channel by channel whatever the graph:
+
+- every snapshot when it is taken (:meth:`Simulation._check_snapshot`): none of a checkpoint the
+  subtask heard was aborted; in the exactly-once modes, on each input channel no more records
+  taken than the sender had sent before its barrier;
+- every completed exactly-once checkpoint (:meth:`Simulation._check_cut`): for each channel
+  ``p -> q``, n (sent by ``p`` at its snapshot) >= m (taken by ``q`` at its snapshot) and ``q``'s
+  channel state of it is exactly records m+1..n; and the tokens are conserved;
+- the finished pipeline (:meth:`Simulation._check_effects`): every record's effect is in each
+  vertex on its path exactly once (at least once in at-least-once mode), nowhere else.
+
+``SimulationResult.committed`` counts how often the sinks committed each record::
+
+    graph = Graph(sources={"a": 2}, stages={"b": 2, "c": 1, "d": 2},
+                  edges=[("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")], mode=BarrierMode.UNALIGNED)
+    inputs = [[Record(f"a{i}-{j}", j % 5, 10) for j in range(20)] for i in range(2)]
+    result = Simulation(graph, inputs, random.Random(7)).run(crash_at=100)
+    assert not result.violations and set(result.committed.values()) == {1}
 """
 
 from __future__ import annotations
@@ -50,35 +82,14 @@ from ..core.errors import FailureReason
 from ..core.recovery import RecoveryPlan, plan_recovery
 from ..core.stores import InMemoryCheckpointIdCounter, InMemoryCompletedCheckpointStore
 from ..core.twophase import Transaction, TransactionIdPool, TwoPhaseCommitSink, commit_all
-from ..core.types import Barrier, BarrierMode, CheckpointKind, CheckpointStatus, SubtaskAck, SubtaskId
+from ..core.types import Barrier, CheckpointKind, CheckpointStatus, SubtaskAck, SubtaskId
+from .topology import Graph, Topology, graph_of
 
 
 class Record(NamedTuple):
     uid: str
     key: int
     amount: int
-
-
-@dataclass(frozen=True)
-class Topology:
-    """``sources`` source subtasks, then one keyed stage per entry of ``stages`` (its parallelism),
-    channels all-to-all between consecutive stages; the last stage is the 2PC sink."""
-
-    sources: int
-    stages: tuple[int, ...]
-    mode: BarrierMode = BarrierMode.ALIGNED
-    alignment_timeout: float | None = None
-    keys: int = 5
-
-    def __post_init__(self) -> None:
-        if self.sources < 1 or not self.stages or min(self.stages) < 1:
-            raise ValueError("need >= 1 source and >= 1 stage, each with parallelism >= 1")
-
-    def subtasks(self) -> list[list[SubtaskId]]:
-        layers = [[SubtaskId("source", i) for i in range(self.sources)]]
-        for s, p in enumerate(self.stages):
-            layers.append([SubtaskId(f"stage{s + 1}", i) for i in range(p)])
-        return layers
 
 
 @dataclass(frozen=True)
@@ -122,10 +133,12 @@ class _Channel:
 
 @dataclass
 class _Subtask:
-    sid: SubtaskId
-    layer: int
-    inputs: list[_Channel]
-    outputs: list[_Channel]
+    sid: SubtaskId  # its operator is its vertex
+    source: bool
+    inputs: list[_Channel] = field(default_factory=list)  # numbered as the handler numbers them
+    outputs: list[_Channel] = field(default_factory=list)  # every edge's, in creation order
+    routes: dict[str, list[_Channel]] = field(default_factory=dict)  # downstream vertex -> by receiver index
+    input: list[Record] = field(default_factory=list)  # sources: what they emit
     balance: int = 0
     offset: int = 0  # sources: records emitted
     processed: Counter = field(default_factory=Counter)  # uid -> times applied to state
@@ -155,7 +168,7 @@ class Simulation:
 
     def __init__(
         self,
-        topology: Topology,
+        topology: Topology | Graph,
         inputs: list[list[Record]],
         rng: random.Random,
         *,
@@ -163,9 +176,18 @@ class Simulation:
         initial: list[int] | None = None,
         aborts: Aborts | None = None,
     ):
-        if len(inputs) != topology.sources:
-            raise ValueError("one input list per source subtask")
         self.topology = topology
+        """As given: a :class:`Graph`, or a :class:`Topology` that :attr:`graph` lowers."""
+        self.graph = graph_of(topology)
+        """What runs."""
+        sources = self.graph.source_subtasks()
+        if len(inputs) != len(sources):
+            raise ValueError(
+                f"one input list per source subtask ({', '.join(map(str, sources))}), got {len(inputs)}"
+            )
+        uids = Counter(r.uid for inp in inputs for r in inp)
+        if uids and max(uids.values()) > 1:
+            raise ValueError(f"record uids must be unique, repeated: {sorted(u for u, n in uids.items() if n > 1)}")
         self.inputs = inputs
         self.rng = rng
         self.config = config or CheckpointConfig(interval=1.0, max_concurrent=2, timeout=1e9, retained=100)
@@ -195,33 +217,34 @@ class Simulation:
     # construction / recovery -----------------------------------------------------------------
 
     def _build(self, plan: RecoveryPlan | None) -> None:
-        layers = self.topology.subtasks()
-        self.subtasks: dict[SubtaskId, _Subtask] = {}
-        for li, layer in enumerate(layers):
-            for sid in layer:
-                self.subtasks[sid] = _Subtask(sid, li, [], [])
+        """Every subtask and channel of the graph, fresh; then restore ``plan`` if there is one."""
+        g = self.graph
+        self.subtasks: dict[SubtaskId, _Subtask] = {
+            sid: _Subtask(sid, v in g.sources) for v in g.vertices for sid in g.subtasks(v)
+        }
+        for k, sid in enumerate(g.source_subtasks()):
+            self.subtasks[sid].input = self.inputs[k]
+            self.subtasks[sid].balance = self.initial[k]
+        # A receiver's input channels, numbered for its handler: edge by edge, sender by sender.
         self.channels: list[_Channel] = []
-        for li in range(1, len(layers)):
-            for receiver in layers[li]:
-                for k, sender in enumerate(layers[li - 1]):
-                    ch = _Channel(len(self.channels), sender, receiver, k)
-                    self.channels.append(ch)
-                    self.subtasks[sender].outputs.append(ch)
-                    self.subtasks[receiver].inputs.append(ch)
-        last = len(layers) - 1
+        for v in g.stages:
+            for receiver in g.subtasks(v):
+                inputs = self.subtasks[receiver].inputs
+                for u in g.upstream(v):
+                    for sender in g.subtasks(u):
+                        ch = _Channel(len(self.channels), sender, receiver, len(inputs))
+                        self.channels.append(ch)
+                        self.subtasks[sender].outputs.append(ch)
+                        self.subtasks[sender].routes.setdefault(v, []).append(ch)
+                        inputs.append(ch)
         for st in self.subtasks.values():
             st.taken = [0] * len(st.inputs)
-            if st.layer == 0:
-                st.balance = self.initial[st.sid.index]
-            else:
-                st.handler = create_handler(
-                    len(st.inputs), self.topology.mode, self.clock,
-                    alignment_timeout=self.topology.alignment_timeout,
-                )
-            if st.layer == last:
-                st.sink = TwoPhaseCommitSink(TransactionIdPool("sink", st.sid.index, 8), self.epoch)
+            if not st.source:
+                st.handler = create_handler(len(st.inputs), g.mode, self.clock, alignment_timeout=g.alignment_timeout)
+            if st.sid.operator in g.sinks:
+                st.sink = TwoPhaseCommitSink(TransactionIdPool(st.sid.operator, st.sid.index, 8), self.epoch)
         self.coordinator = CheckpointCoordinator(
-            self.config, list(self.subtasks), layers[0], self.id_counter, self.store, self.clock
+            self.config, list(self.subtasks), g.source_subtasks(), self.id_counter, self.store, self.clock
         )
         self.coordinator.all_running()
         self.final_requested: int | None = None
@@ -315,13 +338,14 @@ class Simulation:
         )
 
     def result(self) -> SimulationResult:
+        """What happened so far; once :meth:`done`, ``violations`` includes :meth:`_check_effects`."""
         return SimulationResult(
             committed=self.committed,
             balances={sid: st.balance for sid, st in self.subtasks.items()},
             completed=list(self.store.all()),
             aborted=self.aborted,
             recoveries=self.recoveries,
-            violations=self.violations,
+            violations=self.violations + (self._check_effects() if self.done() else []),
         )
 
     def step(self) -> None:
@@ -339,7 +363,7 @@ class Simulation:
     def _enabled_actions(self) -> list:
         actions: list = [self._tick]
         for st in self.subtasks.values():
-            if st.layer == 0 and not st.ended and st.offset < len(self.inputs[st.sid.index]):
+            if st.source and not st.ended and st.offset < len(st.input):
                 actions.append(lambda st=st: self._emit(st))
         for ch in self.channels:
             if ch.queue:
@@ -359,7 +383,7 @@ class Simulation:
         if self.injections_left and self.coordinator.pending:
             actions.append(self._inject_abort)
         sources_exhausted = all(
-            st.offset >= len(self.inputs[st.sid.index]) for st in self.subtasks.values() if st.layer == 0
+            st.offset >= len(st.input) for st in self.subtasks.values() if st.source
         )
         if sources_exhausted and self._quiescent():
             actions.append(self._finish)
@@ -421,7 +445,7 @@ class Simulation:
             self.final_requested = None
         elif status == CheckpointStatus.COMPLETED:
             for st in self.subtasks.values():
-                if st.layer == 0 and not st.ended:
+                if st.source and not st.ended:
                     st.ended = True
                     for ch in st.outputs:
                         ch.queue.append(("end", None))
@@ -429,15 +453,15 @@ class Simulation:
     # sources ---------------------------------------------------------------------------------
 
     def _emit(self, st: _Subtask) -> None:
-        rec = self.inputs[st.sid.index][st.offset]
+        rec = st.input[st.offset]
         st.offset += 1
         st.balance -= rec.amount
         self._send(st, rec)
 
     def _send(self, st: _Subtask, rec: Record) -> None:
-        if not st.outputs:
-            return
-        ch = st.outputs[hash((rec.key, st.layer)) % len(st.outputs)]
+        """To the one downstream vertex the record's key routes it to, its key's subtask there."""
+        vertex = self.graph.route(st.sid.operator, rec.key)
+        ch = st.routes[vertex][self.graph.partition(vertex, rec.key)]
         ch.queue.append(("rec", rec))
         ch.sent.append(rec)
 
@@ -565,7 +589,7 @@ class Simulation:
         barrier of this checkpoint (or of a later one, when the sender skipped it) in the state."""
         if checkpoint_id in st.heard_aborts:
             self.violations.append(f"{st.sid} snapshotted checkpoint {checkpoint_id} after its abort")
-        if not self.topology.mode.exactly_once:
+        if not self.graph.mode.exactly_once:
             return
         for k, ch in enumerate(st.inputs):
             n = next((n for cid, n in ch.barriers if cid >= checkpoint_id), None)
@@ -577,7 +601,7 @@ class Simulation:
 
     def _check_cut(self, c: CompletedCheckpoint) -> None:
         """Check the Chandy-Lamport conditions and conservation on a completed checkpoint."""
-        if not self.topology.mode.exactly_once:
+        if not self.graph.mode.exactly_once:
             return
         total = 0
         for sid, ack in c.acks.items():
@@ -596,3 +620,25 @@ class Simulation:
                     f"checkpoint {c.checkpoint_id} {ch.sender}->{ch.receiver}: channel state "
                     f"{[r.uid for r in logged]} != records m+1..n {[r.uid for r in ch.sent[m:n]]}"
                 )
+
+    def _check_effects(self) -> list[str]:
+        """Check the finished pipeline: every record's effect is in the state of each vertex on its
+        path (:meth:`Graph.path`) exactly once (at least once in at-least-once mode), and in no
+        other vertex's state. The cuts it was restored from and the replay after them included."""
+        applied: dict[str, Counter] = {v: Counter() for v in self.graph.stages}
+        for st in self.subtasks.values():
+            if not st.source:
+                applied[st.sid.operator].update(st.processed)
+        found = []
+        for sid, records in zip(self.graph.source_subtasks(), self.inputs):
+            for rec in records:
+                path = self.graph.path(sid.operator, rec.key)
+                for v, counts in applied.items():
+                    n = counts[rec.uid]
+                    if v not in path:
+                        wrong = n != 0
+                    else:
+                        wrong = n != 1 if self.graph.mode.exactly_once else n < 1
+                    if wrong:
+                        found.append(f"record {rec.uid} applied {n} times at {v} (path {'->'.join(path)})")
+        return found
