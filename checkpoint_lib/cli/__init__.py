@@ -11,7 +11,7 @@ This module is :func:`main` (the ``ckpt`` console script; ``python -m checkpoint
 ``__main__.py``). The rest, one role a module: ``parser.py`` (the arguments, :func:`build_parser`),
 ``output.py`` (exit codes, JSON, progress, errors, the live bars), ``context.py`` (the pipeline and
 the Spark session the arguments name), and the commands: ``running.py`` (run, recover, savepoint,
-demo), ``inspecting.py`` (pipelines, checkpoints, state, report: no JVM), ``validating.py``
+demo), ``inspecting.py`` (pipelines, graph, checkpoints, state, report: no JVM), ``validating.py``
 (validate, and recover's after-restore suites), ``admin.py`` (setup, doctor, simulate, generate,
 maintain).
 """

@@ -1,6 +1,7 @@
-"""The commands that read what a pipeline left: ``ckpt pipelines``, ``checkpoints`` (list, show),
-``state`` (operator, channel, handles) and ``report``. They read with delta-rs and start no JVM
-(``tests/cli/test_inspect_commands.py`` runs them where pyspark cannot be imported)."""
+"""The commands that read what a pipeline is or left: ``ckpt pipelines``, ``graph`` (its dataflow
+graph drawn), ``checkpoints`` (list, show), ``state`` (operator, channel, handles) and ``report``.
+They read with delta-rs and start no JVM (``tests/cli/test_inspect_commands.py`` runs them where
+pyspark cannot be imported)."""
 
 from __future__ import annotations
 
@@ -14,23 +15,42 @@ from .output import EXIT_OK, emit, wants_json
 
 
 def cmd_pipelines(args: argparse.Namespace) -> int:
+    from ..graph import from_pipeline
     from ..pipelines import get, names, ref_of
 
     rows = []
     for name in names():
         p = get(name)
+        graph = from_pipeline(p)
         rows.append({"name": name, "found_by": ref_of(name) if ref_of(name) != name else "entry point",
                      "source": p.source_spec.path, "sinks": {n: s.path for n, s in p.sinks.items()},
                      "operator": p.operator_uid, "keyed": p.keyed, "generator": p.generator_fn is not None,
-                     "quality": p.quality_spec is not None})
+                     "quality": p.quality_spec is not None,
+                     "graph": {"vertices": len(graph.vertices), "edges": len(graph.edges),
+                               "feedback_edges": sum(e.feedback for e in graph.edges)}})
     if wants_json(args):
         emit(rows)
         return 0
     for r in rows:
         extras = [w for w in ("generator", "quality") if r[w]]
+        g = r["graph"]
+        feedback = f" ({g['feedback_edges']} feedback)" if g["feedback_edges"] else ""
+        shape = f"{g['vertices']} vertices, {g['edges']} {'edge' if g['edges'] == 1 else 'edges'}{feedback}"
         print(f"{r['name']:<16} {r['source']} -> {r['operator']} -> {', '.join(r['sinks'].values())}"
-              f"  ({r['found_by']}{'; ' + ', '.join(extras) if extras else ''})")
+              f"  ({r['found_by']}; {shape}{'; ' + ', '.join(extras) if extras else ''})")
     return 0
+
+
+def cmd_graph(args: argparse.Namespace) -> int:
+    """The pipeline's dataflow graph (:mod:`checkpoint_lib.graph`), drawn: text, Graphviz dot or JSON."""
+    from ..graph import from_pipeline, to_dict, to_dot, to_text
+
+    graph = from_pipeline(context.pipeline(args.pipeline))
+    if wants_json(args):
+        emit(to_dict(graph))
+    else:
+        print(to_dot(graph) if args.output == "dot" else to_text(graph), end="")
+    return EXIT_OK
 
 
 def cmd_checkpoints(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ from typing import Any
 from ..core.decider import DEFAULT_ROWS_PER_STEP
 from ..core.types import MODES
 from .admin import cmd_doctor, cmd_generate, cmd_maintain, cmd_setup, cmd_simulate
-from .inspecting import cmd_checkpoints, cmd_pipelines, cmd_report, cmd_state
+from .inspecting import cmd_checkpoints, cmd_graph, cmd_pipelines, cmd_report, cmd_state
 from .output import EXIT_CODES
 from .running import cmd_demo, cmd_recover, cmd_run, cmd_savepoint
 from .validating import cmd_validate
@@ -186,6 +186,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("pipelines", help="list the registered pipelines (entry point group checkpoint_lib.pipelines)")
     _add_output(p)
     p.set_defaults(func=cmd_pipelines)
+
+    p = add("graph", help="draw a pipeline's dataflow graph: vertices with their parallelism, edges with their "
+                          "partitioning and key, sinks and dead letters (no JVM)")
+    _add_pipeline(p)
+    p.add_argument("-o", "--output", choices=("text", "dot", "json"), default="text",
+                   type=lambda v: "text" if v == "table" else v,  # the other commands' word for people, accepted
+                   help="text for people (the default), dot for Graphviz (ckpt graph P -o dot | dot -Tsvg > P.svg), "
+                        "or json for machines")
+    p.add_argument("--json", dest="output", action="store_const", const="json", help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_graph)
 
     p = add("generate", help="append generated input to a pipeline's landing table")
     _add_pipeline(p)

@@ -201,8 +201,8 @@ def _document(capsys) -> object:
 
 def test_every_command_that_reports_prints_one_json_document(warehouse, capsys):
     """The read-only ones above, ``run`` in the fixture, ``doctor`` here; the Spark ones below (slow)."""
-    assert _reporting_commands() == {"doctor", "pipelines", "run", "recover", "savepoint", "checkpoints", "state",
-                                     "validate", "report", "maintain"}
+    assert _reporting_commands() == {"doctor", "pipelines", "graph", "run", "recover", "savepoint", "checkpoints",
+                                     "state", "validate", "report", "maintain"}
     w = ["--warehouse", str(warehouse), "-o", "json"]
     assert cli.main(["doctor", "--no-spark", *w]) in (0, 1)  # a check may fail on this machine: still JSON
     assert isinstance(_document(capsys), (list, dict))

@@ -1,0 +1,26 @@
+"""Dataflow graphs: the model, a builder in Flink's style, validation, the lowering of today's
+linear pipelines, and drawings (text, Graphviz dot, JSON). Pure: imports no engine.
+
+A graph declares what a pipeline of several operators is: named sources, operators with stable
+uids (stateless, keyed, or two-input keyed), edges with a partitioning, sinks and dead letters at
+any vertex, cycles only through ``iterate()``. **The runtime does not run graphs yet**: it runs
+linear :class:`~checkpoint_lib.pipeline.Pipeline` s, each of which is a graph of two vertices
+(:func:`from_pipeline`); ``ckpt graph P`` draws it.
+
+One role a module: ``model.py`` (the immutable :class:`StreamGraph` and its parts),
+``builder.py`` (:class:`Graph`, the fluent builder, and its streams), ``validation.py``
+(:func:`validate`, :class:`GraphError`: every rule), ``lowering.py`` (:func:`from_pipeline`),
+``render.py`` (:func:`to_text`, :func:`to_dot`, :func:`to_dict`).
+"""
+
+from .builder import ConnectedStreams, Graph, KeyedStream, PartitionedStream, Stream
+from .lowering import SOURCE, from_pipeline
+from .model import (MAIN, RECORDS, DeadLetters, Edge, MapStep, OperatorKind, OperatorVertex, Partitioning,
+                    SourceVertex, StreamGraph, Vertex, VertexSink)
+from .render import shape, to_dict, to_dot, to_text
+from .validation import GraphError, problems, validate
+
+__all__ = ["ConnectedStreams", "DeadLetters", "Edge", "Graph", "GraphError", "KeyedStream", "MAIN", "MapStep",
+           "OperatorKind", "OperatorVertex", "PartitionedStream", "Partitioning", "RECORDS", "SOURCE",
+           "SourceVertex", "Stream", "StreamGraph", "Vertex", "VertexSink", "from_pipeline", "problems", "shape",
+           "to_dict", "to_dot", "to_text", "validate"]
