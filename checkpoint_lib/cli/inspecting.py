@@ -43,9 +43,10 @@ def cmd_pipelines(args: argparse.Namespace) -> int:
 
 def cmd_graph(args: argparse.Namespace) -> int:
     """The pipeline's dataflow graph (:mod:`checkpoint_lib.graph`), drawn: text, Graphviz dot or JSON."""
-    from ..graph import from_pipeline, to_dict, to_dot, to_text
+    from ..graph import to_dict, to_dot, to_text
+    from ..pipelines import graph_of
 
-    graph = from_pipeline(context.pipeline(args.pipeline))
+    graph = graph_of(args.graph_ref)
     if wants_json(args):
         emit(to_dict(graph))
     else:

@@ -189,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("graph", help="draw a pipeline's dataflow graph: vertices with their parallelism, edges with their "
                           "partitioning and key, sinks and dead letters (no JVM)")
-    _add_pipeline(p)
+    p.add_argument("graph_ref", metavar="pipeline",  # not resolved as a runnable pipeline: a graph may be drawn
+                   help="a registered pipeline's name or module:attr of a Pipeline, or of a dataflow Graph")
     p.add_argument("-o", "--output", choices=("text", "dot", "json"), default="text",
                    type=lambda v: "text" if v == "table" else v,  # the other commands' word for people, accepted
                    help="text for people (the default), dot for Graphviz (ckpt graph P -o dot | dot -Tsvg > P.svg), "

@@ -67,16 +67,51 @@ def names() -> list[str]:
     return sorted(set(_registered()) | set(_loaded))
 
 
-def _as_pipeline(obj: Any, where: str) -> Pipeline:
-    if callable(obj) and not isinstance(obj, Pipeline):
+def _declared(obj: Any) -> Any:
+    """What a reference or entry point declares: the object, or what the function it names returns."""
+    from ..graph import Graph, StreamGraph
+
+    if callable(obj) and not isinstance(obj, (Pipeline, Graph, StreamGraph)):
         obj = obj()
+    return obj
+
+
+def _as_pipeline(obj: Any, where: str) -> Pipeline:
+    from ..graph import Graph, StreamGraph
+
+    obj = _declared(obj)
+    if isinstance(obj, (Graph, StreamGraph)):
+        raise UnknownPipeline(
+            f"{where} is a dataflow graph ({obj.name!r}): `ckpt graph` draws it, but the runtime runs linear "
+            "pipelines only so far (checkpoint_lib.pipeline.Pipeline: one source, one operator, its sinks)")
     if not isinstance(obj, Pipeline):
         raise UnknownPipeline(f"{where} is {type(obj).__name__}, not a Pipeline or a function returning one")
     # a copy: the caller may rescale it, and a module-level Pipeline is shared
     return obj.with_parallelism()
 
 
+def graph_of(ref: str) -> Any:
+    """The dataflow graph (a validated :class:`~checkpoint_lib.graph.StreamGraph`) of a pipeline
+    name or reference: a linear pipeline's two vertices (:func:`~checkpoint_lib.graph.from_pipeline`),
+    or the graph a reference declares (a :class:`~checkpoint_lib.graph.Graph` builder, a
+    ``StreamGraph``, or a function returning one), which only ``ckpt graph`` takes so far."""
+    from ..graph import Graph, StreamGraph, from_pipeline, validate
+
+    if is_reference(ref):
+        obj = _declared(_resolve(ref))
+        if isinstance(obj, Graph):
+            return obj.build()
+        if isinstance(obj, StreamGraph):
+            return validate(obj)
+    return from_pipeline(load(ref))
+
+
 def _import(ref: str) -> Pipeline:
+    return _as_pipeline(_resolve(ref), ref)
+
+
+def _resolve(ref: str) -> Any:
+    """The object a ``module:attr`` reference names (imported)."""
     if not _REFERENCE.match(ref):
         raise UnknownPipeline(f"{ref!r} is not a pipeline reference: write module:attr, e.g. mypkg.flows:orders")
     module_name, _, attr = ref.partition(":")
@@ -93,7 +128,7 @@ def _import(ref: str) -> Pipeline:
             obj = getattr(obj, part)
         except AttributeError:
             raise UnknownPipeline(f"{module_name} has no attribute {attr!r} (pipeline {ref!r})") from None
-    return _as_pipeline(obj, ref)
+    return obj
 
 
 def load(ref: str) -> Pipeline:

@@ -103,3 +103,47 @@ def test_graph_starts_no_jvm_and_leaves_nothing_in_the_current_folder(tmp_path):
         if argv.endswith("json"):
             json.loads(result["stdout"])  # one document, nothing else on stdout
     assert list(tmp_path.iterdir()) == []
+
+
+GRAPH_MODULE = '''
+from checkpoint_lib.graph import Graph
+from checkpoint_lib.pipeline import DeltaSink, DeltaSource
+
+
+class Enrich:
+    state_schema = {"region": "string"}
+
+    def apply(self, records, state, key):
+        return records, {}
+
+
+def declared():
+    g = Graph("joined")
+    pay = g.source("payments", DeltaSource("landing/payments", {"account": "string", "cents": "long"}), parallelism=2)
+    acc = g.source("accounts", DeltaSource("landing/accounts", {"account": "string", "region": "string"}))
+    tagged = pay.key_by("account", parallelism=3).connect(acc.key_by("account")).process(Enrich(), uid="tag")
+    tagged.sink("tagged", DeltaSink("gold/tagged", {"account": "string", "region": "string", "cents": "long"}))
+    return g
+
+
+graph = declared()
+built = declared().build()
+'''
+
+
+def test_a_declared_graph_is_drawn_by_reference_and_refused_by_the_commands_that_run(tmp_path, monkeypatch, capsys):
+    """``ckpt graph mod:attr`` draws a :class:`Graph` (or its built ``StreamGraph``, or a function
+    returning one) that no runtime command takes yet: ``ckpt run`` refuses it, saying why."""
+    (tmp_path / "joinflows.py").write_text(GRAPH_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    drawings = []
+    for attr in ("graph", "built", "declared"):
+        assert cli.main(["graph", f"joinflows:{attr}"]) == 0
+        drawings.append(capsys.readouterr().out)
+    assert drawings[0] == drawings[1] == drawings[2]
+    assert drawings[0].splitlines()[0].startswith("joined: 3 vertices, 2 edges")
+    assert "tag (two-input keyed Enrich, parallelism 3)" in drawings[0]
+    assert cli.main(["run", "joinflows:graph", "--warehouse", str(tmp_path / "w")]) != 0
+    err = capsys.readouterr().err
+    assert "joinflows:graph is a dataflow graph ('joined'): `ckpt graph` draws it, but the runtime runs linear " \
+           "pipelines only so far" in err
