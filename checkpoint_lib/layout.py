@@ -10,7 +10,8 @@ Pure: no Spark, no Delta. ::
         _ids/                              checkpoint-id reservation markers (delta/store.py),
         requests/                          checkpoint requests (checkpoint_requests.py),
         control/paused.json                the pause flag (control.py); and the
-        channels/<sender>_<receiver>       data plane: the channel logs (spark/channels.py),
+        channels/<sender>_<receiver>       data plane: the channel logs (spark/channels.py;
+          or <s>.<output>-<r>.<input>        the qualified name: channel_names()),
         state/<operator>                   keyed state (spark/state.py),
         channel_state                      in-flight records of unaligned checkpoints,
         transactions/<sink>                what each sink transaction wrote (delta/pending.py),
@@ -22,8 +23,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from .objectstore import ObjectUri, is_remote
 
@@ -169,7 +171,11 @@ def pause_flag(root: str | os.PathLike[str]) -> Path | ObjectUri:
     return location(root) / "control" / "paused.json"
 
 
-DATA_PLANE = ("channels", "state", "channel_state", "transactions", "staging")
+CHANNELS = "channels"
+"""The folder of the channel logs under a checkpoint root (one Delta table per cut edge)."""
+
+
+DATA_PLANE = (CHANNELS, "state", "channel_state", "transactions", "staging")
 """The data plane's folders under a checkpoint root (``staging``: sink staging tables of older versions)."""
 
 
@@ -179,9 +185,54 @@ Spark writes those files to before the commit that adds them (not hidden: once a
 part of the table, e.g. after an OPTIMIZE, or was never committed, VACUUM deletes it)."""
 
 
-def channel_log(root: str | os.PathLike[str], sender: str, receiver: str) -> Path | ObjectUri:
-    """The channel log of the edge ``sender -> receiver`` (operator uids; ``source`` for the sources)."""
-    return location(root) / "channels" / f"{sender}_{receiver}"
+def channel_name(sender: str, receiver: str, output: str | None = None, input: int | None = None) -> str:
+    """The folder name of an edge's channel log: ``<sender>_<receiver>`` (the short form: today's
+    ``source_<uid>`` and a cycle's ``<uid>_<uid>``), or, given the sender's ``output`` and the
+    receiver's ``input``, the qualified form ``<sender>.<output>-<receiver>.<input>``, which no
+    other edge spells alike (names have neither ``.`` nor ``-``). Which form an edge of a graph
+    gets is :func:`channel_names`' rule.
+
+    >>> channel_name("source", "balance"), channel_name("orders", "join", "records", 2)
+    ('source_balance', 'orders.records-join.2')
+    """
+    check_name("channel sender", sender)
+    check_name("channel receiver", receiver)
+    if output is None and input is None:
+        return f"{sender}_{receiver}"
+    if output is None or input is None:
+        raise ValueError(f"channel {sender} -> {receiver}: give both the output and the input, or neither")
+    check_name("channel output", output)
+    if isinstance(input, bool) or not isinstance(input, int) or input < 1:
+        raise ValueError(f"channel {sender} -> {receiver}: input must be a whole number >= 1, got {input!r}")
+    return f"{sender}.{output}-{receiver}.{input}"
+
+
+def channel_names(edges: Iterable[tuple[str, str, str, int]]) -> tuple[str, ...]:
+    """The channel-log name of each edge ``(sender, output, receiver, input)`` of one graph, in
+    order: the short form ``<sender>_<receiver>`` unless another edge spells it too (a second edge
+    between the same two vertices, or names that meet at an ``_``: ``a_b -> c`` and ``a -> b_c``);
+    then every edge spelling it gets the qualified form (:func:`channel_name`). So a linear
+    pipeline keeps exactly the names its warehouses hold, and a name depends on the graph's edges
+    alone: never on their order, on how the graph is split into processes, or on what lags. ValueError if
+    two edges are the same channel (same four parts)."""
+    edges = [tuple(e) for e in edges]
+    for edge, n in Counter(edges).items():
+        if n > 1:
+            sender, output, receiver, input = edge
+            raise ValueError(f"{n} edges are the channel {sender}.{output} -> {receiver}.{input}: one edge per "
+                             "output and input")
+    short = [channel_name(sender, receiver) for sender, _, receiver, _ in edges]
+    spelled = Counter(short)
+    return tuple(name if spelled[name] == 1 else channel_name(sender, receiver, output, input)
+                 for name, (sender, output, receiver, input) in zip(short, edges))
+
+
+def channel_log(root: str | os.PathLike[str], sender: str, receiver: str, output: str | None = None,
+                input: int | None = None) -> Path | ObjectUri:
+    """The channel log of the edge ``sender -> receiver`` (operator uids; ``source`` for a linear
+    pipeline's sources), named by :func:`channel_name` (``output`` and ``input``: the qualified
+    form, for an edge :func:`channel_names` qualifies)."""
+    return location(root) / CHANNELS / channel_name(sender, receiver, output, input)
 
 
 def state_table(root: str | os.PathLike[str], operator: str) -> Path | ObjectUri:

@@ -83,3 +83,31 @@ def test_below_is_the_part_of_a_path_under_a_folder_local_or_on_an_object_store(
     assert below(Path("/w/t/_delta_log/0.json"), Path("/w/t/")) == "_delta_log/0.json"
     with pytest.raises(ValueError, match="not under"):
         below("s3://b/wx/t", "s3://b/w")
+
+
+def test_the_channel_name_rule_keeps_todays_names_and_qualifies_edges_that_would_spell_alike():
+    assert layout.channel_name("source", "balance") == "source_balance"
+    assert layout.channel_name("bank", "bank", "feedback", 1) == "bank.feedback-bank.1"
+    assert layout.channel_names([("source", "records", "bank", 1), ("bank", "feedback", "bank", 1)]) == (
+        "source_bank", "bank_bank")
+    assert layout.channel_names([("s", "records", "j", 1), ("s", "records", "j", 2), ("t", "records", "j", 2)]) == (
+        "s.records-j.1", "s.records-j.2", "t_j")
+    assert layout.channel_names([("s", "records", "j", 2), ("s", "records", "j", 1)]) == (
+        "s.records-j.2", "s.records-j.1")  # the order does not matter
+    # today's logs, as spark/topology.py asks for them: source -> operator, and a cycle's operator -> itself
+    assert layout.channel_log("/w/_checkpoints/p", "source", "balance") == Path("/w/_checkpoints/p/channels/"
+                                                                               "source_balance")
+    assert layout.channel_log("/w/_checkpoints/p", "bank", "bank") == Path("/w/_checkpoints/p/channels/bank_bank")
+    assert layout.channel_log("/w", "s", "j", "records", 2) == Path("/w/channels/s.records-j.2")
+    assert layout.channel_log("s3://b/w/_checkpoints/p", "source", "balance") == layout.location(
+        "s3://b/w/_checkpoints/p/channels/source_balance")
+    with pytest.raises(ValueError, match=r"^2 edges are the channel s.records -> j.1: one edge per output and input$"):
+        layout.channel_names([("s", "records", "j", 1), ("s", "records", "j", 1)])
+    with pytest.raises(ValueError, match=r"^channel s -> j: give both the output and the input, or neither$"):
+        layout.channel_name("s", "j", "records")
+    with pytest.raises(ValueError, match=r"^channel s -> j: input must be a whole number >= 1, got 0$"):
+        layout.channel_name("s", "j", "records", 0)
+    with pytest.raises(ValueError, match=r"^channel sender '\.\./x' must be lower-case letters"):
+        layout.channel_log("/w", "../x", "j")
+    with pytest.raises(ValueError, match=r"^channel output 'a-b' must be lower-case letters"):
+        layout.channel_name("s", "j", "a-b", 1)
