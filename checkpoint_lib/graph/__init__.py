@@ -1,5 +1,6 @@
 """Dataflow graphs: the model, a builder in Flink's style, validation, the lowering of today's
-linear pipelines, and drawings (text, Graphviz dot, JSON). Pure: imports no engine.
+linear pipelines, the plan of how a graph runs (chains, cuts, process groups), and drawings (text,
+Graphviz dot, JSON). Pure: imports no engine.
 
 A graph declares what a pipeline of several operators is: named sources, operators with stable
 uids (stateless, keyed, or two-input keyed), edges with a partitioning, sinks and dead letters at
@@ -10,17 +11,23 @@ linear :class:`~checkpoint_lib.pipeline.Pipeline` s, each of which is a graph of
 One role a module: ``model.py`` (the immutable :class:`StreamGraph` and its parts),
 ``builder.py`` (:class:`Graph`, the fluent builder, and its streams), ``validation.py``
 (:func:`validate`, :class:`GraphError`: every rule), ``lowering.py`` (:func:`from_pipeline`),
-``render.py`` (:func:`to_text`, :func:`to_dot`, :func:`to_dict`).
+``jobgraph.py`` (:func:`plan`: the declared graph as the runtime executes it, Flink's
+``JobGraph``: which edges are chained in-process and which are cut by a channel log, and why, in
+which process groups), ``render.py`` (:func:`to_text`, :func:`to_dot`, :func:`to_dict`; the first
+two also draw a plan).
 """
 
 from .builder import ConnectedStreams, Graph, KeyedStream, PartitionedStream, Stream
+from .jobgraph import (ALL, KEYED_STAGE, SOURCE_STAGE, Chain, CutReason, Input, JobEdge, JobGraph, Layout, PlanError,
+                       ProcessGroup, plan)
 from .lowering import SOURCE, from_pipeline
 from .model import (MAIN, RECORDS, DeadLetters, Edge, MapStep, OperatorKind, OperatorVertex, Partitioning,
                     SourceVertex, StreamGraph, Vertex, VertexSink)
 from .render import shape, to_dict, to_dot, to_text
 from .validation import GraphError, problems, validate
 
-__all__ = ["ConnectedStreams", "DeadLetters", "Edge", "Graph", "GraphError", "KeyedStream", "MAIN", "MapStep",
-           "OperatorKind", "OperatorVertex", "PartitionedStream", "Partitioning", "RECORDS", "SOURCE",
-           "SourceVertex", "Stream", "StreamGraph", "Vertex", "VertexSink", "from_pipeline", "problems", "shape",
-           "to_dict", "to_dot", "to_text", "validate"]
+__all__ = ["ALL", "Chain", "ConnectedStreams", "CutReason", "DeadLetters", "Edge", "Graph", "GraphError", "Input",
+           "JobEdge", "JobGraph", "KEYED_STAGE", "KeyedStream", "Layout", "MAIN", "MapStep", "OperatorKind",
+           "OperatorVertex", "PartitionedStream", "Partitioning", "PlanError", "ProcessGroup", "RECORDS", "SOURCE",
+           "SOURCE_STAGE", "SourceVertex", "Stream", "StreamGraph", "Vertex", "VertexSink", "from_pipeline", "plan",
+           "problems", "shape", "to_dict", "to_dot", "to_text", "validate"]

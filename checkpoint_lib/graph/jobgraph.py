@@ -1,0 +1,419 @@
+"""What the runtime executes of a declared :class:`~.model.StreamGraph` (Flink's ``JobGraph``): which
+edges are **chained** (records flow in-process, one Spark plan per step; Spark does the shuffles),
+which are **cut** by a persisted channel log, and which vertices run together in a **process
+group** (what an Airflow DAG runs as one task). Pure: :func:`plan` turns the declared graph and a
+layout into an immutable :class:`JobGraph`; nothing is read, written or run. ::
+
+    graph = from_pipeline(pipelines.get("transfers"))
+    job = plan(graph)                        # Layout.CHAINED: one process group, "all"
+    [(e.sender, e.receiver, e.reasons, e.channel_log) for e in job.edges]
+    # [('source', 'bank', (), None), ('bank', 'bank', (CutReason.CYCLE,), 'bank_bank')]
+    job = plan(graph, Layout.PER_VERTEX)     # the Airflow layout: groups "source" and "bank"
+    job.group("source").writes[0].channel_log            # 'source_bank', today's channel log
+    plan(graph, {"source": "ingest", "bank": "ingest"}, lagging=[("bank", 1)])
+
+**Chained or cut.** An edge is chained iff its sender and receiver are in one process group, it
+is not a feedback edge, and its receiver's input is not lagging. Otherwise it is cut, for every
+reason that holds (:class:`CutReason`, in this order): ``processes`` (sender and receiver in two
+process groups), ``cycle`` (a feedback edge: its records come back after the barrier went out,
+so they are read from a log and an unaligned checkpoint logs them as channel state), ``lagging``
+(the receiver's input lags, as ``--lagging-sources`` makes it: its records reach it a step late).
+A cut edge's channel log is named by :func:`checkpoint_lib.layout.channel_names` over every edge of
+the graph, so an edge's name never depends on the layout: ``<sender>_<receiver>``, qualified as
+``<sender>.<output>-<receiver>.<input>`` where two edges would spell it alike.
+
+**Process groups** (:class:`ProcessGroup`), ordered by their first vertex in the graph's
+topological order (feedback edges ignored): each lists its vertices in that order, the cut edges it
+reads and writes (a feedback or lagging edge inside a group: both), its sources (a group with one
+plans the steps) and its sinks, and its **chains** (:class:`Chain`): the connected components of
+its chained edges, each one Spark plan per step. Every vertex's subtasks align barriers over all
+their input channels, chained or read from a log, whatever vertex they come from.
+
+**Layouts** (:class:`Layout`):
+
+- ``chained`` (the default): every vertex in one group, :data:`ALL` (today's ``--stage all``);
+- ``stages``: the sources in group :data:`SOURCE_STAGE`, the operators in :data:`KEYED_STAGE`:
+  today's two stage processes (``checkpoint_lib.spark.runner.STAGES``), so a lowered linear
+  pipeline keeps its stage names (its sessions and DAG task ids);
+- ``per_vertex``: each vertex its own group, named by its id: the Airflow layout of a graph. For a
+  lowered linear pipeline it cuts what ``stages`` cuts; the source stage is the group ``source``
+  (the source vertex's id) and the keyed stage the group named by the operator's uid (``bank``).
+
+A lowered linear pipeline under ``chained`` has its source edge chained (cut ``lagging`` when its
+operator's input lags: ``lagging=[(uid, 1)]`` is ``lagging_sources > 0``) and ``transfers``'
+feedback edge cut (``cycle``); under ``stages`` or ``per_vertex`` both are cut, their logs named
+exactly as today's (``source_<uid>``, ``<uid>_<uid>``). Today's runner, which runs linear
+pipelines only, is stricter in one case: in one process it also logs the source edge of a
+pipeline with a cycle (``PipelineRunner.chained``); by the rule above that edge need not be cut.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from ..layout import channel_log, channel_name, channel_names, check_name
+from ..objectstore import ObjectUri
+from .model import Edge, SourceVertex, StreamGraph
+from .validation import validate
+
+ALL = "all"
+"""The one process group of :attr:`Layout.CHAINED` (the runner's ``stage="all"``)."""
+SOURCE_STAGE = "source"
+"""The process group of the sources under :attr:`Layout.STAGES` (the runner's source stage)."""
+KEYED_STAGE = "keyed"
+"""The process group of the operators under :attr:`Layout.STAGES` (the runner's keyed stage)."""
+
+
+class Layout(StrEnum):
+    """A named assignment of vertices to process groups (see the module)."""
+
+    CHAINED = "chained"
+    """Every vertex in group :data:`ALL`: one process, every edge but the feedback ones chained."""
+    STAGES = "stages"
+    """Sources in :data:`SOURCE_STAGE`, operators in :data:`KEYED_STAGE`: today's two stages."""
+    PER_VERTEX = "per_vertex"
+    """Each vertex its own group, named by its id: the Airflow layout."""
+
+    def processes(self, graph: StreamGraph) -> dict[str, str]:
+        """Vertex id -> process group, for every vertex of ``graph`` (in declaration order)."""
+        if self is Layout.CHAINED:
+            return {v.id: ALL for v in graph.vertices}
+        if self is Layout.STAGES:
+            return {v.id: SOURCE_STAGE if isinstance(v, SourceVertex) else KEYED_STAGE for v in graph.vertices}
+        return {v.id: v.id for v in graph.vertices}
+
+
+class CutReason(StrEnum):
+    """Why an edge is cut by a channel log (every reason that holds, in this order)."""
+
+    PROCESSES = "processes"
+    """Sender and receiver run in separate process groups."""
+    CYCLE = "cycle"
+    """A feedback edge (``iterate()``): its records come back after the barrier."""
+    LAGGING = "lagging"
+    """The receiver's input lags: its records reach it a step after the others'."""
+
+
+@dataclass(frozen=True, order=True)
+class Input:
+    """Input ``input`` (1, or 2 of a two-input operator) of vertex ``vertex``."""
+
+    vertex: str
+    input: int = 1
+
+
+@dataclass(frozen=True)
+class JobEdge:
+    """A declared :class:`~.model.Edge` as it runs: chained (``reasons`` empty, no channel log) or
+    cut for ``reasons`` through the channel log named ``channel_log``."""
+
+    edge: Edge
+    reasons: tuple[CutReason, ...] = ()
+    channel_log: str | None = None
+
+    @property
+    def sender(self) -> str:
+        return self.edge.sender
+
+    @property
+    def receiver(self) -> str:
+        return self.edge.receiver
+
+    @property
+    def output(self) -> str:
+        return self.edge.output
+
+    @property
+    def input(self) -> int:
+        return self.edge.input
+
+    @property
+    def feedback(self) -> bool:
+        return self.edge.feedback
+
+    @property
+    def chained(self) -> bool:
+        return not self.reasons
+
+    @property
+    def cut(self) -> bool:
+        return bool(self.reasons)
+
+    def log(self, root: str | os.PathLike[str]) -> Path | ObjectUri:
+        """Where this cut edge's channel log lives under the checkpoint root ``root``
+        (:func:`checkpoint_lib.layout.channel_log`); ValueError for a chained edge, which has none."""
+        if self.channel_log is None:
+            raise ValueError(f"edge {self.sender} -> {self.receiver} is chained: it has no channel log")
+        qualified = self.channel_log != channel_name(self.sender, self.receiver)
+        return channel_log(root, self.sender, self.receiver, *((self.output, self.input) if qualified else ()))
+
+
+@dataclass(frozen=True)
+class Chain:
+    """Vertices of one process group joined by chained edges: one Spark plan per step.
+    ``vertices`` in topological order, ``edges`` its chained edges, ``reads`` / ``writes`` the cut
+    edges into and out of it (declaration order)."""
+
+    vertices: tuple[str, ...]
+    edges: tuple[JobEdge, ...] = ()
+    reads: tuple[JobEdge, ...] = ()
+    writes: tuple[JobEdge, ...] = ()
+
+
+@dataclass(frozen=True)
+class ProcessGroup:
+    """The vertices one process runs (see the module): ``vertices`` in topological order, its
+    ``chains``, the cut edges it ``reads`` and ``writes``, its ``sources`` and ``sinks`` (names)."""
+
+    name: str
+    vertices: tuple[str, ...]
+    chains: tuple[Chain, ...]
+    reads: tuple[JobEdge, ...] = ()
+    writes: tuple[JobEdge, ...] = ()
+    sources: tuple[str, ...] = ()
+    sinks: tuple[str, ...] = ()
+
+    @property
+    def plans_steps(self) -> bool:
+        """Whether it holds a source: it plans the steps (and the coordinator injects barriers there)."""
+        return bool(self.sources)
+
+
+class PlanError(ValueError):
+    """A layout that does not fit its graph; ``problems`` lists every one, one sentence each."""
+
+    def __init__(self, graph: str, problems: Iterable[str]):
+        self.graph, self.problems = graph, tuple(problems)
+        if len(self.problems) == 1:
+            message = f"graph {graph!r} cannot be planned: {self.problems[0]}"
+        else:
+            message = f"graph {graph!r} cannot be planned, {len(self.problems)} problems:\n" + "\n".join(
+                f"  - {p}" for p in self.problems)
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class JobGraph:
+    """A :class:`~.model.StreamGraph` planned (:func:`plan`): ``processes`` (vertex id -> group, in
+    declaration order), the ``lagging`` inputs, every edge as a :class:`JobEdge` (declaration
+    order) and the process ``groups`` (ordered by their first vertex, topologically)."""
+
+    graph: StreamGraph
+    processes: Mapping[str, str]
+    lagging: tuple[Input, ...]
+    edges: tuple[JobEdge, ...]
+    groups: tuple[ProcessGroup, ...]
+
+    def group(self, name: str) -> ProcessGroup:
+        for g in self.groups:
+            if g.name == name:
+                return g
+        raise KeyError(f"the plan of graph {self.graph.name!r} has no process group {name!r} "
+                       f"({', '.join(g.name for g in self.groups)})")
+
+    def group_of(self, vertex_id: str) -> ProcessGroup:
+        """The process group vertex ``vertex_id`` runs in."""
+        if vertex_id not in self.processes:
+            raise KeyError(f"graph {self.graph.name!r} has no vertex {vertex_id!r}")
+        return self.group(self.processes[vertex_id])
+
+    @property
+    def chained(self) -> tuple[JobEdge, ...]:
+        return tuple(e for e in self.edges if e.chained)
+
+    @property
+    def cut(self) -> tuple[JobEdge, ...]:
+        return tuple(e for e in self.edges if e.cut)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as JSON (stable: keys are only ever added)::
+
+            {"graph": "transfers",
+             "processes": {"source": "source", "bank": "bank"},      # vertex -> group
+             "lagging": [{"vertex": "bank", "input": 1}],
+             "edges": [   # in declaration order
+               {"from": "source", "output": "records", "to": "bank", "input": 1, "feedback": false,
+                "chained": false, "reasons": ["processes", "lagging"], "channel_log": "source_bank"}, ...],
+                          # reasons: processes | cycle | lagging; channel_log: null when chained
+             "groups": [  # ordered by their first vertex
+               {"name": "source", "vertices": ["source"], "sources": ["source"], "sinks": [],
+                "chains": [["source"]], "reads": [], "writes": ["source_bank"]}, ...]}
+                          # reads, writes: channel-log names
+        """
+        return {
+            "graph": self.graph.name,
+            "processes": dict(self.processes),
+            "lagging": [{"vertex": i.vertex, "input": i.input} for i in self.lagging],
+            "edges": [{"from": e.sender, "output": e.output, "to": e.receiver, "input": e.input,
+                       "feedback": e.feedback, "chained": e.chained, "reasons": [str(r) for r in e.reasons],
+                       "channel_log": e.channel_log} for e in self.edges],
+            "groups": [{"name": g.name, "vertices": list(g.vertices), "sources": list(g.sources),
+                        "sinks": list(g.sinks), "chains": [list(c.vertices) for c in g.chains],
+                        "reads": [e.channel_log for e in g.reads], "writes": [e.channel_log for e in g.writes]}
+                       for g in self.groups],
+        }
+
+    @classmethod
+    def from_dict(cls, graph: StreamGraph, doc: Mapping[str, Any]) -> "JobGraph":
+        """The plan ``doc`` (:meth:`to_dict`) describes, planned again from ``graph`` with its
+        processes and lagging inputs; ValueError if ``doc`` is not exactly that plan (another
+        graph, or a graph changed since the document was written)."""
+        if doc.get("graph") != graph.name:
+            raise ValueError(f"the plan document is of graph {doc.get('graph')!r}, not {graph.name!r}")
+        try:
+            processes = dict(doc["processes"])
+            lagging = [(i["vertex"], i["input"]) for i in doc["lagging"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"the plan document of graph {graph.name!r} is malformed: {exc!r}") from None
+        job = plan(graph, processes, lagging=lagging)
+        if job.to_dict() != dict(doc):
+            differ = [k for k, v in job.to_dict().items() if doc.get(k) != v]
+            raise ValueError(f"the plan document does not match graph {graph.name!r} planned with its processes: "
+                             f"its {', '.join(differ) or 'keys'} differ (was the graph changed since?)")
+        return job
+
+
+def plan(graph: StreamGraph, processes: Mapping[str, str] | Layout | str | None = None, *,
+         lagging: Iterable[Input | tuple[str, int] | str] = ()) -> JobGraph:
+    """``graph`` (validated first: :class:`~.validation.GraphError`) as the runtime executes it.
+
+    ``processes``: vertex id -> process-group name (a :func:`~checkpoint_lib.layout.check_name`
+    name) for every vertex, or a :class:`Layout` (or its name); None is :attr:`Layout.CHAINED`.
+    ``lagging``: the inputs that lag, each an :class:`Input`, a ``(vertex, input)`` pair, or a
+    vertex id (all its inputs). A map naming an unknown vertex or leaving one out, a bad group
+    name, a lagging input the graph does not have: one :class:`PlanError` (a ``ValueError``)
+    listing every problem."""
+    validate(graph)
+    assignment, found = _assignment(graph, processes)
+    lags, more = _lagging(graph, lagging)
+    found += more
+    if found:
+        raise PlanError(graph.name, found)
+    lagging_inputs = set(lags)
+    names = channel_names((e.sender, e.output, e.receiver, e.input) for e in graph.edges)
+    edges = []
+    for e, name in zip(graph.edges, names):
+        holds = {CutReason.PROCESSES: assignment[e.sender] != assignment[e.receiver], CutReason.CYCLE: e.feedback,
+                 CutReason.LAGGING: Input(e.receiver, e.input) in lagging_inputs}
+        reasons = tuple(r for r in CutReason if holds[r])
+        edges.append(JobEdge(e, reasons, name if reasons else None))
+    order = [v.id for v in graph.topological_order()]
+    groups = tuple(_group(graph, name, [v for v in order if assignment[v] == name], edges)
+                   for name in dict.fromkeys(assignment[v] for v in order))
+    return JobGraph(graph, assignment, lags, tuple(edges), groups)
+
+
+def _assignment(graph: StreamGraph, processes: Any) -> tuple[dict[str, str], list[str]]:
+    """Vertex id -> group (declaration order) and the problems of the map."""
+    if processes is None:
+        processes = Layout.CHAINED
+    if isinstance(processes, str):
+        try:
+            processes = Layout(processes)
+        except ValueError:
+            raise ValueError(f"processes {processes!r} is not a layout ({', '.join(Layout)}): give a Layout or "
+                             "a mapping vertex id -> process group") from None
+        return processes.processes(graph), []
+    if not isinstance(processes, Mapping):
+        raise TypeError(f"processes must be a Layout or a mapping vertex id -> process group, got "
+                        f"{type(processes).__name__}")
+    ids = [v.id for v in graph.vertices]
+    found = []
+    unknown = [k for k in processes if k not in ids]
+    if unknown:
+        found.append(f"the process map names {_listing(unknown, 'vertex', 'vertices')} that graph {graph.name!r} "
+                     f"does not have (its vertices: {', '.join(ids)})")
+    missing = [i for i in ids if i not in processes]
+    if missing:
+        found.append(f"the process map leaves out {_listing(missing, 'vertex', 'vertices')}: every vertex runs in "
+                     "one process group")
+    bad: dict[str, str] = {}
+    for i in ids:
+        if i in processes:
+            try:
+                check_name("process group name", processes[i])
+            except ValueError as exc:
+                bad.setdefault(str(exc), i)
+    found += [f"vertex {vertex!r}: {message}" for message, vertex in bad.items()]
+    return {i: processes[i] for i in ids if i in processes}, found
+
+
+def _listing(names: list[Any], word: str, words: str) -> str:
+    return f"{word if len(names) == 1 else words} {', '.join(repr(n) for n in names)}"
+
+
+def _lagging(graph: StreamGraph, items: Iterable[Any]) -> tuple[tuple[Input, ...], list[str]]:
+    """The lagging inputs, in the vertices' declaration order, and the problems of ``items``."""
+    if isinstance(items, (str, Input)) or (isinstance(items, tuple) and len(items) == 2
+                                           and isinstance(items[0], str) and isinstance(items[1], int)):
+        items = [items]  # one input given alone: "bank", Input("bank"), ("bank", 1)
+    position = {v.id: n for n, v in enumerate(graph.vertices)}
+    found: set[Input] = set()
+    problems = []
+    for item in items:
+        if isinstance(item, Input):
+            vertex, number = item.vertex, item.input
+        elif isinstance(item, str):
+            vertex, number = item, None
+        elif isinstance(item, (tuple, list)) and len(item) == 2:
+            vertex, number = item
+        else:
+            problems.append(f"lagging input {item!r}: give a vertex id or a (vertex, input) pair")
+            continue
+        shown = f"lagging input {vertex!r}" if number is None else f"lagging input ({vertex!r}, {number!r})"
+        if not isinstance(vertex, str) or vertex not in position:
+            problems.append(f"{shown}: graph {graph.name!r} has no vertex {vertex!r}")
+            continue
+        receiver = graph.vertex(vertex)
+        if isinstance(receiver, SourceVertex):
+            problems.append(f"{shown}: {vertex!r} is a source, and a source has no inputs (name the input of the "
+                            "operator its records reach late)")
+            continue
+        inputs = range(1, receiver.inputs + 1)
+        if number is not None and (isinstance(number, bool) or not isinstance(number, int) or number not in inputs):
+            has = "inputs 1 and 2" if receiver.inputs == 2 else "one input (1)"
+            problems.append(f"{shown}: operator {vertex!r} has {has}")
+            continue
+        found.update(Input(vertex, n) for n in (inputs if number is None else [number]))
+    return tuple(sorted(found, key=lambda i: (position[i.vertex], i.input))), problems
+
+
+def _group(graph: StreamGraph, name: str, members: list[str], edges: list[JobEdge]) -> ProcessGroup:
+    """Process group ``name`` of ``members`` (in topological order)."""
+    inside = set(members)
+    chains = _chains(members, [e for e in edges if e.chained and e.sender in inside], edges)
+    return ProcessGroup(
+        name, tuple(members), chains,
+        reads=tuple(e for e in edges if e.cut and e.receiver in inside),
+        writes=tuple(e for e in edges if e.cut and e.sender in inside),
+        sources=tuple(v for v in members if isinstance(graph.vertex(v), SourceVertex)),
+        sinks=tuple(s.name for s in graph.sinks if s.vertex in inside))
+
+
+def _chains(members: list[str], chained: list[JobEdge], edges: list[JobEdge]) -> tuple[Chain, ...]:
+    """The connected components of ``chained`` over ``members`` (each in topological order), ordered
+    by their first vertex."""
+    root = {v: v for v in members}
+
+    def find(v: str) -> str:
+        while root[v] != v:
+            root[v] = root[root[v]]
+            v = root[v]
+        return v
+
+    for e in chained:
+        root[find(e.sender)] = find(e.receiver)
+    components: dict[str, list[str]] = {}
+    for v in members:
+        components.setdefault(find(v), []).append(v)
+    chains = []
+    for vertices in components.values():
+        part = set(vertices)
+        chains.append(Chain(tuple(vertices), tuple(e for e in chained if e.sender in part),
+                            tuple(e for e in edges if e.cut and e.receiver in part),
+                            tuple(e for e in edges if e.cut and e.sender in part)))
+    return tuple(chains)
