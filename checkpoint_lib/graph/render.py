@@ -22,12 +22,19 @@ The JSON document (stable: keys are only ever added)::
 
 A spec of another kind than Delta's gives its ``type`` and, when it has them, ``path``, ``mode``
 and ``keys``.
+
+Given a ``plan`` (a :class:`~.jobgraph.JobGraph` of the graph), :func:`to_text` and :func:`to_dot`
+also show how it runs: the process groups (their chains, sources, sinks, the channel logs they read
+and write; clusters in dot) and each edge chained or cut (why, and its channel log). Without one
+they draw the declared graph alone, exactly as before. The plan's JSON is
+:meth:`~.jobgraph.JobGraph.to_dict`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from .jobgraph import JobEdge, JobGraph, ProcessGroup
 from .model import MAIN, RECORDS, Edge, OperatorVertex, SourceVertex, StreamGraph, Vertex, VertexSink
 
 
@@ -99,7 +106,7 @@ def _target(spec: Any) -> str:
     return f"{where} ({how})" if how else where
 
 
-def _edge_text(graph: StreamGraph, e: Edge) -> str:
+def _edge_text(graph: StreamGraph, e: Edge, run: JobEdge | None = None) -> str:
     receiver = next((v for v in graph.vertices if v.id == e.receiver), None)
     into = f" input {e.input}" if receiver is not None and receiver.inputs == 2 else ""
     notes = [e.describe()]
@@ -107,7 +114,40 @@ def _edge_text(graph: StreamGraph, e: Edge) -> str:
         notes.append(f"output {e.output}")
     if e.feedback:
         notes.append("feedback (iterate)")
-    return f"-> {e.receiver}{into}: {', '.join(notes)}"
+    how = "" if run is None else f"; {_run_words(run)}"
+    return f"-> {e.receiver}{into}: {', '.join(notes)}{how}"
+
+
+def _run_words(run: JobEdge) -> str:
+    """``chained``, or ``cut (processes, lagging), log source_bank``."""
+    if run.chained:
+        return "chained"
+    return f"cut ({', '.join(run.reasons)}), log {run.channel_log}"
+
+
+def _runs(graph: StreamGraph, plan: JobGraph | None) -> dict[Edge, JobEdge]:
+    """Each edge of ``graph`` as ``plan`` runs it (empty without a plan)."""
+    if plan is None:
+        return {}
+    same = (plan.graph.name == graph.name and [v.id for v in plan.graph.vertices] == [v.id for v in graph.vertices]
+            and plan.graph.edges == graph.edges)
+    if not same:  # the same vertices and edges: the operators' instances may differ
+        raise ValueError(f"the plan is of graph {plan.graph.name!r}, not of the graph drawn ({graph.name!r})")
+    return {run.edge: run for run in plan.edges}
+
+
+def _group_text(group: ProcessGroup) -> str:
+    """``process bank: chain [bank]; sinks balances; reads source_bank, bank_bank; writes bank_bank``."""
+    chains = ", ".join(f"[{', '.join(c.vertices)}]" for c in group.chains)
+    parts = [f"process {group.name}: {'chain' if len(group.chains) == 1 else 'chains'} {chains}"]
+    if group.plans_steps:
+        parts.append("plans steps")
+    if group.sinks:
+        parts.append(f"sinks {', '.join(group.sinks)}")
+    for verb, edges in (("reads", group.reads), ("writes", group.writes)):
+        if edges:
+            parts.append(f"{verb} {', '.join(str(e.channel_log) for e in edges)}")
+    return "; ".join(parts)
 
 
 def _sink_text(s: VertexSink) -> str:
@@ -115,13 +155,18 @@ def _sink_text(s: VertexSink) -> str:
     return f"sink {s.name}: {_target(s.spec)}{output}"
 
 
-def to_text(graph: StreamGraph) -> str:
+def to_text(graph: StreamGraph, plan: JobGraph | None = None) -> str:
     """A layered list a person reads: the vertices in topological order, each with what it reads,
-    its edges out (partitioning, key), its sinks and dead letters."""
-    lines = [f"{graph.name}: {shape(graph)}", ""]
+    its edges out (partitioning, key), its sinks and dead letters. With ``plan``: a line per
+    process group after the title, each vertex's group, each edge chained or cut."""
+    runs = _runs(graph, plan)
+    lines = [f"{graph.name}: {shape(graph)}"]
+    lines += [_group_text(g) for g in plan.groups] if plan is not None else []
+    lines.append("")
     for v in graph.topological_order():
+        where = f", process {plan.processes[v.id]}" if plan is not None else ""
         if isinstance(v, SourceVertex):
-            lines.append(f"{v.id} (source, parallelism {v.parallelism})")
+            lines.append(f"{v.id} (source, parallelism {v.parallelism}{where})")
             reads = _spec(v.spec)
             line = f"  reads {reads.get('path', reads['type'])} ({reads['type']})" if "path" in reads else \
                 f"  reads {reads['type']}"
@@ -131,8 +176,8 @@ def to_text(graph: StreamGraph) -> str:
             if v.maps:
                 lines.append(f"  maps: {', '.join(m.name for m in v.maps)}")
         else:
-            lines.append(f"{v.id} ({_kind_words(v)} {v.operator_name}, parallelism {v.parallelism})")
-        lines += [f"  {_edge_text(graph, e)}" for e in graph.outputs_of(v.id)]
+            lines.append(f"{v.id} ({_kind_words(v)} {v.operator_name}, parallelism {v.parallelism}{where})")
+        lines += [f"  {_edge_text(graph, e, runs.get(e))}" for e in graph.outputs_of(v.id)]
         lines += [f"  {_sink_text(s)}" for s in graph.sinks_of(v.id)]
         lines += [f"  dead letters: {d.path}" for d in graph.dead_letters_of(v.id)]
     return "\n".join(lines) + "\n"
@@ -153,9 +198,16 @@ def dead_letters_node(vertex_id: str) -> str:
     return f"dead_letters:{vertex_id}"
 
 
-def to_dot(graph: StreamGraph) -> str:
+def group_cluster(group: ProcessGroup) -> str:
+    """The DOT subgraph id of a process group (a cluster: Graphviz boxes it)."""
+    return f"cluster_{group.name}"
+
+
+def to_dot(graph: StreamGraph, plan: JobGraph | None = None) -> str:
     """The graph in Graphviz's DOT language: a box per operator, a house per source, a cylinder per
-    sink and dead-letter table; an edge labelled with its partitioning (dashed: feedback)."""
+    sink and dead-letter table; an edge labelled with its partitioning (dashed: feedback). With
+    ``plan``: a cluster per process group, each edge labelled chained (bold) or cut (why, its log)."""
+    runs = _runs(graph, plan)
     lines = [f"digraph {_quote(graph.name)} {{", "  rankdir=LR;", '  node [shape=box, fontname="Helvetica"];',
              '  edge [fontname="Helvetica", fontsize=10];']
     for v in graph.vertices:
@@ -167,6 +219,9 @@ def to_dot(graph: StreamGraph) -> str:
         else:
             label = [v.id, f"{_kind_words(v)} x{v.parallelism}", v.operator_name]
             lines.append(f"  {_quote(v.id)} [label={_quote(NL.join(label))}];")
+    for g in plan.groups if plan is not None else ():
+        members = " ".join(f"{_quote(v)};" for v in g.vertices)
+        lines.append(f"  subgraph {_quote(group_cluster(g))} {{ label={_quote('process ' + g.name)}; {members} }}")
     for s in graph.sinks:
         lines.append(f"  {_quote(sink_node(s))} [label={_quote(s.name + NL + _target(s.spec))}, shape=cylinder];")
     for d in graph.dead_letters:
@@ -182,6 +237,12 @@ def to_dot(graph: StreamGraph) -> str:
         style = ", style=dashed, constraint=false" if e.feedback else ""
         if e.feedback:
             label.append("feedback")
+        run = runs.get(e)
+        if run is not None and run.chained:
+            label.append("chained")
+            style += ", style=bold"
+        elif run is not None:
+            label += [f"cut: {', '.join(run.reasons)}", f"log {run.channel_log}"]
         lines.append(f"  {_quote(e.sender)} -> {_quote(e.receiver)} [label={_quote(NL.join(label))}{style}];")
     for s in graph.sinks:
         label = f" [label={_quote(s.output)}]" if s.output not in (s.name, RECORDS) else ""

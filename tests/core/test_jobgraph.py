@@ -1,6 +1,6 @@
 """The plan of how a graph runs (checkpoint_lib/graph/jobgraph.py): chained and cut edges with their
 reasons, channel-log names (today's kept), process groups and their chains, every refusal, the
-JSON form. Pure: no engine."""
+JSON form and the drawings of a plan. Pure: no engine."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from checkpoint_lib import layout, pipelines
 from checkpoint_lib.graph import (ALL, Chain, CutReason, Graph, GraphError, Input, JobEdge, JobGraph, Layout,
-                                  PlanError, ProcessGroup, StreamGraph, from_pipeline, plan)
+                                  PlanError, ProcessGroup, StreamGraph, from_pipeline, plan, to_dot, to_text)
 from checkpoint_lib.pipeline import DeltaSink, DeltaSource
 
 MOVES = {"account": "string", "cents": "long"}
@@ -400,6 +400,50 @@ def test_a_document_of_another_graph_or_an_older_one_is_refused():
         JobGraph.from_dict(diamond(), {"graph": "diamond", "processes": {}})
     with pytest.raises(PlanError, match="leaves out vertex 'c'"):
         JobGraph.from_dict(diamond(), {**doc, "processes": {"s": "s", "a": "a", "b": "b"}})
+
+
+# --- drawings of a plan --------------------------------------------------------------------------------------------
+
+def test_the_text_drawing_of_a_plan():
+    graph = from_pipeline(pipelines.get("transfers"))
+    assert to_text(graph, plan(graph, Layout.PER_VERTEX)) == (
+        "transfers: 2 vertices, 2 edges (1 feedback), 1 sink\n"
+        "process source: chain [source]; plans steps; writes source_bank\n"
+        "process bank: chain [bank]; sinks account_balances; reads source_bank, bank_bank; writes bank_bank\n"
+        "\n"
+        "source (source, parallelism 2, process source)\n"
+        "  reads landing/transfers (DeltaSource), bootstrap landing/accounts\n"
+        "  maps: _debits\n"
+        "  -> bank: hash(account); cut (processes), log source_bank\n"
+        "  dead letters: dlq/transfers\n"
+        "bank (keyed Bank, parallelism 3, process bank)\n"
+        "  -> bank: hash(account), output feedback, feedback (iterate); cut (cycle), log bank_bank\n"
+        "  sink account_balances: gold/account_balances (upsert by account)\n")
+    text = to_text(diamond(), plan(diamond(), {"s": "ends", "a": "middle", "b": "middle", "c": "ends"}))
+    assert text.splitlines()[1:3] == [
+        "process ends: chains [s], [c]; plans steps; sinks out; reads a_c, b_c; writes s_a, s_b",
+        "process middle: chains [a], [b]; reads s_a, s_b; writes a_c, b_c"]
+    assert "  -> c: hash(account); cut (processes), log a_c" in text.splitlines()
+    assert "  -> a: rebalance; chained" in to_text(diamond(), plan(diamond())).splitlines()
+
+
+def test_the_dot_drawing_of_a_plan_boxes_each_group_and_marks_each_edge():
+    graph = diamond()
+    dot = to_dot(graph, plan(graph, {"s": "left", "a": "left", "b": "right", "c": "left"}))
+    lines = dot.splitlines()
+    assert '  subgraph "cluster_left" { label="process left"; "s"; "a"; "c"; }' in lines
+    assert '  subgraph "cluster_right" { label="process right"; "b"; }' in lines
+    assert '  "s" -> "a" [label="rebalance\\nchained", style=bold];' in lines
+    assert '  "s" -> "b" [label="rebalance\\ncut: processes\\nlog s_b"];' in lines
+    # without a plan the drawing is the declared graph's, as before
+    assert to_dot(graph) == "\n".join(line for line in lines if "subgraph" not in line).replace(
+        "\\nchained", "").replace(", style=bold", "").replace("\\ncut: processes\\nlog s_b", "").replace(
+        "\\ncut: processes\\nlog b_c", "") + "\n"
+
+
+def test_a_plan_of_another_graph_is_not_drawn():
+    with pytest.raises(ValueError, match=r"^the plan is of graph 'join', not of the graph drawn \('diamond'\)$"):
+        to_text(diamond(), plan(join()))
 
 
 def test_the_parts_are_frozen_values():
