@@ -7,7 +7,7 @@ at once in one :class:`GraphError` (a ``ValueError``), one line each.
   no sink name twice (a snapshot finds state and transactions by them);
 - **parallelism** within ``1..max_parallelism`` (:func:`~checkpoint_lib.core.keygroups.check_parallelism`),
   the same on both sides of a ``forward`` edge;
-- **edges** between declared vertices, none into a source, into an input the receiver has, a key
+- **edges** between declared vertices, each once (one channel log an edge), none into a source, into an input the receiver has, a key
   exactly on ``hash`` edges, a key that is a column of a source's records (when they are known);
 - **operators**: every input fed by a non-feedback edge; a keyed operator's inputs all ``hash`` by
   the same column (of the same type when known: both inputs of a two-input operator included);
@@ -130,9 +130,13 @@ def _key_type(edge: Edge, by_id: dict[str, Vertex]) -> str | None:
 
 
 def _edges(graph: StreamGraph, by_id: dict[str, Vertex]) -> list[str]:
-    found = []
+    found, seen = [], set()
     for e in graph.edges:
         where = f"edge {e.sender} -> {e.receiver}"
+        ends = (e.sender, e.output, e.receiver, e.input)
+        if ends in seen:  # one channel log per edge: two edges with the same ends would share it
+            found.append(f"{where}: declared twice (output {e.output!r} into input {e.input})")
+        seen.add(ends)
         missing = [x for x in (e.sender, e.receiver) if x not in by_id]
         if missing:
             found.append(f"{where}: no vertex {missing[0]!r}")

@@ -245,6 +245,17 @@ def test_a_keyed_operator_fed_by_streams_keyed_differently_is_refused():
         "state)")
 
 
+def test_an_edge_declared_twice_is_refused():
+    """Each edge has a channel log of its own: a hand-built graph with the same edge twice is refused
+    by validation (a GraphError naming it), not by the channel-log naming later."""
+    g = Graph("twice")
+    a = g.source("a", DeltaSource("landing/a", {"account": "string", "n": "long"}))
+    a.key_by("account").process(Keyed(), uid="k").sink("out", table("gold/out"))
+    built = g.build()
+    twice = StreamGraph(built.name, built.vertices, built.edges + built.edges[:1], built.sinks)
+    assert "edge a -> k: declared twice (output 'records' into input 1)" in error_of(lambda: validate(twice))
+
+
 def test_duplicate_uids_and_names_are_refused():
     g = Graph("dup")
     a, b = two_sources(g)
