@@ -135,4 +135,5 @@ def _savepoint_taken(args: argparse.Namespace, checkpoint_id: int, done: str, st
 def cmd_demo(args: argparse.Namespace) -> int:
     from ..demo import run_demo
 
+    context.import_in_background("great_expectations")  # its validation's imports, while the demo runs
     return run_demo(args.warehouse, rows=args.rows)
