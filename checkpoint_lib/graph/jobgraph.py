@@ -58,7 +58,7 @@ from typing import Any, Iterable, Mapping
 from ..layout import channel_log, channel_name, channel_names, check_name
 from ..objectstore import ObjectUri
 from .model import Edge, SourceVertex, StreamGraph
-from .validation import validate
+from .validation import Problems, validate
 
 ALL = "all"
 """The one process group of :attr:`Layout.CHAINED` (the runner's ``stage="all"``)."""
@@ -183,17 +183,11 @@ class ProcessGroup:
         return bool(self.sources)
 
 
-class PlanError(ValueError):
+class PlanError(Problems):
     """A layout that does not fit its graph; ``problems`` lists every one, one sentence each."""
 
-    def __init__(self, graph: str, problems: Iterable[str]):
-        self.graph, self.problems = graph, tuple(problems)
-        if len(self.problems) == 1:
-            message = f"graph {graph!r} cannot be planned: {self.problems[0]}"
-        else:
-            message = f"graph {graph!r} cannot be planned, {len(self.problems)} problems:\n" + "\n".join(
-                f"  - {p}" for p in self.problems)
-        super().__init__(message)
+    one = "cannot be planned"
+    many = "cannot be planned, {n} problems"
 
 
 @dataclass(frozen=True)

@@ -34,17 +34,26 @@ _TYPE_ALIASES = {"bigint": "long", "integer": "int", "smallint": "short", "tinyi
                  "dec": "decimal", "numeric": "decimal"}
 
 
-class GraphError(ValueError):
-    """A graph that is not well formed; ``problems`` lists every rule it breaks, one sentence each."""
+class Problems(ValueError):
+    """Every problem found with graph ``graph`` (``problems``, one sentence each), in one message:
+    one problem on one line, several as a list. Subclasses say what was found (:attr:`one`,
+    :attr:`many`, the latter formatted with the count ``n``)."""
+
+    one = "is invalid"
+    many = "has {n} problems"
 
     def __init__(self, graph: str, problems: Iterable[str]):
         self.graph, self.problems = graph, tuple(problems)
         if len(self.problems) == 1:
-            message = f"graph {graph!r} is invalid: {self.problems[0]}"
+            message = f"graph {graph!r} {self.one}: {self.problems[0]}"
         else:
-            message = f"graph {graph!r} has {len(self.problems)} problems:\n" + "\n".join(
+            message = f"graph {graph!r} {self.many.format(n=len(self.problems))}:\n" + "\n".join(
                 f"  - {p}" for p in self.problems)
         super().__init__(message)
+
+
+class GraphError(Problems):
+    """A graph that is not well formed; ``problems`` lists every rule it breaks, one sentence each."""
 
 
 def validate(graph: StreamGraph) -> StreamGraph:
