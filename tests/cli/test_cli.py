@@ -209,3 +209,17 @@ def test_a_rescale_says_where_the_parallelism_comes_from_and_how_to_keep_the_ear
                     "parallelism, run with --source-parallelism 3 --parallelism 5)")
     declared = rescale_message("keyed", {"source": 2, "operator": 4}, {"source": 2, "operator": 2}, None)
     assert "(as the pipeline declares it)" in declared and declared.endswith("run with --parallelism 4)")
+
+
+def test_the_stage_names_are_one_vocabulary():
+    """A pipeline's stages are named alike by the runner, the submitter of its processes, the CLI's
+    ``--stage`` and the job-graph planner's stage layout (each spells them: this keeps them one)."""
+    from checkpoint_lib import submit
+    from checkpoint_lib.graph.jobgraph import KEYED_STAGE, SOURCE_STAGE
+    from checkpoint_lib.spark.runner import STAGES
+
+    assert STAGES == (SOURCE_STAGE, KEYED_STAGE)
+    assert set(submit.STAGES) == {*STAGES, "all"}
+    run = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["run"]
+    stage = next(a for a in run._actions if a.dest == "stage")
+    assert set(stage.choices) == {*STAGES, "all"}
