@@ -13,6 +13,7 @@ from typing import Any, Callable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
+from ..delta import log as delta_log
 from ..delta.store import DeltaCheckpointStore
 from ..layout import checkpoint_root
 from ..pipeline import Pipeline
@@ -132,19 +133,13 @@ def driver_sized(pipeline: Pipeline, warehouse: Path) -> bool:
                                                  if pipeline.operator_uid else [])
     total = 0
     for path in paths:
-        if not _is_table(path):
+        if not delta_log.is_delta_table(path):
             continue
         rows = _rows_by_stats(path, None)
         if rows is None:
             return False
         total += rows
     return total <= DRIVER_ROWS
-
-
-def _is_table(path: str) -> bool:
-    from ..delta import log as delta_log
-
-    return delta_log.is_delta_table(path)
 
 
 @dataclass

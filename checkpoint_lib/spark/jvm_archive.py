@@ -25,16 +25,17 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from .switches import switched_on
+
 ARCHIVE_ENV = "CKPT_JVM_ARCHIVE"
 _PREFIX = "driver-classes-"
 _QUIET = ("-Xlog:cds=off", "-Xlog:cds+dynamic=off")  # a refused archive is a slower start, not a warning
-_FALSE_WORDS = frozenset({"0", "false", "no", "off"})
 TRAINING = "checkpoint_lib.spark.jvm_training"
 """The training run's module (run as a process: it starts a driver of its own)."""
 
 
 def enabled() -> bool:
-    return os.environ.get(ARCHIVE_ENV, "1").strip().lower() not in _FALSE_WORDS
+    return switched_on(ARCHIVE_ENV)
 
 
 def _java() -> Path | None:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from checkpoint_lib.objectstore import cloud_of
 from checkpoint_lib.spark import jvm_archive
 from checkpoint_lib.spark.jars import LOGSTORE_CLASS, SPARK_MINOR_VERSION, ensure_jars, jar_dir, require_logstore
+from checkpoint_lib.spark.switches import switched_on
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -59,8 +60,6 @@ SHORT_LIVED_JIT = "-XX:TieredStopAtLevel=1"
 """The driver of a command that runs seconds on small data (``ckpt validate`` of a warehouse
 whose tables the driver reads) compiles with C1 only: C2's optimising compiles take CPU from the
 command on 2 cores and pay off only in long runs. On the demo's warehouse, 3 of 29 s."""
-
-_FALSE_WORDS = frozenset({"0", "false", "no", "off"})
 
 _lock = threading.RLock()
 _session: SparkSession | None = None
@@ -295,7 +294,7 @@ def _apply_runtime_conf(session: SparkSession, conf: Mapping[str, str]) -> None:
 def _ui_enabled(ui: bool | None) -> bool:
     if ui is not None:
         return ui
-    return os.environ.get(UI_ENV, "1").strip().lower() not in _FALSE_WORDS
+    return switched_on(UI_ENV)
 
 
 def _shuffle_partitions() -> int:
