@@ -136,7 +136,6 @@ class _Subtask:
     sid: SubtaskId  # its operator is its vertex
     source: bool
     inputs: list[_Channel] = field(default_factory=list)  # numbered as the handler numbers them
-    outputs: list[_Channel] = field(default_factory=list)  # every edge's, in creation order
     routes: dict[str, list[_Channel]] = field(default_factory=dict)  # downstream vertex -> by receiver index
     input: list[Record] = field(default_factory=list)  # sources: what they emit
     balance: int = 0
@@ -150,6 +149,12 @@ class _Subtask:
     channel_state: dict[int, dict[int, list[Record]]] = field(default_factory=dict)
     heard_aborts: set[int] = field(default_factory=set)  # aborts this attempt's handler was told of
     ended: bool = False
+
+    @property
+    def outputs(self) -> list[_Channel]:
+        """Every output channel: edge by edge (downstream vertex), receiver by receiver (the order
+        of a snapshot's ``sent`` counts)."""
+        return [ch for channels in self.routes.values() for ch in channels]
 
 
 @dataclass
@@ -234,7 +239,6 @@ class Simulation:
                     for sender in g.subtasks(u):
                         ch = _Channel(len(self.channels), sender, receiver, len(inputs))
                         self.channels.append(ch)
-                        self.subtasks[sender].outputs.append(ch)
                         self.subtasks[sender].routes.setdefault(v, []).append(ch)
                         inputs.append(ch)
         for st in self.subtasks.values():
