@@ -15,13 +15,14 @@ from .output import EXIT_OK, emit, wants_json
 
 
 def cmd_pipelines(args: argparse.Namespace) -> int:
-    from ..graph import from_pipeline
+    from ..graph import from_pipeline, shape
     from ..pipelines import get, names, ref_of
 
-    rows = []
+    rows, shapes = [], {}
     for name in names():
         p = get(name)
         graph = from_pipeline(p)
+        shapes[name] = shape(graph, sinks=False)  # the line names the sinks
         rows.append({"name": name, "found_by": ref_of(name) if ref_of(name) != name else "entry point",
                      "source": p.source_spec.path, "sinks": {n: s.path for n, s in p.sinks.items()},
                      "operator": p.operator_uid, "keyed": p.keyed, "generator": p.generator_fn is not None,
@@ -33,11 +34,8 @@ def cmd_pipelines(args: argparse.Namespace) -> int:
         return 0
     for r in rows:
         extras = [w for w in ("generator", "quality") if r[w]]
-        g = r["graph"]
-        feedback = f" ({g['feedback_edges']} feedback)" if g["feedback_edges"] else ""
-        shape = f"{g['vertices']} vertices, {g['edges']} {'edge' if g['edges'] == 1 else 'edges'}{feedback}"
         print(f"{r['name']:<16} {r['source']} -> {r['operator']} -> {', '.join(r['sinks'].values())}"
-              f"  ({r['found_by']}; {shape}{'; ' + ', '.join(extras) if extras else ''})")
+              f"  ({r['found_by']}; {shapes[r['name']]}{'; ' + ', '.join(extras) if extras else ''})")
     return 0
 
 

@@ -88,12 +88,12 @@ def to_dict(graph: StreamGraph) -> dict[str, Any]:
     }
 
 
-def shape(graph: StreamGraph) -> str:
-    """One line: ``2 vertices, 2 edges (1 feedback), 1 sink``."""
+def shape(graph: StreamGraph, sinks: bool = True) -> str:
+    """One line: ``2 vertices, 2 edges (1 feedback), 1 sink`` (without the sinks: ``sinks=False``)."""
     feedback = sum(e.feedback for e in graph.edges)
     return (f"{_count(len(graph.vertices), 'vertex', 'vertices')}, "
-            f"{_count(len(graph.edges), 'edge')}{f' ({feedback} feedback)' if feedback else ''}, "
-            f"{_count(len(graph.sinks), 'sink')}")
+            f"{_count(len(graph.edges), 'edge')}{f' ({feedback} feedback)' if feedback else ''}"
+            + (f", {_count(len(graph.sinks), 'sink')}" if sinks else ""))
 
 
 def _target(spec: Any) -> str:
