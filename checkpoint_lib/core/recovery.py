@@ -166,7 +166,7 @@ def check_fits(
     checkpoint: CompletedCheckpoint,
     subtasks: Iterable[SubtaskId],
     *,
-    keyed_operator: str,
+    keyed_operator: str | Iterable[str],
     max_parallelism: int,
     partitioning: str,
     allow_non_restored_state: bool = False,
@@ -192,18 +192,20 @@ def check_fits(
         problems.append(
             f"the snapshot holds state of removed operators {removed}: pass --allow-non-restored-state to drop it"
         )
-    pinned = [PinnedState.held_in(ack.state) for sid, ack in checkpoint.acks.items() if sid.operator == keyed_operator]
-    spans = [p.key_groups for p in pinned if p is not None]
-    if spans:
+    for keyed in ((keyed_operator,) if isinstance(keyed_operator, str) else tuple(keyed_operator)):
+        pinned = [PinnedState.held_in(ack.state) for sid, ack in checkpoint.acks.items() if sid.operator == keyed]
+        spans = [p.key_groups for p in pinned if p is not None]
+        if not spans:
+            continue
         top = max(kg.end for kg in spans)
         if top >= max_parallelism:
             problems.append(
-                f"operator {keyed_operator!r} was snapshotted with more key groups than max parallelism "
+                f"operator {keyed!r} was snapshotted with more key groups than max parallelism "
                 f"{max_parallelism}: its state cannot be split that way"
             )
         elif top < max_parallelism - 1:
             problems.append(
-                f"operator {keyed_operator!r}: the snapshot's key groups end at {top}, not at "
+                f"operator {keyed!r}: the snapshot's key groups end at {top}, not at "
                 f"{max_parallelism - 1} (max parallelism {max_parallelism}): the keys of groups "
                 f"{top + 1}..{max_parallelism - 1} would restore without state"
             )

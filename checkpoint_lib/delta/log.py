@@ -13,7 +13,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 from urllib.parse import unquote
 
 from ..files import files_at
@@ -129,6 +129,17 @@ def _added(table: str | os.PathLike, version: int, actions: list[dict[str, Any]]
     return sorted(files)
 
 
+def commit_time_of(actions: Iterable[Mapping[str, Any]]) -> int | None:
+    """A commit's time (ms since the epoch) from its actions: the in-commit timestamp when the
+    table has them, else the writer's ``commitInfo.timestamp``; None when the commit says neither."""
+    for action in actions:
+        info = action.get("commitInfo")
+        if info is not None:
+            stamp = info.get("inCommitTimestamp", info.get("timestamp"))
+            return None if stamp is None else int(stamp)
+    return None
+
+
 def _changes_metadata(action: Mapping[str, Any]) -> bool:
     """Whether a log action changes the table's schema, properties or protocol."""
     return "metaData" in action or "protocol" in action
@@ -161,14 +172,19 @@ class StepPlanner:
 
     def __init__(self, table: str | os.PathLike):
         self.table = table
-        self._versions: dict[int, tuple[list[AddedFile], bool]] = {}  # version -> (files added, metadata changed)
+        # version -> (files added, metadata changed, commit time)
+        self._versions: dict[int, tuple[list[AddedFile], bool, int | None]] = {}
 
-    def _version(self, version: int) -> tuple[list[AddedFile], bool]:
+    def _version(self, version: int) -> tuple[list[AddedFile], bool, int | None]:
         if version not in self._versions:
             actions = list(commit_actions(self.table, version))
             changed = any(_changes_metadata(a) for a in actions)
-            self._versions[version] = (_added(self.table, version, actions), changed)
+            self._versions[version] = (_added(self.table, version, actions), changed, commit_time_of(actions))
         return self._versions[version]
+
+    def commit_time(self, version: int) -> int | None:
+        """When ``version`` was committed (ms since the epoch, :func:`commit_time_of`)."""
+        return self._version(version)[2]
 
     def next_step(self, after: int, upto: int, rows_per_step: int) -> list[AddedFile]:
         """The files of the versions after ``after`` (at most ``upto``), whole versions, until they
@@ -180,7 +196,7 @@ class StepPlanner:
         step: list[AddedFile] = []
         rows = 0
         for version in range(after + 1, upto + 1):
-            files, _ = self._version(version)
+            files = self._version(version)[0]
             step += files
             rows += sum(max(f.rows, 0) for f in files)
             if files and rows >= rows_per_step:

@@ -38,3 +38,18 @@ def route(
     if partitioning == "forward":
         return df.withColumn("receiver", F.col("sender").cast("int"))
     raise ValueError(f"unknown partitioning {partitioning!r}: hash, rebalance, broadcast or forward")
+
+
+def route_records(df: DataFrame, partitioning: str, parallelism: int, *, sender: str, key: str | None = None,
+                  max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> DataFrame:
+    """``df`` with ``receiver``, for records that may not carry a source offset (an operator's
+    output, in a graph): as :func:`route`, with the sending subtask in column ``sender`` (a
+    forward edge keeps it) and, for ``rebalance`` without the offset columns, a hash of every
+    column instead (a replay computes the same rows, so it routes them alike)."""
+    if partitioning == "rebalance" and not {"src_version", "src_file", "src_row"} <= set(df.columns):
+        digest = F.xxhash64(*[F.col(f"`{c}`") for c in df.columns if c != sender])
+        return (df.withColumn(KEY_GROUP, F.lit(None).cast("int"))
+                .withColumn("receiver", F.pmod(digest, F.lit(parallelism)).cast("int")))
+    if partitioning == "forward":
+        return df.withColumn(KEY_GROUP, F.lit(None).cast("int")).withColumn("receiver", F.col(sender).cast("int"))
+    return route(df, partitioning, parallelism, key=key, max_parallelism=max_parallelism)

@@ -205,17 +205,7 @@ class Recovery:
         self.ctx.progress(f"discarded checkpoints {sorted([c.checkpoint_id for c in later] + unreadable)} (after {cid})")
 
     def _abort_stale_pending(self) -> None:
-        """Pending checkpoints of older epochs can never complete (their writers are fenced)."""
-        for row in self.ctx.store.checkpoints.pending():
-            if row["epoch"] < self.ctx.epoch:
-                try:
-                    self.ctx.store.checkpoints.record_aborted(
-                        row["checkpoint_id"], FailureReason.TASK_FAILURE,
-                        f"epoch {row['epoch']} ended before it completed", row["epoch"],
-                        fence=self.ctx.epoch,
-                    )
-                except ValueError:
-                    pass  # completed meanwhile by its (now fenced) epoch: the completed row wins
+        abort_stale_pending(self.ctx.store, self.ctx.epoch)
 
     def _check_compatible(self, plan: RecoveryPlan) -> None:
         """The snapshot must fit the pipeline (:func:`core.recovery.check_fits`)."""
@@ -273,6 +263,20 @@ class Recovery:
         }
         state_version = self.t.state.version() if self.t.state is not None else -1
         return source, KeyedPosition(cursor, state_version, sinks)
+
+
+def abort_stale_pending(store: Any, epoch: int) -> None:
+    """Pending checkpoints of epochs older than ``epoch`` can never complete (their writers are
+    fenced): recorded aborted (a recovery's, after its fences)."""
+    for row in store.checkpoints.pending():
+        if row["epoch"] < epoch:
+            try:
+                store.checkpoints.record_aborted(
+                    row["checkpoint_id"], FailureReason.TASK_FAILURE,
+                    f"epoch {row['epoch']} ended before it completed", row["epoch"], fence=epoch,
+                )
+            except ValueError:
+                pass  # completed meanwhile by its (now fenced) epoch: the completed row wins
 
 
 def rescale_message(stage: str, was: dict[str, int], now: dict[str, int], origin: str | None) -> str:

@@ -13,7 +13,6 @@ checkpoint, the sources acknowledge with their offsets before the barrier goes o
 
 from __future__ import annotations
 
-import uuid
 from datetime import datetime, timezone
 from typing import Any, Callable
 
@@ -22,25 +21,14 @@ from pyspark.sql import functions as F
 
 from ..checkpoint_requests import CheckpointRequests
 from ..core.acks import EVENT_TIME_REFERENCE, SourceAckState, SourcePosition
-from ..core.cas import commit_on_snapshot
 from ..core.coordinator import TriggerCheckpoint
 from ..core.types import CheckpointKind, CheckpointStatus, SubtaskAck
 from ..delta import log as delta_log
-from ..layout import PENDING_FOLDER
-from ..reserved import ERROR_COLUMN, OFFSET_COLUMNS, RECORD
-from . import tables
+from ..reserved import ERROR_COLUMN, OFFSET_COLUMNS
 from .channels import BARRIER, DATA
 from .context import RunContext
 from .partitioning import route
-from .sinks import app_prefix
 from .sources import SourceFilesLostError, SourceSite, source_reader
-
-DLQ_ATTEMPTS = 5
-
-
-class _StampMoved(Exception):
-    """Dead letters filtered on a stamp that another writer moved before our commit."""
-
 
 class SourceStage:
     def __init__(self, ctx: RunContext, *, rows_per_step: int, lagging: list[int], runs_keyed: bool,
@@ -347,40 +335,5 @@ class SourceStage:
         return b.to_records(df)
 
     def _write_dlq(self, bad: DataFrame, end_version: int) -> None:
-        """Append the step's bad rows, idempotently: stamped ``(dlq app id, end_version)``, and
-        only rows of versions above the stamp (a re-read after recovery adds nothing twice,
-        whatever the step boundaries are now). One Spark job writes the files into the table's
-        folder (unreferenced, so unseen), one delta-rs commit adds them, on the very snapshot whose
-        stamp filtered them: a writer racing us (a zombie) makes us filter again."""
-        from ..delta.pending import add_actions, describe_written
-        from ..files import files_at
-
-        app = f"{app_prefix(self.ctx.pipeline.name)}/dlq"
-        record = self.t.dlq_record
-        row = [F.col(f"`{f.name}`").cast(f.dataType).alias(f.name) for f in record.fields]
-
-        def read() -> int:
-            stamp = tables.stamp_of(self.t.dlq_path, app)
-            return -1 if stamp is None else stamp
-
-        def append(stamp: int) -> None:
-            if end_version <= stamp:
-                return
-            rows = bad.where(F.col("src_version") > stamp).select(
-                *([F.struct(*row).alias(RECORD)] if self.t.dlq_nested else row),  # a flat table: an earlier version's
-                F.col(ERROR_COLUMN).alias("error"), *OFFSET_COLUMNS,
-                F.lit(self.ctx.epoch).cast("long").alias("epoch"),
-            )
-            folder = f"{self.t.dlq_path}/{PENDING_FOLDER}/v{end_version}-{uuid.uuid4().hex}"
-            rows.write.parquet(folder)
-            files = [f for f in describe_written(folder, self.t.dlq_path) if f.rows]
-            if not files:  # nothing bad since the stamp: nothing to stamp either
-                files_at(folder).delete_tree(folder)
-                return
-            if tables.stamped_commit(self.t.dlq_path, app, add_actions(files), lambda have: end_version if have == stamp else None,
-                                     what="the dead-letter table") is None:
-                files_at(folder).delete_tree(folder)  # filtered on a stamp that moved: filter again
-                raise _StampMoved()
-
-        commit_on_snapshot(read, append, lost=_StampMoved, attempts=DLQ_ATTEMPTS, exhausted=lambda n: tables.ConcurrentWriterError(
-            f"{self.t.dlq_path}: {n} attempts to append dead letters lost to concurrent writers"))
+        """Append the step's bad rows, idempotently (:meth:`DeadLetterTable.append`)."""
+        self.t.dead_letters.append(bad, end_version, self.ctx.epoch)

@@ -148,6 +148,10 @@ class DeltaTableReader:
     def pending_rows(self, after: int, upto: int) -> int:
         return self.planner.rows_between(after, upto)
 
+    def commit_time(self, version: int) -> int | None:
+        """When ``version`` was committed (ms): a graph cuts a step across its sources by it."""
+        return self.planner.commit_time(version)
+
     def next_step(self, after: int, upto: int, rows_per_step: int) -> list[AddedFile]:
         if self.schema_checked_at != upto:
             if self.schema_checked_at < 0 or self.planner.metadata_changed(self.schema_checked_at, upto):

@@ -20,19 +20,16 @@ from ..core.types import SubtaskId, sink_operator
 from ..layout import channel_log, channel_state_table, checkpoint_root, state_table, warehouse_location
 from ..pipeline import Pipeline
 from . import tables
-from .channels import ChannelStateTable, DeltaChannelLog, nests_records
+from .channels import ChannelStateTable, DeltaChannelLog
+from .dead_letters import DeadLetterTable
 from .sinks import SinkWriter, app_prefix, pipeline_sinks
-from ..reserved import KEY_GROUP, OFFSET_COLUMNS, RECORD
+from ..reserved import KEY_GROUP, OFFSET_COLUMNS
 from .state import KeyedStateTable
 
 OFFSET_FIELDS = tuple(zip(OFFSET_COLUMNS, ("long", "string", "long")))
 """Every record's source offset (:data:`~checkpoint_lib.reserved.OFFSET_COLUMNS`) with its type."""
 SOURCE = "source"
 """The operator name of the source subtasks."""
-DLQ_COLUMNS = (("error", T.StringType()), *zip(OFFSET_COLUMNS, (T.LongType(), T.StringType(), T.LongType())),
-               ("epoch", T.LongType()))
-"""The dead-letter table's own columns, beside the bad row (the source's columns, in its types) in
-:data:`~checkpoint_lib.reserved.RECORD`: the reason, the source offset, the epoch that wrote it."""
 
 
 class Topology:
@@ -58,8 +55,6 @@ class Topology:
             )
         self.channel_state_path = str(channel_state_table(self.root))
         self.channel_state = ChannelStateTable(spark, self.channel_state_path, self.payload)
-        self._dlq_nested: bool | None = None
-        self._dlq_record: T.StructType | None = None
         self.state: KeyedStateTable | None = None  # a stateless operator (not key_by) has none
         if p.keyed:
             self.state = KeyedStateTable(
@@ -68,6 +63,7 @@ class Topology:
                 key_type=T._parse_datatype_string(p.record_schema[p.key]), ttl=p.state_ttl,
             )
         self.dlq_path = self.path(p.dlq_path)
+        self.dead_letters = DeadLetterTable(spark, self.dlq_path, p.source_spec.schema, f"{app_prefix(p.name)}/dlq")
         self.sinks: dict[str, SinkWriter] = pipeline_sinks(spark, p, self.warehouse, self.root,
                                                            check_epoch=check_epoch)
 
@@ -77,34 +73,11 @@ class Topology:
 
     @property
     def dlq_nested(self) -> bool:
-        """Whether the dead-letter table keeps the bad row in :data:`RECORD` (else an earlier
-        version's flat table, whose layout is kept; :func:`~checkpoint_lib.spark.channels.nests_records`)."""
-        if self._dlq_nested is None:
-            self._dlq_nested = nests_records(
-                self.dlq_path, [c for c, _ in DLQ_COLUMNS], list(self.pipeline.source_spec.schema), "the dead-letter table",
-                "Start a new dead-letter table: declare another path with dead_letters(...) (the old one keeps "
-                "what it holds).")
-        return self._dlq_nested
+        return self.dead_letters.nested
 
     @property
     def dlq_record(self) -> T.StructType:
-        """The bad row's columns as the dead-letter table keeps them: in the source's declared types
-        (a timestamp keeps its instant, a number stays a number; a value of a landing file that did
-        not convert is null there, and the reason quotes it), or all as text in a table an earlier
-        version wrote so."""
-        if self._dlq_record is None:
-            declared = tables.struct_type(self.pipeline.source_spec.schema)
-            have = tables.columns_of(self.dlq_path, nested=RECORD if self.dlq_nested else None)
-            as_text = have is not None and all(have.get(f.name) == "string" for f in declared.fields)
-            self._dlq_record = (T.StructType([T.StructField(f.name, T.StringType(), True) for f in declared.fields])
-                                if as_text else declared)
-        return self._dlq_record
+        return self.dead_letters.record
 
     def dlq_schema(self) -> T.StructType:
-        """The dead-letter table: the bad row (:attr:`dlq_record`) in :data:`RECORD`, the reason,
-        the source offset, the epoch (flat, an earlier version's table: the row's columns beside
-        those)."""
-        ours = [T.StructField(c, t, False) for c, t in DLQ_COLUMNS]
-        if self.dlq_nested:
-            return T.StructType([T.StructField(RECORD, self.dlq_record, True), *ours])
-        return T.StructType(list(self.dlq_record.fields) + ours)
+        return self.dead_letters.table_schema()

@@ -294,3 +294,13 @@ def test_removed_operators_and_unroutable_channel_state_are_refused_with_every_r
     assert "removed operators ['dedup']: pass --allow-non-restored-state" in message
     assert "in-flight channel state on a forward edge" in message
     assert fits(acks, [SubtaskId("op", 0)], allow_non_restored_state=True) == []
+
+
+def test_every_keyed_operator_of_a_graph_must_cover_every_key_group():
+    """A graph has several keyed operators: each one's snapshot is checked, and a problem names it."""
+    acks = {SRC: SubtaskAck(), **keyed((0, 127))}
+    acks[SubtaskId("other", 0)] = SubtaskAck(state=KeyedAckState(0, PinnedState(1, KeyGroupRange(0, 63))).to_state())
+    subtasks = [SRC, SubtaskId("op", 0), SubtaskId("other", 0), SINK0]
+    assert fits(acks, subtasks, keyed_operator=["op"]) == []
+    with pytest.raises(SnapshotIncompatibleError, match="operator 'other': the snapshot's key groups end at 63"):
+        fits(acks, subtasks, keyed_operator=["op", "other"])

@@ -1,0 +1,196 @@
+"""Recovery of a running graph: where its process resumes, or a new attempt that restores a
+checkpoint vertex by vertex.
+
+A graph's process resumes in the current epoch where its last session ended cleanly
+(:meth:`GraphRecovery.resume_point`). Otherwise it recovers (:meth:`GraphRecovery.recover`), as the
+linear pipeline's :mod:`.recovery` does, per vertex: a new epoch; the data plane's fence raised on
+every sink and every operator's state table (an older attempt's write is then refused inside its
+own commit); what older epochs left pending aborted; the plan (the latest or a chosen completed
+checkpoint; an older one rolls the sinks back and discards the later ones); the snapshot checked
+against the graph (operators matched by uid: a new one starts empty, a removed one needs
+``allow_non_restored_state``, a changed key or state schema is refused naming the operator; any
+parallelism: keyed state is split by key group); every operator's state restored from its
+subtasks' pinned versions; what the checkpoint owns re-committed and every other transaction
+aborted; the sources going on from their offsets. Each step is idempotent: a kill anywhere leaves
+a recovery the next start completes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from typing import Any
+
+from pyspark.sql import types as T
+
+from ..core.acks import KeyedAckState, SourceAckState
+from ..core.errors import SnapshotIncompatibleError
+from ..core.recovery import RecoveryPlan, check_fits
+from ..core.types import SubtaskId
+from ..delta import log as delta_log
+from ..delta.pending import PendingFilesLostError
+from ..delta.sessions import END as SESSION_END
+from ..delta.sessions import RESTORED, START
+from .recovery import abort_stale_pending
+
+
+class GraphRecovery:
+    def __init__(self, runner: Any):
+        self.r = runner
+        self.resumes_after = 0  # the session whose end the process resumes from (0: the restore)
+
+    def resume_point(self, epoch: int) -> dict[str, Any] | None:
+        """Where the graph's process resumes in ``epoch``, or None if it must recover."""
+        r = self.r
+        if epoch < 1:
+            return None
+        rows = r.store.sessions.of_epoch(epoch)
+        restored = [row for row in rows if row["event"] == RESTORED]
+        if not restored:
+            return None  # the epoch's recovery never finished
+        mine = [row for row in rows if row["stage"] == "all"]
+        started = {row["session"] for row in mine if row["event"] == START}
+        ended = {row["session"]: row for row in mine if row["event"] == SESSION_END}
+        if started - set(ended):
+            r.progress(f"the last process of graph {r.graph.name} in epoch {epoch} did not stop cleanly: recovering")
+            return None
+        point = json.loads(ended[max(ended)]["resume_json"]) if ended else json.loads(restored[0]["resume_json"])["all"]
+        self.resumes_after = max(ended, default=0)
+        was = point.get("parallelism", r.parallelism)
+        if was != r.parallelism:
+            r.progress(f"parallelism changed: graph {r.graph.name} stopped at {_shown(was)}, now "
+                       f"{_shown(r.parallelism)}: recovering to rescale the latest checkpoint")
+            return None
+        for uid, op in r.operators.items():
+            version = point["state_versions"].get(uid, -1)
+            if op.state is not None and version != op.state.version():
+                r.progress(f"the state table of {uid!r} moved past where the graph stopped (version "
+                           f"{op.state.version()} != {version}): recovering")
+                return None
+        return point
+
+    def recover(self) -> RecoveryPlan:
+        """Begin a new epoch and restore the latest (or the chosen) completed checkpoint."""
+        r = self.r
+        r.store.check_readable()
+        r.epoch = r.store.epochs.begin(f"{socket.gethostname()}:{os.getpid()}", f"recover (graph {r.graph.name})")
+        if r.epoch > 1:  # the data plane's fence, before anything is read or rolled back
+            for writer in r.writers.values():
+                writer.fence(r.epoch)
+            for op in r.operators.values():
+                if op.state is not None:
+                    op.state.fence(r.epoch)
+        r.reached("fence")
+        abort_stale_pending(r.store, r.epoch)
+        open_txns = [t for w in r.writers.values() for t in w.open_transactions()]
+        plan = r.store.recovery_plan(r.restore_checkpoint, current_epoch=r.epoch - 1, open_transactions=open_txns)
+        if plan.checkpoint is not None:
+            self._check_compatible(plan)
+            for name, writer in r.writers.items():
+                owned = plan.recommit_of(name)
+                why = writer.lost(owned) if owned else None
+                if why:
+                    raise PendingFilesLostError(
+                        f"checkpoint {plan.checkpoint_id} cannot be restored: {why}. Nothing was written. Restore an "
+                        f"older checkpoint (ckpt recover {r.graph.name} --checkpoint N).")
+        if plan.rollback_after is not None:  # refused here, before anything is discarded or restored
+            for writer in r.writers.values():
+                writer.rollback_version(plan.rollback_after)
+        r.reached("recover")
+        if plan.rollback_after is not None:
+            self._rollback(plan.rollback_after)
+        self._restore(plan)
+        r.store.sessions.record_restored(r.epoch, plan.checkpoint_id, {"all": r.point()})
+        r.summary.restored = plan.checkpoint_id
+        if plan.checkpoint:
+            r.progress(f"restored checkpoint {plan.checkpoint_id} as epoch {r.epoch}")
+        else:
+            r.progress(f"no completed checkpoint: starting from scratch as epoch {r.epoch}")
+        return plan
+
+    def _check_compatible(self, plan: RecoveryPlan) -> None:
+        """The snapshot must fit the graph (:func:`~checkpoint_lib.core.recovery.check_fits`, every
+        keyed operator), and each operator's state table must still have its key and its columns."""
+        r = self.r
+        keyed = [uid for uid, op in r.operators.items() if op.state is not None]
+        try:
+            changes = check_fits(plan.checkpoint, r.tasks, keyed_operator=keyed,
+                                 max_parallelism=r.graph.max_parallelism, partitioning="hash",
+                                 allow_non_restored_state=r.allow_non_restored_state)
+        except SnapshotIncompatibleError as exc:
+            raise SnapshotIncompatibleError(str(exc).replace("the pipeline", f"graph {r.graph.name!r}", 1)) from None
+        problems = []
+        for uid in keyed:
+            pinned = self._pinned(plan, uid)
+            if not pinned:
+                continue
+            state = r.operators[uid].state
+            snapshotted = T.StructType.fromJson(delta_log.schema_json_at(state.path, pinned[0].table_version))
+            have = {f.name: f.dataType.simpleString() for f in snapshotted.fields}
+            want = {f.name: f.dataType.simpleString() for f in state.schema.fields}
+            if have != want:
+                problems.append(f"operator {uid!r}: its state was snapshotted as {_shown(have)}, the graph now "
+                                f"declares {_shown(want)} (a changed key or state schema: give the operator a new "
+                                "uid to start it empty, with allow_non_restored_state to drop the old state)")
+        if problems:
+            raise SnapshotIncompatibleError(f"checkpoint {plan.checkpoint_id} does not fit graph {r.graph.name!r}:\n  - "
+                                            + "\n  - ".join(problems))
+        rescaled = [c for c in changes if "new operator" not in c]
+        if rescaled:
+            r.progress(f"rescaling from checkpoint {plan.checkpoint_id}: {', '.join(rescaled)}")
+
+    @staticmethod
+    def _pinned(plan: RecoveryPlan, uid: str) -> list:
+        acks = plan.checkpoint.acks if plan.checkpoint else {}
+        return [p for s, a in acks.items() if s.operator == uid
+                and (p := KeyedAckState.from_state(a.state).pinned) is not None]
+
+    def _rollback(self, cid: int) -> None:
+        """Restoring ``cid``, older than the latest completed checkpoint: record the intent, discard
+        every later checkpoint, roll every sink back to what ``cid`` committed (idempotent; a kill
+        in between leaves the rollback owed to the next recovery)."""
+        r = self.r
+        r.store.sessions.record_rollback(r.epoch, cid)
+        later = [c for c in r.store.checkpoints.all() if c.checkpoint_id > cid]
+        if later:
+            r.store.checkpoints.mark_discarded(later, f"rolled back to checkpoint {cid} by epoch {r.epoch}",
+                                               epoch=r.epoch)
+        r.reached("rollback")
+        for name, writer in r.writers.items():
+            version = writer.rollback_to(cid)
+            if version is not None:
+                r.progress(f"sink {name}: rolled back to version {version} (what checkpoint {cid} committed)")
+
+    def _restore(self, plan: RecoveryPlan) -> None:
+        """Carry the plan out on the data, vertex by vertex, and put every vertex at its position."""
+        r = self.r
+        acks = plan.checkpoint.acks if plan.checkpoint else {}
+        for name, source in r.sources.items():
+            first = SubtaskId(name, 0)  # every subtask of a source acks the same offset
+            source.offset = SourceAckState.from_state(acks[first].state).version if first in acks else -1
+        for uid, op in r.operators.items():
+            op.flushes = 0
+            if op.state is None:
+                continue
+            pinned = self._pinned(plan, uid)
+            if pinned:  # the snapshot's own subtasks (any parallelism): together every key group
+                op.state.restore(pinned, epoch=r.epoch)
+            else:  # nothing to restore, or an operator new to the snapshot: it starts empty
+                op.state.clear(epoch=r.epoch)
+            op.state_version = op.state.version()
+        r.reached("restore")
+        for name, writer in r.writers.items():
+            owned = plan.recommit_of(name)
+            if owned:
+                writer.commit(owned, int(plan.checkpoint_id), r.epoch)
+                r.reached("restore")  # between two sinks' re-commits
+            writer.discard(owned)
+            writer.abort(plan.abort)
+        for vs in r.vertex_sinks.values():
+            vs.restored(vs.snapshots_in(acks), r.epoch)
+        r._source_flushes = {}
+
+
+def _shown(columns: dict[str, Any]) -> str:
+    return "(" + ", ".join(f"{k} {v}" for k, v in columns.items()) + ")"

@@ -1,0 +1,145 @@
+"""An operator vertex of a running graph: keyed, two-input keyed or stateless, with its sinks.
+
+Each step the graph runner hands it its inputs (one DataFrame per input, routed to its subtasks:
+:data:`~checkpoint_lib.reserved.SINK_SUBTASK` is the receiving subtask) and takes its outputs (one
+DataFrame per output name, each row with the subtask whose transaction stages it). Applying a step
+(:meth:`OperatorVertexRun.apply`) runs the operator against its keyed state as of the last step,
+MERGEs the state it returns into its state table (one per uid: ``state/<uid>``) and stages its
+sinks' rows into each subtask's open transaction; at a checkpoint every subtask snapshots
+(:meth:`OperatorVertexRun.acks`): it pins the state table's version for its key groups and
+pre-commits its sinks' transactions.
+
+The operator contracts are the linear pipeline's (:class:`~checkpoint_lib.pipeline.KeyedOperator`,
+:class:`~checkpoint_lib.pipeline.Operator`), and a two-input keyed operator (Flink's
+``KeyedCoProcessFunction``) is ``apply(first, second, state, key) -> (state, outputs)``: both
+inputs' records of the step (either may be empty), keyed by the same column, and one keyed state.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from ...core.acks import KeyedAckState, PinnedState
+from ...core.keygroups import range_for_subtask
+from ...core.types import SubtaskAck, SubtaskId
+from ...graph.model import OperatorKind, OperatorVertex
+from ...layout import app_prefix, state_table
+from ...pipeline import DELETE, STATE_UPDATES
+from ...reserved import KEY_GROUP, SINK_SUBTASK
+from ...schema import columns
+from .. import tables
+from ..state import KeyedStateTable, key_group_column, subtask_column
+from .sinks import VertexSinks
+
+
+class OperatorVertexRun:
+    """One operator vertex of a graph, running (see the module)."""
+
+    def __init__(self, vertex: OperatorVertex, graph: Any, *, spark, root: str, sinks: VertexSinks,
+                 key: str | None) -> None:
+        self.vertex, self.spark, self.graph = vertex, spark, graph
+        self.uid, self.P, self.operator = vertex.uid, vertex.parallelism, vertex.operator
+        self.kind = vertex.kind
+        self.max_parallelism = graph.max_parallelism
+        self.key = key  # every input's key column (keyed kinds)
+        self.ids = [SubtaskId(self.uid, i) for i in range(self.P)]
+        self.sinks = sinks  # the sinks at this vertex, and their transactions
+        self.root = root
+        self.state: KeyedStateTable | None = None
+        self.state_columns: tuple[tuple[str, str], ...] = ()
+        if self.kind is not OperatorKind.STATELESS:
+            self.state_columns = columns(getattr(self.operator, "state_schema", None) or (),
+                                         f"operator {self.uid!r} state_schema")
+            if any(name in (key, DELETE, KEY_GROUP) for name, _ in self.state_columns):
+                raise ValueError(f"operator {self.uid!r} state_schema must not list the key {key!r}, {DELETE!r} "
+                                 f"or {KEY_GROUP!r}")
+            if self.state_update not in STATE_UPDATES:
+                raise ValueError(f"operator {self.uid!r} state_update must be one of {STATE_UPDATES}, "
+                                 f"got {self.state_update!r}")
+            if getattr(self.operator, "state_ttl", None) is not None:
+                raise ValueError(f"operator {self.uid!r}: state_ttl is not supported in a graph yet "
+                                 "(a linear pipeline runs it)")
+        self.state_version = -1
+        self.flushes = 0
+
+    @property
+    def state_update(self) -> str:
+        return getattr(self.operator, "state_update", "add")
+
+    def wire_state(self, key_type: T.DataType) -> None:
+        """Its state table, once the key's type is known (from the inputs' schema)."""
+        if self.kind is OperatorKind.STATELESS:
+            return
+        self.state = KeyedStateTable(
+            self.spark, str(state_table(self.root, self.uid)), self.key, tables.struct_type(self.state_columns),
+            app_id=f"{app_prefix(self.graph.name)}/state/{self.uid}", key_type=key_type)
+
+    def empty_state(self, key_type: T.DataType) -> DataFrame:
+        """The state as the operator sees it, holding nothing (what the schemas are inferred with)."""
+        fields = [T.StructField(self.key, key_type, False)] + list(tables.struct_type(self.state_columns).fields)
+        return self.spark.createDataFrame([], T.StructType(fields))
+
+    # a step ------------------------------------------------------------------------------------
+
+    def run(self, inputs: dict[int, DataFrame], state: DataFrame | None) -> tuple[DataFrame | None, dict[str, DataFrame]]:
+        """The operator on this step's ``inputs`` (input number -> records) against ``state`` (the
+        key and the state columns; None: stateless): the state rows it returns and its outputs,
+        each row attributed to the subtask whose transaction stages it. Lazy: nothing runs."""
+        if self.kind is OperatorKind.STATELESS:
+            return None, self._per_subtask(inputs[1])
+        if self.kind is OperatorKind.TWO_INPUT_KEYED:
+            deltas, outputs = self.operator.apply(inputs[1], inputs[2], state, self.key)
+        else:
+            deltas, outputs = self.operator.apply(inputs[1], state, self.key)
+        return deltas, self._attributed(outputs)
+
+    def _per_subtask(self, records: DataFrame) -> dict[str, DataFrame]:
+        """A stateless operator runs as one instance per subtask (as in Flink): ``apply`` once per
+        subtask on its records (one plan, unioned); what an instance returns is its subtask's."""
+        outputs: dict[str, DataFrame] = {}
+        for r in range(self.P):
+            returned = self.operator.apply(records.where(F.col(SINK_SUBTASK) == r))
+            for name, df in dict(returned or {}).items():
+                df = df.withColumn(SINK_SUBTASK, F.lit(r))
+                outputs[name] = df if name not in outputs else outputs[name].unionByName(df)
+        return outputs
+
+    def _attributed(self, outputs: Any) -> dict[str, DataFrame]:
+        """Each output row with the ``sink_subtask`` whose transaction stages it: the one it keeps,
+        else the subtask owning the key it carries."""
+        out = {}
+        for name, df in dict(outputs or {}).items():
+            if SINK_SUBTASK not in df.columns:
+                if self.key not in df.columns:
+                    raise ValueError(f"operator {self.uid!r}: the rows it returns for {name!r} must keep the key "
+                                     f"column {self.key!r} or {SINK_SUBTASK!r} (it says whose transaction stages "
+                                     "each row)")
+                df = df.withColumn(SINK_SUBTASK, subtask_column(
+                    key_group_column(self.key, self.max_parallelism), self.P, self.max_parallelism))
+            out[name] = df
+        return out
+
+    def update_state(self, deltas: DataFrame, fence: Callable[[], None], epoch: int) -> None:
+        """MERGE the state rows the operator returned (its ``state_update``: add or replace)."""
+        if KEY_GROUP not in deltas.columns:
+            deltas = deltas.withColumn(KEY_GROUP, key_group_column(self.key, self.max_parallelism))
+        update = self.state.replace if self.state_update == "replace" else self.state.add
+        self.state_version = update(deltas, before_retry=fence, epoch=epoch)
+
+    # snapshots -----------------------------------------------------------------------------------
+
+    def acks(self, checkpoint_id: int) -> dict[SubtaskId, SubtaskAck]:
+        """Every subtask's snapshot of ``checkpoint_id`` at the end of this step: its key groups of
+        the state table's current version pinned (nothing copied), its sinks' transactions
+        pre-committed."""
+        acks: dict[SubtaskId, SubtaskAck] = {}
+        for r, sid in enumerate(self.ids):
+            pinned = None
+            if self.state is not None:
+                pinned = PinnedState(self.state_version, range_for_subtask(r, self.P, self.max_parallelism))
+            acks[sid] = SubtaskAck(state=KeyedAckState(-1, pinned).to_state())
+        return {**acks, **self.sinks.acks(checkpoint_id)}

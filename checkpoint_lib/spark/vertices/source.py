@@ -1,0 +1,143 @@
+"""A source vertex of a running graph: its source read step by step, bad rows to its dead letters.
+
+Each step the graph runner asks every source for its next whole versions
+(:meth:`SourceVertex.propose`), cuts them at one commit time across the sources
+(:func:`checkpoint_lib.spark.vertices.plan_step`), then reads each one's share
+(:meth:`SourceVertex.read`): the good rows with their source offset and sending subtask, after the
+source's ``map()`` steps; the bad ones (unparsable, refused by the source's ``validate``, or
+without a key an edge out of it hashes by) are appended to its dead-letter table, stamped by the
+version read up to, so a replay adds nothing twice. Its acknowledgement is its offset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from ...core.acks import SourceAckState
+from ...core.types import SubtaskAck, SubtaskId
+from ...delta.log import AddedFile
+from ...graph.model import Partitioning, SourceVertex
+from ...layout import app_prefix
+from ...reserved import ERROR_COLUMN, OFFSET_COLUMNS
+from .. import tables
+from ..dead_letters import DeadLetterTable
+from ..sources import SourceFilesLostError, SourceSite, source_reader
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """What a source could read next: the files of its next whole versions after its offset
+    (``step``), the version that step ends at (``end``), whether it stops before the source's latest
+    version (``bounded``: the step is full) and each version's commit time (ms; None: the kind of
+    source does not say)."""
+
+    step: tuple[AddedFile, ...]
+    end: int
+    bounded: bool
+    times: dict[int, int] | None
+
+
+class SourceVertexRun:
+    """One source vertex of a graph, running (see the module)."""
+
+    def __init__(self, vertex: SourceVertex, graph: Any, *, spark, warehouse: str, root: str,
+                 progress) -> None:
+        self.vertex, self.spark, self.warehouse = vertex, spark, warehouse
+        self.name, self.P = vertex.name, vertex.parallelism
+        self.ids = [SubtaskId(vertex.name, i) for i in range(self.P)]
+        self.schema = dict(vertex.spec.schema)
+        self.reader = source_reader(vertex.spec, SourceSite(spark, f"{warehouse}/{vertex.spec.path}", root,
+                                                            graph.name, progress))
+        # rows without the key an edge out of this source hashes by have no key group: dead letters
+        self.keys = sorted({e.key for e in graph.outputs_of(vertex.name)
+                            if e.partitioning is Partitioning.HASH and e.key in self.schema})
+        dlq = graph.dead_letters_of(vertex.name)
+        self.dead_letters = (DeadLetterTable(spark, f"{warehouse}/{dlq[0].path}", self.schema,
+                                             f"{app_prefix(graph.name)}/dlq/{vertex.name}") if dlq else None)
+        self.offset = -1
+        self._times: dict[int, int] = {}
+
+    def create(self) -> None:
+        if self.dead_letters is not None:
+            self.dead_letters.create()
+
+    # planning -----------------------------------------------------------------------------------
+
+    def propose(self, rows_per_step: int) -> Proposal | None:
+        """The next whole versions (about ``rows_per_step`` rows), or None: nothing new."""
+        latest = self.reader.discover()
+        if latest is None or latest <= self.offset:
+            return None
+        step = self.reader.next_step(self.offset, latest, rows_per_step)
+        end = max((f.version for f in step), default=latest) if step else latest
+        times = None
+        commit_time = getattr(self.reader, "commit_time", None)
+        if commit_time is not None:
+            for v in range(self.offset + 1, end + 1):
+                if v not in self._times:
+                    self._times[v] = commit_time(v)
+            times = {v: self._times[v] for v in range(self.offset + 1, end + 1)}
+        return Proposal(tuple(step), end, end < latest, times)
+
+    def advance(self, end: int) -> None:
+        """The step read up to version ``end`` (its records went downstream in this step)."""
+        self.offset = end
+        for v in [v for v in self._times if v <= end]:
+            del self._times[v]
+
+    # reading --------------------------------------------------------------------------------------
+
+    def read(self, step: list[AddedFile], end: int, epoch: int, reached) -> DataFrame:
+        """The step's good records: the declared columns after the ``map()`` steps, the offset and
+        ``sender`` (the source subtask); bad rows are appended to the dead letters first."""
+        reached("source_read")
+        df = self.reader.read(step, self.P)
+        validate = getattr(self.vertex.spec, "validate", None)
+        if validate is not None:
+            df = df.withColumn(ERROR_COLUMN, F.coalesce(F.col(ERROR_COLUMN), validate(df)))
+        for key in self.keys:
+            df = df.withColumn(ERROR_COLUMN, F.coalesce(
+                F.col(ERROR_COLUMN), F.when(F.col(key).isNull(), F.lit(f"null key {key}"))))
+        if self.dead_letters is not None:
+            reached("dlq")
+            self.dead_letters.append(df.where(F.col(ERROR_COLUMN).isNotNull()), end, epoch)
+        else:  # nowhere to put a bad row: refuse it rather than lose it
+            why = F.concat(F.lit(f"source {self.name!r}: a bad row and no dead_letters() declared for it: "),
+                           F.col(ERROR_COLUMN))
+            df = df.withColumn(ERROR_COLUMN, F.when(F.col(ERROR_COLUMN).isNotNull(), F.raise_error(why)))
+        df = df.where(F.col(ERROR_COLUMN).isNull()).drop(ERROR_COLUMN)
+        for map_step in self.vertex.maps:
+            df = map_step.fn(df)
+        return df.select(*self.columns(), *OFFSET_COLUMNS, "sender")
+
+    def columns(self) -> list[str]:
+        """The records' columns (after the maps), in order."""
+        return list(self.vertex.record_schema or self.schema)
+
+    def empty(self) -> DataFrame:
+        """No records, with the records' columns: what the vertex sends in a step it reads nothing."""
+        schema = {**(self.vertex.record_schema or self.schema), "src_version": "long", "src_file": "string",
+                  "src_row": "long", "sender": "int"}
+        return self.spark.createDataFrame([], tables.struct_type(schema))
+
+    def lost(self, step: list[AddedFile]) -> SourceFilesLostError | None:
+        """After a failed read: the files of ``step`` that are gone, as an error saying what to do."""
+        gone = self.reader.missing(step) if step else []
+        if not gone:
+            return None
+        versions = sorted({f.version for f in step})
+        return SourceFilesLostError(
+            f"source {self.name!r}: versions {versions[0]}..{versions[-1]} (read next, after version {self.offset}) "
+            f"reference {len(gone)} files that are gone (e.g. {gone[0]}). Nothing of this step was committed. "
+            "Restore a checkpoint taken after them, or land those rows again.")
+
+    # acknowledging ----------------------------------------------------------------------------
+
+    def acks(self) -> dict[SubtaskId, SubtaskAck]:
+        """Every subtask's acknowledgement of a checkpoint at the end of this step: the offset."""
+        state = SourceAckState(version=self.offset, next_seq=0, barrier_seq=-1).to_state()
+        return {sid: SubtaskAck(state=state) for sid in self.ids}
