@@ -301,6 +301,6 @@ def test_every_keyed_operator_of_a_graph_must_cover_every_key_group():
     acks = {SRC: SubtaskAck(), **keyed((0, 127))}
     acks[SubtaskId("other", 0)] = SubtaskAck(state=KeyedAckState(0, PinnedState(1, KeyGroupRange(0, 63))).to_state())
     subtasks = [SRC, SubtaskId("op", 0), SubtaskId("other", 0), SINK0]
-    assert fits(acks, subtasks, keyed_operator=["op"]) == []
+    assert not [c for c in fits(acks, subtasks, keyed_operator=["op"]) if "key groups" in c]
     with pytest.raises(SnapshotIncompatibleError, match="operator 'other': the snapshot's key groups end at 63"):
         fits(acks, subtasks, keyed_operator=["op", "other"])
