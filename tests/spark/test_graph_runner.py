@@ -5,6 +5,7 @@ kind, restored at another parallelism; the step cut across sources at one commit
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timedelta
 
 import pandas as pd
@@ -104,9 +105,11 @@ def sorted_frame(df: pd.DataFrame, columns) -> pd.DataFrame:
     return df[list(columns)].sort_values(list(columns)).reset_index(drop=True).astype(object)
 
 
-def check(spark, w: str, rounds: int) -> None:
+def check(spark, w: str, rounds: int, outputs=("tagged", "rejected", "totals", "large")) -> None:
     want = expected(spark, w)
-    for name, schema in (("tagged", TAGGED), ("rejected", REJECTED), ("totals", TOTALS), ("large", LARGE)):
+    schemas = {"tagged": TAGGED, "rejected": REJECTED, "totals": TOTALS, "large": LARGE}
+    for name in outputs:
+        schema = schemas[name]
         columns = [c for c, _ in schema]
         got = sorted_frame(read_delta(f"{w}/out/{name}"), columns)
         pd.testing.assert_frame_equal(got, sorted_frame(want[name], columns), check_dtype=False, obj=name)
@@ -153,3 +156,74 @@ def test_plan_step_cuts_every_source_at_the_earliest_full_proposals_end():
     b = Proposal(tuple(AddedFile(v, f"b{v}", 1, 1) for v in (5, 6, 7)), 7, False, {5: 5, 6: 15, 7: 25})
     shares = plan_step({"a": a, "b": b, "c": None})
     assert shares == {"a": (list(a.step), 2), "b": (list(b.step[:2]), 6)}
+
+
+class DedupWithFirstSeen(Dedup):
+    state_schema = "seen boolean, first_ts timestamp"
+
+
+def test_a_savepoint_restores_into_a_changed_graph(spark, tmp_path):
+    """Savepoint, then the graph changes: an operator added starts empty; one removed needs
+    allow_non_restored_state; a changed state schema is refused naming the operator."""
+    from checkpoint_lib.core.errors import SnapshotIncompatibleError
+    from checkpoint_lib.core.types import CheckpointKind
+
+    w = str(tmp_path)
+    land(spark, w, range(2))
+    taken = GraphRunner(graph(), w, spark, rows_per_checkpoint=50).run(final_kind=CheckpointKind.SAVEPOINT)
+    savepoint = taken.final
+
+    g = graph()
+    changed_state = dataclasses.replace(g, vertices=tuple(
+        dataclasses.replace(v, operator=DedupWithFirstSeen()) if v.id == "dedup" else v for v in g.vertices))
+    with pytest.raises(SnapshotIncompatibleError, match="operator 'dedup'.*first_ts"):
+        GraphRunner(changed_state, w, spark, restore_checkpoint=savepoint).open()
+
+    without_large = dataclasses.replace(
+        g, vertices=tuple(v for v in g.vertices if v.id != "large"),
+        edges=tuple(e for e in g.edges if e.receiver != "large"),
+        sinks=tuple(s for s in g.sinks if s.vertex != "large"))
+    with pytest.raises(SnapshotIncompatibleError, match="removed operators.*large"):
+        GraphRunner(without_large, w, spark, restore_checkpoint=savepoint).open()
+
+    # a keyed operator added (counting tagged payments per account) starts empty, the rest restores
+    land(spark, w, range(2, 3))
+    added = graph_with_counts()
+    run = GraphRunner(added, w, spark, restore_checkpoint=savepoint, allow_non_restored_state=True).run()
+    assert run.restored == savepoint
+    check(spark, w, rounds=3, outputs=("tagged", "rejected", "totals"))
+    counts = read_delta(f"{w}/out/counts")
+    tagged = read_delta(f"{w}/out/tagged")
+    from_savepoint = tagged[tagged.event_id.str.startswith("e2-")]  # its repeat of e1-0 is a duplicate
+    assert counts.set_index("account")["n"].to_dict() == from_savepoint.groupby("account").size().to_dict()
+
+
+class Count:
+    state_schema = "n long"
+
+    def apply(self, records, state, key):
+        from pyspark.sql import functions as F
+
+        step = records.groupBy(key).agg(F.count(F.lit(1)).alias("n"))
+        prior = state.select(key, F.col("n").alias("prior"))
+        total = step.join(prior, key, "left").fillna(0, ["prior"]).select(key, (F.col("n") + F.col("prior")).alias("n"))
+        return step, {MAIN: total}
+
+
+def graph_with_counts():
+    """``graph()`` without ``large``, with a keyed count of tagged payments per account after dedup."""
+    g = Graph("g")
+    payments = g.source("payments", DeltaSource("landing/payments", PAYMENTS), parallelism=2)
+    payments.dead_letters("dlq/payments")
+    accounts = g.source("accounts", DeltaSource("landing/accounts", ACCOUNTS))
+    tagged = (payments.key_by("account", parallelism=2).connect(accounts.key_by("account"))
+              .process(TagRegion(), uid="tag"))
+    tagged.output("rejected").sink("rejected", DeltaSink("out/rejected", REJECTED))
+    unique = tagged.key_by("event_id", parallelism=2).process(Dedup(), uid="dedup")
+    unique.output(MAIN).sink("tagged", DeltaSink("out/tagged", TAGGED))
+    totals = unique.key_by("region").process(RegionTotals(), uid="totals")
+    totals.output(MAIN).sink("totals", DeltaSink("out/totals", TOTALS, mode="upsert", keys=("region",)))
+    counts = unique.key_by("account", parallelism=3).process(Count(), uid="counts")
+    counts.output(MAIN).sink("counts", DeltaSink("out/counts", (("account", "string"), ("n", "long")), mode="upsert",
+                                                 keys=("account",)))
+    return g.build()
