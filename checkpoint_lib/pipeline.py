@@ -73,6 +73,58 @@ class DeltaSource:
         object.__setattr__(self, "schema", as_dict(self.schema, f"source {self.path}"))
 
 
+CHANGE_COLUMN = "change"
+"""The column a :class:`ChangeFeedSource` adds to its records: ``"insert"``, ``"update"`` or ``"delete"``."""
+
+CHANGES = ("insert", "update", "delete")
+"""The values of :data:`CHANGE_COLUMN`."""
+
+
+@dataclass(frozen=True)
+class ChangeFeedSource:
+    """A Delta table read through its change data feed: every row it inserted, updated or deleted,
+    in commit order; offsets are table versions, as for :class:`DeltaSource`. It is what a table
+    that is updated in place (a dimension table) is read as: the second input of an enrichment.
+
+    The table must record its changes (``delta.enableChangeDataFeed = true``) from the first
+    version the pipeline reads: a version written without it is refused with the way out.
+    ``schema`` is declared as for :class:`DeltaSource` (the table may have more columns, which are
+    ignored); a value that does not convert to its declared type goes to the dead letters with
+    the reason, as does a row ``validate(df)`` refuses. The records carry the declared columns and
+    :data:`CHANGE_COLUMN` (a string): ``"insert"``, ``"update"`` (the row after the update; the
+    row before it is not read) or ``"delete"`` (the deleted row's values). So after construction
+    ``schema`` is the records' columns, the declared ones then ``change``; :attr:`declared` is
+    the declared ones alone. A declared column named ``change`` is refused.
+
+    Within one commit a key changes once (a MERGE, an UPDATE, a DELETE), except when a commit
+    deletes rows and inserts them again (an overwrite): its deletes come first. An operator orders
+    a key's changes by their offset (``order_by = ("src_version", "src_file", "src_row")``).
+
+    >>> ChangeFeedSource("dims/customers", "id string, tier string").schema
+    {'id': 'string', 'tier': 'string', 'change': 'string'}
+    """
+
+    path: str
+    schema: Mapping[str, str]
+    validate: Callable[[Any], Any] | None = None
+
+    def __post_init__(self) -> None:
+        check_relative_path(self.path)
+        declared = as_dict(self.schema, f"source {self.path}")
+        if CHANGE_COLUMN in declared:
+            raise ValueError(
+                f"source {self.path}: column {CHANGE_COLUMN!r} is what a ChangeFeedSource adds to its records (the "
+                f"kind of change: {', '.join(CHANGES)}); leave it out of the declared schema, or rename that column in "
+                "the table"
+            )
+        object.__setattr__(self, "schema", {**declared, CHANGE_COLUMN: "string"})
+
+    @property
+    def declared(self) -> dict[str, str]:
+        """The declared columns (the table's columns the records carry), without :data:`CHANGE_COLUMN`."""
+        return {c: t for c, t in self.schema.items() if c != CHANGE_COLUMN}
+
+
 @dataclass(frozen=True)
 class FolderSource:
     """A landing folder of files (``json`` lines, ``csv`` or ``parquet``) that upstream systems drop
@@ -254,7 +306,7 @@ class KeyedOperator(Protocol):
 @dataclass
 class Pipeline:
     name: str
-    source_spec: DeltaSource | FolderSource | None = None
+    source_spec: DeltaSource | FolderSource | ChangeFeedSource | None = None
     source_parallelism: int = 1
     key: str | None = None
     keyed_parallelism: int = 1
@@ -285,7 +337,7 @@ class Pipeline:
     def __post_init__(self) -> None:
         _check_name("pipeline name", self.name)
 
-    def source(self, source: DeltaSource | FolderSource, parallelism: int = 1) -> "Pipeline":
+    def source(self, source: DeltaSource | FolderSource | ChangeFeedSource, parallelism: int = 1) -> "Pipeline":
         check_parallelism(parallelism, self.max_parallelism)
         check_columns(source.schema, f"pipeline {self.name!r}: source {source.path}",
                       fix="leave it out of the source's schema or rename it in the source table")

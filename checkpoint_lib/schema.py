@@ -94,3 +94,7 @@ def columns(spec: Any, where: str = "schema") -> Columns:
 def as_dict(spec: Any, where: str = "schema") -> dict[str, str]:
     """:func:`columns` as a mapping name -> type (the form of source schemas)."""
     return dict(columns(spec, where))
+
+
+class SchemaMismatchError(ValueError):
+    """A source table's schema does not have the columns and types the pipeline needs."""

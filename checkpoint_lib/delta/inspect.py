@@ -29,8 +29,8 @@ from ..core.recovery import RecoveryPlan, choose_checkpoint
 from ..core.types import SubtaskId
 from ..layout import (KEY_GROUP, channel_state_table, checkpoint_root, location, source_manifest, stamp_prefix,
                       state_table, warehouse_location)
-from ..pipeline import TTL_COLUMN, DeltaSource, Pipeline
-from .log import MissingLogError, StepPlanner, latest_version, stamped_checkpoints, version_before_txn_above
+from ..pipeline import TTL_COLUMN, ChangeFeedSource, DeltaSource, Pipeline
+from .log import ChangeFeedPlanner, MissingLogError, StepPlanner, latest_version, stamped_checkpoints, version_before_txn_above
 from .store import DeltaCheckpointStore
 
 
@@ -392,15 +392,19 @@ def _source_preview(warehouse: str, pipeline: Pipeline, c: CompletedCheckpoint) 
     if not offsets or pipeline.source_spec is None:
         return None
     offset = min(offsets)  # every source subtask shares the offset
-    if isinstance(pipeline.source_spec, DeltaSource):
-        table, shown = location(warehouse) / pipeline.source_spec.path, pipeline.source_spec.path
+    spec = pipeline.source_spec
+    # a Delta table's versions are the offsets: rows it added, or (a change feed) rows it changed
+    planner = (ChangeFeedPlanner if isinstance(spec, ChangeFeedSource)
+               else StepPlanner if isinstance(spec, DeltaSource) else None)
+    if planner is not None:
+        table, shown = location(warehouse) / spec.path, spec.path
     else:  # a landing folder: its manifest table's version is the offset
-        table, shown = source_manifest(checkpoint_root(warehouse, pipeline.name)), f"{pipeline.source_spec.path} (manifest)"
+        table, shown = source_manifest(checkpoint_root(warehouse, pipeline.name)), f"{spec.path} (manifest)"
     now = latest_version(table)
     rows: int | None = None  # a manifest's versions add files, whose rows nobody counted yet
-    if isinstance(pipeline.source_spec, DeltaSource):
+    if planner is not None:
         try:
-            rows = StepPlanner(table).rows_between(int(offset), now) if now is not None else 0
+            rows = planner(table).rows_between(int(offset), now) if now is not None else 0
         except (MissingLogError, ValueError):
             rows = None
     return SourcePreview(shown, offset, now, rows)

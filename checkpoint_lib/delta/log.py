@@ -214,6 +214,170 @@ class StepPlanner:
         return any(self._version(v)[1] for v in range(after + 1, upto + 1))
 
 
+CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
+"""The table property that makes Delta record a table's row changes (its change data feed)."""
+
+
+@dataclass(frozen=True)
+class ChangeVersion:
+    """What one commit holds for a change-data-feed reader, from its log entry alone.
+
+    ``entry``: the version as one entry of a step (``path`` ``cdf@<version>``, ``rows`` the rows it
+    changed, -1 when the log does not say, ``size`` the bytes of the files a read opens); None
+    when the commit changed no row (a metadata change, an OPTIMIZE). ``files``: those files
+    (relative to the table, as the log writes them): its change files (``cdc`` actions) when it
+    has any, else the data files it added and removed. ``feed``: the change-data-feed property
+    its ``metaData`` action sets (None: no metaData). ``metadata_changed``: schema, properties or
+    protocol changed."""
+
+    entry: AddedFile | None
+    files: tuple[str, ...]
+    feed: bool | None
+    metadata_changed: bool
+
+
+CHANGE_ENTRY_PREFIX = "cdf@"
+
+
+def change_entry_path(version: int) -> str:
+    """The name of a version in a change-data-feed step (its rows' ``src_file``): ``cdf@<version>``."""
+    return f"{CHANGE_ENTRY_PREFIX}{version}"
+
+
+def configuration_at(table: str | os.PathLike, version: int) -> dict[str, str]:
+    """The table properties in force at ``version`` (from the newest metaData action)."""
+    metadata, _ = _metadata_and_protocol(table, version)
+    return dict(metadata.get("configuration") or {})
+
+
+def _feed_on(configuration: Mapping[str, str] | None) -> bool:
+    """Whether table properties ``configuration`` turn the change data feed on."""
+    return str((configuration or {}).get(CHANGE_DATA_FEED, "")).lower() == "true"
+
+
+def _records(action: Mapping[str, Any]) -> int | None:
+    stats = json.loads(action["stats"]) if action.get("stats") else {}
+    return None if stats.get("numRecords") is None else int(stats["numRecords"])
+
+
+def _hidden(action: Mapping[str, Any]) -> int:
+    """The rows a file's deletion vector hides."""
+    return int((action.get("deletionVector") or {}).get("cardinality", 0))
+
+
+def _file_changes(adds: list[dict[str, Any]], removes: list[dict[str, Any]]) -> int | None:
+    """The rows a commit without change files inserted and deleted, from its files' row counts: an
+    added file's rows are inserts, a removed file's deletes, a file removed and added again with a
+    larger deletion vector deleted the rows the vector grew by. None: a count is missing."""
+    removed = {r["path"]: r for r in removes}
+    added = {a["path"]: a for a in adds}
+    rows = 0
+    for path, action in [*added.items(), *((p, r) for p, r in removed.items() if p not in added)]:
+        if path in added and path in removed:
+            rows += _hidden(action) - _hidden(removed[path])
+            continue
+        n = _records(action)
+        if n is None:
+            return None
+        rows += n - _hidden(action)
+    return rows
+
+
+def _metric_changes(actions: list[dict[str, Any]]) -> int | None:
+    """The rows a commit inserted, updated or deleted by its commit info's operation metrics (Spark's
+    camelCase names or delta-rs's snake_case ones); None when it has none that say."""
+    info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+    metrics = {}
+    for name, value in (info.get("operationMetrics") or {}).items():
+        try:
+            metrics[name.replace("_", "").lower()] = int(value)
+        except (TypeError, ValueError):
+            continue
+    for names in (("numtargetrowsinserted", "numtargetrowsupdated", "numtargetrowsdeleted"),  # MERGE
+                  ("numupdatedrows", "numdeletedrows"),  # UPDATE, DELETE
+                  ("numoutputrows",), ("numaddedrows",)):  # a write
+        if any(n in metrics for n in names):
+            return sum(metrics.get(n, 0) for n in names)
+    return None
+
+
+def change_version(table: str | os.PathLike, version: int, actions: list[dict[str, Any]]) -> ChangeVersion:
+    """What commit ``version`` (its ``actions``) holds for a change-data-feed reader
+    (:class:`ChangeVersion`). Its rows: of a commit with change files, its operation metrics
+    (the rows inserted, updated and deleted; an update's row before it is not counted), else the
+    change files' row counts; of a commit without, its files' row counts (:func:`_file_changes`),
+    else its metrics. -1 when neither says."""
+    metadata = next((a["metaData"] for a in actions if "metaData" in a), None)
+    feed = None if metadata is None else _feed_on(metadata.get("configuration"))
+    changed = any(_changes_metadata(a) for a in actions)
+    cdc = [a["cdc"] for a in actions if "cdc" in a]
+    adds = [a["add"] for a in actions if "add" in a and a["add"].get("dataChange", True)]
+    removes = [a["remove"] for a in actions if "remove" in a and a["remove"].get("dataChange", True)]
+    if cdc:
+        files = cdc
+        counts = [_records(c) for c in cdc]
+        rows = _metric_changes(actions)
+        if rows is None and None not in counts:
+            rows = sum(counts)
+    elif adds or removes:
+        files = adds + [r for r in removes if r["path"] not in {a["path"] for a in adds}]
+        rows = _file_changes(adds, removes)
+        if rows is None:
+            rows = _metric_changes(actions)
+    else:
+        return ChangeVersion(None, (), feed, changed)
+    entry = AddedFile(version, change_entry_path(version), -1 if rows is None else rows,
+                      sum(int(f.get("size") or 0) for f in files))
+    return ChangeVersion(entry, tuple(f["path"] for f in files), feed, changed)
+
+
+class ChangeFeedPlanner:
+    """A table's commits as a change-data-feed reader plans them: each commit parsed once (then
+    kept until the offset passes it), and whether the feed was on at each version, carried forward
+    from the version before (the log walked back once, for the first)."""
+
+    def __init__(self, table: str | os.PathLike):
+        self.table = table
+        self._versions: dict[int, ChangeVersion] = {}
+        self._feed: dict[int, bool] = {}  # version -> the feed was on at it
+
+    def version(self, version: int) -> ChangeVersion:
+        if version not in self._versions:
+            self._versions[version] = change_version(self.table, version, list(commit_actions(self.table, version)))
+        return self._versions[version]
+
+    def feed_on(self, version: int) -> bool:
+        """Whether the table recorded its changes at ``version`` (the property in force after it)."""
+        if version not in self._feed:
+            own = self.version(version).feed
+            if own is not None:
+                self._feed[version] = own
+            elif version - 1 in self._feed:
+                self._feed[version] = self._feed[version - 1]
+            else:
+                self._feed[version] = _feed_on(configuration_at(self.table, version))
+        return self._feed[version]
+
+    def feed_turned_on(self, after: int, upto: int) -> int | None:
+        """The first version after ``after`` (at most ``upto``) that turned the feed on; None."""
+        return next((v for v in range(after + 1, upto + 1) if self.version(v).feed), None)
+
+    def forget(self, upto: int) -> None:
+        """Versions up to ``upto`` are consumed: never planned again (the feed at ``upto`` is kept,
+        the next version's is carried from it)."""
+        self._versions = {v: c for v, c in self._versions.items() if v > upto}
+        self._feed = {v: on for v, on in self._feed.items() if v >= upto}
+
+    def rows_between(self, after: int, upto: int) -> int:
+        """The rows the versions after ``after`` (at most ``upto``) changed (unknown counts as none)."""
+        return sum(max(c.entry.rows, 0) for v in range(after + 1, upto + 1) if (c := self.version(v)).entry)
+
+    def metadata_changed(self, after: int, upto: int) -> bool:
+        """Whether a commit after ``after`` (at most ``upto``) changed the schema, the table
+        properties or the protocol."""
+        return any(self.version(v).metadata_changed for v in range(after + 1, upto + 1))
+
+
 _SEQUENCE = (1 << 32) - 1
 
 

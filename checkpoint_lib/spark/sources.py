@@ -1,7 +1,9 @@
 """The kinds of source a source stage reads, behind one small protocol.
 
 A source is replayable by offsets that are the versions of a log: the landing Delta table's own
-(:class:`~checkpoint_lib.pipeline.DeltaSource`), or the manifest that registers a landing folder's
+(:class:`~checkpoint_lib.pipeline.DeltaSource`, its added files; or
+:class:`~checkpoint_lib.pipeline.ChangeFeedSource`, its change data feed:
+:mod:`checkpoint_lib.spark.change_feed`), or the manifest that registers a landing folder's
 files (:class:`~checkpoint_lib.pipeline.FolderSource`, :mod:`checkpoint_lib.spark.landing`). A
 step is a list of whole versions' files (:class:`~checkpoint_lib.delta.log.AddedFile`), planned
 from that log on the driver without reading any data; the source stage does everything else the
@@ -10,7 +12,9 @@ operator, the sources' acknowledgements with their offsets).
 
 A new kind of source is one class implementing :class:`SourceReader` and one
 :func:`register_source` call for its declaration (a dataclass with ``path``, ``schema`` and
-``validate``, as the two above), in one file: nothing else in the runtime names a kind of source.
+``validate``, as the ones above), in one file: nothing else in the runtime names a kind of source.
+The kinds this library brings are registered at the end of this module (a kind whose reader has
+a file of its own, as the change feed's, is imported here: that file imports nothing of this one).
 """
 
 from __future__ import annotations
@@ -28,15 +32,13 @@ from ..delta.log import AddedFile
 from ..kinds import Kinds
 from ..files import files_at
 from ..layout import location, source_manifest
-from ..pipeline import DeltaSource, FolderSource
+from ..pipeline import ChangeFeedSource, DeltaSource, FolderSource
 from ..reserved import ERROR_COLUMN, temporary
+from ..schema import SchemaMismatchError
 from . import tables
+from .change_feed import ChangeFeedReader
 from .landing import LandingFolderSource
 from .paths import path_below, spark_path
-
-
-class SchemaMismatchError(ValueError):
-    """The landing table's schema does not have the columns and types the pipeline needs."""
 
 
 class SourceReader(Protocol):
@@ -256,3 +258,4 @@ class LandingFolderReader:
 
 register_source(DeltaSource, DeltaTableReader)
 register_source(FolderSource, LandingFolderReader)
+register_source(ChangeFeedSource, ChangeFeedReader)

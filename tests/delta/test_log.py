@@ -10,6 +10,7 @@ from deltalake import DeltaTable, write_deltalake
 from checkpoint_lib.delta.log import (
     MissingLogError,
     added_files,
+    change_version,
     clear_abandoned_creation,
     is_delta_table,
     latest_version,
@@ -143,3 +144,44 @@ def test_the_directory_marker_a_creation_killed_on_an_object_store_left_is_clear
     assert objects() == ["t"]
     _table(root / "t", 1)  # the table is created where the killed creation was
     assert latest_version(root / "t") == 0
+
+
+def _stats(n: int) -> str:
+    return f'{{"numRecords": {n}}}'
+
+
+def test_a_change_feed_versions_rows_come_from_its_files_or_its_metrics():
+    """What a change-data-feed reader counts of a commit (no update row before the update, no copied
+    row, a deletion vector's growth): from the log alone."""
+    def rows(*actions):
+        change = change_version("t", 7, list(actions))
+        return None if change.entry is None else (change.entry.path, change.entry.rows, change.files)
+
+    merge = {"commitInfo": {"operation": "MERGE", "operationMetrics": {
+        "numTargetRowsInserted": "1", "numTargetRowsUpdated": "2", "numTargetRowsDeleted": "0", "numTargetRowsCopied": "9",
+        "numOutputRows": "12"}}}
+    cdc = {"cdc": {"path": "_change_data/cdc-1.parquet", "size": 10, "dataChange": False}}
+    rewritten = ({"add": {"path": "b.parquet", "size": 5, "stats": _stats(12)}},
+                 {"remove": {"path": "a.parquet", "size": 5, "dataChange": True}})
+    assert rows(merge, cdc, *rewritten) == ("cdf@7", 3, ("_change_data/cdc-1.parquet",))
+    snake = {"commitInfo": {"operation": "UPDATE", "operationMetrics": {"num_updated_rows": 4, "num_copied_rows": 6}}}
+    assert rows(snake, cdc)[1] == 4  # delta-rs names its metrics in snake case
+    assert rows({"commitInfo": {}}, cdc)[1] == -1  # nobody says
+    assert rows({"commitInfo": {}}, {"add": {"path": "n.parquet", "size": 5, "stats": _stats(3)}}) == (
+        "cdf@7", 3, ("n.parquet",))  # an append: its inserts
+    # a DELETE with deletion vectors: the file removed and added again, its vector grown by 2 rows
+    assert rows({"remove": {"path": "a.parquet", "size": 5, "stats": _stats(10), "deletionVector": {"cardinality": 1}}},
+                {"add": {"path": "a.parquet", "size": 5, "stats": _stats(10), "deletionVector": {"cardinality": 3}}}
+                ) == ("cdf@7", 2, ("a.parquet",))
+    # whole files deleted: the rows they still showed
+    assert rows({"remove": {"path": "a.parquet", "size": 5, "stats": _stats(10), "deletionVector": {"cardinality": 4}}},
+                {"remove": {"path": "b.parquet", "size": 5, "stats": _stats(2)}})[1] == 8
+    assert rows({"commitInfo": {"operation": "DELETE", "operationMetrics": {"numDeletedRows": "5"}}},
+                {"remove": {"path": "a.parquet", "size": 5}})[1] == 5  # no row count on the file: the metrics
+    # a compaction and a property change change no row; the latter says whether the feed is on
+    assert rows({"add": {"path": "c.parquet", "size": 5, "dataChange": False, "stats": _stats(3)}},
+                {"remove": {"path": "a.parquet", "size": 5, "dataChange": False}}) is None
+    on = change_version("t", 1, [{"metaData": {"configuration": {"delta.enableChangeDataFeed": "true"}}}])
+    assert (on.entry, on.feed, on.metadata_changed) == (None, True, True)
+    assert change_version("t", 2, [{"metaData": {"configuration": {}}}]).feed is False
+    assert change_version("t", 3, [{"commitInfo": {}}]).feed is None

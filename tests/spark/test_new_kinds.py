@@ -185,7 +185,7 @@ def test_a_source_or_sink_of_no_registered_kind_is_refused_by_name(spark, tmp_pa
 
     site = SourceSite(spark, f"{tmp_path}/x", f"{tmp_path}/_checkpoints/p", "p", print)
     with pytest.raises(TypeError, match=r"pipeline 'p': no reader for a source of type Unknown \(known: DeltaSource, "
-                                        r"FolderSource, BatchSource"):
+                                        r"FolderSource, ChangeFeedSource, BatchSource"):
         source_reader(Unknown(), site)
     with pytest.raises(TypeError, match=r"sink 'out': no writer for a sink of type Unknown \(known: DeltaSink, AuditedSink"):
         sink_writer(Unknown(), SinkSite(spark, "out", f"{tmp_path}/x", f"{tmp_path}/t", "checkpoint_lib/p"))

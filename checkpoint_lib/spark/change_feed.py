@@ -1,0 +1,236 @@
+"""A Delta table read through its change data feed (:class:`~checkpoint_lib.pipeline.ChangeFeedSource`).
+
+Offsets are the table's versions, as for an append-only Delta source, and a step is whole
+versions, planned from the table's log on the driver without reading data
+(:class:`~checkpoint_lib.delta.log.ChangeFeedPlanner`): one entry per version that changed rows
+(``cdf@<version>``, its rows from the log). Reading a step is one Spark batch ``readChangeFeed``
+from its first version to its last; each change becomes one record:
+
+- the declared columns, in their declared types (a value that does not convert is null and the
+  row gets the reason in ``_ckpt_error``, so it goes to the dead letters);
+- :data:`~checkpoint_lib.pipeline.CHANGE_COLUMN` (string): ``insert``, ``update`` (Delta's
+  ``update_postimage``; the ``update_preimage`` row is not read) or ``delete`` (the deleted row);
+- the offset: ``src_version`` (long, Delta's ``_commit_version``), ``src_file`` (string,
+  ``cdf@<version>``) and ``src_row`` (long, from 0 within the version: the version's changes
+  numbered deletes first, then updates, then inserts, each kind ordered by the declared columns'
+  values as the table holds them, so a re-read of a version numbers its changes alike; changes
+  equal in every declared column are interchangeable);
+- ``sender`` (int): the version's position in the step modulo the source parallelism (as a
+  file's for the other kinds: a version is this kind's file).
+
+The table must record its changes (``delta.enableChangeDataFeed = true``) at every version a step
+reads that changed rows: a table that never did, or a step starting before the version that
+turned the feed on, is refused before anything is read (:class:`ChangeFeedUnavailableError`),
+naming the table and the way out. Registered in :mod:`checkpoint_lib.spark.sources` (which imports
+this module: the one place that names the kinds of source).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import unquote
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from ..delta import log as delta_log
+from ..delta.log import AddedFile
+from ..files import files_at
+from ..layout import location
+from ..pipeline import CHANGE_COLUMN, ChangeFeedSource
+from ..reserved import ERROR_COLUMN, temporary
+from ..schema import SchemaMismatchError
+from . import tables
+
+ERROR_PREVIEW = 200
+"""How much of a value that does not convert the reason quotes."""
+
+
+class ChangeFeedUnavailableError(SchemaMismatchError):
+    """The table did not record its changes (no change data feed) at a version the source must read."""
+
+
+def _orderable(dt: T.DataType) -> bool:
+    """Whether Spark sorts values of ``dt`` (maps and variants it does not)."""
+    if isinstance(dt, T.StructType):
+        return all(_orderable(f.dataType) for f in dt.fields)
+    if isinstance(dt, T.ArrayType):
+        return _orderable(dt.elementType)
+    return not isinstance(dt, (T.MapType, T.VariantType))
+
+
+def _sort_key(name: str, dt: T.DataType) -> Column:
+    column = F.col(name)
+    return column.asc_nulls_first() if _orderable(dt) else F.to_json(F.struct(column)).asc_nulls_first()
+
+
+class ChangeFeedReader:
+    """The :class:`~checkpoint_lib.spark.sources.SourceReader` of a :class:`ChangeFeedSource`."""
+
+    caches_step = True  # a feed read and a numbering of each version: computed once per step
+    writes_on_discover = False
+
+    def __init__(self, spec: ChangeFeedSource, site: Any):  # site: a sources.SourceSite (that module imports this one)
+        self.spec, self.site, self.path = spec, site, site.location
+        self.planner = delta_log.ChangeFeedPlanner(self.path)
+        self.schema_checked_at = -1
+        self._ignored_columns: list[str] = []
+
+    def latest(self) -> int | None:
+        return delta_log.latest_version(self.path)
+
+    def discover(self) -> int | None:
+        latest = self.latest()
+        if latest is None:
+            raise FileNotFoundError(
+                f"no Delta table at {self.path}: create it with its change data feed on (TBLPROPERTIES "
+                f"(delta.enableChangeDataFeed = true)), or generate data first (ckpt generate {self.site.pipeline})"
+            )
+        return latest
+
+    def pending_rows(self, after: int, upto: int) -> int:
+        return self.planner.rows_between(after, upto)
+
+    def next_step(self, after: int, upto: int, rows_per_step: int) -> list[AddedFile]:
+        """The versions after ``after`` (at most ``upto``) that changed rows, whole, until they hold
+        at least ``rows_per_step`` rows (a version whose count the log does not give ends a step).
+        A step never spans a version at which the feed was off; one of those that changed rows is
+        refused."""
+        if rows_per_step < 1:
+            raise ValueError(f"rows_per_step must be >= 1, got {rows_per_step}")
+        self.planner.forget(after)
+        if self.schema_checked_at != upto:
+            if self.schema_checked_at < 0 or self.planner.metadata_changed(self.schema_checked_at, upto):
+                self._check_schema(upto)
+            self.schema_checked_at = upto
+        step: list[AddedFile] = []
+        rows = 0
+        for version in range(after + 1, upto + 1):
+            entry = self.planner.version(version).entry
+            if not self.planner.feed_on(version):
+                if entry is not None:
+                    raise self._unrecorded(version, after, upto)
+                if step:
+                    break  # one feed read covers the step: it must not span a version without one
+                continue
+            if entry is None:
+                continue
+            step.append(entry)
+            rows += max(entry.rows, 0)
+            if entry.rows < 0 or rows >= rows_per_step:
+                break
+        return step
+
+    def _unrecorded(self, version: int, after: int, upto: int) -> ChangeFeedUnavailableError:
+        name, path = self.site.pipeline, self.path
+        copy = (f"copy the table into a new one created with the feed on (CREATE TABLE ... TBLPROPERTIES "
+                f"(delta.enableChangeDataFeed = true) AS SELECT * FROM delta.`{path}`) and read that one")
+        turned_on = self.planner.feed_turned_on(version, upto)
+        if turned_on is not None:
+            return ChangeFeedUnavailableError(
+                f"{path}: version {version} changed rows before the table's change data feed was turned on (at version "
+                f"{turned_on}), so those changes were never recorded and pipeline {name!r}, reading its ChangeFeedSource "
+                f"after version {after}, cannot read them. To go on, {copy}, or restore a checkpoint whose source "
+                f"offset is {turned_on - 1} or later (ckpt checkpoints list {name}; ckpt recover {name} --checkpoint N). "
+                "Nothing was read or written."
+            )
+        return ChangeFeedUnavailableError(
+            f"{path} has no change data feed (delta.enableChangeDataFeed is not true at version {version}, which changed "
+            f"rows): pipeline {name!r} reads it as a ChangeFeedSource, its inserts, updates and deletes as Delta records "
+            f"them. Turn the feed on (ALTER TABLE delta.`{path}` SET TBLPROPERTIES (delta.enableChangeDataFeed = true)): "
+            f"changes are recorded from then on, so for the rows written before, {copy}; or read an append-only table "
+            "as a DeltaSource. Nothing was read or written."
+        )
+
+    def _check_schema(self, version: int) -> None:
+        """Every declared column is in the table (a column of another type is cast, row by row)."""
+        have = {f.name: f.dataType for f in T.StructType.fromJson(delta_log.schema_json_at(self.path, version)).fields}
+        want = self.spec.declared
+        missing = [c for c in want if c not in have]
+        if missing:
+            raise SchemaMismatchError(
+                f"{self.path} at version {version} does not fit pipeline {self.site.pipeline!r}: "
+                + "; ".join(f"column {c!r} is missing" for c in missing) + ". Nothing was read or written."
+            )
+        extra = sorted(set(have) - set(want))
+        if extra and extra != self._ignored_columns:
+            self._ignored_columns = extra
+            self.site.progress(
+                f"{self.path} at version {version} has columns pipeline {self.site.pipeline!r} does not "
+                f"declare: {extra} (ignored; declare them in the source schema to use them)"
+            )
+
+    def read(self, step: list[AddedFile], senders: int) -> DataFrame:
+        """The step's changes (module docstring): one batch ``readChangeFeed`` of its versions."""
+        spark = self.site.spark
+        versions = [f.version for f in step]
+        version, change, sender = temporary("version"), temporary("change"), temporary("sender")
+        positions = spark.createDataFrame([(v, i % senders) for i, v in enumerate(versions)],
+                                          f"{version} long, {sender} int")
+        feed = (
+            spark.read.format("delta").option("readChangeFeed", "true")
+            .option("startingVersion", min(versions)).option("endingVersion", max(versions))
+            .load(self.path)
+        )
+        declared = tables.struct_type(self.spec.declared)
+        table_types = {f.name: f.dataType for f in feed.schema.fields}
+        kinds = F.col("_change_type")
+        rank = F.when(kinds == "delete", 0).when(kinds == "update_postimage", 1).when(kinds == "insert", 2)
+        numbered = (
+            feed.where(kinds != "update_preimage")
+            .select(
+                *[F.col(f.name) for f in declared.fields],
+                F.col("_commit_version").cast("long").alias(version),
+                kinds.alias(change),
+                F.when(rank.isNotNull(), rank).otherwise(F.raise_error(F.concat(
+                    F.lit(f"{self.path}: a change of unknown type "), kinds))).alias(temporary("rank")),
+            )
+        )
+        order = [F.col(temporary("rank")), *[_sort_key(f.name, table_types[f.name]) for f in declared.fields]]
+        numbered = numbered.withColumn(
+            "src_row", (F.row_number().over(Window.partitionBy(version).orderBy(*order)) - 1).cast("long"))
+        values, problems = [], []
+        for f in declared.fields:
+            if table_types[f.name].simpleString() == f.dataType.simpleString():
+                values.append(F.col(f.name))
+                continue
+            converted = F.col(f.name).try_cast(f.dataType)
+            values.append(converted.alias(f.name))
+            problems.append(F.when(
+                F.col(f.name).isNotNull() & converted.isNull(),
+                F.concat(F.lit(f'wrong type for {f.name}: "'),
+                         F.substring(F.col(f.name).cast("string"), 1, ERROR_PREVIEW),
+                         F.lit(f'" (expected {f.dataType.simpleString()})'))))
+        error = F.lit(None).cast("string")
+        if problems:
+            reasons = F.concat_ws("; ", *problems)
+            error = F.when(reasons != "", reasons)
+        named = F.when(F.col(change) == "update_postimage", F.lit("update")).otherwise(F.col(change))
+        unmatched = F.concat(F.lit(f"{self.path}: a change of version "), F.col(version).cast("string"),
+                             F.lit(" that is no version of the step"))
+        return (
+            numbered.join(F.broadcast(positions), version, "left")
+            .select(
+                *values,
+                named.alias(CHANGE_COLUMN),
+                F.col(version).alias("src_version"),
+                F.concat(F.lit(delta_log.CHANGE_ENTRY_PREFIX), F.col(version).cast("string")).alias("src_file"),
+                F.col("src_row"),
+                F.when(F.col(sender).isNotNull(), F.col(sender)).otherwise(F.raise_error(unmatched)).cast("int")
+                .alias("sender"),
+                error.alias(ERROR_COLUMN),
+            )
+        )
+
+    def missing(self, step: list[AddedFile]) -> list[str]:
+        """The files the step's versions' changes are read from that are gone (a VACUUM removed
+        change files, or data files of versions read as inserts and deletes)."""
+        root = location(self.path)
+        files = files_at(root)
+        gone = []
+        for f in step:
+            for path in self.planner.version(f.version).files:
+                if not files.exists(root / unquote(path)):
+                    gone.append(f"{self.path}/{unquote(path)}")
+        return gone
