@@ -228,12 +228,13 @@ class ChangeVersion:
     (relative to the table, as the log writes them): its change files (``cdc`` actions) when it
     has any, else the data files it added and removed. ``feed``: the change-data-feed property
     its ``metaData`` action sets (None: no metaData). ``metadata_changed``: schema, properties or
-    protocol changed."""
+    protocol changed. ``time``: when it was committed (:func:`commit_time_of`)."""
 
     entry: AddedFile | None
     files: tuple[str, ...]
     feed: bool | None
     metadata_changed: bool
+    time: int | None = None
 
 
 CHANGE_ENTRY_PREFIX = "cdf@"
@@ -325,10 +326,10 @@ def change_version(table: str | os.PathLike, version: int, actions: list[dict[st
         if rows is None:
             rows = _metric_changes(actions)
     else:
-        return ChangeVersion(None, (), feed, changed)
+        return ChangeVersion(None, (), feed, changed, commit_time_of(actions))
     entry = AddedFile(version, change_entry_path(version), -1 if rows is None else rows,
                       sum(int(f.get("size") or 0) for f in files))
-    return ChangeVersion(entry, tuple(f["path"] for f in files), feed, changed)
+    return ChangeVersion(entry, tuple(f["path"] for f in files), feed, changed, commit_time_of(actions))
 
 
 class ChangeFeedPlanner:

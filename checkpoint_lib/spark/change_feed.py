@@ -92,6 +92,10 @@ class ChangeFeedReader:
     def pending_rows(self, after: int, upto: int) -> int:
         return self.planner.rows_between(after, upto)
 
+    def commit_time(self, version: int) -> int | None:
+        """When ``version`` was committed (ms): a graph cuts a step across its sources by it."""
+        return self.planner.version(version).time
+
     def next_step(self, after: int, upto: int, rows_per_step: int) -> list[AddedFile]:
         """The versions after ``after`` (at most ``upto``) that changed rows, whole, until they hold
         at least ``rows_per_step`` rows (a version whose count the log does not give ends a step).

@@ -35,6 +35,7 @@ recovery's ``fence``, ``recover``, ``restore``.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any, Callable
 
 from pyspark.sql import DataFrame, SparkSession
@@ -168,6 +169,9 @@ class GraphRunner:
             for v in graph.operators
         }
         self.order = [v.id for v in graph.topological_order()]
+        self.readers: Counter[tuple[str, str]] = Counter(
+            [(e.sender, e.output) for e in graph.edges] + [(s.vertex, s.output) for s in graph.sinks])
+        """How many sinks and edges read each output of each vertex."""
         self.tasks = [sid for v in graph.vertices for sid in self._vertex(v.id).ids]
         self.tasks += [sid for vs in self.vertex_sinks.values() for ids in vs.ids.values() for sid in ids]
         self.source_ids = [sid for s in self.sources.values() for sid in s.ids]
@@ -399,7 +403,10 @@ class GraphRunner:
             if state is not None:
                 state = self.cached(state)
             deltas, outputs = op.run(inputs, state)
-            outputs = {name: self.cached(df) for name, df in outputs.items()}
+            # an output read more than once (by sinks and edges) is computed once; caching one read
+            # once would cost more (planning the cache) than it saves
+            outputs = {name: self.cached(df) if self.readers[(vertex_id, name)] > 1 else df
+                       for name, df in outputs.items()}
             op.flushes += 1
             self.reached("flush_stage")
             self.fence()

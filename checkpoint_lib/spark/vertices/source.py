@@ -81,6 +81,8 @@ class SourceVertexRun:
                 if v not in self._times:
                     self._times[v] = commit_time(v)
             times = {v: self._times[v] for v in range(self.offset + 1, end + 1)}
+            if any(t is None for t in times.values()):
+                times = None  # a commit that does not say when: this source is read whole, never cut
         return Proposal(tuple(step), end, end < latest, times)
 
     def advance(self, end: int) -> None:
