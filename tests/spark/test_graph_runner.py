@@ -227,3 +227,22 @@ def graph_with_counts():
     counts.output(MAIN).sink("counts", DeltaSink("out/counts", (("account", "string"), ("n", "long")), mode="upsert",
                                                  keys=("account",)))
     return g.build()
+
+
+@pytest.mark.race
+def test_an_older_attempt_still_running_is_fenced_out_of_every_table(spark, tmp_path):
+    """Attempt A runs a step; attempt B recovers (a new epoch) and runs to the end; A, still alive,
+    tries its next step: refused (its epoch is fenced), and the outputs stay exactly once."""
+    from checkpoint_lib.core.errors import FencedError
+
+    w = str(tmp_path)
+    land(spark, w, range(3))
+    a = GraphRunner(graph(), w, spark, rows_per_checkpoint=5)
+    a.open()
+    assert a.step()
+    b = GraphRunner(graph(), w, spark, rows_per_checkpoint=5, recover=True).run()
+    assert b.epoch == a.epoch + 1
+    with pytest.raises(FencedError):
+        a.step()
+        a.final_checkpoint()
+    check(spark, w, rounds=3)
