@@ -40,7 +40,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    pipeline = context.pipeline(args.pipeline)
+    from ..pipelines import is_graph
+
+    pipeline = context.declared(args.pipeline)  # a linear pipeline or a dataflow graph: each has its generator
     if pipeline.generator_fn is None:
         raise ValueError(f"pipeline {args.pipeline!r} has no generator (declare one with .generator(fn))")
     options = dict(args.option or ())
@@ -50,7 +52,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     _check_generator_options(pipeline.generator_fn, options)
     version = pipeline.generator_fn(context.spark_session(args), args.warehouse, args.rows,
                                     bad_fraction=args.bad_fraction, seed=args.seed, **options)
-    print(f"appended {args.rows} rows to {args.warehouse}/{pipeline.source_spec.path} as version {version}")
+    if is_graph(pipeline):  # several sources: which table the version is of is the generator's to say
+        sources = ", ".join(f"{v.name} {v.spec.path}" for v in pipeline.sources)
+        print(f"appended {args.rows} rows to the sources of graph {pipeline.name} under {args.warehouse} ({sources}); "
+              f"the generator returned version {version}")
+    else:
+        print(f"appended {args.rows} rows to {args.warehouse}/{pipeline.source_spec.path} as version {version}")
     return 0
 
 

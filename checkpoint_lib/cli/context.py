@@ -1,6 +1,7 @@
 """What a ``ckpt`` command's arguments name, made real: the pipeline (a registered name or a
-``module:attr`` reference), the Spark session (``--master``, ``--spark-conf``, ``--warehouse``),
-and an engine imported in the background while the command waits for another.
+``module:attr`` reference: a linear pipeline, or either kind with :func:`declared`), the Spark
+session (``--master``, ``--spark-conf``, ``--warehouse``), and an engine imported in the
+background while the command waits for another.
 
 Each imports its engine when called, so ``ckpt --help`` works with the core alone. The commands
 call these through the module (``context.spark_session(args)``), so a test that replaces one
@@ -43,9 +44,17 @@ def import_in_background(module: str) -> None:
 
 
 def pipeline(name: str):
+    """The linear pipeline ``name`` (a dataflow graph is refused, naming the commands that take one)."""
     from ..pipelines import get
 
     return get(name)
+
+
+def declared(name: str):
+    """What ``name`` declares: a linear pipeline or a dataflow graph (the commands that take both)."""
+    from ..pipelines import declared as declared_
+
+    return declared_(name)
 
 
 def resolve_pipeline(args: argparse.Namespace) -> None:

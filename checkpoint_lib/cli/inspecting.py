@@ -1,5 +1,7 @@
 """The commands that read what a pipeline is or left: ``ckpt pipelines``, ``graph`` (its dataflow
 graph drawn), ``checkpoints`` (list, show), ``state`` (operator, channel, handles) and ``report``.
+All but ``state`` take a dataflow graph too (``checkpoints`` and ``report`` read only the control
+tables, which a graph's runner writes like a linear pipeline's).
 They read with delta-rs and start no JVM (``tests/cli/test_inspect_commands.py`` runs them where
 pyspark cannot be imported)."""
 
@@ -15,27 +17,41 @@ from .output import EXIT_OK, emit, wants_json
 
 
 def cmd_pipelines(args: argparse.Namespace) -> int:
-    from ..graph import from_pipeline, shape
-    from ..pipelines import get, names, ref_of
+    """Every registered pipeline, linear or a dataflow graph (``kind``), with its shape."""
+    from ..graph import OperatorKind, from_pipeline, shape
+    from ..pipelines import declared, is_graph, names, ref_of
 
     rows, shapes = [], {}
     for name in names():
-        p = get(name)
-        graph = from_pipeline(p)
+        p = declared(name)
+        found_by = ref_of(name) if ref_of(name) != name else "entry point"
+        if is_graph(p):
+            graph = p
+            row = {"name": name, "kind": "graph", "found_by": found_by,
+                   "source": ", ".join(v.spec.path for v in graph.sources),
+                   "sources": {v.name: v.spec.path for v in graph.sources},
+                   "sinks": {s.name: s.spec.path for s in graph.sinks},
+                   "operator": ", ".join(v.uid for v in graph.operators),
+                   "operators": [v.uid for v in graph.operators],
+                   "keyed": any(v.kind is not OperatorKind.STATELESS for v in graph.operators),
+                   "generator": graph.generator_fn is not None, "quality": False}
+        else:
+            graph = from_pipeline(p)
+            row = {"name": name, "kind": "pipeline", "found_by": found_by, "source": p.source_spec.path,
+                   "sinks": {n: s.path for n, s in p.sinks.items()}, "operator": p.operator_uid, "keyed": p.keyed,
+                   "generator": p.generator_fn is not None, "quality": p.quality_spec is not None}
         shapes[name] = shape(graph, sinks=False)  # the line names the sinks
-        rows.append({"name": name, "found_by": ref_of(name) if ref_of(name) != name else "entry point",
-                     "source": p.source_spec.path, "sinks": {n: s.path for n, s in p.sinks.items()},
-                     "operator": p.operator_uid, "keyed": p.keyed, "generator": p.generator_fn is not None,
-                     "quality": p.quality_spec is not None,
-                     "graph": {"vertices": len(graph.vertices), "edges": len(graph.edges),
-                               "feedback_edges": sum(e.feedback for e in graph.edges)}})
+        row["graph"] = {"vertices": len(graph.vertices), "edges": len(graph.edges),
+                        "feedback_edges": sum(e.feedback for e in graph.edges)}
+        rows.append(row)
     if wants_json(args):
         emit(rows)
         return 0
     for r in rows:
         extras = [w for w in ("generator", "quality") if r[w]]
+        kind = "graph, " if r["kind"] == "graph" else ""
         print(f"{r['name']:<16} {r['source']} -> {r['operator']} -> {', '.join(r['sinks'].values())}"
-              f"  ({r['found_by']}; {shapes[r['name']]}{'; ' + ', '.join(extras) if extras else ''})")
+              f"  ({r['found_by']}; {kind}{shapes[r['name']]}{'; ' + ', '.join(extras) if extras else ''})")
     return 0
 
 

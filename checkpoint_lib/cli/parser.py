@@ -135,7 +135,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     # of each step reach the channel one step after the others' (barriers at different positions,
     # records in flight; unaligned checkpoints then log channel state)
     p.add_argument("--lagging-sources", type=int, default=0, metavar="N", help=argparse.SUPPRESS)
-    p.add_argument("--state-compact-every", type=int, default=32, metavar="N",
+    p.add_argument("--state-compact-every", type=int, default=None, metavar="N",  # None: 32 (a graph refuses it)
                    help="OPTIMIZE the keyed state table every N flushes (its MERGEs add small files and "
                         "deletion vectors; the rows do not change). 0: never. Default 32")
     p.add_argument("--no-chaining", action="store_true",
@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("graph", help="draw a pipeline's dataflow graph: vertices with their parallelism, edges with their "
                           "partitioning and key, sinks and dead letters (no JVM)")
     p.add_argument("graph_ref", metavar="pipeline",  # not resolved as a runnable pipeline: a graph may be drawn
-                   help="a registered pipeline's name or module:attr of a Pipeline, or of a dataflow Graph")
+                   help="a registered pipeline's or graph's name, or module:attr of a Pipeline or of a dataflow Graph")
     p.add_argument("-o", "--output", choices=("text", "dot", "json"), default="text",
                    type=lambda v: "text" if v == "table" else v,  # the other commands' word for people, accepted
                    help="text for people (the default), dot for Graphviz (ckpt graph P -o dot | dot -Tsvg > P.svg), "
@@ -198,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", dest="output", action="store_const", const="json", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_graph)
 
-    p = add("generate", help="append generated input to a pipeline's landing table")
+    p = add("generate", help="append generated input to a pipeline's (or a graph's) landing tables")
     _add_pipeline(p)
     _add_warehouse(p)
     p.add_argument("--rows", type=_positive_int, required=True, help="rows to append (one new table version)")
@@ -212,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spark(p)
     p.set_defaults(func=cmd_generate)
 
-    p = add("run", help="run a pipeline (recovering first if its last run crashed)")
+    p = add("run", help="run a pipeline or a dataflow graph (recovering first if its last run crashed)")
     _add_run_options(p)
     p.add_argument("--until-caught-up", action="store_true", default=True,
                    help="stop when everything appended so far is processed and committed (the default)")

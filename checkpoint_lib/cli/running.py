@@ -1,12 +1,19 @@
 """The commands that run a pipeline: ``ckpt run``, ``recover`` (its ``--dry-run`` a plan read with
 delta-rs, no JVM; then the after-restore validation), ``savepoint`` (asked of the running pipeline,
-else taken here) and ``demo``; on a terminal a live bar over the rows left to read."""
+else taken here) and ``demo``; on a terminal a live bar over the rows left to read.
+
+``run`` and ``recover`` also run a dataflow graph (:class:`~checkpoint_lib.spark.graph_runner.GraphRunner`:
+every vertex in this process, every edge chained), with the options that make sense for it; the
+others are refused before Spark starts (:func:`graph_option_problems`), as are ``recover --dry-run``
+and ``savepoint`` of a graph; ``recover`` of a graph skips the after-restore suites (they check
+linear pipelines), saying so."""
 
 from __future__ import annotations
 
 import argparse
 import functools
 import os
+import sys
 import time
 from typing import Any
 
@@ -16,33 +23,92 @@ from .output import EXIT_OK, RowsBar, bar_wanted, emit, progress, wants_json
 from .validating import validate_suites
 
 
-def _runner(args: argparse.Namespace, **kw: Any):
-    from ..core.decider import CheckpointConfig
-    from ..spark.runner import PipelineRunner
+STATE_COMPACT_EVERY = 32
+"""``--state-compact-every``'s default (a linear pipeline's keyed state table)."""
 
-    config = CheckpointConfig(
+
+def _config(args: argparse.Namespace):
+    from ..core.decider import CheckpointConfig
+
+    return CheckpointConfig(
         interval=args.interval, min_pause=args.min_pause, max_concurrent=1, timeout=args.timeout,
         retained=args.retained,
     )
+
+
+def _runner(args: argparse.Namespace, **kw: Any):
+    """The runner of ``args.pipeline``: a :class:`~checkpoint_lib.spark.runner.PipelineRunner` for a
+    linear pipeline, a :class:`~checkpoint_lib.spark.graph_runner.GraphRunner` for a dataflow graph."""
+    from ..pipelines import is_graph
+
+    declared = context.declared(args.pipeline)
+    if is_graph(declared):
+        return _graph_runner(args, declared, **kw)
+    from ..spark.runner import PipelineRunner
+
     source, operator = getattr(args, "source_parallelism", None), getattr(args, "parallelism", None)
     given = [f"--{flag} {n}" for flag, n in (("source-parallelism", source), ("parallelism", operator)) if n is not None]
-    pipeline = context.pipeline(args.pipeline).with_parallelism(
-        source=source, operator=operator, origin=" ".join(given)
-    )
+    pipeline = declared.with_parallelism(source=source, operator=operator, origin=" ".join(given))
     mode = args.mode or ("unaligned" if pipeline.feedback else "aligned")
+    compact = getattr(args, "state_compact_every", None)
     return PipelineRunner(
         pipeline, args.warehouse, context.spark_session(args), mode=mode,
-        rows_per_checkpoint=args.rows_per_checkpoint, config=config, progress=progress,
+        rows_per_checkpoint=args.rows_per_checkpoint, config=_config(args), progress=progress,
         alignment_timeout=args.alignment_timeout, stage=args.stage,
         poll_interval=getattr(args, "poll", 1.0), lagging_sources=getattr(args, "lagging_sources", 0),
-        state_compact_every=getattr(args, "state_compact_every", 32),
+        state_compact_every=STATE_COMPACT_EVERY if compact is None else compact,
         chaining=not getattr(args, "no_chaining", False), **kw,
     )
 
 
+def graph_option_problems(args: argparse.Namespace) -> list[str]:
+    """The options of ``ckpt run``/``recover`` a dataflow graph does not take (yet), each with why:
+    its runner runs every vertex in one process with every edge chained, each vertex at its
+    declared parallelism."""
+    problems = []
+    if getattr(args, "stage", "all") != "all":
+        problems.append(f"--stage {args.stage} (a graph runs every vertex in one process: --stage all; its stages as "
+                        "separate processes come later)")
+    given = [f"--{flag}" for flag in ("parallelism", "source-parallelism")
+             if getattr(args, flag.replace("-", "_"), None) is not None]
+    if given:
+        problems.append(f"{' and '.join(given)} (a graph declares each vertex's parallelism: change the declaration; a "
+                        "restore at another parallelism splits keyed state by key group)")
+    if getattr(args, "lagging_sources", 0):
+        problems.append("--lagging-sources (every edge of a graph is chained in one process: no channel lags)")
+    if getattr(args, "no_chaining", False):
+        problems.append("--no-chaining (a graph runs with every edge chained; channel logs between its vertices come "
+                        "later)")
+    if getattr(args, "alignment_timeout", None) is not None:
+        problems.append("--alignment-timeout (every checkpoint of a graph is aligned at a step's end with nothing in "
+                        "flight: there is no alignment to time out)")
+    if getattr(args, "state_compact_every", None) is not None:
+        problems.append("--state-compact-every (a graph's state tables are not compacted yet)")
+    return problems
+
+
+def _graph_runner(args: argparse.Namespace, graph: Any, **kw: Any):
+    """A :class:`~checkpoint_lib.spark.graph_runner.GraphRunner` with the run options a graph takes;
+    the others are refused before Spark starts (:func:`graph_option_problems`)."""
+    problems = graph_option_problems(args)
+    if problems:
+        raise ValueError(f"{args.pipeline} is a dataflow graph, which does not take "
+                         + ("; ".join(problems) if len(problems) == 1 else
+                            "these options:\n" + "\n".join(f"  - {p}" for p in problems)))
+    from ..spark.graph_runner import GraphRunner
+
+    mode = args.mode or "aligned"
+    if mode != "aligned":
+        progress(f"graph {graph.name}: every edge is chained in this process, so every checkpoint is aligned at a "
+                 f"step's end with nothing in flight (--mode {mode} changes nothing)")
+    return GraphRunner(graph, args.warehouse, context.spark_session(args), mode=mode,
+                       rows_per_checkpoint=args.rows_per_checkpoint, config=_config(args), progress=progress,
+                       poll_interval=getattr(args, "poll", 1.0), **kw)
+
+
 def _run(args: argparse.Namespace, recover: bool = False) -> dict[str, Any]:
-    """Run (or recover) the pipeline; the run's summary, printed as a line unless ``-o json``. On
-    a terminal a live bar shows the rows read of the backlog, the rate and the time left."""
+    """Run (or recover) the pipeline or graph; the run's summary, printed as a line unless ``-o
+    json``. On a terminal a live bar shows the rows read of the backlog, the rate and the time left."""
     runner = _runner(args, restore_checkpoint=args.checkpoint, recover=recover,
                      allow_non_restored_state=args.allow_non_restored_state)
     run = functools.partial(runner.run, until_caught_up=args.until_caught_up, max_steps=args.max_steps,
@@ -79,19 +145,33 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
+    from ..pipelines import is_graph
+
+    graph = is_graph(context.declared(args.pipeline))
     if args.dry_run:  # delta-rs only: no JVM
         from ..delta.inspect import recovery_preview
 
+        if graph:
+            raise ValueError(f"{args.pipeline} is a dataflow graph: `ckpt recover --dry-run` previews a linear "
+                             "pipeline's recovery only so far (ckpt checkpoints list/show read a graph's checkpoints)")
         preview = recovery_preview(args.warehouse, context.pipeline(args.pipeline), args.checkpoint)
         if wants_json(args):
             emit(preview.to_dict())
         else:
             print(preview.describe())
         return EXIT_OK
-    if not args.no_validate:
+    if not args.no_validate and not graph:
         context.import_in_background("great_expectations")  # the validation's imports, while the run runs
     summary = _run(args, recover=True)
-    code, validations = (EXIT_OK, []) if args.no_validate else validate_suites(args, kinds=("restore",))
+    if graph:  # the suites' views read one source, one operator and its sinks: a linear pipeline's
+        skipped = (f"after-restore validation skipped: {args.pipeline} is a dataflow graph, and the quality suites "
+                   "check linear pipelines only so far")
+        if not args.no_validate:
+            print(skipped, file=sys.stderr if wants_json(args) else sys.stdout)
+        code, validations = EXIT_OK, []
+        summary["validation"] = "not asked" if args.no_validate else skipped
+    else:
+        code, validations = (EXIT_OK, []) if args.no_validate else validate_suites(args, kinds=("restore",))
     if wants_json(args):
         emit({**summary, "validations": validations})
     return code
@@ -100,6 +180,8 @@ def cmd_recover(args: argparse.Namespace) -> int:
 def cmd_savepoint(args: argparse.Namespace) -> int:
     from ..core.types import CheckpointKind
 
+    context.pipeline(args.pipeline)  # a graph is refused before anything is opened: its running process
+    # takes no savepoint request yet, and taking one here would fence a running one
     if args.stage == "keyed":
         raise ValueError("a savepoint is injected by the source stage: use --stage source or all")
     from ..control import PipelineControl

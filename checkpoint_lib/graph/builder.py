@@ -27,7 +27,8 @@ beyond the call's own arguments until :meth:`Graph.build` validates the whole gr
 - ``stream.sink(name, spec)`` writes it (an operator's stream writes the output named like the
   sink unless ``output()`` chose one), ``stream.dead_letters(path)`` takes its vertex's bad rows;
 - ``feedback.key_by(key).iterate(into=op_stream)`` closes a cycle through a feedback edge (the
-  only edge allowed to).
+  only edge allowed to);
+- ``g.generator(fn)``: what ``ckpt generate`` runs to land sample input (as ``Pipeline.generator()``).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class Graph:
         self._edges: list[Edge] = []
         self._sinks: list[VertexSink] = []
         self._dead_letters: list[DeadLetters] = []
+        self._generator_fn: Callable[..., int] | None = None
 
     def source(self, name: str, spec: Any, parallelism: int = 1, bootstrap: Any = None) -> "Stream":
         """A source vertex ``name`` reading ``spec`` with ``parallelism`` subtasks; ``bootstrap``
@@ -69,10 +71,20 @@ class Graph:
         self._vertices.append(SourceVertex(name, spec, parallelism, bootstrap=bootstrap))
         return Stream(self, (_Outlet(len(self._vertices) - 1, RECORDS),))
 
+    def generator(self, fn: Callable[..., int]) -> "Graph":
+        """How ``ckpt generate`` appends sample input to the graph's sources, as
+        :meth:`checkpoint_lib.pipeline.Pipeline.generator`: ``fn(spark, warehouse, rows, *,
+        bad_fraction, seed, **options)`` lands ``rows`` new rows and returns a version of the table
+        it appended to (its choice: the graph has several). Returns this builder."""
+        if not callable(fn):
+            raise TypeError(f"generator() needs a function, got {fn!r}")
+        self._generator_fn = fn
+        return self
+
     def build(self) -> StreamGraph:
         """The declared graph, validated (:class:`~.validation.GraphError` lists every problem)."""
         return validate(StreamGraph(self.name, tuple(self._vertices), tuple(self._edges), tuple(self._sinks),
-                                    tuple(self._dead_letters), self.max_parallelism))
+                                    tuple(self._dead_letters), self.max_parallelism, generator_fn=self._generator_fn))
 
     def _used(self, index: int) -> bool:
         vertex_id = self._vertices[index].id

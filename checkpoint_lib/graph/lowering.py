@@ -41,4 +41,6 @@ def from_pipeline(pipeline: Pipeline) -> StreamGraph:
     for name, sink in pipeline.sinks.items():
         operator.sink(name, sink)
     records.dead_letters(pipeline.dlq_path)
+    if pipeline.generator_fn is not None:
+        g.generator(pipeline.generator_fn)
     return g.build()

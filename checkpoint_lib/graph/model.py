@@ -22,7 +22,7 @@ lower to a graph of two vertices (:func:`checkpoint_lib.graph.from_pipeline`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Callable
 
@@ -193,6 +193,9 @@ class StreamGraph:
     sinks: tuple[VertexSink, ...] = ()
     dead_letters: tuple[DeadLetters, ...] = ()
     max_parallelism: int = DEFAULT_MAX_PARALLELISM
+    generator_fn: Callable[..., int] | None = field(default=None, compare=False)
+    """What ``ckpt generate`` runs (:meth:`~checkpoint_lib.graph.Graph.generator`): not part of
+    what the graph is (left out of equality)."""
 
     def __post_init__(self) -> None:
         for name in ("vertices", "edges", "sinks", "dead_letters"):

@@ -15,10 +15,15 @@ A pipeline is found
   ``python -m``), and the pipeline is then known by its name for the rest of the process. Child
   processes (spark-submit, ``ckpt run`` children) are given :func:`ref_of` the name.
 
-What an entry point or a reference points at is a :class:`~checkpoint_lib.pipeline.Pipeline` or a
-function of no arguments returning one (built when asked, so listing names imports nothing). Its
-``name`` is the pipeline's name everywhere (``_checkpoints/<name>``, ``<name>_run``...); an entry
-point's name must equal it.
+What an entry point or a reference points at is a :class:`~checkpoint_lib.pipeline.Pipeline`, a
+dataflow graph (a :class:`~checkpoint_lib.graph.Graph` builder or its built
+:class:`~checkpoint_lib.graph.StreamGraph`), or a function of no arguments returning one (built
+when asked, so listing names imports nothing). Its ``name`` is the pipeline's name everywhere
+(``_checkpoints/<name>``, ``<name>_run``...); an entry point's name must equal it.
+
+:func:`declared` gives either kind, for the commands that take both (:data:`GRAPH_COMMANDS`);
+:func:`load` (:func:`get`) gives a linear pipeline and refuses a graph, saying which commands take
+one; :func:`graph_of` gives either as a graph (a linear pipeline's two vertices).
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ from ..pipeline import Pipeline
 
 GROUP = "checkpoint_lib.pipelines"
 """The entry point group pipelines are registered in."""
+
+GRAPH_COMMANDS = ("run", "recover", "generate", "graph", "pipelines", "checkpoints", "report", "maintain")
+"""The ``ckpt`` commands that take a dataflow graph (the others take linear pipelines only so far)."""
 
 _REFERENCE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 
@@ -62,8 +70,8 @@ def _registered() -> dict[str, EntryPoint]:
 
 
 def names() -> list[str]:
-    """Every pipeline this process can find by name: the registered ones and those loaded by
-    reference. Imports no pipeline."""
+    """Every pipeline this process can find by name, linear pipelines and graphs: the registered
+    ones and those loaded by reference. Imports no pipeline."""
     return sorted(set(_registered()) | set(_loaded))
 
 
@@ -76,38 +84,52 @@ def _declared(obj: Any) -> Any:
     return obj
 
 
-def _as_pipeline(obj: Any, where: str) -> Pipeline:
+def _as_declared(obj: Any, where: str) -> Any:
+    """A linear pipeline (a copy: the caller may rescale it, and a module-level Pipeline is shared)
+    or a built graph (a :class:`~checkpoint_lib.graph.StreamGraph`, immutable), not yet validated."""
     from ..graph import Graph, StreamGraph
 
     obj = _declared(obj)
-    if isinstance(obj, (Graph, StreamGraph)):
-        raise UnknownPipeline(
-            f"{where} is a dataflow graph ({obj.name!r}): `ckpt graph` draws it, but the runtime runs linear "
-            "pipelines only so far (checkpoint_lib.pipeline.Pipeline: one source, one operator, its sinks)")
+    if isinstance(obj, Graph):
+        return obj.build()
+    if isinstance(obj, StreamGraph):
+        return obj
     if not isinstance(obj, Pipeline):
-        raise UnknownPipeline(f"{where} is {type(obj).__name__}, not a Pipeline or a function returning one")
-    # a copy: the caller may rescale it, and a module-level Pipeline is shared
+        raise UnknownPipeline(f"{where} is {type(obj).__name__}, not a Pipeline or a dataflow graph (Graph, "
+                              "StreamGraph), nor a function returning one")
     return obj.with_parallelism()
+
+
+def _validated(obj: Any) -> Any:
+    from ..graph import StreamGraph, validate
+
+    return validate(obj) if isinstance(obj, StreamGraph) else obj.validate()
+
+
+def is_graph(obj: Any) -> bool:
+    """Whether ``obj`` (what :func:`declared` returned) is a dataflow graph, not a linear pipeline."""
+    from ..graph import StreamGraph
+
+    return isinstance(obj, StreamGraph)
+
+
+def graph_refusal(ref: str, name: str) -> str:
+    """The one sentence that says a command takes linear pipelines only, and which ones take graphs."""
+    what = ref if ref == name else f"{ref} ({name!r})"
+    return (f"{what} is a dataflow graph: {', '.join(f'ckpt {c}' for c in GRAPH_COMMANDS)} take it; this command "
+            "takes a linear pipeline (checkpoint_lib.pipeline.Pipeline: one source, one operator, its sinks) only so far")
 
 
 def graph_of(ref: str) -> Any:
     """The dataflow graph (a validated :class:`~checkpoint_lib.graph.StreamGraph`) of a pipeline
     name or reference: a linear pipeline's two vertices (:func:`~checkpoint_lib.graph.from_pipeline`),
-    or the graph a reference declares (a :class:`~checkpoint_lib.graph.Graph` builder, a
-    ``StreamGraph``, or a function returning one), which only ``ckpt graph`` takes so far."""
-    from ..graph import Graph, StreamGraph, from_pipeline, validate
+    or the graph it declares (a :class:`~checkpoint_lib.graph.Graph` builder, a ``StreamGraph``, or
+    a function returning one). A graph drawn by reference is only drawn: its name is not taken for
+    the process (a linear pipeline's is, as :func:`load` takes it)."""
+    from ..graph import from_pipeline
 
-    if is_reference(ref):
-        obj = _declared(_resolve(ref))
-        if isinstance(obj, Graph):
-            return obj.build()
-        if isinstance(obj, StreamGraph):
-            return validate(obj)
-    return from_pipeline(load(ref))
-
-
-def _import(ref: str) -> Pipeline:
-    return _as_pipeline(_resolve(ref), ref)
+    obj = _validated(_as_declared(_resolve(ref), ref)) if is_reference(ref) else declared(ref)
+    return obj if is_graph(obj) else from_pipeline(load(ref) if is_reference(ref) else obj)
 
 
 def _resolve(ref: str) -> Any:
@@ -131,33 +153,47 @@ def _resolve(ref: str) -> Any:
     return obj
 
 
-def load(ref: str) -> Pipeline:
-    """The pipeline a name or a ``module:attr`` reference leads to, validated. A reference makes
-    its pipeline's name known to this process (:func:`names`, :func:`ref_of`)."""
+def declared(ref: str) -> Any:
+    """What a name or a ``module:attr`` reference declares, validated: a linear
+    :class:`~checkpoint_lib.pipeline.Pipeline` (a copy) or a dataflow graph (a
+    :class:`~checkpoint_lib.graph.StreamGraph`), for the commands that take both
+    (:data:`GRAPH_COMMANDS`). A reference makes its name known to this process (:func:`names`,
+    :func:`ref_of`)."""
     if is_reference(ref):
-        pipeline = _import(ref).validate()
-        ep = _registered().get(pipeline.name)
+        obj = _validated(_as_declared(_resolve(ref), ref))
+        ep = _registered().get(obj.name)
         if ep is not None and ep.value != ref:
             raise UnknownPipeline(
-                f"{ref} is pipeline {pipeline.name!r}, but that name is registered as {ep.value} "
+                f"{ref} is pipeline {obj.name!r}, but that name is registered as {ep.value} "
                 f"(entry point group {GROUP}): two pipelines cannot share a name")
-        previous = _loaded.setdefault(pipeline.name, ref)
+        previous = _loaded.setdefault(obj.name, ref)
         if previous != ref:
-            raise UnknownPipeline(f"{ref} and {previous} are both pipeline {pipeline.name!r}: two pipelines cannot share a name")
-        return pipeline
+            raise UnknownPipeline(f"{ref} and {previous} are both pipeline {obj.name!r}: two pipelines cannot share a name")
+        return obj
     name = check_name("pipeline name", ref)
     if name in _loaded:
-        return _import(_loaded[name]).validate()
+        return _validated(_as_declared(_resolve(_loaded[name]), _loaded[name]))
     ep = _registered().get(name)
     if ep is None:
         known = ", ".join(names()) or "none"
         raise UnknownPipeline(
             f"unknown pipeline {name!r}; registered: {known}. Register it under the entry point group "
             f"{GROUP} of its package, or pass it as module:attr (e.g. mypkg.flows:{name})")
-    pipeline = _as_pipeline(ep.load(), f"entry point {name} = {ep.value}")
-    if pipeline.name != name:
-        raise UnknownPipeline(f"entry point {name} = {ep.value} is pipeline {pipeline.name!r}: the names must match")
-    return pipeline.validate()
+    obj = _as_declared(ep.load(), f"entry point {name} = {ep.value}")
+    if obj.name != name:
+        raise UnknownPipeline(f"entry point {name} = {ep.value} is pipeline {obj.name!r}: the names must match")
+    return _validated(obj)
+
+
+def load(ref: str) -> Pipeline:
+    """The linear pipeline a name or a ``module:attr`` reference leads to, validated; a dataflow
+    graph is refused, naming the commands that take one (:data:`GRAPH_COMMANDS`:
+    :func:`declared`). A reference makes its pipeline's name known to this process (:func:`names`,
+    :func:`ref_of`)."""
+    obj = declared(ref)
+    if is_graph(obj):
+        raise UnknownPipeline(graph_refusal(ref, obj.name))
+    return obj
 
 
 get = load
@@ -165,8 +201,9 @@ get = load
 
 
 def name_of(ref: str) -> str:
-    """The pipeline name of a name or reference (a reference is imported, a name only checked)."""
-    return load(ref).name if is_reference(ref) else check_name("pipeline name", ref)
+    """The pipeline name of a name or reference, a linear pipeline's or a graph's (a reference is
+    imported, a name only checked)."""
+    return declared(ref).name if is_reference(ref) else check_name("pipeline name", ref)
 
 
 def ref_of(name: str) -> str:

@@ -132,3 +132,13 @@ def graph(name: str = "enrichment", *, payments_source: Any = None, accounts_sou
     totals.output(MAIN).sink("region_totals", DeltaSink("gold/enrichment/region_totals", REGION_TOTALS_SCHEMA,
                                                         mode="upsert", keys=("region",)))
     return g.build()
+
+
+def build() -> Any:
+    """The registered ``enrichment`` graph (``ckpt run enrichment``) with its generator (``ckpt
+    generate enrichment``: :func:`.enrichment_data.generate`)."""
+    import dataclasses
+
+    from . import enrichment_data
+
+    return dataclasses.replace(graph(), generator_fn=enrichment_data.generate)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from contextlib import nullcontext
 from typing import Any, Callable
 
 from pyspark.sql import DataFrame, SparkSession
@@ -301,22 +302,27 @@ class GraphRunner:
 
     def run(self, until_caught_up: bool = True, max_steps: int | None = None, final_checkpoint: bool = True,
             final_kind: CheckpointKind = CheckpointKind.CHECKPOINT,
-            on_step: Callable[[RunSummary], None] | None = None) -> RunSummary:
+            on_step: Callable[[RunSummary], None] | None = None, handle_signals: bool = False) -> RunSummary:
         """Open, step (until caught up, or ``max_steps`` steps), take a final checkpoint (of
-        ``final_kind``) and close."""
+        ``final_kind``) and close. With ``handle_signals`` (the CLI), SIGTERM/SIGINT stop the loop
+        cleanly (:meth:`request_stop`), as :meth:`PipelineRunner.run
+        <checkpoint_lib.spark.runner.PipelineRunner.run>`."""
+        from .runner import stop_on_signals
+
         started = time.monotonic()
         if not self._opened:
             self.open()
         steps = 0
-        while (max_steps is None or steps < max_steps) and not self._stop_requested:
-            steps += 1
-            moved = self.step()
-            if on_step is not None:
-                on_step(self.summary)
-            if not moved:
-                if until_caught_up:
-                    break
-                self._idle()
+        with stop_on_signals(self.request_stop) if handle_signals else nullcontext():
+            while (max_steps is None or steps < max_steps) and not self._stop_requested:
+                steps += 1
+                moved = self.step()
+                if on_step is not None:
+                    on_step(self.summary)
+                if not moved:
+                    if until_caught_up:
+                        break
+                    self._idle()
         if final_checkpoint:
             self.summary.final = self.final_checkpoint(final_kind)
         self.close()
@@ -326,6 +332,17 @@ class GraphRunner:
 
     def request_stop(self) -> None:
         self._stop_requested = True
+
+    def backlog_rows(self) -> int:
+        """Rows landed in the sources beyond their offsets: what is left to read (a progress bar's
+        total). Control plane only: the logs' row counts, no data read."""
+        self._check_open()
+        left = 0
+        for source in self.sources.values():
+            latest = source.reader.latest()
+            if latest is not None:
+                left += source.reader.pending_rows(source.offset, latest)
+        return left
 
     def _idle(self) -> None:
         deadline = time.monotonic() + self.poll_interval

@@ -319,7 +319,7 @@ class PipelineRunner:
         if not self._opened:
             self.open()
         steps = 0
-        with _stop_on_signals(self.request_stop) if handle_signals else nullcontext():
+        with stop_on_signals(self.request_stop) if handle_signals else nullcontext():
             while (max_steps is None or steps < max_steps) and not self._stop_requested:
                 steps += 1
                 moved = self.source_step() if self.runs_source else False
@@ -403,7 +403,7 @@ class PipelineRunner:
 
 
 @contextmanager
-def _stop_on_signals(stop: Callable[[], None]):
+def stop_on_signals(stop: Callable[[], None]):
     """While running, SIGTERM/SIGINT ask for a clean stop (a second one raises KeyboardInterrupt).
     Only the main thread can install handlers; elsewhere this does nothing."""
     if threading.current_thread() is not threading.main_thread():

@@ -1,4 +1,5 @@
-"""The DAG factory: four DAGs for every registered pipeline (:mod:`checkpoint_lib.pipelines`).
+"""The DAG factory: four DAGs for every registered pipeline (:mod:`checkpoint_lib.pipelines`); a
+registered dataflow graph gets none yet (skipped with a log line: :func:`dag_pipelines`).
 
 A deployment's DAGs folder needs one file that puts them in its globals (``dags/checkpoint_lib_dags.py``)::
 
@@ -37,6 +38,7 @@ time, never at parse time).
 from __future__ import annotations
 
 import json
+import logging
 import os
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -45,7 +47,7 @@ from airflow.sdk import DAG, Param, TriggerRule
 
 from checkpoint_lib.core.decider import DEFAULT_ROWS_PER_STEP
 from checkpoint_lib.core.types import MODES
-from checkpoint_lib.pipelines import get, name_of, names
+from checkpoint_lib.pipelines import declared, get, is_graph, name_of, names
 from ckpt_airflow.operators import (
     AbortCheckpointOperator,
     CommitCheckpointOperator,
@@ -79,6 +81,8 @@ DEFAULTS: dict[str, Any] = {
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)
 DAG_KINDS = ("run", "snapshot", "recover", "maintenance")
 """The DAGs :func:`build_dags` builds per pipeline: ``<pipeline>_<kind>``, in this order."""
+
+log = logging.getLogger(__name__)
 
 
 def settings_for(pipeline: str) -> dict[str, Any]:
@@ -195,8 +199,12 @@ def _dry_run_gate(validated: Any):
 
 
 def build_dags(pipeline: str) -> dict[str, DAG]:
-    """The four DAGs of ``pipeline``: a registered name or a ``module:attr`` reference."""
+    """The four DAGs of ``pipeline``: a registered name or a ``module:attr`` reference of a linear
+    pipeline (a dataflow graph is refused: its DAGs come later)."""
     pipeline = name_of(pipeline)
+    if is_graph(declared(pipeline)):
+        raise ValueError(f"{pipeline} is a dataflow graph: the DAGs run linear pipelines only so far (their source "
+                         f"and keyed stages); run the graph with `ckpt run {pipeline}`")
     s = settings_for(pipeline)
     dags = (build_run_dag(pipeline, s), build_snapshot_dag(pipeline, s), build_recover_dag(pipeline, s),
             build_maintenance_dag(pipeline, s))
@@ -204,10 +212,24 @@ def build_dags(pipeline: str) -> dict[str, DAG]:
     return {d.dag_id: d for d in dags}
 
 
-def dags_for_every_pipeline() -> dict[str, DAG]:
-    """The four DAGs of every registered pipeline, by dag id (Airflow takes them from the globals of
-    the DAG file that calls this, and attributes them to that file)."""
-    dags: dict[str, DAG] = {}
+def dag_pipelines() -> list[str]:
+    """The registered pipelines that get DAGs: every linear one. A dataflow graph is skipped, with
+    a log line saying so: its DAGs come later (``ckpt run <graph>`` runs it)."""
+    found = []
     for name in names():
+        if is_graph(declared(name)):
+            log.info("%s is a dataflow graph: no DAGs for it yet (the DAGs run linear pipelines' stages); "
+                     "run it with `ckpt run %s`", name, name)
+            continue
+        found.append(name)
+    return found
+
+
+def dags_for_every_pipeline() -> dict[str, DAG]:
+    """The four DAGs of every registered linear pipeline (:func:`dag_pipelines`: a graph has none
+    yet), by dag id (Airflow takes them from the globals of the DAG file that calls this, and
+    attributes them to that file)."""
+    dags: dict[str, DAG] = {}
+    for name in dag_pipelines():
         dags.update(build_dags(name))
     return dags

@@ -27,6 +27,7 @@ from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleA
 from checkpoint_lib.checkpoint_requests import CheckpointRequests
 from checkpoint_lib.control import PipelineControl
 from checkpoint_lib.delta.store import DeltaCheckpointStore
+from checkpoint_lib.pipelines import names
 from browser import screenshot
 from helpers import AIRFLOW
 from history import synthetic_history
@@ -128,7 +129,9 @@ def test_only_users_who_may_read_a_pipelines_dags_see_it(tmp_path, monkeypatch, 
         assert api.get("viewer", "/api/v2/dags/payments_run").status_code == 404
 
         for user in ("admin", "viewer"):
-            assert api.get(user, "/checkpoints/api/pipelines").json() == ["orders", "payments", "transfers"]
+            # every registered name (a graph's too: its history reads the same control tables)
+            assert api.get(user, "/checkpoints/api/pipelines").json() == names()
+            assert {"orders", "payments", "transfers"} <= set(names())
             page = api.get(user, "/checkpoints/")
             assert page.status_code == 200 and 'href="?pipeline=transfers"' in page.text
             page = api.get(user, "/checkpoints/?pipeline=payments")
@@ -183,7 +186,7 @@ def test_a_pipeline_needs_read_access_to_every_one_of_its_dags(tmp_path, monkeyp
     monkeypatch.setenv("CKPT_WAREHOUSE", str(warehouse))
     users = {"payments_reader": "viewer", "payments_run_reader": "viewer", "admin": "admin"}
     with api_server(tmp_path, users, f"{__name__}.PerDagAuthManager") as api:
-        assert api.get("admin", "/checkpoints/api/pipelines").json() == ["orders", "payments", "transfers"]
+        assert api.get("admin", "/checkpoints/api/pipelines").json() == names()
 
         assert api.get("payments_reader", "/checkpoints/api/pipelines").json() == ["payments"]
         page = api.get("payments_reader", "/checkpoints/")

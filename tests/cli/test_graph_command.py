@@ -131,11 +131,14 @@ built = declared().build()
 '''
 
 
-def test_a_declared_graph_is_drawn_by_reference_and_refused_by_the_commands_that_run(tmp_path, monkeypatch, capsys):
+def test_a_declared_graph_is_drawn_by_reference_and_refused_by_the_commands_that_take_linear_pipelines_only(
+        tmp_path, monkeypatch, capsys):
     """``ckpt graph mod:attr`` draws a :class:`Graph` (or its built ``StreamGraph``, or a function
-    returning one) that no runtime command takes yet: ``ckpt run`` refuses it, saying why."""
+    returning one); a command that takes linear pipelines only (``ckpt state``) refuses it,
+    naming the commands that take a graph."""
     (tmp_path / "joinflows.py").write_text(GRAPH_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(pipelines, "_loaded", {})
     drawings = []
     for attr in ("graph", "built", "declared"):
         assert cli.main(["graph", f"joinflows:{attr}"]) == 0
@@ -143,7 +146,9 @@ def test_a_declared_graph_is_drawn_by_reference_and_refused_by_the_commands_that
     assert drawings[0] == drawings[1] == drawings[2]
     assert drawings[0].splitlines()[0].startswith("joined: 3 vertices, 2 edges")
     assert "tag (two-input keyed Enrich, parallelism 3)" in drawings[0]
-    assert cli.main(["run", "joinflows:graph", "--warehouse", str(tmp_path / "w")]) != 0
+    assert cli.main(["state", "operator", "joinflows:graph", "--warehouse", str(tmp_path / "w")]) == cli.EXIT_USER_ERROR
     err = capsys.readouterr().err
-    assert "joinflows:graph is a dataflow graph ('joined'): `ckpt graph` draws it, but the runtime runs linear " \
-           "pipelines only so far" in err
+    assert "joined is a dataflow graph: ckpt run, ckpt recover, ckpt generate, ckpt graph" in err
+    assert "this command takes a linear pipeline (checkpoint_lib.pipeline.Pipeline: one source, one operator, its " \
+           "sinks) only so far" in err
+    assert not (tmp_path / "w").exists()

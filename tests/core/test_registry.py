@@ -73,11 +73,11 @@ def test_a_reference_may_name_a_function_that_builds_the_pipeline(user_modules):
 @pytest.mark.parametrize("ref, message", [
     ("no_such_module_xyz:p", "cannot import 'no_such_module_xyz'"),
     ("mods_bad:missing", "has no attribute 'missing'"),
-    ("mods_bad:not_a_pipeline", "is int, not a Pipeline"),
+    ("mods_bad:not_a_pipeline", "is int, not a Pipeline or a dataflow graph"),
     ("mods_bad:incomplete", "is incomplete: missing process()"),
     ("mods_bad:", "not a pipeline reference"),
     ("1bad:x", "not a pipeline reference"),
-    ("nope", "unknown pipeline 'nope'; registered: orders, payments, transfers"),
+    ("nope", "unknown pipeline 'nope'; registered: (enrichment, )?orders, payments, transfers"),
     ("Bad Name", "pipeline name"),
 ])
 def test_a_bad_reference_says_what_is_wrong(user_modules, ref, message):
