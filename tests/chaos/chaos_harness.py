@@ -1,7 +1,7 @@
 """The chaos harness: kill -9 real ``ckpt run`` processes at random instants, recover, compare.
 
 A :class:`Scenario` is drawn from a seed: a pipeline (``payments`` or ``transfers``; ``orders`` from
-seed :data:`ORDERS_SEEDS` on), a barrier
+seed :data:`ORDERS_SEEDS` on; the ``enrichment`` graph from :data:`ENRICHMENT_SEEDS` on), a barrier
 mode (every mode the pipeline supports; a lagging source subtask in the non-aligned modes, so
 records are in flight and unaligned checkpoints carry channel state), a first kill and then up to
 three more, each during the recovery the one before it left to do (a chain: recovery killed,
@@ -42,9 +42,20 @@ MODES = {
     "transfers": ("unaligned", "aligned_with_timeout"),  # a cycle: aligned modes cannot checkpoint it
     # replaced state (dedup within a window): at-least-once would repeat state updates by design
     "orders": ("aligned", "unaligned", "aligned_with_timeout"),
+    # a graph runs in one process with every edge chained: every mode is aligned there
+    "enrichment": ("aligned",),
 }
 ORDERS_SEEDS = 1000
 """Seeds from here on are ``orders`` scenarios (the seeds below keep the scenarios they always drew)."""
+ENRICHMENT_SEEDS = 10_000
+"""Seeds from here on are ``enrichment`` scenarios (a graph: two inputs, a two-input keyed operator,
+two keyed operators after it; its own kill points: no channel log, no channel state)."""
+ENRICHMENT_KILLS = {
+    "source_read": 3, "dlq": 2, "flush_stage": 3, "flush_merge": 3, "snapshot": 3, "ack": 3, "complete": 3,
+    "commit": 3, "sink_commit": 4,
+}
+"""Where a first kill of an ``enrichment`` run may land (its graph runner's phases; three steps
+surely reach each count)."""
 MAINTENANCE_SEEDS = 2000
 """Seeds from here on draw their scenario as ``seed - MAINTENANCE_SEEDS`` does, and besides one
 maintenance operation of :data:`MAINTENANCE` on one of the pipeline's tables after each kill,
@@ -123,6 +134,8 @@ class Outcome:
 
 def scenario(seed: int) -> Scenario:
     """The scenario of ``seed``: deterministic, so a failing seed can be run again alone."""
+    if seed >= ENRICHMENT_SEEDS:
+        return _enrichment_scenario(seed)
     if seed >= MAINTENANCE_SEEDS:
         s = scenario(seed - MAINTENANCE_SEEDS)
         rng = random.Random(f"maintenance {seed}")
@@ -152,6 +165,24 @@ def scenario(seed: int) -> Scenario:
     return Scenario(seed, pipeline, mode, lagging, first, tuple(then))
 
 
+def _enrichment_scenario(seed: int) -> Scenario:
+    rng = random.Random(seed)
+    phases = list(ENRICHMENT_KILLS)
+    if rng.random() < 0.2:
+        first = Kill(EXTERNAL, after_s=round(rng.uniform(20, 80), 1))
+    else:
+        phase = phases[seed % len(phases)] if seed < ENRICHMENT_SEEDS + 2 * len(phases) else rng.choice(phases)
+        first = Kill(phase, rng.randint(1, ENRICHMENT_KILLS[phase]))
+    then = []
+    for _ in range(rng.choice((0, 1, 2, 3))):
+        if rng.random() < 0.2:
+            then.append(Kill(EXTERNAL, after_s=round(rng.uniform(15, 45), 1)))
+        else:
+            phase = rng.choice(list(RECOVERY_KILLS))
+            then.append(Kill(phase, rng.randint(1, RECOVERY_KILLS[phase])))
+    return Scenario(seed, "enrichment", "aligned", 0, first, tuple(then))
+
+
 def pipeline_tables(name: str) -> tuple[str, ...]:
     """The pipeline's source and sink tables, relative to the warehouse."""
     from checkpoint_lib.pipelines import get
@@ -162,7 +193,11 @@ def pipeline_tables(name: str) -> tuple[str, ...]:
 
 def landing(spark, warehouse: str, s: Scenario) -> None:
     """The scenario's input: 3 landing versions of 400 rows, 3% bad."""
-    if s.pipeline == "orders":
+    if s.pipeline == "enrichment":  # three rounds: accounts changes, then payments, ~600 rows
+        from checkpoint_lib.pipelines.enrichment_data import generate
+
+        generate(spark, warehouse, 2 * ROWS, rounds=VERSIONS, accounts=30, seed=s.seed)
+    elif s.pipeline == "orders":
         from checkpoint_lib.pipelines.orders import generate
 
         for v in range(VERSIONS):
@@ -180,6 +215,8 @@ def landing(spark, warehouse: str, s: Scenario) -> None:
 
 
 def _command(warehouse: str, s: Scenario) -> list[str]:
+    if s.pipeline == "enrichment":  # a graph: one process, every edge chained
+        return ckpt_run_argv(s.pipeline, warehouse, "--rows-per-checkpoint", str(ROWS // 2))
     cmd = ckpt_run_argv(s.pipeline, warehouse, "--rows-per-checkpoint", str(ROWS), "--mode", s.mode,
                         "--lagging-sources", str(s.lagging))
     if s.mode == "aligned_with_timeout":
@@ -247,7 +284,11 @@ def run_scenario(spark, warehouse: str | Path, s: Scenario) -> Outcome:
     if code != 0:
         out.mismatch = f"recovery failed (exit {code}):\n{tail}"
     else:
-        if s.pipeline == "payments":
+        if s.pipeline == "enrichment":
+            from checkpoint_lib.pipelines.enrichment_data import check_enrichment
+
+            check = check_enrichment(warehouse)
+        elif s.pipeline == "payments":
             check = check_payments(warehouse, exact_order=not s.lagging, at_least_once=s.mode == "at_least_once")
             out.repeats = check.repeats
         elif s.pipeline == "orders":

@@ -17,7 +17,7 @@ import os
 
 import pytest
 
-from chaos_harness import MAINTENANCE_SEEDS, Kill, Scenario, record, run_scenario, scenario
+from chaos_harness import ENRICHMENT_SEEDS, MAINTENANCE_SEEDS, Kill, Scenario, record, run_scenario, scenario
 from checkpoint_lib.verify import read_delta
 
 pytestmark = [pytest.mark.crash, pytest.mark.spark]
@@ -57,3 +57,13 @@ def test_chaos_with_maintenance_between_kills(spark, tmp_path, seed):
         record(RESULTS, outcome)
     assert outcome.survived, f"{s.label}: {outcome.mismatch}"
     assert len(outcome.maintenance) == len(s.chain)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(ENRICHMENT_SEEDS, ENRICHMENT_SEEDS + int(os.environ.get("CKPT_CHAOS_ENRICHMENT_RUNS", "6"))))
+def test_chaos_enrichment(spark, tmp_path, seed):
+    """The enrichment graph (its graph runner: one process, every edge chained) killed and recovered."""
+    outcome = run_scenario(spark, tmp_path, scenario(seed))
+    if RESULTS:
+        record(RESULTS, outcome)
+    assert outcome.survived, f"{scenario(seed).label}: {outcome.mismatch}"
