@@ -63,8 +63,16 @@ def resolve_pipeline(args: argparse.Namespace) -> None:
     ref = getattr(args, "pipeline", None)
     if not isinstance(ref, str):
         return
-    from ..pipelines import is_reference, name_of
+    from ..pipelines import name_of
+
+    importable_from_here(ref)
+    args.pipeline = name_of(ref)
+
+
+def importable_from_here(ref: str) -> None:
+    """A ``module:attr`` reference's module is found in the current directory too (like
+    ``python -m``)."""
+    from ..pipelines import is_reference
 
     if is_reference(ref) and os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
-    args.pipeline = name_of(ref)

@@ -60,6 +60,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
     from ..graph import to_dict, to_dot, to_text
     from ..pipelines import graph_of
 
+    context.importable_from_here(args.graph_ref)
     graph = graph_of(args.graph_ref)
     if wants_json(args):
         emit(to_dict(graph))
