@@ -369,6 +369,10 @@ class ChangeFeedPlanner:
         self._versions = {v: c for v, c in self._versions.items() if v > upto}
         self._feed = {v: on for v, on in self._feed.items() if v >= upto}
 
+    def commit_time(self, version: int) -> int | None:
+        """When ``version`` was committed (ms since the epoch, :func:`commit_time_of`)."""
+        return self.version(version).time
+
     def rows_between(self, after: int, upto: int) -> int:
         """The rows the versions after ``after`` (at most ``upto``) changed (unknown counts as none)."""
         return sum(max(c.entry.rows, 0) for v in range(after + 1, upto + 1) if (c := self.version(v)).entry)

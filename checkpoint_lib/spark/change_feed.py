@@ -65,17 +65,21 @@ def _sort_key(name: str, dt: T.DataType) -> Column:
     return column.asc_nulls_first() if _orderable(dt) else F.to_json(F.struct(column)).asc_nulls_first()
 
 
-class ChangeFeedReader:
-    """The :class:`~checkpoint_lib.spark.sources.SourceReader` of a :class:`ChangeFeedSource`."""
+class DeltaLogReader:
+    """What the readers of a Delta table by its versions share (a :class:`ChangeFeedSource`'s here,
+    a ``DeltaSource``'s in :mod:`.sources`): the declaration, where it is read, the planner of its
+    log (each commit parsed once), the newest version, the rows between two versions and when a
+    version was committed (a graph cuts a step across its sources by it)."""
 
-    caches_step = True  # a feed read and a numbering of each version: computed once per step
-    writes_on_discover = False
-
-    def __init__(self, spec: ChangeFeedSource, site: Any):  # site: a sources.SourceSite (that module imports this one)
+    def __init__(self, spec: Any, site: Any, planner: Any):
         self.spec, self.site, self.path = spec, site, site.location
-        self.planner = delta_log.ChangeFeedPlanner(self.path)
+        self.planner = planner
         self.schema_checked_at = -1
         self._ignored_columns: list[str] = []
+
+    def missing_table(self) -> str:
+        """Why discovering found no table, and what to do."""
+        raise NotImplementedError
 
     def latest(self) -> int | None:
         return delta_log.latest_version(self.path)
@@ -83,18 +87,29 @@ class ChangeFeedReader:
     def discover(self) -> int | None:
         latest = self.latest()
         if latest is None:
-            raise FileNotFoundError(
-                f"no Delta table at {self.path}: create it with its change data feed on (TBLPROPERTIES "
-                f"(delta.enableChangeDataFeed = true)), or generate data first (ckpt generate {self.site.pipeline})"
-            )
+            raise FileNotFoundError(self.missing_table())
         return latest
 
     def pending_rows(self, after: int, upto: int) -> int:
         return self.planner.rows_between(after, upto)
 
     def commit_time(self, version: int) -> int | None:
-        """When ``version`` was committed (ms): a graph cuts a step across its sources by it."""
-        return self.planner.version(version).time
+        """When ``version`` was committed (ms since the epoch)."""
+        return self.planner.commit_time(version)
+
+
+class ChangeFeedReader(DeltaLogReader):
+    """The :class:`~checkpoint_lib.spark.sources.SourceReader` of a :class:`ChangeFeedSource`."""
+
+    caches_step = True  # a feed read and a numbering of each version: computed once per step
+    writes_on_discover = False
+
+    def __init__(self, spec: ChangeFeedSource, site: Any):  # site: a sources.SourceSite (that module imports this one)
+        super().__init__(spec, site, delta_log.ChangeFeedPlanner(site.location))
+
+    def missing_table(self) -> str:
+        return (f"no Delta table at {self.path}: create it with its change data feed on (TBLPROPERTIES "
+                f"(delta.enableChangeDataFeed = true)), or generate data first (ckpt generate {self.site.pipeline})")
 
     def next_step(self, after: int, upto: int, rows_per_step: int) -> list[AddedFile]:
         """The versions after ``after`` (at most ``upto``) that changed rows, whole, until they hold

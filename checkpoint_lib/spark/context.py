@@ -47,7 +47,7 @@ class RunContext:
     """The attempt this process writes as (set when it opens)."""
     coordinator: Any = None
     """The :class:`~checkpoint_lib.core.coordinator.CheckpointCoordinator` (set when it opens)."""
-    _cache: list[DataFrame] = field(default_factory=list)
+    _cache: "StepCache" = field(default_factory=lambda: StepCache())
 
     def reached(self, phase: str) -> None:
         """A kill point (:mod:`checkpoint_lib.killpoints`)."""
@@ -60,14 +60,27 @@ class RunContext:
         self.store.epochs.check(self.epoch)
 
     def cached(self, df: DataFrame) -> DataFrame:
-        """``df`` persisted (memory, spilling to disk) until :meth:`uncache`: for a DataFrame of
-        immutable inputs that several writes read, so it is computed once. Only ever a cache."""
+        return self._cache.cached(df)
+
+    def uncache(self) -> None:
+        self._cache.uncache()
+
+
+class StepCache:
+    """DataFrames persisted (memory, spilling to disk) for one step: for a DataFrame of immutable
+    inputs that several writes read, so it is computed once. Only ever a cache."""
+
+    def __init__(self) -> None:
+        self._held: list[DataFrame] = []
+
+    def cached(self, df: DataFrame) -> DataFrame:
+        """``df`` persisted until :meth:`uncache`."""
         from pyspark import StorageLevel
 
         df = df.persist(StorageLevel.MEMORY_AND_DISK)
-        self._cache.append(df)
+        self._held.append(df)
         return df
 
     def uncache(self) -> None:
-        while self._cache:
-            self._cache.pop().unpersist()
+        while self._held:
+            self._held.pop().unpersist()

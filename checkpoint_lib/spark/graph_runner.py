@@ -57,7 +57,7 @@ from ..killpoints import KillPoints
 from ..layout import app_prefix, checkpoint_root, sink_transactions, warehouse_location
 from ..pipeline import FolderSource, check_relative_path
 from ..reserved import KEY_GROUP, SINK_SUBTASK
-from .context import RunSummary
+from .context import RunSummary, StepCache
 from .partitioning import route_records
 from .session import use_warehouse
 from .sinks import SinkSite, sink_writer
@@ -151,7 +151,8 @@ class GraphRunner:
         self.summary = RunSummary(0, None)
         self.session: int | None = None
         self._opened = self._closed = self._stop_requested = False
-        self._cache: list[DataFrame] = []
+        self.step_cache = StepCache()  # what several writes of a step read, computed once
+        self.cached, self.uncache = self.step_cache.cached, self.step_cache.uncache
         self._source_flushes: dict[str, int] = {}  # a source vertex's sink flushes (the operators keep theirs)
 
         self.writers = {
@@ -196,17 +197,6 @@ class GraphRunner:
         """The early, cheap epoch check before a data-plane write (the fence itself is inside each
         write's commit)."""
         self.store.epochs.check(self.epoch)
-
-    def cached(self, df: DataFrame) -> DataFrame:
-        from pyspark import StorageLevel
-
-        df = df.persist(StorageLevel.MEMORY_AND_DISK)
-        self._cache.append(df)
-        return df
-
-    def uncache(self) -> None:
-        while self._cache:
-            self._cache.pop().unpersist()
 
     # opening -----------------------------------------------------------------------------------
 

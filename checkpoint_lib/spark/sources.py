@@ -36,7 +36,7 @@ from ..pipeline import ChangeFeedSource, DeltaSource, FolderSource
 from ..reserved import ERROR_COLUMN, temporary
 from ..schema import SchemaMismatchError
 from . import tables
-from .change_feed import ChangeFeedReader
+from .change_feed import ChangeFeedReader, DeltaLogReader
 from .landing import LandingFolderSource
 from .paths import path_below, spark_path
 
@@ -124,7 +124,7 @@ def schema_problems(have: Mapping[str, T.DataType], want: Mapping[str, str]) -> 
     return problems
 
 
-class DeltaTableReader:
+class DeltaTableReader(DeltaLogReader):
     """An append-only Delta table read by version (:class:`~checkpoint_lib.pipeline.DeltaSource`).
     Steps are planned from its log, parsed once per version
     (:class:`~checkpoint_lib.delta.log.StepPlanner`); its schema is checked against the declared one
@@ -134,28 +134,10 @@ class DeltaTableReader:
     writes_on_discover = False
 
     def __init__(self, spec: DeltaSource, site: SourceSite):
-        self.spec, self.site, self.path = spec, site, site.location
-        self.planner = delta_log.StepPlanner(self.path)
-        self.schema_checked_at = -1
-        self._ignored_columns: list[str] = []
+        super().__init__(spec, site, delta_log.StepPlanner(site.location))
 
-    def latest(self) -> int | None:
-        return delta_log.latest_version(self.path)
-
-    def discover(self) -> int | None:
-        latest = self.latest()
-        if latest is None:
-            raise FileNotFoundError(
-                f"no landing table at {self.path}: generate data first (ckpt generate {self.site.pipeline})"
-            )
-        return latest
-
-    def pending_rows(self, after: int, upto: int) -> int:
-        return self.planner.rows_between(after, upto)
-
-    def commit_time(self, version: int) -> int | None:
-        """When ``version`` was committed (ms): a graph cuts a step across its sources by it."""
-        return self.planner.commit_time(version)
+    def missing_table(self) -> str:
+        return f"no landing table at {self.path}: generate data first (ckpt generate {self.site.pipeline})"
 
     def next_step(self, after: int, upto: int, rows_per_step: int) -> list[AddedFile]:
         if self.schema_checked_at != upto:

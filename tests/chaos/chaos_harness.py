@@ -155,14 +155,7 @@ def scenario(seed: int) -> Scenario:
     else:
         phase = phases[seed % len(phases)] if seed < 2 * len(phases) else rng.choice(phases)
         first = Kill(phase, rng.randint(1, FIRST_KILLS[phase]))
-    then = []
-    for _ in range(rng.choice((0, 1, 2, 3))):
-        if rng.random() < 0.2:
-            then.append(Kill(EXTERNAL, after_s=round(rng.uniform(15, 45), 1)))
-        else:
-            phase = rng.choice(list(RECOVERY_KILLS))
-            then.append(Kill(phase, rng.randint(1, RECOVERY_KILLS[phase])))
-    return Scenario(seed, pipeline, mode, lagging, first, tuple(then))
+    return Scenario(seed, pipeline, mode, lagging, first, _recovery_kills(rng))
 
 
 def _enrichment_scenario(seed: int) -> Scenario:
@@ -173,6 +166,11 @@ def _enrichment_scenario(seed: int) -> Scenario:
     else:
         phase = phases[seed % len(phases)] if seed < ENRICHMENT_SEEDS + 2 * len(phases) else rng.choice(phases)
         first = Kill(phase, rng.randint(1, ENRICHMENT_KILLS[phase]))
+    return Scenario(seed, "enrichment", "aligned", 0, first, _recovery_kills(rng))
+
+
+def _recovery_kills(rng: random.Random) -> tuple[Kill, ...]:
+    """Up to three kills, each during the recovery the one before it left to do."""
     then = []
     for _ in range(rng.choice((0, 1, 2, 3))):
         if rng.random() < 0.2:
@@ -180,7 +178,7 @@ def _enrichment_scenario(seed: int) -> Scenario:
         else:
             phase = rng.choice(list(RECOVERY_KILLS))
             then.append(Kill(phase, rng.randint(1, RECOVERY_KILLS[phase])))
-    return Scenario(seed, "enrichment", "aligned", 0, first, tuple(then))
+    return tuple(then)
 
 
 def pipeline_tables(name: str) -> tuple[str, ...]:

@@ -35,6 +35,25 @@ def tutorial(title: str = "## Your first pipeline") -> tuple[dict[str, str], lis
     return files, commands
 
 
+def run_commands(commands: list[str], folder: Path, env: dict[str, str], capsys):
+    """Run a section's shell lines in ``folder``: ``ckpt`` lines through the CLI's entry point in
+    this process, the others as processes with ``env``; yields (line, its output), each passed."""
+    from checkpoint_lib import cli
+
+    for command in commands:
+        argv = shlex.split(command, comments=True)
+        if argv[0] == "ckpt":
+            code = cli.main(argv[1:])
+            captured = capsys.readouterr()
+            assert code == 0, f"{command}\n{captured.out[-3000:]}\n{captured.err[-3000:]}"
+            yield command, captured.out
+        else:
+            done = subprocess.run(command, shell=True, cwd=folder, env=env, capture_output=True, text=True,
+                                  timeout=TIMEOUT)
+            assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+            yield command, done.stdout
+
+
 def test_the_tutorial_blocks_are_found():
     files, commands = tutorial()
     assert set(files) == {"myflows.py", "land.py"}
@@ -47,7 +66,7 @@ def test_your_first_pipeline_runs_as_written(spark, tmp_path, monkeypatch, capsy
     in this process, as from the folder: its Spark session is this run's, warm, instead of a JVM
     started per line (tests/crash/test_object_store.py runs ``ckpt run`` as a process of its own).
     Nothing of this checkout's folder is on the path the ``python`` lines get."""
-    from checkpoint_lib import cli, pipelines
+    from checkpoint_lib import pipelines
 
     files, commands = tutorial()
     for name, body in files.items():
@@ -60,18 +79,7 @@ def test_your_first_pipeline_runs_as_written(spark, tmp_path, monkeypatch, capsy
     monkeypatch.setattr(pipelines, "_loaded", {})  # "visits" is known by its reference for this test only
     assert "myflows" not in sys.modules
     try:
-        for command in commands:
-            argv = shlex.split(command, comments=True)
-            if argv[0] == "ckpt":
-                code = cli.main(argv[1:])
-                captured = capsys.readouterr()
-                out = captured.out
-                assert code == 0, f"{command}\n{out[-3000:]}\n{captured.err[-3000:]}"
-            else:
-                done = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True,
-                                      timeout=TIMEOUT)
-                assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-                out = done.stdout
+        for command, out in run_commands(commands, tmp_path, env, capsys):
             if command.startswith("ckpt validate"):
                 assert "passed" in out.lower(), out
     finally:
@@ -105,7 +113,7 @@ def test_a_pipeline_with_two_inputs_runs_as_written(spark, tmp_path, monkeypatch
     """README's "A pipeline with two inputs": a graph declared in the user's module (a two-input
     keyed operator over orders and a customers table's change data feed), run by reference through
     the CLI as written; every order once, with its customer's tier after the change."""
-    from checkpoint_lib import cli, pipelines
+    from checkpoint_lib import pipelines
 
     files, commands = tutorial("## A pipeline with two inputs")
     assert set(files) == {"shop.py", "land_shop.py"}
@@ -117,16 +125,7 @@ def test_a_pipeline_with_two_inputs_runs_as_written(spark, tmp_path, monkeypatch
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setattr(pipelines, "_loaded", {})
     try:
-        for command in commands:
-            argv = shlex.split(command, comments=True)
-            if argv[0] == "ckpt":
-                code = cli.main(argv[1:])
-                captured = capsys.readouterr()
-                assert code == 0, f"{command}\n{captured.out[-3000:]}\n{captured.err[-3000:]}"
-            else:
-                done = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True,
-                                      timeout=TIMEOUT)
-                assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        list(run_commands(commands, tmp_path, env, capsys))
     finally:
         sys.modules.pop("shop", None)
     tagged = read_delta(tmp_path / "wh" / "gold" / "tagged_orders")
