@@ -6,16 +6,21 @@ acks (source offsets, key groups and state versions, the sinks' transactions).
 
 The same shape as ``test_inspect_commands.py``'s Spark run (2 versions of ``ROWS`` payments,
 ``ACCOUNTS`` accounts), so one set of tests reads both. What it cannot imitate is Spark's own
-files (deletion vectors in the state table): the Spark-built warehouse covers those."""
+files (deletion vectors in the state table): the Spark-built warehouse covers those.
+
+:func:`synthetic_graph_warehouse` does the same for the ``enrichment`` dataflow graph: two sources,
+three keyed operators with their state tables, a sink at each operator."""
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pyarrow as pa
 from deltalake import CommitProperties, Transaction, write_deltalake
 
 from checkpoint_lib.core.checkpoints import CompletedCheckpoint
+from checkpoint_lib.core.keygroups import range_for_subtask
 from checkpoint_lib.core.recovery import SINK_STATE_KEY
 from checkpoint_lib.core.types import CheckpointKind, SubtaskAck, SubtaskId, sink_operator
 from checkpoint_lib.delta.store import DeltaCheckpointStore
@@ -100,3 +105,82 @@ def _schema(table: Path) -> pa.Schema:
     from deltalake import DeltaTable
 
     return pa.schema(DeltaTable(str(table)).schema().to_arrow())
+
+
+# --- a dataflow graph: enrichment -------------------------------------------------------------------
+
+GRAPH_STATE = {  # operator uid -> (key column, its state columns as Arrow types)
+    "tag": ("account", {"region": pa.string(), "status": pa.string(), "updated_at": pa.timestamp("us", "UTC")}),
+    "dedup": ("event_id", {"seen": pa.bool_()}),
+    "totals": ("region", {"total_cents": pa.int64(), "payment_count": pa.int64()}),
+}
+GRAPH_KEYS = {  # operator uid -> per checkpoint (1, 2): the keys its state holds
+    "tag": ([f"acct-{i}" for i in range(4)], [f"acct-{i}" for i in range(6)]),
+    "dedup": ([f"e{i}" for i in range(10)], [f"e{i}" for i in range(20)]),
+    "totals": (["north", "south"], ["east", "north", "south"]),
+}
+
+
+def _graph_state_row(uid: str, key: str, cid: int) -> dict:
+    n = int("".join(c for c in key if c.isdigit()) or len(key))
+    if uid == "tag":
+        return {"region": "north" if n % 2 else "south", "status": "open",
+                "updated_at": datetime.fromtimestamp(T0 + n, timezone.utc)}
+    if uid == "dedup":
+        return {"seen": True}
+    return {"total_cents": 1000 * cid + n, "payment_count": cid + n}
+
+
+def synthetic_graph_warehouse(w: Path) -> Path:
+    """The control tables and state tables a run of the ``enrichment`` graph leaves (written with
+    delta-rs alone): sources ``payments`` (2 subtasks) and ``accounts`` (1); keyed operators
+    ``tag`` (two-input, 2), ``dedup`` (2) and ``totals`` (1), each with its state table at
+    ``state/<uid>`` (version 0 created, version c the state after checkpoint c's step: the keys of
+    :data:`GRAPH_KEYS`); sinks ``rejected`` (at tag), ``tagged`` (at dedup), ``region_totals`` (at
+    totals); completed checkpoints 1 and 2 with every figure an ack has (``graph_acks``). No source
+    or sink table: the inspecting commands read the control and state tables only."""
+    root = w / "_checkpoints" / "enrichment"
+    store = DeltaCheckpointStore.open(root)
+    epoch = store.epochs.begin("test", "synthetic graph")
+    for uid, (key, columns) in GRAPH_STATE.items():
+        schema = pa.schema([("key_group", pa.int32()), (key, pa.string()), *columns.items()])
+        write_deltalake(root / "state" / uid, pa.Table.from_pylist([], schema=schema))  # version 0
+        for cid in (1, 2):
+            rows = [{"key_group": (sum(map(ord, k)) * 37) % 128, key: k, **_graph_state_row(uid, k, cid)}
+                    for k in GRAPH_KEYS[uid][cid - 1]]
+            write_deltalake(root / "state" / uid, pa.Table.from_pylist(rows, schema=schema), mode="overwrite")
+    for cid in (1, 2):
+        acks = graph_acks(cid)
+        store.checkpoints.record_pending(cid, epoch=epoch, trigger_time=T0 + 10 * cid)
+        store.checkpoints.add(CompletedCheckpoint(cid, CheckpointKind.CHECKPOINT, T0 + 10 * cid, T0 + 10 * cid + 2, acks,
+                                                  {s: T0 + 10 * cid + 1 for s in acks}), epoch=epoch)
+    return w
+
+
+def graph_acks(cid: int) -> dict[SubtaskId, SubtaskAck]:
+    """Checkpoint ``cid``'s acks of the enrichment graph: sources at offsets ``cid`` (payments) and
+    ``cid + 10`` (accounts); every operator subtask pins its state table's version ``cid``, with
+    sizes and timings that differ per subtask (``tag[1]`` is the slowest, with the longest
+    alignment; ``dedup[1]`` snapshotted unaligned with 4 records of channel state at checkpoint 2);
+    each sink subtask owns its transaction of ``cid``."""
+    acks: dict[SubtaskId, SubtaskAck] = {}
+    for source, parallelism, offset in (("payments", 2, cid), ("accounts", 1, cid + 10)):
+        for i in range(parallelism):
+            acks[SubtaskId(source, i)] = SubtaskAck(state={"version": offset, "next_seq": 0, "barrier_seq": -1},
+                                                    duration_ms=1.0 + i)
+    for uid, parallelism, sink in (("tag", 2, "rejected"), ("dedup", 2, "tagged"), ("totals", 1, "region_totals")):
+        for i in range(parallelism):
+            span = range_for_subtask(i, parallelism, 128)
+            unaligned = uid == "dedup" and i == 1 and cid == 2
+            acks[SubtaskId(uid, i)] = SubtaskAck(
+                state={"table_version": cid, "key_groups": span.to_list(), "cursor": -1},
+                state_size_bytes=100 * cid + 10 * i, alignment_ms=3.5 if (uid, i) == ("tag", 1) else 0.5,
+                duration_ms=41.0 if (uid, i) == ("tag", 1) else 5.0 + i, unaligned=unaligned,
+                channel_state_rows=4 if unaligned else 0, channel_state_bytes=256 if unaligned else 0)
+            acks[SubtaskId(sink_operator(sink), i)] = SubtaskAck(state={SINK_STATE_KEY: _graph_snapshot(sink, i, cid)})
+    return acks
+
+
+def _graph_snapshot(sink: str, subtask: int, cid: int) -> dict:
+    txn = lambda s, c: {"checkpoint_id": c, "epoch": 1, "seq": s, "txn_id": f"enrichment.{sink}-{subtask}-{s}"}  # noqa: E731
+    return {"current": txn(cid, None), "next_seq": cid + 1, "pending": [txn(cid - 1, cid)]}

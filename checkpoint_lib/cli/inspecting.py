@@ -1,7 +1,8 @@
 """The commands that read what a pipeline is or left: ``ckpt pipelines``, ``graph`` (its dataflow
-graph drawn), ``checkpoints`` (list, show), ``state`` (operator, channel, handles) and ``report``.
-All but ``state`` take a dataflow graph too (``checkpoints`` and ``report`` read only the control
-tables, which a graph's runner writes like a linear pipeline's).
+graph drawn), ``checkpoints`` (list; show: a checkpoint per vertex of the pipeline's graph, then
+per subtask), ``state`` (operator, channel, handles) and ``report``. Each takes a dataflow graph
+too (``checkpoints`` and ``report`` read only the control tables, which a graph's runner writes
+like a linear pipeline's; ``state operator --uid`` picks one keyed operator of a graph).
 They read with delta-rs and start no JVM (``tests/cli/test_inspect_commands.py`` runs them where
 pyspark cannot be imported)."""
 
@@ -71,6 +72,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
 
 def cmd_checkpoints(args: argparse.Namespace) -> int:
     from ..delta.store import DeltaCheckpointStore
+    from ..graph.details import to_text as details_text
     from ..history import format_table, with_durations
     from ..layout import checkpoint_root
 
@@ -86,14 +88,42 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
         return 0
     if args.id is None:
         raise ValueError("checkpoints show needs a checkpoint id")
-    acks = store.checkpoints.acks(args.id)
+    doc, details = checkpoint_document(store, args.pipeline, args.id)
     if wants_json(args):
-        emit(acks)
-    else:
-        print(format_table([{k: v for k, v in a.items() if k != "state"} for a in acks]))
-        for a in acks:
-            print(f"{a['subtask']}: {json.dumps(a['state'], default=str)}")
+        emit(doc)
+        return 0
+    acks = doc["acks"]
+    print(f"{doc['kind'] or 'checkpoint'} {args.id} of {args.pipeline}: {doc['status'] or 'unknown'}"
+          f"{'' if doc['epoch'] is None else ', epoch ' + str(doc['epoch'])}; {len(acks)} subtasks acknowledged")
+    if doc["graph_problem"]:
+        print(f"(per operator id: the graph of {args.pipeline} cannot be loaded: {doc['graph_problem']})")
+    print(details_text(details))
+    print()
+    print(format_table([{k: v for k, v in a.items() if k != "state"} for a in acks]))
+    for a in acks:
+        print(f"{a['subtask']}: {json.dumps(a['state'], default=str)}")
     return 0
+
+
+def checkpoint_document(store: Any, pipeline: str, checkpoint_id: int) -> tuple[dict[str, Any], list[Any]]:
+    """What ``checkpoints show -o json`` prints: the checkpoint's status row (``kind``, ``status``,
+    ``epoch``, times), ``vertices`` (per vertex of the pipeline's graph,
+    :func:`~checkpoint_lib.graph.details.checkpoint_details`; by operator id, and
+    ``graph_problem`` saying why, when the graph cannot be loaded) and ``acks`` (per subtask, as
+    the store keeps them: the list ``-o json`` printed alone before, every key kept); and the
+    vertices as values, for the text."""
+    from ..graph.details import checkpoint_details
+    from ..pipelines import graph_or_why
+
+    acks = store.checkpoints.acks(checkpoint_id)  # UnknownCheckpointError (exit 3) for an unknown id
+    row = store.checkpoints.status(checkpoint_id) or {}
+    graph, problem = graph_or_why(pipeline)
+    details = checkpoint_details(graph, acks)
+    done, start = row.get("completion_time"), row.get("trigger_time")
+    return {"pipeline": pipeline, "checkpoint_id": checkpoint_id, "kind": row.get("kind"), "status": row.get("status"),
+            "epoch": row.get("epoch"), "trigger_time": start, "completion_time": done,
+            "duration_ms": round((done - start) * 1000, 1) if done and start else None,
+            "graph_problem": problem, "vertices": [v.to_dict() for v in details], "acks": acks}, details
 
 
 def _nested_acks(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -108,15 +138,19 @@ def _nested_acks(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def cmd_state(args: argparse.Namespace) -> int:
-    """Read with delta-rs: no JVM."""
+    """Read with delta-rs: no JVM. A linear pipeline or a dataflow graph (``--uid``: which keyed
+    operator; a linear pipeline's, or a graph's only one, by default)."""
     from ..delta import inspect
     from ..history import format_table
 
-    if args.key is not None and args.what != "operator":
-        raise ValueError(f"--key picks a key of the operator's state: ckpt state operator {args.pipeline} --key ...")
-    pipeline = context.pipeline(args.pipeline)
+    for option, value in (("--key", args.key), ("--uid", args.uid)):
+        if value is not None and args.what != "operator":
+            raise ValueError(f"{option} picks {'a key of ' if option == '--key' else ''}the operator's state: "
+                             f"ckpt state operator {args.pipeline} {option} ...")
+    pipeline = context.declared(args.pipeline)
     if args.what == "operator":
-        doc = inspect.operator_state(args.warehouse, pipeline, args.checkpoint, key=args.key, limit=args.limit)
+        doc = inspect.operator_state(args.warehouse, pipeline, args.checkpoint, uid=args.uid, key=args.key,
+                                     limit=args.limit)
     elif args.what == "channel":
         doc = inspect.channel_state(args.warehouse, pipeline, args.checkpoint, limit=args.limit)
     else:

@@ -244,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "many seconds (its process is gone), recover and take it here (0: never ask, default 120)")
     p.set_defaults(func=cmd_savepoint)
 
-    p = add("checkpoints", help="list checkpoints or show one")
+    p = add("checkpoints", help="list checkpoints or show one (per vertex of the pipeline's graph, then per subtask)")
     p.add_argument("action", choices=("list", "show"))
     _add_pipeline(p)
     p.add_argument("id", nargs="?", type=_positive_int, help="checkpoint id (show)")
@@ -258,6 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pipeline(p)
     _add_warehouse(p)
     p.add_argument("--checkpoint", type=_positive_int, default=None, help="checkpoint id (default: latest)")
+    p.add_argument("--uid", default=None,
+                   help="operator: the uid of the keyed operator to show (a graph's; default: a linear pipeline's "
+                        "operator, or a graph's only keyed operator)")
     p.add_argument("--key", default=None, help="operator: only this key's state (compared as text)")
     p.add_argument("--limit", type=_positive_int, default=20, help="rows shown at most (default 20)")
     _add_output(p)

@@ -77,6 +77,14 @@ class SourceAckState:
         state[EVENT_TIME_REFERENCE] = self.event_time_reference
         return state
 
+    @staticmethod
+    def offset_in(state: Mapping[str, Any]) -> int | None:
+        """The offset (source table version) a source subtask's ack ``state`` names, or None (not
+        a source subtask's state). Reads only the offset, so it also reads a state that lacks the
+        channel positions (what a reader that shows offsets needs)."""
+        version = state.get("version")
+        return None if version is None or "table_version" in state else int(version)
+
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> SourceAckState:
         seqs = state.get("barrier_seqs")

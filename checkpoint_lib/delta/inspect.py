@@ -1,12 +1,17 @@
 """Reading a pipeline's checkpoints back with delta-rs: no JVM, no Spark (``ckpt state``,
 ``ckpt recover --dry-run``, the recover DAG's dry run).
 
-- :func:`operator_state`: the keyed state a checkpoint pinned (each subtask's key groups at the
-  table version its ack names), optionally one key, at most ``limit`` rows;
+- :func:`operator_state`: the keyed state of one operator as a checkpoint pinned it (each
+  subtask's key groups at the table version its ack names), optionally one key, at most ``limit``
+  rows; any keyed operator of a dataflow graph, or a linear pipeline's (:func:`keyed_operator`);
 - :func:`channel_state`: the in-flight records a checkpoint logged, per receiving subtask;
 - :func:`handles`: the sources' offsets and the sinks' transactions, as the acks hold them;
 - :func:`recovery_preview`: what a recovery would do, in tables' versions and rows (a
   :class:`RecoveryPreview`, for people and for machines).
+
+The first three take what a pipeline declares (:data:`Declared`): a linear
+:class:`~checkpoint_lib.pipeline.Pipeline`, read as its graph of two vertices, or a dataflow graph
+(a :class:`~checkpoint_lib.graph.StreamGraph`); the preview takes a linear pipeline.
 
 Each returns plain values (JSON-able but for timestamps and decimals, which ``default=str``
 prints); the Spark twins that return DataFrames are in :mod:`checkpoint_lib.spark.inspect`.
@@ -27,6 +32,8 @@ from ..core.checkpoints import CompletedCheckpoint
 from ..core.errors import NoCheckpointError
 from ..core.recovery import RecoveryPlan, choose_checkpoint
 from ..core.types import SubtaskId
+from ..graph.lowering import from_pipeline
+from ..graph.model import OperatorKind, OperatorVertex, StreamGraph
 from ..layout import (KEY_GROUP, channel_state_table, checkpoint_root, location, source_manifest, stamp_prefix,
                       state_table, warehouse_location)
 from ..pipeline import TTL_COLUMN, ChangeFeedSource, DeltaSource, Pipeline
@@ -34,11 +41,20 @@ from .log import ChangeFeedPlanner, MissingLogError, StepPlanner, latest_version
 from .store import DeltaCheckpointStore
 
 
+Declared = Pipeline | StreamGraph
+"""What a pipeline declares: a linear pipeline or a dataflow graph (``pipelines.declared``)."""
+
+
 def _store(warehouse: str, pipeline: str) -> DeltaCheckpointStore:
     return DeltaCheckpointStore.existing(checkpoint_root(warehouse, pipeline))
 
 
-def checkpoint(warehouse: str, pipeline: Pipeline, checkpoint_id: int | None = None) -> CompletedCheckpoint:
+def as_graph(pipeline: Declared) -> StreamGraph:
+    """The dataflow graph of what a pipeline declares (a linear pipeline's two vertices)."""
+    return pipeline if isinstance(pipeline, StreamGraph) else from_pipeline(pipeline)
+
+
+def checkpoint(warehouse: str, pipeline: Declared, checkpoint_id: int | None = None) -> CompletedCheckpoint:
     """The named retained completed checkpoint, or the latest one."""
     chosen = choose_checkpoint(list(_store(warehouse, pipeline.name).checkpoints.all()), checkpoint_id)
     if chosen is None:
@@ -89,7 +105,7 @@ def _when(c: CompletedCheckpoint) -> str:
     return f"{datetime.fromtimestamp(c.completion_time, timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
 
 
-def _checkpoint_fields(pipeline: Pipeline, c: CompletedCheckpoint) -> dict[str, Any]:
+def _checkpoint_fields(pipeline: Declared, c: CompletedCheckpoint) -> dict[str, Any]:
     return {"pipeline": pipeline.name, "checkpoint_id": c.checkpoint_id, "kind": c.kind.value,
             "completed_at": c.completion_time}
 
@@ -97,28 +113,50 @@ def _checkpoint_fields(pipeline: Pipeline, c: CompletedCheckpoint) -> dict[str, 
 # --- state -----------------------------------------------------------------------------------
 
 
-def _keyed_acks(pipeline: Pipeline, c: CompletedCheckpoint) -> list[tuple[SubtaskId, PinnedState]]:
-    """The operator's subtasks at ``c`` with the keyed state each pinned (none when stateless)."""
-    keyed = [(s, PinnedState.held_in(a.state)) for s, a in sorted(c.acks.items()) if s.operator == pipeline.operator_uid]
+def _keyed_acks(uid: str, c: CompletedCheckpoint) -> list[tuple[SubtaskId, PinnedState]]:
+    """Operator ``uid``'s subtasks at ``c`` with the keyed state each pinned (none when stateless)."""
+    keyed = [(s, PinnedState.held_in(a.state)) for s, a in sorted(c.acks.items()) if s.operator == uid]
     return [(s, pinned) for s, pinned in keyed if pinned is not None]
 
 
-def operator_state(warehouse: str, pipeline: Pipeline, checkpoint_id: int | None = None, *,
+def keyed_operator(graph: StreamGraph, uid: str | None = None) -> tuple[OperatorVertex, str]:
+    """The keyed operator ``uid`` of ``graph`` (None: its only one) and its key column (its inputs'
+    key). A ``ValueError`` naming the graph's keyed operators when ``uid`` is no operator of it,
+    a stateless one, or None with several to choose from."""
+    keyed = [v for v in graph.operators if v.kind is not OperatorKind.STATELESS]
+    names = ", ".join(v.uid for v in keyed) if keyed else "none (every operator is stateless)"
+    if uid is None:
+        if len(keyed) != 1:
+            raise ValueError(f"pipeline {graph.name!r} has {len(keyed) or 'no'} keyed operators: name one with "
+                             f"--uid; its keyed operators: {names}")
+        uid = keyed[0].uid
+    vertex = next((v for v in graph.operators if v.uid == uid), None)
+    if vertex is None:
+        if any(v.id == uid for v in graph.sources):
+            raise ValueError(f"{uid!r} is a source of pipeline {graph.name!r}, not an operator; its keyed operators: "
+                             f"{names}")
+        raise ValueError(f"pipeline {graph.name!r} has no operator {uid!r}; its keyed operators: {names}")
+    if vertex.kind is OperatorKind.STATELESS:
+        raise ValueError(f"operator {uid!r} of pipeline {graph.name!r} is stateless: it has no keyed state to show; "
+                         f"its keyed operators: {names}")
+    key = next(e.key for e in graph.inputs_of(uid) if not e.feedback and e.key is not None)
+    return vertex, key
+
+
+def operator_state(warehouse: str, pipeline: Declared, checkpoint_id: int | None = None, *, uid: str | None = None,
                    key: str | None = None, limit: int = 20) -> dict[str, Any]:
-    """The keyed state of ``pipeline``'s operator at the checkpoint (default: the latest): per
-    subtask its key groups, the state table version its ack pinned and how many keys it holds
-    there, and the first ``limit`` rows by key (only key ``key``'s when given, compared as text),
-    each with its ``subtask``."""
-    if not pipeline.keyed:
-        raise ValueError(
-            f"operator {pipeline.operator_uid!r} of pipeline {pipeline.name!r} is stateless "
-            f"({pipeline.partitioning} partitioning): it has no keyed state to show")
+    """The keyed state of operator ``uid`` (None: the pipeline's only keyed operator, a linear
+    pipeline's operator) at the checkpoint (default: the latest completed): per subtask its key
+    groups, the state table version its ack pinned and how many keys it holds there, and the
+    first ``limit`` rows by key (only key ``key``'s when given, compared as text), each with its
+    ``subtask``: the union over the subtasks' pins."""
+    vertex, key_column = keyed_operator(as_graph(pipeline), uid)
     c = checkpoint(warehouse, pipeline, checkpoint_id)
-    acks = _keyed_acks(pipeline, c)
+    acks = _keyed_acks(vertex.uid, c)
     if not acks:
-        raise NoCheckpointError(f"checkpoint {c.checkpoint_id} holds no state of operator {pipeline.operator_uid!r}")
-    path = state_table(checkpoint_root(warehouse, pipeline.name), pipeline.operator_uid)
-    match = "true" if key is None else f"cast({_quote(pipeline.key)} as varchar) = {_literal(key)}"
+        raise NoCheckpointError(f"checkpoint {c.checkpoint_id} holds no state of operator {vertex.uid!r}")
+    path = state_table(checkpoint_root(warehouse, pipeline.name), vertex.uid)
+    match = "true" if key is None else f"cast({_quote(key_column)} as varchar) = {_literal(key)}"
     subtasks, rows, total = [], [], 0
     tables: dict[int, DeltaTable | None] = {}
     for sid, pinned in acks:
@@ -132,17 +170,17 @@ def operator_state(warehouse: str, pipeline: Pipeline, checkpoint_id: int | None
         subtasks.append({"subtask": sid.index, "key_groups": [lo, hi], "table_version": version, "keys": n})
         total += n
         if dt is not None and n:  # each subtask's first ``limit`` by key: the first ``limit`` of all are among them
-            for row in query(dt, f"select * from t where {where} order by {_quote(pipeline.key)} "
+            for row in query(dt, f"select * from t where {where} order by {_quote(key_column)} "
                                   f"limit {int(limit)}").to_pylist():
                 row.pop(TTL_COLUMN, None)  # hidden: the operator never sees it
                 rows.append({**row, "subtask": sid.index})
-    rows.sort(key=lambda r: str(r.get(pipeline.key)))
-    return {**_checkpoint_fields(pipeline, c), "operator": pipeline.operator_uid, "key_column": pipeline.key,
+    rows.sort(key=lambda r: str(r.get(key_column)))
+    return {**_checkpoint_fields(pipeline, c), "operator": vertex.uid, "key_column": key_column,
             "key": key, "table": str(path), "subtasks": subtasks, "keys": total, "limit": limit,
             "shown": len(rows[:limit]), "rows": rows[:limit]}
 
 
-def channel_state(warehouse: str, pipeline: Pipeline, checkpoint_id: int | None = None, *,
+def channel_state(warehouse: str, pipeline: Declared, checkpoint_id: int | None = None, *,
                   limit: int = 20) -> dict[str, Any]:
     """The records in flight at the checkpoint (logged by unaligned snapshots): per receiving
     subtask how many its ack counted, and the first ``limit`` of them."""
@@ -157,12 +195,13 @@ def channel_state(warehouse: str, pipeline: Pipeline, checkpoint_id: int | None 
             "limit": limit, "shown": len(rows), "rows": rows}
 
 
-def handles(warehouse: str, pipeline: Pipeline, checkpoint_id: int | None = None) -> dict[str, Any]:
-    """The small per-subtask handles: each source subtask's offset, each sink subtask's
-    transactions (the current one and those the checkpoint owns)."""
+def handles(warehouse: str, pipeline: Declared, checkpoint_id: int | None = None) -> dict[str, Any]:
+    """The small per-subtask handles: each source subtask's offset (of every source vertex), each
+    sink subtask's transactions (the current one and those the checkpoint owns)."""
+    sources = {v.id for v in as_graph(pipeline).sources}
     c = checkpoint(warehouse, pipeline, checkpoint_id)
     return {**_checkpoint_fields(pipeline, c),
-            "sources": {str(s): dict(a.state) for s, a in sorted(c.acks.items()) if s.operator == "source"},
+            "sources": {str(s): dict(a.state) for s, a in sorted(c.acks.items()) if s.operator in sources},
             "sinks": sink_snapshots(c)}
 
 
@@ -370,7 +409,7 @@ def _sink_preview(warehouse: str, pipeline: Pipeline, name: str, plan: RecoveryP
 
 
 def _operator_preview(warehouse: str, pipeline: Pipeline, c: CompletedCheckpoint) -> OperatorPreview | None:
-    acks = _keyed_acks(pipeline, c)
+    acks = _keyed_acks(pipeline.operator_uid, c)
     if not acks:
         return None
     path = state_table(checkpoint_root(warehouse, pipeline.name), pipeline.operator_uid)

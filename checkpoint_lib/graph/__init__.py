@@ -13,8 +13,9 @@ One role a module: ``model.py`` (the immutable :class:`StreamGraph` and its part
 (:func:`validate`, :class:`GraphError`: every rule), ``lowering.py`` (:func:`from_pipeline`),
 ``jobgraph.py`` (:func:`plan`: the declared graph as the runtime executes it, Flink's
 ``JobGraph``: which edges are chained in-process and which are cut by a channel log, and why, in
-which process groups), ``render.py`` (:func:`to_text`, :func:`to_dot`, :func:`to_dict`; the first
-two also draw a plan).
+which process groups), ``render.py`` (:func:`to_text`, :func:`to_dot`, :func:`to_dict`,
+:func:`to_svg`; the first two also draw a plan), ``details.py`` (a checkpoint per vertex of its
+graph: :func:`~.details.checkpoint_details`).
 """
 
 from .builder import ConnectedStreams, Graph, KeyedStream, PartitionedStream, Stream
@@ -23,11 +24,11 @@ from .jobgraph import (ALL, KEYED_STAGE, SOURCE_STAGE, Chain, CutReason, Input, 
 from .lowering import SOURCE, from_pipeline
 from .model import (MAIN, RECORDS, DeadLetters, Edge, MapStep, OperatorKind, OperatorVertex, Partitioning,
                     SourceVertex, StreamGraph, Vertex, VertexSink)
-from .render import shape, to_dict, to_dot, to_text
+from .render import shape, to_dict, to_dot, to_svg, to_text
 from .validation import GraphError, problems, validate
 
 __all__ = ["ALL", "Chain", "ConnectedStreams", "CutReason", "DeadLetters", "Edge", "Graph", "GraphError", "Input",
            "JobEdge", "JobGraph", "KEYED_STAGE", "KeyedStream", "Layout", "MAIN", "MapStep", "OperatorKind",
            "OperatorVertex", "PartitionedStream", "Partitioning", "PlanError", "ProcessGroup", "RECORDS", "SOURCE",
            "SOURCE_STAGE", "SourceVertex", "Stream", "StreamGraph", "Vertex", "VertexSink", "from_pipeline", "plan",
-           "problems", "shape", "to_dict", "to_dot", "to_text", "validate"]
+           "problems", "shape", "to_dict", "to_dot", "to_svg", "to_text", "validate"]

@@ -1,5 +1,7 @@
 """Drawing a :class:`~.model.StreamGraph`: :func:`to_text` for people, :func:`to_dot` for Graphviz
-(``ckpt graph P -o dot | dot -Tsvg > p.svg``), :func:`to_dict` for machines (``-o json``).
+(``ckpt graph P -o dot | dot -Tsvg > p.svg``), :func:`to_dict` for machines (``-o json``), and
+:func:`to_svg`: boxes and arrows as one inline SVG, laid out here (no Graphviz, no script), for the
+Checkpoints page.
 
 The JSON document (stable: keys are only ever added)::
 
@@ -251,3 +253,110 @@ def to_dot(graph: StreamGraph, plan: JobGraph | None = None) -> str:
         lines.append(f"  {_quote(d.vertex)} -> {_quote(dead_letters_node(d.vertex))} [style=dotted];")
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+# --- SVG: boxes and arrows, drawn server-side (the Checkpoints page) -------------------------------
+
+_CHAR_W, _LABEL_W, _LINE_H, _PAD, _COL_GAP, _ROW_GAP = 7.0, 6.0, 15.0, 8.0, 60.0, 24.0
+
+
+def _edge_label(graph: StreamGraph, e: Edge) -> str:
+    """``hash(account)``, ``hash(account), input 2``: an edge's label in the SVG."""
+    return e.describe() + (f", input {e.input}" if graph.vertex(e.receiver).inputs == 2 else "")
+
+
+def _esc(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+
+
+def _ranks(graph: StreamGraph) -> dict[str, int]:
+    """Each vertex's column: sources 0, every other vertex one right of its furthest sender
+    (feedback edges left out, so a cycle does not push its head right)."""
+    rank: dict[str, int] = {}
+    for v in graph.topological_order():
+        senders = [rank[e.sender] for e in graph.inputs_of(v.id) if not e.feedback and e.sender in rank]
+        rank[v.id] = 0 if isinstance(v, SourceVertex) or not senders else max(senders) + 1
+    return rank
+
+
+def to_svg(graph: StreamGraph, notes: dict[str, str] | None = None) -> str:
+    """The graph as one self-contained ``<svg class="jobgraph">``: a box per vertex (its id, kind
+    and parallelism, and ``notes[vertex id]`` when given: e.g. a checkpoint's figures) in columns
+    from the sources rightwards, a box per sink right of its vertex, an arrow per edge labelled with
+    its partitioning (dashed and curved below: feedback). Styled through classes (``vertex``,
+    ``source``, ``sink``, ``edge``, ``feedback``, ``label``) with plain defaults, so a page can theme it."""
+    notes = notes or {}
+    rank = _ranks(graph)
+    boxes: dict[str, tuple[int, list[str], str]] = {}  # node -> (column, lines, class)
+    for v in graph.topological_order():
+        if isinstance(v, SourceVertex):
+            lines = [v.id, f"source x{v.parallelism}", _spec(v.spec).get("path", _spec(v.spec)["type"])]
+            cls = "vertex source"
+        else:
+            lines = [v.id, f"{_kind_words(v)} x{v.parallelism}", v.operator_name]
+            cls = "vertex"
+        if notes.get(v.id):
+            lines.append(notes[v.id])
+        boxes[v.id] = (rank[v.id], lines, cls)
+    for s in graph.sinks:
+        lines = [f"sink {s.name}", _target(s.spec)] + ([notes[sink_node(s)]] if notes.get(sink_node(s)) else [])
+        boxes[sink_node(s)] = (rank.get(s.vertex, 0) + 1, lines, "sink")
+    columns = max((c for c, _, _ in boxes.values()), default=0) + 1
+    size = {n: (max(len(t) for t in lines) * _CHAR_W + 2 * _PAD, len(lines) * _LINE_H + 2 * _PAD - 4)
+            for n, (_, lines, _) in boxes.items()}
+    col_w = [max([size[n][0] for n, (c, _, _) in boxes.items() if c == col] or [0]) for col in range(columns)]
+    labels = {e: _edge_label(graph, e) for e in graph.edges}
+    gap = max([_COL_GAP, *(len(t) * _LABEL_W + 30 for t in labels.values())])  # a label fits between columns
+    x0 = [sum(col_w[:col]) + col * gap + 10 for col in range(columns)]
+    at: dict[str, tuple[float, float, float, float]] = {}  # node -> x, y, w, h
+    heights = []
+    for col in range(columns):
+        y = 10.0
+        for n, (c, _, _) in boxes.items():
+            if c == col:
+                w, h = size[n]
+                at[n] = (x0[col], y, w, h)
+                y += h + _ROW_GAP
+        heights.append(y)
+    loops = any(e.feedback for e in graph.edges)  # drawn below the boxes
+    width, height = x0[-1] + col_w[-1] + 10, max(heights) + (36 if loops else 0)
+    out = [f'<svg class="jobgraph" xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
+           f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="sans-serif" font-size="12" role="img" '
+           f'aria-label="{_esc("job graph of " + graph.name)}">',
+           '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
+           'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="currentColor"/></marker></defs>']
+
+    def arrow(a: str, b: str, label: str, cls: str) -> None:
+        ax, ay, aw, ah = at[a]
+        bx, by, bw, bh = at[b]
+        if bx > ax:  # rightwards; the label by the sender, where edges have not met yet
+            x1, y1, x2, y2 = ax + aw, ay + ah / 2, bx, by + bh / 2
+            path = f"M{x1:.1f},{y1:.1f} C{x1 + 30:.1f},{y1:.1f} {x2 - 30:.1f},{y2:.1f} {x2:.1f},{y2:.1f}"
+            lx, ly, anchor = x1 + 6, y1 - 5, "start"
+        else:  # back (feedback): out of the bottom, around and into the bottom
+            x1, y1, x2, y2 = ax + aw * 0.7, ay + ah, bx + bw * 0.3, by + bh
+            low = max(y1, y2) + 24
+            path = f"M{x1:.1f},{y1:.1f} C{x1:.1f},{low:.1f} {x2:.1f},{low:.1f} {x2:.1f},{y2:.1f}"
+            lx, ly, anchor = (x1 + x2) / 2, low + 8, "middle"
+        dash = ' stroke-dasharray="5,4"' if "feedback" in cls else ""
+        out.append(f'<path class="{cls}" d="{path}" fill="none" stroke="currentColor"{dash} marker-end="url(#arrow)"/>')
+        if label:
+            out.append(f'<text class="label" x="{lx:.1f}" y="{ly:.1f}" text-anchor="{anchor}" font-size="10">'
+                       f'{_esc(label)}</text>')
+
+    for e in graph.edges:
+        arrow(e.sender, e.receiver, labels[e] + (", feedback" if e.feedback else ""),
+              "edge feedback" if e.feedback else "edge")
+    for s in graph.sinks:
+        arrow(s.vertex, sink_node(s), s.output if s.output not in (s.name, RECORDS, MAIN) else "", "edge")
+    for n, (_, lines, cls) in boxes.items():
+        x, y, w, h = at[n]
+        rx = 12 if cls == "sink" else 4
+        out.append(f'<g class="{cls}" data-node="{_esc(n)}"><rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" '
+                   f'height="{h:.1f}" rx="{rx}" fill="none" stroke="currentColor"/>')
+        for i, text in enumerate(lines):
+            weight = ' font-weight="bold"' if i == 0 else ""
+            out.append(f'<text x="{x + _PAD:.1f}" y="{y + _PAD + 10 + i * _LINE_H:.1f}"{weight}>{_esc(text)}</text>')
+        out.append("</g>")
+    out.append("</svg>")
+    return "\n".join(out)

@@ -39,7 +39,7 @@ from ..pipeline import Pipeline
 GROUP = "checkpoint_lib.pipelines"
 """The entry point group pipelines are registered in."""
 
-GRAPH_COMMANDS = ("run", "recover", "generate", "graph", "pipelines", "checkpoints", "report", "maintain")
+GRAPH_COMMANDS = ("run", "recover", "generate", "graph", "pipelines", "checkpoints", "state", "report", "maintain")
 """The ``ckpt`` commands that take a dataflow graph (the others take linear pipelines only so far)."""
 
 _REFERENCE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
@@ -130,6 +130,18 @@ def graph_of(ref: str) -> Any:
 
     obj = _validated(_as_declared(_resolve(ref), ref)) if is_reference(ref) else declared(ref)
     return obj if is_graph(obj) else from_pipeline(load(ref) if is_reference(ref) else obj)
+
+
+def graph_or_why(ref: str) -> tuple[Any, str | None]:
+    """:func:`graph_of` ``ref``, or None and why not (an unknown pipeline, or one whose module or
+    declaration fails): for the readers that show what they can without it (``ckpt checkpoints
+    show``, the Checkpoints page)."""
+    try:
+        return graph_of(ref), None
+    except Exception as exc:  # noqa: BLE001 - a user's module may raise anything; the reader goes on
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return None, text if isinstance(exc, (UnknownPipeline, ValueError)) and text else \
+            f"{type(exc).__name__}{': ' + text if text else ''}"
 
 
 def _resolve(ref: str) -> Any:

@@ -1,17 +1,22 @@
 """The Checkpoints page: a FastAPI app the api-server mounts at ``/checkpoints`` (see
 ``plugins/ckpt_plugin.py``), shown in Airflow's navigation as an external view.
 
-- ``GET /checkpoints/`` : the page (server-rendered HTML): pipelines, the chosen one's charts
-  (checkpoint duration, state size, channel-state size, alignment time, with its recoveries and
-  aborted checkpoints: the HTML report's charts) and history (id, kind, status, trigger time,
-  duration, state size, channel-state size, alignment time, aligned/unaligned, failure reason, who
-  requested it, linked to the DAG run that did),
-  the per-subtask acks of one checkpoint (``?pipeline=payments&checkpoint=7``), links to the
+- ``GET /checkpoints/`` : the page (server-rendered HTML): pipelines, the chosen one's job graph
+  (boxes and arrows, an inline SVG drawn here: :func:`checkpoint_lib.graph.to_svg`; a linear
+  pipeline's two vertices, or a dataflow graph's), charts (checkpoint duration, state size,
+  channel-state size, alignment time, with its recoveries and aborted checkpoints: the HTML
+  report's charts) and history (id, kind, status, trigger time, duration, state size,
+  channel-state size, alignment time, aligned/unaligned, failure reason, who requested it, linked
+  to the DAG run that did); one checkpoint (``?pipeline=payments&checkpoint=7``) per vertex, as
+  Flink's checkpoint details (:func:`checkpoint_lib.graph.details.checkpoint_details`, what ``ckpt
+  checkpoints show`` prints; its figures also in the graph's boxes) and per subtask; links to the
   pipeline's DAGs and to the latest data-quality report. It follows Airflow's light or dark theme
   (the one script on the page reads it from the frame around it; unframed, the browser's
-  preference decides).
+  preference decides). A pipeline whose graph cannot be loaded (its module fails) shows why in the
+  graph's place, and its checkpoints per operator id.
 - ``GET /checkpoints/api/pipelines``, ``.../api/{pipeline}/checkpoints``,
-  ``.../api/{pipeline}/checkpoints/{id}/acks``: the same as JSON.
+  ``.../api/{pipeline}/checkpoints/{id}/acks``, ``.../api/{pipeline}/checkpoints/{id}/vertices``:
+  the same as JSON.
 - ``GET /checkpoints/quality/{pipeline}/{path}``: files of the pipeline's GX Data Docs
   (``<warehouse>/_quality/<pipeline>/data_docs/``), nothing outside it.
 - ``GET /checkpoints/recover/{pipeline}/{id}``: "recover to this checkpoint", the one action: a page
@@ -61,6 +66,11 @@ from airflow.api_fastapi.core_api.security import GetUserDep, get_user
 from checkpoint_lib.control import PipelineControl, checkpoint_root, parse_checkpoint_id, validate_pipeline_name
 from checkpoint_lib.core.errors import UnknownCheckpointError
 from checkpoint_lib.core.types import MODES, CheckpointStatus
+from checkpoint_lib.graph import to_svg
+from checkpoint_lib.graph.details import COLUMNS as VERTEX_COLUMNS
+from checkpoint_lib.graph.details import LEFT as VERTEX_TEXT_COLUMNS
+from checkpoint_lib.graph.details import VertexDetails, checkpoint_details, display_rows
+from checkpoint_lib.graph.render import sink_node
 from checkpoint_lib.history import human_bytes
 from checkpoint_lib.quality.report import CHART_CSS, DARK, LIGHT, charts_html, collect
 
@@ -220,13 +230,32 @@ def _history(control: PipelineControl, limit: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _acks(control: PipelineControl, cid: int) -> list[dict[str, Any]]:
+def _all_acks(control: PipelineControl, cid: int) -> list[dict[str, Any]]:
+    """Every field of checkpoint ``cid``'s acks (404: no such checkpoint)."""
     if not control.root.is_dir():
         raise HTTPException(status_code=404, detail=f"{control.pipeline_name} has no checkpoints yet")
     try:
-        return [{k: a.get(k) for k in ACK_COLUMNS} for a in control.acks(cid)]
+        return control.acks(cid)
     except UnknownCheckpointError as exc:
         raise HTTPException(status_code=404, detail=str(exc)) from None
+
+
+def _acks(control: PipelineControl, cid: int) -> list[dict[str, Any]]:
+    return _ack_rows(_all_acks(control, cid))
+
+
+def _ack_rows(acks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The acks as the page and its JSON show them per subtask (:data:`ACK_COLUMNS`)."""
+    return [{k: a.get(k) for k in ACK_COLUMNS} for a in acks]
+
+
+def _graph(pipeline: str) -> tuple[Any, str | None]:
+    """The job graph of a registered ``pipeline`` (a linear pipeline's two vertices, or its
+    dataflow graph), or None and why it cannot be loaded (its module or declaration fails): the
+    page then shows why, and the checkpoints per operator id."""
+    from checkpoint_lib.pipelines import graph_or_why
+
+    return graph_or_why(pipeline)
 
 
 def _quality_dir(pipeline: str) -> Path:
@@ -255,6 +284,16 @@ def api_history(pipeline: str, user: GetUserDep, limit: int = Query(100, ge=1, l
 def api_acks(pipeline: str, checkpoint_id: str, user: GetUserDep) -> list[dict[str, Any]]:
     control = _control(_pipeline(pipeline, user))
     return _acks(control, _checkpoint_id(checkpoint_id))
+
+
+@app.get("/api/{pipeline}/checkpoints/{checkpoint_id}/vertices")
+def api_vertices(pipeline: str, checkpoint_id: str, user: GetUserDep) -> list[dict[str, Any]]:
+    """The checkpoint per vertex of the pipeline's graph: the ``vertices`` of ``ckpt checkpoints
+    show -o json`` (:meth:`~checkpoint_lib.graph.details.VertexDetails.to_dict`)."""
+    control = _control(_pipeline(pipeline, user))
+    cid = _checkpoint_id(checkpoint_id)
+    graph, _ = _graph(control.pipeline_name)
+    return [v.to_dict() for v in checkpoint_details(graph, _all_acks(control, cid))]
 
 
 # --- files of the data-quality report -------------------------------------------------------
@@ -312,7 +351,13 @@ body{{font-family:system-ui,sans-serif;margin:1.5rem;color:var(--fg);background:
 a{{color:var(--link)}}
 table{{border-collapse:collapse;font-size:.9rem}}th,td{{border:1px solid var(--border);padding:.25rem .5rem;text-align:right}}
 th{{background:var(--head)}}tr.status-aborted td{{background:var(--bad)}}tr.status-pending td{{background:var(--wait)}}
-nav a{{margin-right:1rem}}.dags a{{margin-right:.75rem}}td.recover,td.state_bytes,td.channel_state_bytes,td.state_size_bytes,td.trigger_time{{white-space:nowrap}}
+nav a{{margin-right:1rem}}.dags a{{margin-right:.75rem}}
+.graph{{overflow-x:auto;max-width:100%}}.jobgraph{{color:var(--axis)}}.jobgraph text{{fill:var(--fg)}}
+.jobgraph text.label{{fill:var(--muted)}}.jobgraph g rect{{fill:var(--head);stroke:var(--border)}}
+.jobgraph g.sink rect{{fill:var(--card)}}.jobgraph g.source rect{{stroke:var(--axis)}}
+table.vertices td.left,table.vertices th.left{{text-align:left}}table.vertices tr.sink td.vertex{{padding-left:1.5rem}}
+table.vertices tr.sink td{{color:var(--muted)}}
+td.recover,td.state_bytes,td.channel_state_bytes,td.state_size_bytes,td.trigger_time{{white-space:nowrap}}
 {CHART_CSS}
 """
 # Airflow's UI marks its theme on its root element; the page, framed by it, takes the same. Unframed
@@ -329,6 +374,43 @@ def _charts(pipeline: str) -> str:
     except FileNotFoundError:  # never ran here: no store, nothing to draw (and nothing is created)
         return ""
     return f'<div class="grid4">{charts_html(data)}</div>'
+
+
+def _notes(vertices: list[VertexDetails]) -> dict[str, str]:
+    """What a checkpoint's breakdown adds to the graph's boxes: subtasks acknowledged and state
+    size per vertex, and per sink the transactions the checkpoint owns."""
+    notes = {}
+    for v in vertices:
+        if not v.in_graph:
+            continue
+        acked = f"{v.figures.subtasks}/{v.parallelism} acked"
+        notes[v.id] = f"{acked}, {human_bytes(v.figures.state_size_bytes)}" if v.kind != "source" else \
+            f"{acked}, offset {v.offset}"
+        for s in v.sinks:
+            notes[sink_node(s)] = f"{s.figures.subtasks}/{s.parallelism} acked, owns {s.transactions} txn"
+    return notes
+
+
+def _graph_html(pipeline: str, graph: Any, problem: str | None, vertices: list[VertexDetails] | None) -> str:
+    """The job graph, drawn (with the chosen checkpoint's figures in its boxes), or why it is not."""
+    if graph is None:
+        return f"<p><em>The job graph of {html.escape(pipeline)} cannot be drawn: {html.escape(problem or '')}</em></p>"
+    return f'<div class="graph">{to_svg(graph, _notes(vertices) if vertices is not None else None)}</div>'
+
+
+def _vertices_table(vertices: list[VertexDetails]) -> str:
+    """The checkpoint per vertex (:func:`~checkpoint_lib.graph.details.display_rows`), each
+    vertex's sinks under it."""
+    if not vertices:
+        return "<p><em>none yet</em></p>"
+    head = "".join(f'<th class="{"left" if c in VERTEX_TEXT_COLUMNS else ""}">{html.escape(c)}</th>'
+                   for c in VERTEX_COLUMNS)
+    body = []
+    for r in display_rows(vertices):
+        cells = "".join(f'<td class="{"vertex " if c == "vertex" else ""}{"left" if c in VERTEX_TEXT_COLUMNS else ""}">'
+                        f"{html.escape(r[c])}</td>" for c in VERTEX_COLUMNS)
+        body.append(f'<tr class="{"sink" if r["level"] == "1" else "vertex"}">{cells}</tr>')
+    return f'<table class="vertices"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
 def pipeline_of_dag(dag_id: str) -> str | None:
@@ -367,17 +449,23 @@ def page(user: GetUserDep, pipeline: str | None = None, checkpoint: str | None =
         dags = "".join(f'<a href="/dags/{html.escape(d)}" target="_top">{html.escape(d)}</a>'
                        for d in pipeline_dag_ids(pipeline))
         parts.append(f'<p class="dags">DAGs: {dags}</p>')
+        graph, problem = _graph(pipeline)
+        cid = _checkpoint_id(checkpoint) if checkpoint is not None else None
+        acks = _all_acks(control, cid) if cid is not None else []
+        vertices = checkpoint_details(graph, acks) if cid is not None else None  # per vertex of the graph
+        parts.append(f"<h3>Job graph{f' at checkpoint {cid}' if cid is not None else ''}</h3>")
+        parts.append(_graph_html(pipeline, graph, problem, vertices))
         parts.append(_charts(pipeline))
         docs = _quality_dir(pipeline) / "index.html"
         if docs.is_file():
             parts.append(f'<p><a href="quality/{pipeline}/index.html">Latest data-quality report</a></p>')
         else:
             parts.append("<p><em>No data-quality report yet.</em></p>")
-        if checkpoint is not None:
-            cid = _checkpoint_id(checkpoint)
-            acks = _acks(control, cid)
+        if cid is not None:
+            parts.append(f"<h3>Checkpoint {cid} per vertex</h3>")
+            parts.append(_vertices_table(vertices or []))
             parts.append(f"<h3>Checkpoint {cid}: acknowledgements per subtask</h3>")
-            parts.append(_table(acks, [(k, k.replace("_", " ")) for k in ACK_COLUMNS]))
+            parts.append(_table(_ack_rows(acks), [(k, k.replace("_", " ")) for k in ACK_COLUMNS]))
         parts.append("<h3>History</h3>")
         history, columns = _history(control, 200), COLUMNS
         links = {

@@ -31,6 +31,7 @@ from checkpoint_lib.pipelines import names
 from browser import screenshot
 from helpers import AIRFLOW
 from history import synthetic_history
+from synthetic_warehouse import synthetic_graph_warehouse, synthetic_warehouse
 
 SIMPLE = f"{SimpleAuthManager.__module__}.SimpleAuthManager"
 TOKEN_COOKIE = "_token"  # airflow.api_fastapi.auth.managers.base_auth_manager.COOKIE_NAME_JWT_TOKEN
@@ -235,6 +236,75 @@ def test_the_page_draws_the_history_and_follows_airflows_theme(tmp_path, monkeyp
         assert pixels.count(blue) > 200, f"no plotted points or lines visible in the {theme} theme"
 
 
+def test_the_page_draws_the_job_graph_and_a_checkpoint_per_vertex(tmp_path, monkeypatch, capsys, migrated_db):
+    """The pipeline's job graph drawn on the page (boxes and arrows, an inline SVG drawn by the
+    server: a dataflow graph's vertices, or a linear pipeline's two), and a chosen checkpoint per
+    vertex (Flink's checkpoint details: what ``ckpt checkpoints show`` prints, from the same
+    function), its figures in the graph's boxes too; the same as JSON. A pipeline whose module
+    fails says why in the graph's place and shows its checkpoint per operator id."""
+    import shutil
+    from importlib.metadata import EntryPoint
+
+    from checkpoint_lib import cli, pipelines
+
+    warehouse = synthetic_graph_warehouse(synthetic_warehouse(tmp_path / "warehouse"))
+    shutil.copytree(warehouse / "_checkpoints" / "enrichment", warehouse / "_checkpoints" / "broken")
+    registered = pipelines._registered()
+    monkeypatch.setattr(pipelines, "_registered", lambda: {
+        **registered, "broken": EntryPoint("broken", "no_such_module_of_flows:build", pipelines.GROUP)})
+    monkeypatch.setenv("CKPT_WAREHOUSE", str(warehouse))
+    with api_server(tmp_path, {"viewer": "viewer"}) as api:
+        graph_only = api.get("viewer", "/checkpoints/?pipeline=enrichment")
+        page = api.get("viewer", "/checkpoints/?pipeline=enrichment&checkpoint=2")
+        vertices = api.get("viewer", "/checkpoints/api/enrichment/checkpoints/2/vertices")
+        linear = api.get("viewer", "/checkpoints/?pipeline=payments&checkpoint=2").text
+        broken = api.get("viewer", "/checkpoints/?pipeline=broken&checkpoint=2")
+        broken_json = api.get("viewer", "/checkpoints/api/broken/checkpoints/2/vertices")
+        unknown = api.get("viewer", "/checkpoints/api/enrichment/checkpoints/9/vertices")
+    assert graph_only.status_code == page.status_code == vertices.status_code == 200
+    assert unknown.status_code == 404
+
+    # the job graph: a box per vertex and sink, an arrow per edge and sink, in both pages
+    for html_text in (graph_only.text, page.text):
+        assert html_text.count('<svg class="jobgraph"') == 1
+        for node in ("payments", "accounts", "tag", "dedup", "totals", "sink:rejected", "sink:tagged",
+                     "sink:region_totals"):
+            assert f'data-node="{node}"' in html_text, node
+        assert html_text.count('<path class="edge') == 4 + 3
+        assert ">hash(account), input 2</text>" in html_text and ">two-input keyed x2</text>" in html_text
+    assert "acked" not in graph_only.text and "per vertex" not in graph_only.text
+    assert "<h3>Job graph at checkpoint 2</h3>" in page.text
+    assert ">2/2 acked, 410 B</text>" in page.text and ">1/1 acked, offset 12</text>" in page.text
+    assert ">2/2 acked, owns 2 txn</text>" in page.text
+
+    # the checkpoint per vertex: a row per vertex, its sinks under it, then per subtask as before
+    table = page.text.split("<h3>Checkpoint 2 per vertex</h3>")[1].split("</table>")[0]
+    rows = [r.split("</tr>")[0] for r in table.split("<tr class=")[1:]]
+    assert [r.split('class="vertex left">')[1].split("<")[0] for r in rows] == [
+        "payments", "accounts", "tag", "sink rejected", "dedup", "sink tagged", "totals", "sink region_totals"]
+    tag = rows[2]
+    for cell in ("two-input keyed", ">2<", "410 B", "3.5 ms", "tag[1] 41.0 ms", "state table version 2, key groups 0..127"):
+        assert cell in tag, cell
+    assert rows[3].startswith('"sink"') and "owns 2 transactions" in rows[3]
+    assert "4 rows, 256 B" in rows[4] and ">yes<" in rows[4] and "offset: version 12" in rows[1]
+    assert "Checkpoint 2: acknowledgements per subtask" in page.text.split(table)[1]
+
+    # the same as JSON, from the same function as `ckpt checkpoints show`
+    capsys.readouterr()
+    assert cli.main(["checkpoints", "show", "enrichment", "2", "--warehouse", str(warehouse), "-o", "json"]) == 0
+    assert vertices.json() == json.loads(capsys.readouterr().out)["vertices"]
+
+    # a linear pipeline: its two vertices
+    assert 'data-node="source"' in linear and 'data-node="balance"' in linear and 'data-node="sink:ledger"' in linear
+    assert ">3/3 acked, 1.5 KiB</text>" in linear
+
+    # a pipeline whose module fails: why, and the checkpoint per operator id
+    assert broken.status_code == 200 and '<svg class="jobgraph"' not in broken.text
+    assert "The job graph of broken cannot be drawn: ModuleNotFoundError: No module named" in broken.text
+    assert "<h3>Checkpoint 2 per vertex</h3>" in broken.text and "sink region_totals" in broken.text
+    assert broken_json.status_code == 200 and {v["in_graph"] for v in broken_json.json()} == {False}
+
+
 def test_the_page_stays_inside_the_warehouse(tmp_path, monkeypatch, migrated_db):
     warehouse = tmp_path / "warehouse"
     _store_with_a_checkpoint(warehouse)
@@ -275,7 +345,7 @@ def test_no_get_creates_anything_under_the_warehouse(tmp_path, monkeypatch, migr
     urls += ["/checkpoints/?pipeline=payments", "/checkpoints/?pipeline=payments&checkpoint=1",
              "/checkpoints/?pipeline=transfers&checkpoint=1", "/checkpoints/api/transfers/checkpoints/1/acks",
              "/checkpoints/api/payments/checkpoints?limit=5"]
-    assert len(get_routes) == 6, sorted(get_routes)  # the page, pipelines, history, acks, quality files, recover
+    assert len(get_routes) == 7, sorted(get_routes)  # the page, pipelines, history, acks, vertices, quality, recover
 
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -134,7 +134,7 @@ built = declared().build()
 def test_a_declared_graph_is_drawn_by_reference_and_refused_by_the_commands_that_take_linear_pipelines_only(
         tmp_path, monkeypatch, capsys):
     """``ckpt graph mod:attr`` draws a :class:`Graph` (or its built ``StreamGraph``, or a function
-    returning one); a command that takes linear pipelines only (``ckpt state``) refuses it,
+    returning one); a command that takes linear pipelines only (``ckpt savepoint``) refuses it,
     naming the commands that take a graph."""
     (tmp_path / "joinflows.py").write_text(GRAPH_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -146,7 +146,7 @@ def test_a_declared_graph_is_drawn_by_reference_and_refused_by_the_commands_that
     assert drawings[0] == drawings[1] == drawings[2]
     assert drawings[0].splitlines()[0].startswith("joined: 3 vertices, 2 edges")
     assert "tag (two-input keyed Enrich, parallelism 3)" in drawings[0]
-    assert cli.main(["state", "operator", "joinflows:graph", "--warehouse", str(tmp_path / "w")]) == cli.EXIT_USER_ERROR
+    assert cli.main(["savepoint", "joinflows:graph", "--warehouse", str(tmp_path / "w")]) == cli.EXIT_USER_ERROR
     err = capsys.readouterr().err
     assert "joined is a dataflow graph: ckpt run, ckpt recover, ckpt generate, ckpt graph" in err
     assert "this command takes a linear pipeline (checkpoint_lib.pipeline.Pipeline: one source, one operator, its " \

@@ -126,7 +126,7 @@ def test_the_registry_finds_a_graph_by_name_and_the_linear_only_callers_refuse_i
             call("enrichment")
         assert str(refused.value) == (
             "enrichment is a dataflow graph: ckpt run, ckpt recover, ckpt generate, ckpt graph, ckpt pipelines, "
-            "ckpt checkpoints, ckpt report, ckpt maintain take it; this command takes a linear pipeline "
+            "ckpt checkpoints, ckpt state, ckpt report, ckpt maintain take it; this command takes a linear pipeline "
             "(checkpoint_lib.pipeline.Pipeline: one source, one operator, its sinks) only so far")
     # a linear pipeline reads as before, through both doors
     assert not pipelines.is_graph(pipelines.declared("payments"))
@@ -211,7 +211,10 @@ def test_checkpoints_reads_a_graphs_control_tables(registered, capsys):
     (row,) = json.loads(capsys.readouterr().out)
     assert (row["checkpoint_id"], row["status"]) == (cid, "completed")
     assert cli.main(["checkpoints", "show", "joined", str(cid), "--warehouse", str(w), "-o", "json"]) == 0
-    assert {a["subtask"] for a in json.loads(capsys.readouterr().out)} == {"payments[0]", "tag[0]"}
+    shown = json.loads(capsys.readouterr().out)
+    assert {a["subtask"] for a in shown["acks"]} == {"payments[0]", "tag[0]"}
+    assert [(v["id"], v["subtasks"], v["offset"]) for v in shown["vertices"]] == [
+        ("payments", 1, 3), ("accounts", 0, None), ("tag", 1, None)]  # per vertex of its graph
 
 
 # --- generate ------------------------------------------------------------------------------------
@@ -269,7 +272,7 @@ def test_the_commands_a_graph_does_not_take_yet_refuse_it_before_anything_is_ope
     assert cli.main(["recover", "enrichment", "--dry-run", "--warehouse", str(w)]) == cli.EXIT_USER_ERROR
     assert "enrichment is a dataflow graph: `ckpt recover --dry-run` previews a linear pipeline's recovery only so " \
            "far" in capsys.readouterr().err
-    for argv in (["savepoint", "enrichment"], ["state", "operator", "enrichment"], ["state", "handles", "joined"]):
+    for argv in (["savepoint", "enrichment"], ["savepoint", "joined"]):
         assert cli.main([*argv, "--warehouse", str(w)]) == cli.EXIT_USER_ERROR, argv
         err = capsys.readouterr().err
         assert "is a dataflow graph: ckpt run, ckpt recover" in err and "this command takes a linear pipeline" in err

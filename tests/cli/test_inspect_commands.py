@@ -25,7 +25,7 @@ import pytest
 
 from checkpoint_lib import cli
 from checkpoint_lib.verify import read_delta
-from synthetic_warehouse import synthetic_warehouse
+from synthetic_warehouse import synthetic_graph_warehouse, synthetic_warehouse
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -227,3 +227,203 @@ def test_a_state_version_that_cannot_be_read_is_said_not_shown_as_empty(tmp_path
     (w / "_checkpoints" / "payments" / "state" / "balance" / "_delta_log" / f"{1:020d}.json").unlink()
     assert cli.main(["state", "operator", "payments", "--warehouse", str(w), "--checkpoint", "1"]) == cli.EXIT_USER_ERROR
     assert "version 1, which checkpoint 1 pinned, cannot be read" in capsys.readouterr().err
+
+
+# --- a dataflow graph's checkpoints: per vertex, and any keyed operator's state ---------------------
+
+GRAPH_READ_ONLY = {
+    "checkpoints show": ["checkpoints", "show", "enrichment", "2"],
+    "state operator --uid": ["state", "operator", "enrichment", "--uid", "dedup", "--checkpoint", "1"],
+    "state handles": ["state", "handles", "enrichment"],
+    "checkpoints show (linear)": ["checkpoints", "show", "payments", "2"],
+}
+
+
+@pytest.fixture(scope="module")
+def graph_warehouse(tmp_path_factory) -> Path:
+    """The ``enrichment`` graph's checkpoints 1 and 2 (``synthetic_graph_warehouse``) beside
+    ``payments``' (``synthetic_warehouse``), in one warehouse."""
+    w = tmp_path_factory.mktemp("graph") / "w"
+    synthetic_warehouse(w)
+    return synthetic_graph_warehouse(w)
+
+
+def _json_of(argv: list[str], capsys) -> dict:
+    assert cli.main([*argv, "-o", "json"]) == 0, capsys.readouterr().err
+    return _document(capsys)
+
+
+def test_a_graphs_inspecting_commands_start_no_jvm_and_print_one_json_document(graph_warehouse, tmp_path):
+    results = _no_jvm({n: [*argv, "--warehouse", str(graph_warehouse), "-o", "json"]
+                       for n, argv in GRAPH_READ_ONLY.items()}, tmp_path)
+    for name, r in results.items():
+        assert r["code"] == 0, (name, r["stderr"])
+        doc = json.loads(r["stdout"])
+        assert _json_in_a_string(doc) == [], name
+    assert [v["id"] for v in json.loads(results["checkpoints show"]["stdout"])["vertices"]] == \
+        ["payments", "accounts", "tag", "dedup", "totals"]
+    assert json.loads(results["state operator --uid"]["stdout"])["keys"] == 10
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_checkpoints_show_breaks_a_graphs_checkpoint_down_per_vertex(graph_warehouse, capsys):
+    doc = _json_of(["checkpoints", "show", "enrichment", "2", "--warehouse", str(graph_warehouse)], capsys)
+    assert (doc["pipeline"], doc["checkpoint_id"], doc["kind"], doc["status"], doc["graph_problem"]) == \
+        ("enrichment", 2, "checkpoint", "completed", None)
+    assert doc["duration_ms"] == 2000.0
+    vertices = {v["id"]: v for v in doc["vertices"]}
+    assert list(vertices) == ["payments", "accounts", "tag", "dedup", "totals"]  # topological: sources first
+    assert [(v["kind"], v["parallelism"], v["subtasks"]) for v in vertices.values()] == [
+        ("source", 2, 2), ("source", 1, 1), ("two_input_keyed", 2, 2), ("keyed", 2, 2), ("keyed", 1, 1)]
+    assert (vertices["payments"]["offset"], vertices["accounts"]["offset"]) == (2, 12)
+    assert vertices["payments"]["slowest"] == {"subtask": "payments[1]", "index": 1, "duration_ms": 2.0}
+    tag, dedup, totals = vertices["tag"], vertices["dedup"], vertices["totals"]
+    assert tag["state_size_bytes"] == 200 + 210 and totals["state_size_bytes"] == 200  # sums
+    assert tag["alignment_ms"] == 3.5 and dedup["alignment_ms"] == 0.5  # maxima
+    assert tag["slowest"] == {"subtask": "tag[1]", "index": 1, "duration_ms": 41.0} and tag["duration_ms"] == 41.0
+    assert (dedup["unaligned"], dedup["channel_state_rows"], dedup["channel_state_bytes"]) == (True, 4, 256)
+    assert (tag["unaligned"], tag["channel_state_rows"]) == (False, 0)
+    assert tag["state_table_versions"] == [2] and tag["key_groups"] == [0, 127] and tag["offset"] is None
+    assert vertices["payments"]["state_table_versions"] == [] and vertices["payments"]["key_groups"] is None
+    sinks = {v["id"]: [(s["name"], s["operator"], s["subtasks"], s["transactions"]) for s in v["sinks"]]
+             for v in doc["vertices"]}
+    assert sinks == {"payments": [], "accounts": [], "tag": [("rejected", "sink_rejected", 2, 2)],
+                     "dedup": [("tagged", "sink_tagged", 2, 2)], "totals": [("region_totals", "sink_region_totals", 1, 1)]}
+    assert all(v["in_graph"] for v in doc["vertices"])
+    # the per-subtask acks, every key as before the breakdown (they were the whole document)
+    assert len(doc["acks"]) == 13
+    assert {"subtask", "operator", "index", "state", "state_size_bytes", "channel_state_rows", "channel_state_bytes",
+            "alignment_ms", "unaligned", "duration_ms", "ack_time"} == set(doc["acks"][0])
+    assert sum(v["subtasks"] + sum(s["subtasks"] for s in v["sinks"]) for v in doc["vertices"]) == len(doc["acks"])
+
+    assert cli.main(["checkpoints", "show", "enrichment", "2", "--warehouse", str(graph_warehouse)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "checkpoint 2 of enrichment: completed, epoch 1; 13 subtasks acknowledged"
+    assert lines[1].split()[:3] == ["vertex", "kind", "subtasks"]
+    rows = {line.split()[0] if not line.startswith("  ") else "sink " + line.split()[1]: line for line in lines[3:11]}
+    assert list(rows) == ["payments", "accounts", "tag", "sink rejected", "dedup", "sink tagged", "totals",
+                          "sink region_totals"]
+    assert rows["tag"].split()[1:4] == ["two-input", "keyed", "2"] and "410 B" in rows["tag"]
+    assert "3.5 ms" in rows["tag"] and "tag[1] 41.0 ms" in rows["tag"]
+    assert rows["tag"].endswith("state table version 2, key groups 0..127")
+    assert rows["payments"].endswith("offset: version 2") and rows["accounts"].endswith("offset: version 12")
+    assert " yes " in rows["dedup"] and "4 rows, 256 B" in rows["dedup"]
+    assert rows["sink region_totals"].startswith("  sink region_totals") and rows["sink region_totals"].endswith(
+        "owns 1 transaction")
+    assert any(line.startswith("tag[1]: {") for line in lines)  # then per subtask, as before
+
+
+def test_checkpoints_show_gives_a_linear_pipeline_its_two_vertices(graph_warehouse, capsys):
+    doc = _json_of(["checkpoints", "show", "payments", "2", "--warehouse", str(graph_warehouse)], capsys)
+    source, balance = doc["vertices"]
+    assert (source["id"], source["kind"], source["subtasks"], source["offset"]) == ("source", "source", 2, 1)
+    assert (balance["id"], balance["kind"], balance["subtasks"], balance["state_size_bytes"]) == \
+        ("balance", "keyed", 3, 500 + 501 + 502)
+    assert balance["state_table_versions"] == [2] and balance["key_groups"] == [0, 127]
+    assert [(s["name"], s["subtasks"], s["transactions"]) for s in balance["sinks"]] == [("ledger", 3, 3),
+                                                                                         ("balances", 3, 3)]
+    assert len(doc["acks"]) == 11
+
+
+def test_checkpoints_show_of_a_pipeline_no_longer_registered_goes_per_operator_id(graph_warehouse, capsys):
+    """The store of a pipeline nobody registers any more still reads: by operator id, saying why."""
+    import shutil
+
+    shutil.copytree(graph_warehouse / "_checkpoints" / "enrichment", graph_warehouse / "_checkpoints" / "retired")
+    try:
+        doc = _json_of(["checkpoints", "show", "retired", "2", "--warehouse", str(graph_warehouse)], capsys)
+        assert "unknown pipeline 'retired'" in doc["graph_problem"]
+        kinds = [(v["id"], v["kind"], v["in_graph"]) for v in doc["vertices"]]
+        assert kinds[:2] == [("accounts", "source", False), ("payments", "source", False)]
+        assert {k for _, k, _ in kinds[2:5]} == {"keyed"} and {k for _, k, _ in kinds[5:]} == {"sink"}
+        assert cli.main(["checkpoints", "show", "retired", "2", "--warehouse", str(graph_warehouse)]) == 0
+        out = capsys.readouterr().out
+        assert "(per operator id: the graph of retired cannot be loaded: unknown pipeline 'retired'" in out
+        assert "not in the graph" not in out
+    finally:
+        shutil.rmtree(graph_warehouse / "_checkpoints" / "retired")
+
+
+def test_state_operator_reads_any_keyed_operator_of_a_graph_at_its_pins(graph_warehouse, capsys):
+    w = ["--warehouse", str(graph_warehouse)]
+    dedup = _json_of(["state", "operator", "enrichment", "--uid", "dedup", "--checkpoint", "1", *w], capsys)
+    assert (dedup["operator"], dedup["key_column"], dedup["checkpoint_id"], dedup["keys"]) == ("dedup", "event_id", 1, 10)
+    assert [(s["subtask"], s["key_groups"], s["table_version"]) for s in dedup["subtasks"]] == [
+        (0, [0, 63], 1), (1, [64, 127], 1)]
+    assert sum(s["keys"] for s in dedup["subtasks"]) == 10 and dedup["table"].endswith("state/dedup")
+    assert {r["event_id"] for r in dedup["rows"]} == {f"e{i}" for i in range(10)}
+    latest = _json_of(["state", "operator", "enrichment", "--uid", "dedup", *w], capsys)
+    assert (latest["checkpoint_id"], latest["keys"]) == (2, 20)  # the latest completed, at its pins
+    for r in latest["rows"]:  # each row is the subtask's whose key groups hold it
+        assert r["subtask"] == (0 if r["key_group"] <= 63 else 1), r
+    tag = _json_of(["state", "operator", "enrichment", "--uid", "tag", "--key", "acct-5", *w], capsys)
+    assert (tag["key_column"], tag["keys"], [r["region"] for r in tag["rows"]]) == ("account", 1, ["north"])
+    totals = _json_of(["state", "operator", "enrichment", "--uid", "totals", "--checkpoint", "1", *w], capsys)
+    assert sorted(r["region"] for r in totals["rows"]) == ["north", "south"]
+
+    assert cli.main(["state", "operator", "enrichment", "--uid", "tag", "--limit", "2", *w]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("operator tag of enrichment at checkpoint 2 (completed ")
+    assert "state table version 2, key groups 0..127 over 2 subtasks" in out and "6 keys; showing the first 2" in out
+
+    handles = _json_of(["state", "handles", "enrichment", *w], capsys)
+    assert handles["sources"] == {f"payments[{i}]": {"version": 2, "next_seq": 0, "barrier_seq": -1} for i in (0, 1)} | {
+        "accounts[0]": {"version": 12, "next_seq": 0, "barrier_seq": -1}}
+    assert set(handles["sinks"]) == {"sink_rejected[0]", "sink_rejected[1]", "sink_tagged[0]", "sink_tagged[1]",
+                                     "sink_region_totals[0]"}
+
+
+def test_state_operator_takes_a_linear_pipelines_uid_and_refuses_what_is_no_keyed_operator(graph_warehouse, tmp_path,
+                                                                                            monkeypatch, capsys):
+    w = ["--warehouse", str(graph_warehouse)]
+    by_default = _json_of(["state", "operator", "payments", *w], capsys)
+    assert _json_of(["state", "operator", "payments", "--uid", "balance", *w], capsys) == by_default
+
+    def refused(argv: list[str]) -> str:
+        assert cli.main([*argv, *w]) == cli.EXIT_USER_ERROR
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        return err.strip().removeprefix("ckpt: error: ")
+
+    assert refused(["state", "operator", "enrichment"]) == (
+        "pipeline 'enrichment' has 3 keyed operators: name one with --uid; its keyed operators: tag, dedup, totals")
+    assert refused(["state", "operator", "enrichment", "--uid", "nope"]) == (
+        "pipeline 'enrichment' has no operator 'nope'; its keyed operators: tag, dedup, totals")
+    assert refused(["state", "operator", "enrichment", "--uid", "accounts"]) == (
+        "'accounts' is a source of pipeline 'enrichment', not an operator; its keyed operators: tag, dedup, totals")
+    assert refused(["state", "operator", "payments", "--uid", "ledger"]) == (
+        "pipeline 'payments' has no operator 'ledger'; its keyed operators: balance")
+    assert refused(["state", "channel", "enrichment", "--uid", "tag"]) == (
+        "--uid picks the operator's state: ckpt state operator enrichment --uid ...")
+
+    (tmp_path / "statelessflows.py").write_text(textwrap.dedent('''
+        from checkpoint_lib.graph import Graph
+        from checkpoint_lib.pipeline import DeltaSink, DeltaSource
+
+        class Count:
+            state_schema = "n long"
+            def apply(self, records, state, key):
+                return state, {}
+
+        class Pass:
+            def apply(self, records):
+                return {"out": records}
+
+        def graph():
+            g = Graph("mixed")
+            s = g.source("events", DeltaSource("in", "k string"))
+            passed = s.rebalance(2).process(Pass(), uid="pass")
+            passed.output("out").sink("out", DeltaSink("out", "k string"))
+            passed.output("out").key_by("k").process(Count(), uid="count").sink("counts", DeltaSink("counts", "k string"))
+            return g
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from checkpoint_lib import pipelines
+
+    monkeypatch.setattr(pipelines, "_loaded", {})
+    try:
+        assert refused(["state", "operator", "statelessflows:graph", "--uid", "pass"]) == (
+            "operator 'pass' of pipeline 'mixed' is stateless: it has no keyed state to show; its keyed operators: count")
+    finally:
+        sys.modules.pop("statelessflows", None)
+    assert not (graph_warehouse / "_checkpoints" / "mixed").exists()

@@ -121,3 +121,11 @@ def test_a_keyed_position_lists_each_sink_subtasks_snapshot():
     position = KeyedPosition(cursor=11, state_version=3, sinks={"ledger": (snap, None)})
     assert position.sinks["ledger"] == (snap, None)
     assert KeyedPosition(cursor=-1, state_version=-1).sinks == {}
+
+
+def test_a_source_states_offset_reads_alone_and_no_other_state_has_one():
+    assert SourceAckState.offset_in(SourceAckState(4, 12, 11).to_state()) == 4
+    assert SourceAckState.offset_in({"version": 3}) == 3  # the offset alone is enough to show it
+    assert SourceAckState.offset_in(KeyedAckState(5, PinnedState(2, KeyGroupRange(0, 9))).to_state()) is None
+    assert SourceAckState.offset_in(KeyedAckState(5).to_state()) is None
+    assert SourceAckState.offset_in({}) is None

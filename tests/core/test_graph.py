@@ -11,7 +11,7 @@ import pytest
 from checkpoint_lib import pipelines
 from checkpoint_lib.graph import (MAIN, RECORDS, DeadLetters, Edge, Graph, GraphError, OperatorKind, OperatorVertex,
                                   Partitioning, SourceVertex, StreamGraph, VertexSink, from_pipeline, problems, shape,
-                                  to_dict, to_dot, to_text, validate)
+                                  to_dict, to_dot, to_svg, to_text, validate)
 from checkpoint_lib.pipeline import FEEDBACK, PARTITIONINGS, DeltaSink, DeltaSource, Pipeline
 
 MOVES = {"account": "string", "cents": "long", "region": "string"}
@@ -474,6 +474,45 @@ def test_the_dot_drawing_escapes_labels_and_dashes_feedback():
                          (VertexSink("out", "s", type("Odd\"Sink", (), {})(), RECORDS),))
     nodes, _ = dot_parts(to_dot(quoted))
     assert 'Odd\\"Sink' in to_dot(quoted) and "sink:out" in nodes
+
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def svg_parts(svg: str):
+    """The boxes (node -> (x, its text lines)) and the edges' paths of a :func:`to_svg` drawing,
+    parsed as XML (so it is well formed)."""
+    from xml.etree import ElementTree
+
+    root = ElementTree.fromstring(svg)
+    assert root.tag == f"{SVG}svg" and root.get("class") == "jobgraph"
+    boxes = {g.get("data-node"): (float(g.find(f"{SVG}rect").get("x")), [t.text for t in g.iter(f"{SVG}text")])
+             for g in root.iter(f"{SVG}g")}
+    paths = [p for p in root.iter(f"{SVG}path") if "edge" in (p.get("class") or "")]
+    return boxes, paths
+
+
+@pytest.mark.parametrize("build", [lambda: shop().build()] + [
+    (lambda n=n: from_pipeline(pipelines.get(n))) for n in ("payments", "transfers")])
+def test_the_svg_drawing_has_a_box_per_vertex_and_sink_and_an_arrow_per_edge(build):
+    graph = build()
+    boxes, paths = svg_parts(to_svg(graph))
+    assert set(boxes) == {v.id for v in graph.vertices} | {f"sink:{s.name}" for s in graph.sinks}
+    assert len(paths) == len(graph.edges) + len(graph.sinks)
+    assert len([p for p in paths if p.get("stroke-dasharray")]) == sum(e.feedback for e in graph.edges)
+    for e in graph.edges:  # left to right, but for a feedback edge
+        assert e.feedback or boxes[e.sender][0] < boxes[e.receiver][0], e
+    for s in graph.sinks:
+        assert boxes[s.vertex][0] < boxes[f"sink:{s.name}"][0] and boxes[f"sink:{s.name}"][1][0] == f"sink {s.name}"
+
+
+def test_the_svg_drawing_says_each_vertexs_kind_takes_notes_and_escapes_text():
+    boxes, _ = svg_parts(to_svg(shop().build(), {"enrich": "4/4 acked, 1.2 KiB", "sink:audit": "owns <3> txn"}))
+    assert boxes["enrich"][1] == ["enrich", "two-input keyed x4", "Enrich", "4/4 acked, 1.2 KiB"]
+    assert boxes["payments"][1] == ["payments", "source x2", "landing/payments"]
+    assert boxes["sink:audit"][1] == ["sink audit", "gold/audit (append)", "owns <3> txn"]
+    assert boxes["payments"][0] == boxes["refunds"][0] < boxes["enrich"][0] < boxes["fraud"][0] < boxes["audit"][0]
+    assert "owns &lt;3&gt; txn" in to_svg(shop().build(), {"sink:audit": "owns <3> txn"})
 
 
 def test_the_json_document_of_transfers():

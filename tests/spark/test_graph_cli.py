@@ -55,8 +55,21 @@ def test_generate_run_inspect_and_recover_a_graph_through_the_cli(spark, tmp_pat
     listed = {r["checkpoint_id"]: r for r in _json(capsys)}
     assert all(listed[c]["status"] == "completed" for c in first["completed"])
     assert cli.main(["checkpoints", "show", "cligraph", str(first["final"]), "--warehouse", w, "-o", "json"]) == 0
-    operators = {a["operator"] for a in _json(capsys)}
+    shown = _json(capsys)
+    operators = {a["operator"] for a in shown["acks"]}
     assert {"payments", "accounts", "tag", "dedup", "totals", "large", "sink_tagged", "sink_totals"} <= operators
+    vertices = {v["id"]: v for v in shown["vertices"]}  # per vertex, as Flink's checkpoint details
+    assert list(vertices) == ["payments", "accounts", "tag", "dedup", "totals", "large"]
+    assert all(v["in_graph"] and v["subtasks"] == v["parallelism"] for v in vertices.values())
+    assert vertices["payments"]["offset"] is not None and vertices["tag"]["state_table_versions"]
+    assert all(vertices[uid]["state_size_bytes"] > 0 for uid in ("tag", "dedup", "totals"))  # its state's share
+    assert (vertices["large"]["kind"], vertices["large"]["state_size_bytes"]) == ("stateless", 0)
+    assert [s["name"] for s in vertices["large"]["sinks"]] == ["large"]
+    assert cli.main(["state", "operator", "cligraph", "--uid", "totals", "--warehouse", w, "-o", "json"]) == 0
+    totals = _json(capsys)  # Spark's state table (deletion vectors) at the pinned version, read by delta-rs
+    assert (totals["checkpoint_id"], totals["key_column"]) == (first["final"], "region") and totals["keys"] > 0
+    assert cli.main(["state", "operator", "cligraph", "--uid", "large", "--warehouse", w]) == cli.EXIT_USER_ERROR
+    assert "operator 'large' of pipeline 'cligraph' is stateless" in capsys.readouterr().err
     assert cli.main(["report", "cligraph", "--warehouse", w, "-o", "json"]) == 0
     assert _json(capsys)["report"].endswith("report.html")
     assert cli.main(["maintain", "cligraph", "--warehouse", w, "--no-spark", "--dry-run", "-o", "json"]) == 0

@@ -64,6 +64,7 @@ class OperatorVertexRun:
                 raise ValueError(f"operator {self.uid!r}: state_ttl is not supported in a graph yet "
                                  "(a linear pipeline runs it)")
         self.state_version = -1
+        self._sized: tuple[int, int] | None = None  # (state version, its table's bytes)
         self.flushes = 0
 
     @property
@@ -137,9 +138,24 @@ class OperatorVertexRun:
         the state table's current version pinned (nothing copied), its sinks' transactions
         pre-committed."""
         acks: dict[SubtaskId, SubtaskAck] = {}
+        table_bytes = self._table_bytes()
         for r, sid in enumerate(self.ids):
-            pinned = None
+            pinned, share = None, 0
             if self.state is not None:
                 pinned = PinnedState(self.state_version, range_for_subtask(r, self.P, self.max_parallelism))
-            acks[sid] = SubtaskAck(state=KeyedAckState(-1, pinned).to_state())
+                share = table_bytes * len(pinned.key_groups) // self.max_parallelism
+            acks[sid] = SubtaskAck(state=KeyedAckState(-1, pinned).to_state(), state_size_bytes=share)
         return {**acks, **self.sinks.acks(checkpoint_id)}
+
+    def _table_bytes(self) -> int:
+        """The state table's size at its current version (its files' bytes, from the Delta log: no
+        job): each subtask acks its key groups' share, what restoring them reads, as the linear
+        runner's keyed stage does. 0 before the first write."""
+        if self.state is None or self.state_version < 0:
+            return 0
+        if self._sized is None or self._sized[0] != self.state_version:
+            from deltalake import DeltaTable
+
+            actions = DeltaTable(self.state.path, version=self.state_version).get_add_actions(flatten=True)
+            self._sized = (self.state_version, int(sum(actions.column("size_bytes").to_pylist())))
+        return self._sized[1]
