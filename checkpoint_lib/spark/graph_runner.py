@@ -34,6 +34,7 @@ recovery's ``fence``, ``recover``, ``restore``.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from contextlib import nullcontext
@@ -153,6 +154,7 @@ class GraphRunner:
         self._opened = self._closed = self._stop_requested = False
         self.step_cache = StepCache()  # what several writes of a step read, computed once
         self.cached, self.uncache = self.step_cache.cached, self.step_cache.uncache
+        self._step_started, self._done_at = time.monotonic(), {}  # when the step began, each vertex was done
         self._source_flushes: dict[str, int] = {}  # a source vertex's sink flushes (the operators keep theirs)
 
         self.writers = {
@@ -357,6 +359,7 @@ class GraphRunner:
         if trigger is not None:
             self.store.checkpoints.record_pending(trigger.checkpoint_id, trigger.barrier.kind,
                                                   trigger.barrier.timestamp, self.epoch)
+        self._step_started, self._done_at = time.monotonic(), {}
         try:
             self._flow(shares)
         finally:
@@ -394,6 +397,7 @@ class GraphRunner:
                 else:
                     df = source.empty()
                 frames[(vertex_id, RECORDS)] = df
+                self._done_at[vertex_id] = time.monotonic()
                 continue
             op = self.operators[vertex_id]
             senders = {e.sender for e in self.graph.inputs_of(vertex_id)}
@@ -423,6 +427,7 @@ class GraphRunner:
                 self.reached("flush_merge")  # past its epoch check, the MERGE not yet committed
                 op.update_state(deltas, self.fence, self.epoch)
             frames.update({(vertex_id, name): df for name, df in outputs.items()})
+            self._done_at[vertex_id] = time.monotonic()
         for name, (_files, end) in shares.items():
             self.sources[name].advance(end)
 
@@ -450,11 +455,16 @@ class GraphRunner:
         cid = trigger.checkpoint_id
         self.reached("snapshot")
         acks: dict[SubtaskId, SubtaskAck] = {}
-        for name, source in self.sources.items():
-            acks.update(source.acks())
-            acks.update(self.vertex_sinks[name].acks(cid))
-        for op in self.operators.values():
-            acks.update(op.acks(cid))
+        for vertex_id in self.order:
+            vertex = self._vertex(vertex_id)
+            if vertex_id in self.sources:
+                mine = {**vertex.acks(), **self.vertex_sinks[vertex_id].acks(cid)}
+            else:
+                mine = vertex.acks(cid)
+            # a chained step has no per-subtask timing: each subtask's ack reports when its vertex
+            # was done with the step (its reads, sink rows and MERGE), from the step's start
+            done = (self._done_at.get(vertex_id, time.monotonic()) - self._step_started) * 1000
+            acks.update({sid: dataclasses.replace(ack, duration_ms=round(done, 1)) for sid, ack in mine.items()})
         self.reached("ack")
         self.store.acks.record(cid, acks, self.epoch)
         for sid, ack in acks.items():
@@ -466,6 +476,7 @@ class GraphRunner:
         trigger = self.coordinator.trigger(kind)
         self.store.checkpoints.record_pending(trigger.checkpoint_id, trigger.barrier.kind, trigger.barrier.timestamp,
                                               self.epoch)
+        self._step_started, self._done_at = time.monotonic(), {}
         self._barrier(trigger)
         status = self.coordinator.status_of(trigger.checkpoint_id)
         if status != CheckpointStatus.COMPLETED:
