@@ -3,8 +3,9 @@
 
 An asset is named ``<pipeline>.<sink>`` with the URI ``x-checkpoint-lib://<pipeline>/<sink path>``
 (the warehouse is resolved at run time, so it is not part of it). The tasks that commit a
-checkpoint - the snapshot DAG's ``commit``, the run DAG's ``keyed`` stage, the recover DAG's
-``recover`` - have the pipeline's sinks as outlets, and each asset event carries the checkpoint
+checkpoint - the snapshot DAG's ``commit``, the run DAG's ``keyed`` stage (a graph's: the task of
+each process group, with that group's sinks), the recover DAG's ``recover`` - have the pipeline's
+sinks as outlets, and each asset event carries the checkpoint
 committed and the table's location in its ``extra``.
 """
 
@@ -21,11 +22,16 @@ def sink_asset(pipeline: str, sink: str, path: str) -> Asset:
     return Asset(name=f"{pipeline}.{sink}", uri=f"{SCHEME}://{pipeline}/{path.strip('/')}", group="checkpoint_lib")
 
 
-def sink_assets(pipeline: str) -> list[Asset]:
-    """Every sink of the registered ``pipeline``, as an asset."""
-    from checkpoint_lib.pipelines import get
+def sink_assets(pipeline: str, sinks: Iterable[str] | None = None) -> list[Asset]:
+    """Every sink of the registered ``pipeline`` (a linear pipeline or a dataflow graph), as an
+    asset; ``sinks``: only those (e.g. a graph's process group's)."""
+    from checkpoint_lib.pipelines import declared, is_graph
 
-    return [sink_asset(pipeline, name, sink.path) for name, sink in get(pipeline).sinks.items()]
+    found = declared(pipeline)
+    paths = ({s.name: s.spec.path for s in found.sinks} if is_graph(found)
+             else {name: sink.path for name, sink in found.sinks.items()})
+    wanted = paths if sinks is None else list(sinks)
+    return [sink_asset(pipeline, name, paths[name]) for name in wanted]
 
 
 def annotate(context: Any, outlets: Iterable[Any], warehouse: str, **extra: Any) -> None:

@@ -1,5 +1,5 @@
-"""The DAG factory: four DAGs for every registered pipeline (:mod:`checkpoint_lib.pipelines`); a
-registered dataflow graph gets none yet (skipped with a log line: :func:`dag_pipelines`).
+"""The DAG factory: four DAGs for every registered linear pipeline and three for every registered
+dataflow graph (:mod:`checkpoint_lib.pipelines`).
 
 A deployment's DAGs folder needs one file that puts them in its globals (``dags/checkpoint_lib_dags.py``)::
 
@@ -28,9 +28,34 @@ the name known to the task processes that run its DAGs.
   validation results, channel state, removed files), each tied to what the retained checkpoints
   and savepoints still need; safe while the pipeline runs, skipped while a recovery holds it.
 
+A **dataflow graph** (:func:`build_graph_dags`) runs as its job plan says
+(:func:`checkpoint_lib.graph.plan`, :attr:`~checkpoint_lib.graph.Layout.CHAINED`, what
+:class:`~checkpoint_lib.spark.graph_runner.GraphRunner` runs): a task per process group. Today's
+plans have one group, ``all`` (every vertex in one process, every edge chained), so:
+
+- ``<graph>_run``: one task per process group, ``run_<group>`` (today ``run_all``), in the plan's
+  topological order, a group downstream of every group a non-feedback edge of the graph reaches it
+  from; scheduled as the linear run DAG; each task has its group's sinks as outlets.
+- ``<graph>_recover``: manual, with a form: ``checkpoint_id``, ``allow_non_restored_state``.
+  ``validate_params`` -> pause -> ``recover`` -> unpause (always). Neither the dry run (its plan
+  preview: ``ckpt recover --dry-run`` previews a linear pipeline's recovery only, so a ``dry_run``
+  in the run's conf fails ``validate_params`` before anything is touched) nor the after-restore
+  validation (the quality suites check linear pipelines only) exists for a graph yet: those tasks
+  are left out, as the DAG's doc says. No ``mode`` either: every edge is chained, so every
+  checkpoint of a graph is aligned.
+- ``<graph>_maintenance``: as a linear pipeline's (the retention rules read the control tables and
+  the data plane's folders, whatever declared them).
+- **No** ``<graph>_snapshot``: that DAG's checkpoint request is answered by a *running* process's
+  next source step (:mod:`checkpoint_lib.checkpoint_requests`), and the graph runner does not read
+  request files: its steps plan across all sources at once and would have to admit, honour (or let
+  a savepoint answer) and record requests as the linear source stage does. Until it does, the
+  snapshot DAG would only time out and abort; each run of ``<graph>_run`` ends with a completed
+  checkpoint anyway.
+
 Settings per pipeline from the JSON environment variable ``CKPT_DAG_SETTINGS``, e.g.
 ``{"payments": {"snapshot_every_s": 300, "min_pause_s": 30}}`` (keys: :data:`DEFAULTS`; ``notifiers``
-lists ``"module:attr"`` notifiers - e.g. a configured ``SlackNotifier`` - told of every failure).
+lists ``"module:attr"`` notifiers - e.g. a configured ``SlackNotifier`` - told of every failure; a
+graph has no use for the snapshot DAG's keys).
 The warehouse comes from ``CKPT_WAREHOUSE`` or the Airflow Variable ``ckpt_warehouse`` (at run
 time, never at parse time).
 """
@@ -38,7 +63,6 @@ time, never at parse time).
 from __future__ import annotations
 
 import json
-import logging
 import os
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -47,7 +71,7 @@ from airflow.sdk import DAG, Param, TriggerRule
 
 from checkpoint_lib.core.decider import DEFAULT_ROWS_PER_STEP
 from checkpoint_lib.core.types import MODES
-from checkpoint_lib.pipelines import declared, get, is_graph, name_of, names
+from checkpoint_lib.pipelines import declared, is_graph, name_of, names
 from ckpt_airflow.operators import (
     AbortCheckpointOperator,
     CommitCheckpointOperator,
@@ -80,9 +104,9 @@ DEFAULTS: dict[str, Any] = {
 }
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)
 DAG_KINDS = ("run", "snapshot", "recover", "maintenance")
-"""The DAGs :func:`build_dags` builds per pipeline: ``<pipeline>_<kind>``, in this order."""
-
-log = logging.getLogger(__name__)
+"""The DAGs :func:`build_dags` builds per linear pipeline: ``<pipeline>_<kind>``, in this order."""
+GRAPH_DAG_KINDS = ("run", "recover", "maintenance")
+"""The DAGs :func:`build_dags` builds per dataflow graph (no snapshot DAG: see the module)."""
 
 
 def settings_for(pipeline: str) -> dict[str, Any]:
@@ -94,7 +118,8 @@ def settings_for(pipeline: str) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"CKPT_DAG_SETTINGS[{pipeline!r}]: unknown keys {sorted(unknown)}; known: {sorted(DEFAULTS)}")
     base = dict(DEFAULTS)
-    if get(pipeline).feedback:
+    found = declared(pipeline)
+    if not is_graph(found) and found.feedback:  # a graph's edges are all chained: aligned
         base["mode"] = "unaligned"
     return {**base, **overrides}
 
@@ -198,13 +223,113 @@ def _dry_run_gate(validated: Any):
     return unless_dry_run(validated)
 
 
+def group_order(job: Any) -> list[tuple[str, list[str]]]:
+    """The process groups of a job plan (:class:`checkpoint_lib.graph.JobGraph`), each with the
+    groups it runs after: those a non-feedback edge reaches it from (a feedback edge goes back
+    upstream: it orders nothing). In the plan's order (topological by first vertex), so every
+    group's upstream groups come before it."""
+    after: dict[str, list[str]] = {g.name: [] for g in job.groups}
+    for e in job.edges:
+        sender, receiver = job.processes[e.sender], job.processes[e.receiver]
+        if sender != receiver and not e.feedback and sender not in after[receiver]:
+            after[receiver].append(sender)
+    return [(g.name, after[g.name]) for g in job.groups]
+
+
+def build_graph_run_dag(graph: Any, s: dict[str, Any]) -> DAG:
+    """``<graph>_run``: a ``run_<group>`` task per process group of the graph's job plan (today one,
+    ``run_all``), downstream of the groups its edges come from; each task has its group's sinks as
+    outlets."""
+    from checkpoint_lib.graph import plan
+
+    name, job = graph.name, plan(graph)
+    order = group_order(job)
+    groups = ", ".join(f"`{g}`" for g, _ in order)
+    doc = (f"Runs dataflow graph `{name}` until caught up, ending with a checkpoint: one task per process group "
+           f"of its job plan ({groups}; `all` is every vertex in one process, every edge chained), through "
+           "the graph runner (`ckpt run`).")
+    with _dag(name, "run", "the graph's process groups, incremental, each run ends with a checkpoint", s,
+              schedule=timedelta(seconds=s["run_every_s"]), doc_md=doc) as dag:
+        tasks = {}
+        for group, after in order:
+            tasks[group] = RunStageOperator(
+                task_id=f"run_{group}", stage=group, pipeline=name, mode=s["mode"],
+                rows_per_checkpoint=s["rows_per_checkpoint"], launcher=s["launcher"],
+                outlets=sink_assets(name, job.group(group).sinks),
+            )
+            for upstream in after:
+                tasks[upstream] >> tasks[group]
+    return dag
+
+
+GRAPH_RECOVER_DOC = (
+    "Recovers dataflow graph `{name}`: validate_params -> pause -> recover (new epoch, restore every "
+    "vertex's state, re-commit or abort every sink's transactions, replay) -> unpause (always).\n\n"
+    "**Not for a graph yet:** no dry run (`ckpt recover --dry-run` previews a linear pipeline's recovery "
+    "only: a `dry_run` in the run's conf fails validate_params, touching nothing) and no after-restore "
+    "validation (the quality suites check linear pipelines only), so this DAG has neither the "
+    "`unless_dry_run` nor the `validate_restore` task; no `mode` (every checkpoint of a graph is aligned)."
+)
+
+
+def build_graph_recover_dag(graph: Any, s: dict[str, Any]) -> DAG:
+    """``<graph>_recover``: the linear recover DAG without its dry run and after-restore validation
+    (refused for graphs, see :data:`GRAPH_RECOVER_DOC`), with ``allow_non_restored_state``."""
+    name = graph.name
+    with _dag(
+        name, "recover", "restore a checkpoint and replay (manual, with a form)", s,
+        schedule=None,
+        default_args={**_default_args(s), "retries": 0},
+        render_template_as_native_obj=True,  # XCom dicts and lists reach operators as such
+        doc_md=GRAPH_RECOVER_DOC.format(name=name),
+        params={
+            "checkpoint_id": Param(
+                "latest", type="string", pattern=r"^(latest|[1-9][0-9]{0,17})$", maxLength=18,
+                title="Checkpoint id", description="'latest' or the id of a retained completed checkpoint",
+            ),
+            "allow_non_restored_state": Param(
+                False, type="boolean", title="Allow non-restored state",
+                description="drop the checkpoint's state of operators the graph no longer has (else refused)",
+            ),
+        },
+    ) as dag:
+        validate = ValidateRecoveryParamsOperator(
+            task_id="validate_params", pipeline=name, checkpoint_id="{{ params.checkpoint_id }}",
+            mode="aligned", allow_non_restored_state="{{ params.allow_non_restored_state }}",
+            dry_run="{{ (dag_run.conf or {}).get('dry_run', False) }}", preview=False,
+        )
+        pause = PausePipelineOperator(task_id="pause", pipeline=name, dag_ids=[f"{name}_run"])
+        recover = RecoverPipelineOperator(
+            task_id="recover", pipeline=name, launcher=s["launcher"], rows_per_checkpoint=s["rows_per_checkpoint"],
+            params_in="{{ ti.xcom_pull(task_ids='validate_params') }}", outlets=sink_assets(name),
+        )
+        unpause = UnpausePipelineOperator(task_id="unpause", pipeline=name,
+                                          paused_dag_ids="{{ ti.xcom_pull(task_ids='pause') }}")
+        validate >> pause >> recover >> unpause
+        unpause.as_teardown(setups=pause)  # as the linear recover DAG's: a failed recovery still unpauses
+    return dag
+
+
+def build_graph_dags(graph: Any) -> dict[str, DAG]:
+    """The three DAGs of a dataflow graph (a validated ``StreamGraph``): see the module."""
+    s = settings_for(graph.name)
+    dags = (build_graph_run_dag(graph, s), build_graph_recover_dag(graph, s), build_maintenance_dag(graph.name, s))
+    assert [d.dag_id for d in dags] == [f"{graph.name}_{kind}" for kind in GRAPH_DAG_KINDS]
+    return {d.dag_id: d for d in dags}
+
+
+def dag_kinds(pipeline: str) -> tuple[str, ...]:
+    """The kinds of DAG :func:`build_dags` builds for ``pipeline`` (a name or a reference)."""
+    return GRAPH_DAG_KINDS if is_graph(declared(pipeline)) else DAG_KINDS
+
+
 def build_dags(pipeline: str) -> dict[str, DAG]:
-    """The four DAGs of ``pipeline``: a registered name or a ``module:attr`` reference of a linear
-    pipeline (a dataflow graph is refused: its DAGs come later)."""
+    """The DAGs of ``pipeline``, a registered name or a ``module:attr`` reference: four of a linear
+    pipeline (:data:`DAG_KINDS`), three of a dataflow graph (:data:`GRAPH_DAG_KINDS`)."""
     pipeline = name_of(pipeline)
-    if is_graph(declared(pipeline)):
-        raise ValueError(f"{pipeline} is a dataflow graph: the DAGs run linear pipelines only so far (their source "
-                         f"and keyed stages); run the graph with `ckpt run {pipeline}`")
+    found = declared(pipeline)
+    if is_graph(found):
+        return build_graph_dags(found)
     s = settings_for(pipeline)
     dags = (build_run_dag(pipeline, s), build_snapshot_dag(pipeline, s), build_recover_dag(pipeline, s),
             build_maintenance_dag(pipeline, s))
@@ -213,22 +338,14 @@ def build_dags(pipeline: str) -> dict[str, DAG]:
 
 
 def dag_pipelines() -> list[str]:
-    """The registered pipelines that get DAGs: every linear one. A dataflow graph is skipped, with
-    a log line saying so: its DAGs come later (``ckpt run <graph>`` runs it)."""
-    found = []
-    for name in names():
-        if is_graph(declared(name)):
-            log.info("%s is a dataflow graph: no DAGs for it yet (the DAGs run linear pipelines' stages); "
-                     "run it with `ckpt run %s`", name, name)
-            continue
-        found.append(name)
-    return found
+    """The registered pipelines that get DAGs: every one, linear pipelines and dataflow graphs."""
+    return names()
 
 
 def dags_for_every_pipeline() -> dict[str, DAG]:
-    """The four DAGs of every registered linear pipeline (:func:`dag_pipelines`: a graph has none
-    yet), by dag id (Airflow takes them from the globals of the DAG file that calls this, and
-    attributes them to that file)."""
+    """The DAGs of every registered pipeline and graph (:func:`build_dags`), by dag id (Airflow
+    takes them from the globals of the DAG file that calls this, and attributes them to that
+    file)."""
     dags: dict[str, DAG] = {}
     for name in dag_pipelines():
         dags.update(build_dags(name))

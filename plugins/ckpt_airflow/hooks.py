@@ -260,22 +260,43 @@ class CheckpointHook(BaseHook):
 
     def run_stage(self, stage: str, *, mode: str = "aligned", rows_per_checkpoint: int = DEFAULT_ROWS_PER_STEP,
                   max_steps: int | None = None) -> dict[str, Any]:
-        """Run one stage of the pipeline until caught up (it recovers first if its last run died)."""
+        """Run one stage of the pipeline until caught up (it recovers first if its last run died). For
+        a dataflow graph ``stage`` names a process group of its job plan (:func:`graph_group`:
+        today's plans have one, ``all``, which the graph runner runs)."""
+        graph = self._graph()
+        if graph is not None:
+            stage = graph_group(graph, stage)
         args = stage_args(self.pipeline, self.warehouse, stage=stage, mode=mode,
                           rows_per_checkpoint=rows_per_checkpoint, max_steps=max_steps)
         if self.launcher == "spark-submit":
-            self._submit("run_stage.py", args)
+            self._submit("run_stage.py", args)  # `ckpt run` takes a graph: --stage all runs its one group
             return {"stage": stage, "launcher": "spark-submit"}
-        from checkpoint_lib.core.decider import CheckpointConfig
+        if graph is not None:
+            runner = self._graph_runner(graph, mode=mode, rows_per_checkpoint=rows_per_checkpoint)
+            return _summary(runner.run(until_caught_up=True, max_steps=max_steps))
         from checkpoint_lib.pipelines import get
         from checkpoint_lib.spark.runner import PipelineRunner
 
         runner = PipelineRunner(
             get(self.pipeline), self.warehouse, self.spark(), mode=mode, rows_per_checkpoint=rows_per_checkpoint,
-            config=CheckpointConfig(interval=0, max_concurrent=1, timeout=3600, retained=5),
-            progress=self.log.info, stage=stage,
+            config=_run_config(), progress=self.log.info, stage=stage,
         )
         return _summary(runner.run(until_caught_up=True, max_steps=max_steps))
+
+    def _graph(self) -> Any:
+        """The pipeline's dataflow graph (a validated ``StreamGraph``), or None for a linear pipeline."""
+        from checkpoint_lib.pipelines import declared, is_graph
+
+        found = declared(self.pipeline)
+        return found if is_graph(found) else None
+
+    def _graph_runner(self, graph: Any, *, mode: str, rows_per_checkpoint: int, **kwargs: Any):
+        """A :class:`~checkpoint_lib.spark.graph_runner.GraphRunner` of ``graph`` in this process
+        (every vertex, every edge chained: the plan's one group), as ``ckpt run`` builds it."""
+        from checkpoint_lib.spark.graph_runner import GraphRunner
+
+        return GraphRunner(graph, self.warehouse, self.spark(), mode=mode, rows_per_checkpoint=rows_per_checkpoint,
+                           config=_run_config(), progress=self.log.info, **kwargs)
 
     def recovery_plan(self, checkpoint_id: int | None) -> str:
         """What a recovery would do, as ``ckpt recover --dry-run`` prints it: per sink the version
@@ -286,25 +307,34 @@ class CheckpointHook(BaseHook):
         return recovery_preview(self.warehouse, self.pipeline, checkpoint_id,
                                 plan=self.control().store.recovery_plan(checkpoint_id)).describe()
 
-    def recover(self, checkpoint_id: int | None, *, mode: str = "aligned", rows_per_checkpoint: int = DEFAULT_ROWS_PER_STEP) -> dict[str, Any]:
+    def recover(self, checkpoint_id: int | None, *, mode: str = "aligned",
+                rows_per_checkpoint: int = DEFAULT_ROWS_PER_STEP, allow_non_restored_state: bool = False) -> dict[str, Any]:
         """Fence the old attempt (new epoch), restore ``checkpoint_id`` (None: the latest completed;
         an older one rolls the sinks back), re-commit what it owns, abort the rest, and replay every
-        stage until caught up, ending with a completed checkpoint."""
+        stage until caught up, ending with a completed checkpoint. A dataflow graph is recovered by
+        its graph runner (every vertex's state, every sink). ``allow_non_restored_state``: drop the
+        checkpoint's state of operators the pipeline no longer has (else such a restore is refused)."""
         if self.launcher == "spark-submit":
             args = stage_args(self.pipeline, self.warehouse, stage="all", mode=mode,
                               rows_per_checkpoint=rows_per_checkpoint)[:-1]
             if checkpoint_id is not None:
                 args += ["--checkpoint", str(int(checkpoint_id))]
-            self._submit("recover.py", args)
+            if allow_non_restored_state:
+                args += ["--allow-non-restored-state"]
+            self._submit("recover.py", args)  # `ckpt recover` of a graph skips the after-restore suites
             return {"restored": checkpoint_id, "launcher": "spark-submit"}
-        from checkpoint_lib.core.decider import CheckpointConfig
+        restore = dict(recover=True, restore_checkpoint=checkpoint_id,
+                       allow_non_restored_state=allow_non_restored_state)
+        graph = self._graph()
+        if graph is not None:
+            runner = self._graph_runner(graph, mode=mode, rows_per_checkpoint=rows_per_checkpoint, **restore)
+            return _summary(runner.run(until_caught_up=True))
         from checkpoint_lib.pipelines import get
         from checkpoint_lib.spark.runner import PipelineRunner
 
         runner = PipelineRunner(
             get(self.pipeline), self.warehouse, self.spark(), mode=mode, rows_per_checkpoint=rows_per_checkpoint,
-            config=CheckpointConfig(interval=0, max_concurrent=1, timeout=3600, retained=5),
-            progress=self.log.info, stage="all", recover=True, restore_checkpoint=checkpoint_id,
+            config=_run_config(), progress=self.log.info, stage="all", **restore,
         )
         return _summary(runner.run(until_caught_up=True))
 
@@ -391,6 +421,26 @@ class CheckpointHook(BaseHook):
                 client.patch(f"/api/v2/dags/{dag_id}", json={"is_paused": paused}, headers=headers).raise_for_status()
                 changed.append(dag_id)
         return changed
+
+
+def graph_group(graph: Any, group: str) -> str:
+    """``group`` if it is a process group of ``graph``'s job plan that runs
+    (:func:`checkpoint_lib.graph.plan`, :attr:`~checkpoint_lib.graph.Layout.CHAINED`: one group,
+    ``all``, every vertex in one process); else ValueError naming the plan's groups."""
+    from checkpoint_lib.graph import plan
+
+    groups = [g.name for g in plan(graph).groups]
+    if group not in groups:
+        raise ValueError(f"graph {graph.name} has no process group {group!r} in its job plan (groups: "
+                         f"{', '.join(groups)}): its graph runner runs every vertex in one process group")
+    return group
+
+
+def _run_config():
+    """The checkpoint policy of a run from Airflow: no timer (each run ends with its checkpoint)."""
+    from checkpoint_lib.core.decider import CheckpointConfig
+
+    return CheckpointConfig(interval=0, max_concurrent=1, timeout=3600, retained=5)
 
 
 def _summary(summary: Any) -> dict[str, Any]:

@@ -61,9 +61,10 @@ class CheckpointBaseOperator(BaseOperator):
 
 
 class RunStageOperator(CheckpointBaseOperator):
-    """Run one stage (``source``, ``keyed`` or ``all``) until caught up. A stage whose previous run
-    died recovers first (new epoch, restore the latest completed checkpoint); the summary (epoch,
-    checkpoints completed, rows read) goes to XCom."""
+    """Run one stage (``source``, ``keyed`` or ``all``; of a dataflow graph: a process group of its
+    job plan, today ``all``) until caught up. A stage whose previous run died recovers first (new
+    epoch, restore the latest completed checkpoint); the summary (epoch, checkpoints completed,
+    rows read) goes to XCom."""
 
     template_fields: Sequence[str] = ("pipeline", "stage", "mode")
 
@@ -152,35 +153,57 @@ class AbortCheckpointOperator(CheckpointBaseOperator):
 
 class ValidateRecoveryParamsOperator(CheckpointBaseOperator):
     """Check a recovery's parameters before anything is touched: the checkpoint id ('latest' or a
-    retained completed checkpoint), the mode. Fails at once (no retry) with a clear message.
-    Returns the normalised parameters."""
+    retained completed checkpoint), the mode, ``allow_non_restored_state``. Fails at once (no retry)
+    with a clear message. Logs the recovery plan (what ``ckpt recover --dry-run`` prints) and returns
+    the normalised parameters.
 
-    template_fields: Sequence[str] = ("pipeline", "checkpoint_id", "mode", "dry_run")
+    ``preview=False`` (a dataflow graph's recovery): there is no plan to preview yet (``ckpt recover
+    --dry-run`` previews a linear pipeline's recovery only), so nothing is previewed and a dry run
+    is refused, failing the task before anything is touched."""
+
+    template_fields: Sequence[str] = ("pipeline", "checkpoint_id", "mode", "dry_run", "allow_non_restored_state")
     skip_when_paused = False
 
-    def __init__(self, *, checkpoint_id: Any = "latest", mode: str = "aligned", dry_run: Any = False, **kwargs: Any):
+    def __init__(self, *, checkpoint_id: Any = "latest", mode: str = "aligned", dry_run: Any = False,
+                 allow_non_restored_state: Any = False, preview: bool = True, **kwargs: Any):
         super().__init__(**kwargs)
         self.checkpoint_id, self.mode, self.dry_run = checkpoint_id, mode, dry_run
+        self.allow_non_restored_state, self.preview = allow_non_restored_state, preview
 
     def execute(self, context: Any) -> dict[str, Any]:
         from checkpoint_lib.core.errors import UnknownCheckpointError
         from checkpoint_lib.submit import MODES
 
+        dry_run = _flag("dry_run", self.dry_run)
+        allow = _flag("allow_non_restored_state", self.allow_non_restored_state)
+        if dry_run and not self.preview:
+            raise AirflowFailException(
+                f"{self.pipeline} is a dataflow graph: its recovery has no dry run yet (`ckpt recover --dry-run` "
+                "previews a linear pipeline's recovery only); nothing was changed")
         try:
             cid = self.hook.control().resolve_checkpoint(self.checkpoint_id)
         except (ValueError, UnknownCheckpointError) as exc:
             raise AirflowFailException(f"invalid checkpoint_id: {exc}") from None
         if self.mode not in MODES:
             raise AirflowFailException(f"invalid mode {str(self.mode)[:40]!r}: one of {', '.join(MODES)}")
-        dry_run = self.dry_run in (True, "True", "true", "1")
-        if self.dry_run not in (True, False, "True", "False", "true", "false", "1", "0"):
-            raise AirflowFailException(f"invalid dry_run {str(self.dry_run)[:40]!r}: true or false")
-        plan = self.hook.recovery_plan(cid)
-        self.log.info("recovery plan for %s:\n%s", self.pipeline, plan)
-        params = {"checkpoint_id": cid, "mode": self.mode, "dry_run": dry_run, "plan": plan}
+        params = {"checkpoint_id": cid, "mode": self.mode, "dry_run": dry_run, "allow_non_restored_state": allow}
+        if self.preview:
+            params["plan"] = self.hook.recovery_plan(cid)
+            self.log.info("recovery plan for %s:\n%s", self.pipeline, params["plan"])
+        else:
+            self.log.info("recovery of %s to %s: no preview of a dataflow graph's recovery yet", self.pipeline,
+                          "the latest completed checkpoint" if cid is None else f"checkpoint {cid}")
         if dry_run:
             self.log.info("dry run: nothing was changed")
         return params
+
+
+def _flag(name: str, value: Any) -> bool:
+    """A boolean parameter as a form or a conf gives it (``True``, ``"true"``, ``"1"``...);
+    anything else fails the task at once."""
+    if value not in (True, False, "True", "False", "true", "false", "1", "0"):
+        raise AirflowFailException(f"invalid {name} {str(value)[:40]!r}: true or false")
+    return value in (True, "True", "true", "1")
 
 
 class PausePipelineOperator(CheckpointBaseOperator):
@@ -237,7 +260,8 @@ class RecoverPipelineOperator(CheckpointBaseOperator):
         p = self.params_in
         if not isinstance(p, dict):
             raise AirflowFailException(f"recover needs the validated parameters, got {p!r}")
-        summary = self.hook.recover(p["checkpoint_id"], mode=p["mode"], rows_per_checkpoint=self.rows_per_checkpoint)
+        summary = self.hook.recover(p["checkpoint_id"], mode=p["mode"], rows_per_checkpoint=self.rows_per_checkpoint,
+                                    allow_non_restored_state=bool(p.get("allow_non_restored_state", False)))
         self.log.info("recovered %s: %s", self.pipeline, summary)
         annotate(context, self.outlets, self.hook.warehouse, restored=summary.get("restored"),
                  completed=summary.get("completed"))

@@ -26,13 +26,15 @@ def dagbag():
 
 
 def test_dagbag_imports_every_pipeline_dag(dagbag):
-    from ckpt_airflow.dag_factory import dag_pipelines
+    from ckpt_airflow.dag_factory import DAG_KINDS, dag_kinds, dag_pipelines
     from ckpt_airflow.ui import pipeline_dag_ids
 
     assert dagbag.import_errors == {}
-    want = {f"{p}_{kind}" for p in dag_pipelines() for kind in ("run", "snapshot", "recover")}
+    linear = [p for p in dag_pipelines() if dag_kinds(p) == DAG_KINDS]
+    want = {f"{p}_{kind}" for p in linear for kind in ("run", "snapshot", "recover")}
     assert want <= set(dagbag.dags)
-    assert {d for p in dag_pipelines() for d in pipeline_dag_ids(p)} == want  # what the Checkpoints page authorizes on
+    assert {d for p in linear for d in pipeline_dag_ids(p)} == want  # what the Checkpoints page authorizes on
+    assert {f"{p}_{kind}" for p in dag_pipelines() for kind in dag_kinds(p)} == set(dagbag.dags)  # graphs' too
     run = dagbag.dags["payments_run"]
     assert [t.task_id for t in run.topological_sort()] == ["source", "keyed"]
     snap = dagbag.dags["payments_snapshot"]
@@ -64,38 +66,36 @@ from checkpoint_lib.pipeline import DeltaSink, DeltaSource
 
 
 def declared():
-    g = Graph("dagless")
+    g = Graph("extragraph")
     g.source("s", DeltaSource("in", "k string")).sink("out", DeltaSink("out", "k string"))
     return g
 """
 
 
-def test_a_registered_graph_gets_no_dags_yet_and_the_others_still_load(tmp_path, monkeypatch, caplog):
-    """A dataflow graph among the registered pipelines is skipped with a log line saying so (its
-    DAGs come later); every linear pipeline keeps its four DAGs; asked for by name, it is refused."""
-    import logging
+def test_a_registered_graph_gets_its_dags_beside_the_linear_pipelines(tmp_path, monkeypatch):
+    """A dataflow graph among the registered pipelines gets its three DAGs (run: a task per process
+    group of its plan; recover; maintenance; no snapshot DAG), every linear pipeline keeps its four,
+    and asked for by name it gets the same three."""
     from importlib.metadata import EntryPoint
 
     from checkpoint_lib import pipelines
     from ckpt_airflow import dag_factory
 
-    (tmp_path / "dagless_graphs.py").write_text(GRAPH_MODULE)
+    (tmp_path / "extra_graphs.py").write_text(GRAPH_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
     installed = pipelines._registered()
     monkeypatch.setattr(pipelines, "_registered", lambda: {
-        **installed, "dagless": EntryPoint("dagless", "dagless_graphs:declared", pipelines.GROUP)})
+        **installed, "extragraph": EntryPoint("extragraph", "extra_graphs:declared", pipelines.GROUP)})
     try:
-        with caplog.at_level(logging.INFO, logger=dag_factory.__name__):
-            dags = dag_factory.dags_for_every_pipeline()
-        assert "dagless" in pipelines.names() and "dagless" not in dag_factory.dag_pipelines()
-        assert {f"{p}_{kind}" for p in installed for kind in dag_factory.DAG_KINDS} == set(dags)
-        assert not any(d.startswith("dagless") for d in dags)
-        assert "dagless is a dataflow graph: no DAGs for it yet (the DAGs run linear pipelines' stages); run it " \
-               "with `ckpt run dagless`" in caplog.text
-        with pytest.raises(ValueError, match="dagless is a dataflow graph: the DAGs run linear pipelines only so far"):
-            dag_factory.build_dags("dagless")
+        dags = dag_factory.dags_for_every_pipeline()
+        assert "extragraph" in pipelines.names() and "extragraph" in dag_factory.dag_pipelines()
+        assert {f"{p}_{kind}" for p in installed for kind in dag_factory.dag_kinds(p)} | \
+            {"extragraph_run", "extragraph_recover", "extragraph_maintenance"} == set(dags)
+        assert [t.task_id for t in dags["extragraph_run"].tasks] == ["run_all"]
+        assert set(dag_factory.build_dags("extragraph")) == \
+            {"extragraph_run", "extragraph_recover", "extragraph_maintenance"}
     finally:
-        sys.modules.pop("dagless_graphs", None)
+        sys.modules.pop("extra_graphs", None)
 
 
 def test_maintain_task_reports_what_it_deleted_and_skips_while_a_recovery_holds_the_pipeline(tmp_path):

@@ -1,0 +1,279 @@
+"""The DAGs of a dataflow graph (the registered ``enrichment``): their structure as the DagBag loads
+them (no Spark: a task per process group of the graph's job plan, the recover DAG's form and what
+it leaves out, the hook's ``spark-submit`` argv), and real runs on a tiny generated warehouse
+(SQLite, its own AIRFLOW_HOME, Spark local[2]) checked by the independent verifier: ``airflow dags
+test enrichment_run``, then (slow) the recover DAG (a refused dry run, a restore of an older
+checkpoint) and the maintenance DAG."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from helpers import AIRFLOW, airflow_env, migrate
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "plugins"))
+
+SINKS = {"x-checkpoint-lib://enrichment/gold/enrichment/tagged",
+         "x-checkpoint-lib://enrichment/gold/enrichment/region_totals",
+         "x-checkpoint-lib://enrichment/dlq/enrichment/rejected"}
+
+
+@pytest.fixture(scope="module")
+def dagbag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(REPO / "dags"))
+
+
+def test_a_registered_graph_gets_a_run_a_recover_and_a_maintenance_dag_and_no_snapshot_dag(dagbag):
+    from ckpt_airflow.dag_factory import GRAPH_DAG_KINDS, dag_kinds, dag_pipelines
+
+    assert dagbag.import_errors == {}
+    assert "enrichment" in dag_pipelines() and dag_kinds("enrichment") == GRAPH_DAG_KINDS
+    assert {d for d in dagbag.dags if d.startswith("enrichment_")} == \
+        {"enrichment_run", "enrichment_recover", "enrichment_maintenance"}
+    for p in dag_pipelines():
+        assert {f"{p}_{kind}" for kind in dag_kinds(p)} <= set(dagbag.dags)
+
+
+def test_the_graph_run_dag_runs_its_one_process_group_as_one_task_on_the_run_schedule(dagbag):
+    from ckpt_airflow.operators import RunStageOperator
+
+    run, linear = dagbag.dags["enrichment_run"], dagbag.dags["payments_run"]
+    assert [t.task_id for t in run.topological_sort()] == ["run_all"]
+    (task,) = run.tasks
+    assert isinstance(task, RunStageOperator) and (task.pipeline, task.stage, task.mode) == ("enrichment", "all", "aligned")
+    assert run.schedule == linear.schedule == timedelta(seconds=600)
+    assert run.max_active_runs == 1 and not run.catchup and "enrichment" in run.tags
+    assert {o.uri for o in task.outlets} == SINKS  # the group commits every sink of the graph
+    assert "`all`" in run.doc_md
+
+
+def test_the_graph_recover_dag_has_its_form_and_leaves_out_the_dry_run_and_the_restore_validation(dagbag):
+    from airflow.sdk.definitions.param import ParamsDict
+    from airflow.sdk.exceptions import ParamValidationError
+
+    rec = dagbag.dags["enrichment_recover"]
+    assert rec.schedule is None and rec.max_active_runs == 1
+    assert [t.task_id for t in rec.topological_sort()] == ["validate_params", "pause", "recover", "unpause"]
+    assert rec.get_task("unpause").is_teardown and rec.get_task("pause").dag_ids == ["enrichment_run"]
+    assert {o.uri for o in rec.get_task("recover").outlets} == SINKS
+    assert rec.get_task("validate_params").preview is False and rec.get_task("validate_params").mode == "aligned"
+    assert set(rec.params) == {"checkpoint_id", "allow_non_restored_state"}
+    assert "no dry run" in rec.doc_md and "no after-restore validation" in rec.doc_md
+    assert "`unless_dry_run` nor the `validate_restore` task" in rec.doc_md
+    linear = {t.task_id for t in dagbag.dags["payments_recover"].tasks}
+    assert linear - {t.task_id for t in rec.tasks} == {"unless_dry_run", "validate_restore"}
+    params = ParamsDict(rec.params)
+    params["checkpoint_id"], params["allow_non_restored_state"] = "7", True
+    params.validate()
+    for bad in ("../x", "0", "abc"):
+        with pytest.raises(ParamValidationError):
+            params["checkpoint_id"] = bad
+            params.validate()
+    with pytest.raises(ParamValidationError):
+        params["allow_non_restored_state"] = "sometimes"
+
+
+def test_the_graph_maintenance_dag_is_the_linear_one(dagbag):
+    from ckpt_airflow.operators import MaintainPipelineOperator
+
+    dag = dagbag.dags["enrichment_maintenance"]
+    (task,) = dag.tasks
+    assert isinstance(task, MaintainPipelineOperator) and (task.task_id, task.pipeline) == ("maintain", "enrichment")
+    assert dag.schedule == timedelta(days=1)
+
+
+def test_a_plan_of_several_process_groups_gives_a_task_per_group_after_the_groups_it_reads(monkeypatch):
+    """Today's plans have one group; a plan of several (here every vertex its own group) gives one
+    task per group, in the plan's order, each after the groups its edges come from, each with
+    its own sinks as outlets."""
+    import checkpoint_lib.graph as graphs
+    from checkpoint_lib.pipelines import declared
+    from ckpt_airflow import dag_factory
+
+    real_plan = graphs.plan
+    monkeypatch.setattr(graphs, "plan", lambda graph: real_plan(graph, graphs.Layout.PER_VERTEX))
+    dag = dag_factory.build_graph_run_dag(declared("enrichment"), dag_factory.settings_for("enrichment"))
+    order = [t.task_id for t in dag.topological_sort()]
+    assert sorted(order) == ["run_accounts", "run_dedup", "run_payments", "run_tag", "run_totals"]
+    assert order.index("run_tag") > max(order.index("run_payments"), order.index("run_accounts"))
+    upstream = {t.task_id: t.upstream_task_ids for t in dag.tasks}
+    assert upstream == {"run_payments": set(), "run_accounts": set(), "run_tag": {"run_payments", "run_accounts"},
+                        "run_dedup": {"run_tag"}, "run_totals": {"run_dedup"}}
+    outlets = {t.task_id: {o.uri.rsplit("/", 1)[1] for o in t.outlets} for t in dag.tasks}
+    assert outlets == {"run_payments": set(), "run_accounts": set(), "run_tag": {"rejected"},
+                       "run_dedup": {"tagged"}, "run_totals": {"region_totals"}}
+
+
+def test_a_feedback_edge_between_process_groups_orders_nothing():
+    from checkpoint_lib.graph import Graph, Layout, plan
+    from checkpoint_lib.pipeline import DeltaSink, DeltaSource
+    from ckpt_airflow.dag_factory import group_order
+
+    class Keyed:
+        state_schema = "n long"
+
+        def apply(self, records, state, key):
+            return state, {}
+
+    g = Graph("loop")
+    a = g.source("s", DeltaSource("landing/s", {"account": "string"})).key_by("account").process(Keyed(), uid="a")
+    b = a.output("onward").key_by("account").process(Keyed(), uid="b").sink("out", DeltaSink("gold/out", "account string"))
+    b.output("back").key_by("account").iterate(into=a)
+    assert group_order(plan(g.build(), Layout.PER_VERTEX)) == [("s", []), ("a", ["s"]), ("b", ["a"])]
+    assert group_order(plan(g.build())) == [("all", [])]
+
+
+def test_a_graph_runs_and_recovers_through_spark_submit_with_the_arguments_ckpt_takes(tmp_path):
+    """The hook's spark-submit launcher hands a graph's group to ``jobs/run_stage.py`` (``ckpt
+    run``) as ``--stage all``, and its recovery to ``jobs/recover.py``; ``ckpt`` takes every one of
+    those options for a graph (:func:`graph_option_problems` finds none)."""
+    from checkpoint_lib.cli.parser import build_parser
+    from checkpoint_lib.cli.running import graph_option_problems
+    from ckpt_airflow.hooks import CheckpointHook
+
+    hook = CheckpointHook("enrichment", warehouse=str(tmp_path), launcher="spark-submit")
+    submitted = []
+    hook._submit = lambda job, args: submitted.append((job, list(args)))
+    assert hook.run_stage("all", rows_per_checkpoint=40) == {"stage": "all", "launcher": "spark-submit"}
+    hook.recover(3, rows_per_checkpoint=40, allow_non_restored_state=True)
+    w = str(tmp_path)
+    assert submitted == [
+        ("run_stage.py", ["enrichment", "--warehouse", w, "--stage", "all", "--mode", "aligned",
+                          "--rows-per-checkpoint", "40", "--until-caught-up"]),
+        ("recover.py", ["enrichment", "--warehouse", w, "--stage", "all", "--mode", "aligned",
+                        "--rows-per-checkpoint", "40", "--checkpoint", "3", "--allow-non-restored-state"]),
+    ]
+    parser = build_parser()
+    for (job, args), command in zip(submitted, ("run", "recover")):
+        assert graph_option_problems(parser.parse_args([command, *args])) == []
+    with pytest.raises(ValueError, match="graph enrichment has no process group 'keyed' in its job plan "
+                                         r"\(groups: all\)"):
+        hook.run_stage("keyed")
+    assert len(submitted) == 2 and not (tmp_path / "_checkpoints").exists()
+
+
+def test_a_graphs_recovery_refuses_a_dry_run_before_touching_anything(tmp_path):
+    from airflow.sdk.exceptions import AirflowFailException
+    from ckpt_airflow.operators import ValidateRecoveryParamsOperator
+
+    def validate(**kw):
+        return ValidateRecoveryParamsOperator(task_id="v", pipeline="enrichment", warehouse=str(tmp_path),
+                                              preview=False, **kw).execute({})
+
+    for dry_run in (True, "true"):
+        with pytest.raises(AirflowFailException, match="enrichment is a dataflow graph: its recovery has no dry run "
+                                                       "yet"):
+            validate(dry_run=dry_run)
+    with pytest.raises(AirflowFailException, match="invalid allow_non_restored_state"):
+        validate(allow_non_restored_state="maybe")
+    assert not (tmp_path / "_checkpoints").exists()
+    assert validate(checkpoint_id="latest", allow_non_restored_state="true") == {
+        "checkpoint_id": None, "mode": "aligned", "dry_run": False, "allow_non_restored_state": True}  # no plan
+
+
+# --- real runs --------------------------------------------------------------------------------------
+
+
+def _dags_test(env: dict[str, str], dag_id: str, *extra: str, check: bool = True) -> str:
+    started = time.monotonic()
+    r = subprocess.run([AIRFLOW, "dags", "test", dag_id, *extra], env=env, capture_output=True, text=True, timeout=900)
+    out = r.stdout + r.stderr
+    (Path(env["AIRFLOW_HOME"]) / f"{dag_id}.{time.time():.0f}.log").write_text(out)
+    print(f"{dag_id}: rc {r.returncode} in {time.monotonic() - started:.1f} s")
+    if check:
+        assert r.returncode == 0 and "state=success" in out, out[-6000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory):
+    """A tiny enrichment warehouse (two rounds landed with delta-rs) after ``airflow dags test
+    enrichment_run`` (one step, then the final checkpoint)."""
+    from checkpoint_lib.pipelines.enrichment_data import generate
+
+    root = tmp_path_factory.mktemp("graph-e2e")
+    warehouse, home = root / "warehouse", root / "home"
+    settings = {"enrichment": {"rows_per_checkpoint": 10_000, "retries": 0}}
+    env = airflow_env(home, warehouse, CKPT_DAG_SETTINGS=json.dumps(settings))
+    migrate(home, env)
+    generate(None, str(warehouse), 160, rounds=2, accounts=12, seed=11)
+    _dags_test(env, "enrichment_run")
+    return {"warehouse": warehouse, "home": home, "env": env}
+
+
+def checked(warehouse: Path) -> None:
+    from checkpoint_lib.pipelines.enrichment_data import check_enrichment
+
+    check = check_enrichment(str(warehouse))
+    assert check.ok, check.summary()
+    assert check.duplicates and check.rejected_rows and check.dead_letters
+
+
+# CI tier: in CI; about two thirds of the time of test_dags_e2e.py's CI test (one step, then the final
+# checkpoint: 183 s against 283 s on a loaded 2-core machine)
+def test_the_graph_run_dag_runs_enrichment_end_to_end_exactly_once(ran):
+    """``airflow dags test enrichment_run`` (real Airflow on SQLite, Spark local[2], Delta): its
+    ``run_all`` task runs the graph until caught up through the hook, completes checkpoints and
+    commits every sink, emitting them as assets; the verifier recomputes the outputs from the
+    landing tables alone."""
+    from checkpoint_lib.control import PipelineControl
+
+    history = PipelineControl(ran["warehouse"], "enrichment").history()
+    completed = [h["checkpoint_id"] for h in history if h["status"] == "completed"]
+    assert len(completed) >= 2 and len(completed) == len(history), history
+    checked(ran["warehouse"])
+    events = _asset_events(ran["home"], "enrichment_run")
+    assert {uri for uri, _, _ in events} == SINKS and {task for _, task, _ in events} == {"run_all"}
+    assert all(max(completed) in extra["completed"] for *_, extra in events)
+
+
+@pytest.mark.slow  # CI tier: CI runs the graph's run DAG above and its recovery through `ckpt recover`
+# (tests/spark/test_graph_cli.py); the refused dry run's task is checked without Spark above
+def test_the_graph_recover_dag_refuses_a_dry_run_then_restores_an_older_checkpoint_exactly_once(ran):
+    from checkpoint_lib.control import PipelineControl
+    from checkpoint_lib.pipelines.enrichment_data import generate
+
+    control = PipelineControl(ran["warehouse"], "enrichment")
+    epoch = control.store.epochs.current()
+    out = _dags_test(ran["env"], "enrichment_recover", "-c", json.dumps({"checkpoint_id": "latest", "dry_run": True}),
+                     check=False)
+    assert "its recovery has no dry run yet" in out and "state=success" not in out, out[-6000:]
+    assert control.store.epochs.current() == epoch and control.paused() is None
+    generate(None, str(ran["warehouse"]), 60, rounds=1, accounts=12, seed=12)  # more lands before the recovery
+    oldest = min(c.checkpoint_id for c in control.store.checkpoints.all())
+    _dags_test(ran["env"], "enrichment_recover", "-c", json.dumps({"checkpoint_id": str(oldest)}))
+    assert control.store.epochs.current() > epoch and control.paused() is None
+    checked(ran["warehouse"])
+    events = _asset_events(ran["home"], "enrichment_recover")
+    assert {uri for uri, _, _ in events} == SINKS and {e["restored"] for *_, e in events} == {oldest}
+
+
+@pytest.mark.slow  # CI tier: CI runs the maintain task in tests/airflow/test_provider.py (control tables alone)
+def test_the_graph_maintenance_dag_vacuums_its_state_tables_and_changes_no_output(ran):
+    out = _dags_test(ran["env"], "enrichment_maintenance")
+    for uid in ("tag", "dedup", "totals"):
+        assert f"_checkpoints/enrichment/state/{uid}" in out
+    checked(ran["warehouse"])
+
+
+def _asset_events(home: Path, dag_id: str) -> list:
+    """(asset URI, source task, extra) of every asset event ``dag_id`` emitted, from the deployment's DB."""
+    import sqlite3
+
+    db = sqlite3.connect(home / "airflow.db")
+    try:
+        rows = db.execute("SELECT a.uri, e.source_task_id, e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id "
+                          "WHERE e.source_dag_id = ?", (dag_id,)).fetchall()
+    finally:
+        db.close()
+    return [(uri, task, json.loads(extra) if isinstance(extra, str) else extra) for uri, task, extra in rows]
