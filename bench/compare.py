@@ -1,10 +1,13 @@
 """Side-by-side benchmark of the payments pipeline: the floor, the peer and ours, on the same data;
-then ours alone: recovery time, state growth, a standalone cluster.
+the same for the two-input ``enrichment`` graph; then ours alone: recovery time, state growth, a
+standalone cluster.
 
     make bench-quick                       # every section at small sizes: a few minutes on an idle machine
     make bench                             # 1M, 5M and 20M events and the sections below at full size: hours on 2 cores
     .venv/bin/python bench/compare.py --sizes 1000000 --rows-per-checkpoint 100000 --docs docs/benchmarks.md
     .venv/bin/python bench/compare.py --sizes '' --skip-state --skip-cluster --docs docs/benchmarks.md  # one section
+    .venv/bin/python bench/compare.py --sizes '' --skip-recovery --skip-state --skip-cluster --skip-object-store \
+        --enrichment-size 1000000 --enrichment-rows-per-checkpoint 100000 --docs docs/benchmarks.md  # enrichment alone
 
 Contenders (bench/floor.py, bench/expert_peer.py, bench/peer.py, bench/ours.py):
 - **floor**: one plain PySpark batch job, no fault tolerance;
@@ -22,6 +25,15 @@ Sections (tables), each written between its ``<!-- bench:NAME -->`` markers:
 - ``throughput-K`` and ``overhead-K``: every contender at each of ``--sizes``, a checkpoint every K
   (``--rows-per-checkpoint``) events: one pair of tables per interval;
 - ``skew``: aligned vs unaligned with one lagging source subtask (``--skew-size``, 0 skips it);
+- ``enrichment`` (bench/enrichment_bench.py): the two-input graph ``enrichment`` (payments tagged
+  with their account's region as of their ts, from the accounts table's change data feed; dedup;
+  totals per region) on its own generated landing tables: its floor (bench/enrichment_floor.py,
+  one batch job), its expert peer (bench/enrichment_peer.py, foreachBatch: an as-of join on the
+  accounts' change history, dedup against the tagged table, MERGEs and stamped appends) and ours
+  (``GraphRunner``, aligned), a checkpoint (a micro-batch) every ``--enrichment-rows-per-checkpoint``
+  events, ``--enrichment-size`` events; the floor's outputs checked by the verifier's expectations,
+  the others' against the floor's; ratios to the floor and to the expert peer
+  (``--skip-enrichment``);
 - ``recovery`` (bench/recovery.py): a real ``ckpt run`` killed with SIGKILL at 10%, 50% and 90% of
   a checkpoint interval, then the recovery timed as restore + replay (``--recovery-interval``,
   ``--recovery-kills``; ``--skip-recovery``);
@@ -58,6 +70,7 @@ ROOT = str(Path(__file__).resolve().parent.parent)
 sys.path.insert(0, ROOT)  # run as a script: bench.* importable
 
 from bench import cluster as cluster_bench  # noqa: E402
+from bench import enrichment_bench  # noqa: E402
 from bench import object_store as object_store_bench  # noqa: E402
 from bench import recovery as recovery_bench  # noqa: E402
 from bench import results as results_log  # noqa: E402
@@ -77,7 +90,7 @@ def label_of(mode: str) -> str:
     return "ours, checkpointing off" if mode == OFF else f"ours, {mode.replace('_', '-')}"
 
 
-SECTIONS = (recovery_bench, state_bench, cluster_bench, object_store_bench)  # each: add_arguments, QUICK, its run and render
+SECTIONS = (enrichment_bench, recovery_bench, state_bench, cluster_bench, object_store_bench)  # each: add_arguments, QUICK, its run and render
 QUICK = {"sizes": "100000", "rows_per_checkpoint": 25_000, "accounts": 2_000,
          "results": ""}  # a quick run's figures are a smoke test: they stay out of the results log
 
@@ -335,6 +348,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     try:  # bad section sizes fail before Spark starts
         recovery_bench.kill_points(args)
         state_bench.state_sizes(args)
+        enrichment_bench.check_sizes(args)
     except ValueError as exc:
         ap.error(str(exc))
     sizes = [int(s) for s in args.sizes.split(",") if s]
@@ -376,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
 
         ours = "ours" in args.contenders
         skewed = logged("skew", skew(spark, base, skew_size, args, log)) if skew_size and ours else []
+        enriched = logged("enrichment", enrichment_bench.enrichment(spark, base, args, log)) \
+            if not args.skip_enrichment else []
         recovered = logged("recovery", recovery_bench.recovery(spark, base, args, log)) \
             if ours and not args.skip_recovery else []
         states = logged("state", state_bench.state_growth(spark, base, args, log)) if ours and not args.skip_state else []
@@ -395,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         sections["skew"] = (f"{stamp}; {skew_size:,} events, one of the two source subtasks one step behind "
                             f"(records in flight at every checkpoint).\n\n{render_skew(skewed)}")
     for name, section, rows, render in (
+        ("enrichment", enrichment_bench, enriched, enrichment_bench.render_enrichment),
         ("recovery", recovery_bench, recovered, recovery_bench.render_recovery),
         ("state", state_bench, states, state_bench.render_state),
         ("cluster", cluster_bench, clustered, cluster_bench.render_cluster),

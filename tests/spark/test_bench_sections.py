@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import cluster, object_store, recovery, state_growth
+from bench import cluster, enrichment_bench, object_store, recovery, state_growth
 from bench.compare import SECTIONS, write_section
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
@@ -28,6 +28,11 @@ def test_every_section_has_its_markers_in_the_docs_and_a_table(tmp_path):
         "cluster": cluster.render_cluster([{
             "events": 5_000_000, "workers": 2, "cores": 1, "submit_s": 700.0, "seconds": 650.0,
             "events_per_s": 7692.3, "local_s": None}]),
+        "enrichment": enrichment_bench.render_enrichment([
+            {"events": 1_000_000, "rows_per_checkpoint": 100_000, "accounts": 10_000, "contender": c, "seconds": s,
+             **extra} for c, s, extra in (
+                (enrichment_bench.OURS, 150.0, {"checkpoints": 11, "median_checkpoint_ms": 9000.0}),
+                (enrichment_bench.FLOOR, 10.0, {}), (enrichment_bench.EXPERT, 200.0, {}))]),
         "object-store": object_store.render_object_store([{
             "events": 1_000_000, "where": "S3 (SeaweedFS on 127.0.0.1)", "seconds": 120.0, "checkpoints": 10,
             "median_checkpoint_ms": 9000.0, "events_per_s": 8333.3, "vs_disk": 1.5}]),
@@ -39,6 +44,12 @@ def test_every_section_has_its_markers_in_the_docs_and_a_table(tmp_path):
     assert "| 1,000,000 | 50,000 | 9000 | 9500 | 30.0 MiB | 3.0 MiB | 0.10 | 40.0 |" in text
     assert "| 5,000,000 | 2 x 1 | 700.0 | 650.0 | 7,692 |  | yes |" in text
     assert "| 1,000,000 | S3 (SeaweedFS on 127.0.0.1) | 120.0 | 8,333 | 10 | 9,000 | 1.50 | yes |" in text
+    enriched = text.split("<!-- bench:enrichment -->")[1].split("<!-- /bench:enrichment -->")[0].strip().splitlines()
+    assert [line.split(" | ")[0] for line in enriched[2:]] == [  # the floor first, then the expert peer, ours
+        f"| {enrichment_bench.FLOOR}", f"| {enrichment_bench.EXPERT}", f"| {enrichment_bench.OURS}"]
+    assert enriched[2].startswith(f"| {enrichment_bench.FLOOR} | 1,000,000 | 10.0 | 100,000 | 1.00 | 0.05 |")
+    assert enriched[4] == f"| {enrichment_bench.OURS} | 1,000,000 | 150.0 | 6,667 | 15.00 | 0.75 | 11 | 9000 " \
+        "|  |  |  | yes |"
     write_section(doc, "recovery", tables["recovery"])  # written again: replaced, not added
     assert doc.read_text() == text
     write_section(doc, "throughput-250000", "| a new interval |")  # no markers yet: added at the end
@@ -57,6 +68,8 @@ def test_sections_refuse_sizes_they_cannot_measure():
         recovery.kill_points(ap.parse_args(["--recovery-kills", "25"]))
     with pytest.raises(ValueError, match="below --state-events"):
         state_growth.state_sizes(ap.parse_args(["--state-sizes", "1000", "--state-events", "5000"]))
+    with pytest.raises(ValueError, match="at least 1"):
+        enrichment_bench.check_sizes(ap.parse_args(["--enrichment-rows-per-checkpoint", "0"]))
     assert all(set(section.QUICK) <= set(vars(ap.parse_args([]))) for section in SECTIONS)
 
 
@@ -67,11 +80,14 @@ def test_quick_sets_small_sizes_for_every_section_but_keeps_what_is_given():
     assert sizes == [100_000] == [skew_size]
     assert (args.recovery_interval, args.state_sizes, args.cluster_size) == (2_000, "10000,50000", 20_000)
     assert args.object_store_size == 20_000
+    assert (args.enrichment_size, args.enrichment_rows_per_checkpoint) == (20_000, 5_000)
+    assert not args.skip_enrichment  # on by default
     assert args.state_events == 1000
     assert args.results == ""  # a quick run keeps its figures out of bench/results.jsonl
     args, sizes, _ = parse_args(["--sizes", "", "--skip-state"])
     assert sizes == [] and args.skip_state and args.cluster_size == 5_000_000
     assert args.object_store_size == 1_000_000 and not args.skip_object_store
+    assert (args.enrichment_size, args.enrichment_rows_per_checkpoint) == (1_000_000, 100_000)
 
 
 def test_generated_account_numbers_are_wide_enough_never_to_collide():
