@@ -28,7 +28,7 @@
 Who sees what: every route requires an authenticated Airflow user (the UI's session cookie or a
 bearer token, checked by Airflow's own ``get_user``), and a pipeline is shown only to a user whom the
 configured auth manager lets **read every one of its DAGs** (``<p>_run``, ``<p>_snapshot``,
-``<p>_recover``; :func:`can_read_pipeline`). The page shows what all three write (checkpoints come
+``<p>_recover``; a dataflow graph's ``<p>_run`` and ``<p>_recover``; :func:`can_read_pipeline`). The page shows what all three write (checkpoints come
 from the run and snapshot DAGs, the data-quality report from the recover DAG), so a user who may not
 read one of them sees nothing of the pipeline. The index lists only such pipelines; any other
 pipeline answers 403 with no data, before it is even looked up, so a user without access cannot tell
@@ -114,9 +114,27 @@ def _pipelines() -> list[str]:
 # --- who may read which pipeline ---------------------------------------------------------------
 
 
+GRAPH_DAG_KINDS = ("run", "recover")
+"""A dataflow graph's DAGs the page shows (it has no snapshot DAG: ``dag_factory.GRAPH_DAG_KINDS``)."""
+
+
 def pipeline_dag_ids(pipeline: str) -> list[str]:
-    """``<pipeline>_run``, ``<pipeline>_snapshot``, ``<pipeline>_recover``."""
-    return [f"{pipeline}_{kind}" for kind in DAG_KINDS]
+    """``<pipeline>_run``, ``<pipeline>_snapshot``, ``<pipeline>_recover`` (a registered dataflow
+    graph: ``_run`` and ``_recover``, the DAGs it has). A name that is not registered, or whose
+    declaration does not load, is asked for all three: a user who may not read them gets the same
+    403 whether it exists or not, and one who may read every DAG of a graph may know it is one."""
+    return [f"{pipeline}_{kind}" for kind in (GRAPH_DAG_KINDS if _is_registered_graph(pipeline) else DAG_KINDS)]
+
+
+def _is_registered_graph(pipeline: str) -> bool:
+    from checkpoint_lib.pipelines import declared, is_graph, names
+
+    if pipeline not in names():
+        return False
+    try:
+        return is_graph(declared(pipeline))
+    except Exception:  # a broken declaration: asked like a linear pipeline, shown as it can be
+        return False
 
 
 def _readable(user: "BaseUser", pipelines: list[str]) -> list[str]:
@@ -525,6 +543,14 @@ def _default_mode(dag: Any) -> str:
     return mode if mode in MODES else MODES[0]
 
 
+def _takes_mode(dag: Any) -> bool:
+    """Whether the recover DAG takes a barrier mode and a dry run (a linear pipeline's does)."""
+    try:
+        return "mode" in dag.params
+    except TypeError:
+        return False
+
+
 def _same_origin(request: Request) -> bool:
     """Whether the browser says this request comes from a page of this server: ``Origin`` (every
     browser sends it on a form POST), else ``Referer``; neither is refused."""
@@ -551,6 +577,16 @@ def recover_form(pipeline: str, checkpoint_id: str, user: GetUserDep) -> str:
     if dag is None:
         parts.append(f"<p><strong>{dag_id} is not in Airflow yet</strong> (the dag-processor has not parsed the "
                      "DAGs folder): nothing can be triggered.</p></body></html>")
+        return "".join(parts)
+    if not _takes_mode(dag):  # a dataflow graph's recover DAG: every edge chained, no dry run yet
+        parts.append(
+            f"<p>This starts a run of <a href='/dags/{dag_id}' target='_top'>{dag_id}</a> with checkpoint id {cid}. "
+            "It pauses the graph's run DAG, starts a new epoch that restores every operator's state of checkpoint "
+            f"{cid}, commits what the checkpoint's sinks pre-committed and aborts what later attempts left, replays "
+            "every source from the checkpoint's offsets and unpauses the DAG.</p>"
+            "<form method='post' target='_top'>"
+            f"<p><button type='submit'>Recover {html.escape(pipeline)} to checkpoint {cid}</button></p></form>"
+            "</body></html>")
         return "".join(parts)
     default = _default_mode(dag)
     options = "".join(f"<option{' selected' if m == default else ''}>{m}</option>" for m in MODES)
@@ -588,9 +624,14 @@ def recover(pipeline: str, checkpoint_id: str, request: Request, user: GetUserDe
         raise HTTPException(status_code=400, detail=f"mode must be one of {', '.join(MODES)}")
     if dry_run not in ("true", "false"):
         raise HTTPException(status_code=400, detail="dry_run must be true or false")
-    conf = {"checkpoint_id": str(cid), "dry_run": dry_run == "true"}
-    if mode:
-        conf["mode"] = mode
+    conf: dict[str, Any] = {"checkpoint_id": str(cid)}
+    if not _is_registered_graph(control.pipeline_name):  # a graph's recover DAG takes neither yet
+        conf["dry_run"] = dry_run == "true"
+        if mode:
+            conf["mode"] = mode
+    elif dry_run == "true" or mode:
+        raise HTTPException(status_code=400, detail=f"{control.pipeline_name} is a dataflow graph: its recovery takes "
+                                                    "no barrier mode and has no dry run yet")
     try:
         with create_session() as session:
             run = trigger_dag(dag_id, triggered_by=DagRunTriggeredByType.UI, triggering_user_name=user.get_name(),

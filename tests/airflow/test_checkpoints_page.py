@@ -44,6 +44,8 @@ class PerDagAuthManager(SimpleAuthManager):
     GRANTS = {
         "payments_reader": {"payments_run", "payments_snapshot", "payments_recover"},
         "payments_run_reader": {"payments_run", "payments_snapshot"},  # not payments_recover
+        "enrichment_reader": {"enrichment_run", "enrichment_recover"},  # every DAG a graph has
+        "enrichment_run_reader": {"enrichment_run", "enrichment_snapshot"},  # not enrichment_recover
     }
 
     def is_authorized_dag(self, *, method, user, access_entity=None, details=None):
@@ -460,3 +462,18 @@ def test_each_dag_has_a_checkpoints_tab_showing_its_pipeline(tmp_path, monkeypat
         assert "someone_elses_dag&lt;b&gt; is not a DAG of a checkpoint_lib pipeline" in other
         assert "<h2>" not in other
         assert api.get("nobody", "/checkpoints/?dag_id=payments_run").status_code == 403
+
+
+def test_a_graph_needs_read_access_to_its_run_and_recover_dags_and_recovers_without_a_mode(tmp_path, monkeypatch,
+                                                                                           migrated_db):
+    """A dataflow graph has no snapshot DAG: reading its run and recover DAGs is reading every DAG
+    it has; without the recover DAG nothing of it shows. Its recovery form offers no barrier mode
+    and no dry run (its recover DAG takes neither), and a POST asking for one is refused."""
+    warehouse = synthetic_graph_warehouse(synthetic_warehouse(tmp_path / "warehouse"))
+    monkeypatch.setenv("CKPT_WAREHOUSE", str(warehouse))
+    users = {"enrichment_reader": "viewer", "enrichment_run_reader": "viewer"}
+    with api_server(tmp_path, users, f"{__name__}.PerDagAuthManager") as api:
+        assert api.get("enrichment_reader", "/checkpoints/api/pipelines").json() == ["enrichment"]
+        assert api.get("enrichment_reader", "/checkpoints/?pipeline=enrichment").status_code == 200
+        assert api.get("enrichment_run_reader", "/checkpoints/api/pipelines").json() == []
+        assert api.get("enrichment_run_reader", "/checkpoints/?pipeline=enrichment").status_code == 403
