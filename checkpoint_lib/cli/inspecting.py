@@ -35,7 +35,7 @@ def cmd_pipelines(args: argparse.Namespace) -> int:
                    "operator": ", ".join(v.uid for v in graph.operators),
                    "operators": [v.uid for v in graph.operators],
                    "keyed": any(v.kind is not OperatorKind.STATELESS for v in graph.operators),
-                   "generator": graph.generator_fn is not None, "quality": False}
+                   "generator": graph.generator_fn is not None, "quality": graph.quality is not None}
         else:
             graph = from_pipeline(p)
             row = {"name": name, "kind": "pipeline", "found_by": found_by, "source": p.source_spec.path,

@@ -5,8 +5,8 @@ else taken here) and ``demo``; on a terminal a live bar over the rows left to re
 ``run`` and ``recover`` also run a dataflow graph (:class:`~checkpoint_lib.spark.graph_runner.GraphRunner`:
 every vertex in this process, every edge chained), with the options that make sense for it; the
 others are refused before Spark starts (:func:`graph_option_problems`), as are ``recover --dry-run``
-and ``savepoint`` of a graph; ``recover`` of a graph skips the after-restore suites (they check
-linear pipelines), saying so."""
+and ``savepoint`` of a graph; ``recover`` of a graph runs the after-restore suite the graph declares
+(``Graph.quality``), or skips it, saying so, when it declares none."""
 
 from __future__ import annotations
 
@@ -160,12 +160,13 @@ def cmd_recover(args: argparse.Namespace) -> int:
         else:
             print(preview.describe())
         return EXIT_OK
-    if not args.no_validate and not graph:
+    suite = not graph or getattr(context.declared(args.pipeline), "quality", None) is not None
+    if not args.no_validate and suite and not (graph and graph_option_problems(args)):  # (those refuse at once)
         context.import_in_background("great_expectations")  # the validation's imports, while the run runs
     summary = _run(args, recover=True)
-    if graph:  # the suites' views read one source, one operator and its sinks: a linear pipeline's
-        skipped = (f"after-restore validation skipped: {args.pipeline} is a dataflow graph, and the quality suites "
-                   "check linear pipelines only so far")
+    if not suite:  # a graph brings its own suite (Graph.quality); the generic ones check linear pipelines
+        skipped = (f"after-restore validation skipped: {args.pipeline} is a dataflow graph that declares no quality "
+                   "suite (Graph.quality)")
         if not args.no_validate:
             print(skipped, file=sys.stderr if wants_json(args) else sys.stdout)
         code, validations = EXIT_OK, []

@@ -1,6 +1,8 @@
 """The data-quality suites (Great Expectations) as commands: ``ckpt validate``, and the validation
 ``ckpt recover`` runs after a restore (:func:`validate_suites`); on a terminal a live bar over each
-suite's steps, plain lines on stderr otherwise."""
+suite's steps, plain lines on stderr otherwise. A dataflow graph runs the after-restore suite it
+declares (``Graph.quality``; ``--suite all`` is that one); one that declares none, or its
+per-checkpoint suite, is refused before Spark starts."""
 
 from __future__ import annotations
 
@@ -23,15 +25,20 @@ def validate_suites(args: argparse.Namespace, kinds: Sequence[str]) -> tuple[int
 
     check_pipeline_name(args.pipeline)  # bad input fails before Spark starts
     root = warehouse_root(args.warehouse)
+    from ..pipelines import is_graph
     from ..quality.context import driver_sized
-    from ..quality.spec import get_spec
+    from ..quality.spec import get_spec, graph_spec
     from ..quality.validate import ValidationSession, suite_for
 
     run = {"restore": validate_restore, "checkpoint": validate_checkpoint}
     out = sys.stderr if wants_json(args) else sys.stdout
+    declared = context.declared(args.pipeline)  # a linear pipeline, or a graph with its own suite
+    if is_graph(declared):  # one without a suite, or a suite it lacks, is refused before Spark starts
+        for kind in kinds:
+            suite_for(kind, graph_spec(declared))
     context.import_in_background("great_expectations")  # seconds of imports, while the JVM starts
     code, results = EXIT_OK, []
-    small = driver_sized(context.pipeline(args.pipeline), root)
+    small = driver_sized(declared, root)
     spark = context.spark_session(args, short_lived=small)  # small: seconds of small jobs
     session = ValidationSession(spark)  # the suites share table loads and one Data Docs build
     try:
@@ -70,7 +77,11 @@ def validate_suites(args: argparse.Namespace, kinds: Sequence[str]) -> tuple[int
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from ..pipelines import is_graph
+
     kinds = ("restore", "checkpoint") if args.suite == "all" else (args.suite,)
+    if args.suite == "all" and is_graph(context.declared(args.pipeline)):
+        kinds = ("restore",)  # a dataflow graph has its after-restore suite only so far
     code, results = validate_suites(args, kinds)
     if wants_json(args):
         emit(results)

@@ -28,7 +28,9 @@ beyond the call's own arguments until :meth:`Graph.build` validates the whole gr
   sink unless ``output()`` chose one), ``stream.dead_letters(path)`` takes its vertex's bad rows;
 - ``feedback.key_by(key).iterate(into=op_stream)`` closes a cycle through a feedback edge (the
   only edge allowed to);
-- ``g.generator(fn)``: what ``ckpt generate`` runs to land sample input (as ``Pipeline.generator()``).
+- ``g.generator(fn)``: what ``ckpt generate`` runs to land sample input (as ``Pipeline.generator()``);
+- ``g.quality(spec)``: the after-restore quality suite ``ckpt validate`` and ``ckpt recover`` run
+  (as ``Pipeline.quality()``; a :class:`~checkpoint_lib.quality.spec.GraphQualitySpec`).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class Graph:
         self._sinks: list[VertexSink] = []
         self._dead_letters: list[DeadLetters] = []
         self._generator_fn: Callable[..., int] | None = None
+        self._quality: Any = None
 
     def source(self, name: str, spec: Any, parallelism: int = 1, bootstrap: Any = None) -> "Stream":
         """A source vertex ``name`` reading ``spec`` with ``parallelism`` subtasks; ``bootstrap``
@@ -81,10 +84,21 @@ class Graph:
         self._generator_fn = fn
         return self
 
+    def quality(self, spec: Any) -> "Graph":
+        """The graph's after-restore quality suite, as :meth:`checkpoint_lib.pipeline.Pipeline.quality`:
+        a :class:`checkpoint_lib.quality.spec.GraphQualitySpec` (its suite file and the function
+        that builds the views it checks), run by ``ckpt validate`` and after ``ckpt recover``.
+        Returns this builder."""
+        if not callable(getattr(spec, "views", None)) or not isinstance(getattr(spec, "suite", None), str):
+            raise TypeError(f"quality() needs a GraphQualitySpec (a suite name and a views function), got {spec!r}")
+        self._quality = spec
+        return self
+
     def build(self) -> StreamGraph:
         """The declared graph, validated (:class:`~.validation.GraphError` lists every problem)."""
         return validate(StreamGraph(self.name, tuple(self._vertices), tuple(self._edges), tuple(self._sinks),
-                                    tuple(self._dead_letters), self.max_parallelism, generator_fn=self._generator_fn))
+                                    tuple(self._dead_letters), self.max_parallelism, generator_fn=self._generator_fn,
+                                    quality=self._quality))
 
     def _used(self, index: int) -> bool:
         vertex_id = self._vertices[index].id

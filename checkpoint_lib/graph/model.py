@@ -196,6 +196,10 @@ class StreamGraph:
     generator_fn: Callable[..., int] | None = field(default=None, compare=False)
     """What ``ckpt generate`` runs (:meth:`~checkpoint_lib.graph.Graph.generator`): not part of
     what the graph is (left out of equality)."""
+    quality: Any = field(default=None, compare=False)
+    """Its after-restore quality suite (:meth:`~checkpoint_lib.graph.Graph.quality`, a
+    :class:`checkpoint_lib.quality.spec.GraphQualitySpec`), run by ``ckpt validate`` and ``ckpt
+    recover``: not part of what the graph is (left out of equality)."""
 
     def __post_init__(self) -> None:
         for name in ("vertices", "edges", "sinks", "dead_letters"):

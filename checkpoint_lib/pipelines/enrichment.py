@@ -21,7 +21,8 @@
 Sinks: ``tagged`` (``gold/enrichment/tagged``, append), ``region_totals``
 (``gold/enrichment/region_totals``, upsert by region) and ``rejected`` (``dlq/enrichment/rejected``,
 append: every rejected payment row, duplicates included). The generator and the independent
-verifier are :mod:`.enrichment_data`'s.
+verifier are :mod:`.enrichment_data`'s; the after-restore quality suite (Great Expectations) is
+:mod:`.enrichment_quality`'s.
 
 "As of the payment" holds whatever the step boundaries are because the landing follows one rule
 (the generator keeps it): an accounts change lands before any payment at or after its
@@ -136,9 +137,11 @@ def graph(name: str = "enrichment", *, payments_source: Any = None, accounts_sou
 
 def build() -> Any:
     """The registered ``enrichment`` graph (``ckpt run enrichment``) with its generator (``ckpt
-    generate enrichment``: :func:`.enrichment_data.generate`)."""
+    generate enrichment``: :func:`.enrichment_data.generate`) and its after-restore quality suite
+    (``ckpt validate enrichment``, and after ``ckpt recover enrichment``:
+    :mod:`.enrichment_quality`)."""
     import dataclasses
 
-    from . import enrichment_data
+    from . import enrichment_data, enrichment_quality
 
-    return dataclasses.replace(graph(), generator_fn=enrichment_data.generate)
+    return dataclasses.replace(graph(), generator_fn=enrichment_data.generate, quality=enrichment_quality.SPEC)

@@ -117,20 +117,26 @@ def _rows_by_stats(path: str, version: int | None) -> int | None:
     return int(sum(counts))
 
 
-def driver_sized(pipeline: Pipeline, warehouse: Path) -> bool:
+def driver_sized(pipeline: Any, warehouse: Path) -> bool:
     """Whether the Delta tables a validation of ``pipeline`` reads (its Delta source, sinks, dead
-    letters, keyed state and channel state, at their latest versions) hold at most
-    :data:`DRIVER_ROWS` rows together by their logs (delta-rs, no Spark): then every view is
-    collected to the driver and the command is seconds of small Spark jobs. False when a table's
-    size is unknown."""
+    letters, keyed state and channel state, at their latest versions; a dataflow graph's sources,
+    sinks, dead letters and every operator's state) hold at most :data:`DRIVER_ROWS` rows together
+    by their logs (delta-rs, no Spark): then every view is collected to the driver and the command
+    is seconds of small Spark jobs. False when a table's size is unknown."""
     from ..layout import channel_state_table, checkpoint_root, state_table
 
-    relative = [getattr(pipeline.source_spec, "path", None), pipeline.dlq_path,
-                *(spec.path for spec in pipeline.sinks.values())]
-    paths = [str(inside(warehouse, r)) for r in relative if isinstance(r, str)]
     root = checkpoint_root(warehouse, pipeline.name)
-    paths += [str(channel_state_table(root))] + ([str(state_table(root, pipeline.operator_uid))]
-                                                 if pipeline.operator_uid else [])
+    if hasattr(pipeline, "vertices"):  # a dataflow graph (checkpoint_lib.graph.StreamGraph)
+        relative = [*(getattr(v.spec, "path", None) for v in pipeline.sources),
+                    *(d.path for d in pipeline.dead_letters), *(s.spec.path for s in pipeline.sinks)]
+        paths = [str(inside(warehouse, r)) for r in relative if isinstance(r, str)]
+        paths += [str(state_table(root, v.uid)) for v in pipeline.operators]
+    else:
+        relative = [getattr(pipeline.source_spec, "path", None), pipeline.dlq_path,
+                    *(spec.path for spec in pipeline.sinks.values())]
+        paths = [str(inside(warehouse, r)) for r in relative if isinstance(r, str)]
+        paths += [str(channel_state_table(root))] + ([str(state_table(root, pipeline.operator_uid))]
+                                                     if pipeline.operator_uid else [])
     total = 0
     for path in paths:
         if not delta_log.is_delta_table(path):
@@ -147,8 +153,10 @@ class Context:
     """Everything the view builders share for one validation run."""
 
     spark: SparkSession
-    pipeline: Pipeline
-    spec: QualitySpec
+    pipeline: Pipeline | Any
+    """The linear pipeline validated, or the dataflow graph (a ``StreamGraph``)."""
+    spec: QualitySpec | Any
+    """Its :class:`~.spec.QualitySpec`, or the graph's :class:`~.spec.GraphQualitySpec`."""
     warehouse: Path
     store: DeltaCheckpointStore
     cached: list[DataFrame] = field(default_factory=list)
@@ -166,10 +174,15 @@ class Context:
     def table(self, path: str, version: int | None = None) -> DataFrame:
         """The Delta table at ``path`` (at ``version``; None: latest), loaded once per command."""
         assert self.tables is not None
+        self.note_read(path, version)
+        return self.tables.load(path, version)
+
+    def note_read(self, path: str, version: int | None = None) -> None:
+        """Count the Delta table at ``path`` (``version``) among this run's inputs: a view read it
+        by other means than :meth:`table` (a source's files with their offsets, a change feed)."""
         key = (str(path), version)
         if key not in self.read:
             self.read.append(key)
-        return self.tables.load(path, version)
 
     def input_rows(self) -> int | None:
         """The rows of every table this run read so far (by their logs), None if one is unknown."""

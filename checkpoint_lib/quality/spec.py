@@ -7,6 +7,9 @@ pipeline onto those views, so the same suites check every pipeline that declares
 
 Aggregates must be *additive* (sums and counts): the conservation check adds them up across keys,
 across operator state and channel state, and compares them with the same aggregate over the source.
+
+A dataflow graph declares a :class:`GraphQualitySpec` instead (``Graph.quality(...)``): its own
+suite file and the function that builds the views that suite checks.
 """
 
 from __future__ import annotations
@@ -72,6 +75,36 @@ class QualitySpec:
         return {name: list(exps) for name, exps in (found or {}).items()}
 
 
+@dataclass(frozen=True)
+class GraphQualitySpec:
+    """A dataflow graph's after-restore suite (``Graph.quality(...)``): a graph has no standard
+    roles to map (its sinks, operators and sources are its own), so it brings its views with it.
+
+    - ``suite``: the name of a JSON suite in ``expectations/`` (``<suite>.json``, the format of
+      ``after_restore.json``: per view, its expectations);
+    - ``views(ctx, facts)``: the views that suite checks, one per name it lists, built in Spark
+      for the checkpoint validated (a :class:`~checkpoint_lib.quality.context.Context`, whose
+      ``pipeline`` is the graph, and the checkpoint's
+      :class:`~checkpoint_lib.quality.views.GraphFacts`: its acks, each source's offset), each
+      through ``ctx.materialize(df, name)``; :mod:`checkpoint_lib.quality.views` reads a sink as
+      the checkpoint committed it, an operator's state as the checkpoint pinned it, a source's
+      rows (with offsets), dead letters and change feed up to its offset;
+    - ``words``: the ``{role}`` placeholders of the suite's notes, filled in (as
+      :meth:`QualitySpec.words`);
+    - ``metrics(views)``: small numbers recorded with the outcome (the report shows
+      ``dead_letters``, ``valid_rows`` and ``sink_rows``), from the computed views (pandas or
+      Spark DataFrames).
+
+    ``views`` and ``metrics`` are called at validation only, so a module that declares the graph
+    imports no engine for them.
+    """
+
+    suite: str
+    views: Callable[[Any, Any], Mapping[str, Any]]
+    words: Mapping[str, str] = field(default_factory=dict)
+    metrics: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
+
+
 def count_rows() -> Any:
     """The aggregate of ``QualitySpec.aggregates`` that counts records (as a long)."""
     from pyspark.sql import functions as F
@@ -90,12 +123,33 @@ def sum_of(column: str) -> Callable[[], Any]:
     return total
 
 
-def get_spec(pipeline_name: str) -> QualitySpec:
+def get_spec(pipeline_name: str) -> QualitySpec | GraphQualitySpec:
     """The spec the pipeline declares (:meth:`Pipeline.quality`), or the generic one every pipeline
     gets: no event sink and no aggregates, so the suites check what needs no roles - nothing lost
     (valid + dead-lettered = source rows, each bad row dead-lettered once), the restored state
-    equal to its snapshot, every subtask acknowledged, and the cut consistent (n >= m)."""
-    from ..pipelines import get
+    equal to its snapshot, every subtask acknowledged, and the cut consistent (n >= m). A dataflow
+    graph's is the :class:`GraphQualitySpec` it declares (``Graph.quality``); one that declares
+    none is refused (:class:`NoGraphSuite`): no generic suite fits every graph."""
+    from ..pipelines import declared, is_graph
 
-    spec = get(pipeline_name).quality_spec
+    found = declared(pipeline_name)
+    if is_graph(found):
+        return graph_spec(found)
+    spec = found.quality_spec
     return spec if spec is not None else QualitySpec(pipeline=pipeline_name, event_sink=None, event_id=None)
+
+
+class NoGraphSuite(ValueError):
+    """A dataflow graph that declares no quality suite was asked to be validated."""
+
+
+def graph_spec(graph: Any) -> GraphQualitySpec:
+    """The quality suite dataflow graph ``graph`` declares (``Graph.quality``), or
+    :class:`NoGraphSuite` saying how to declare one."""
+    spec = getattr(graph, "quality", None)
+    if spec is None:
+        raise NoGraphSuite(
+            f"{graph.name} is a dataflow graph that declares no quality suite: declare one with "
+            "Graph.quality(GraphQualitySpec(suite, views)) (the enrichment graph's is an example: "
+            "checkpoint_lib/pipelines/enrichment_quality.py)")
+    return spec

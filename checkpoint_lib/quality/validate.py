@@ -3,7 +3,9 @@ GX, record the outcome durably, and raise if anything failed.
 
 ``validate_restore``: the ``after_restore`` suite on checkpoint ``checkpoint_id`` (default: the
 latest completed one, which is what the sinks hold after ``ckpt recover``), plus the latest restore
-(``restored_state``: the state table right after it vs the snapshot it restored).
+(``restored_state``: the state table right after it vs the snapshot it restored). For a dataflow
+graph, the suite and the views it declares (:class:`~.spec.GraphQualitySpec`: ``Graph.quality``)
+at that checkpoint, in the same project, records and Data Docs.
 ``validate_checkpoint``: the ``per_checkpoint`` suite on one completed checkpoint.
 Both take ``progress(step, view)``, told ``("computed", view)`` and then ``("validated", view)``
 for each view (the CLI's bar).
@@ -34,7 +36,7 @@ from .paths import (check_checkpoint_id, check_pipeline_name, data_docs_index, p
                     warehouse_root)
 from .records import ValidationLog
 from .result import CHECKPOINT, RESTORE, QualityCheckError, QualityCheckFailed, QualityResult
-from .spec import get_spec
+from .spec import GraphQualitySpec, NoGraphSuite, get_spec, graph_spec
 
 SUITES = {RESTORE: "after_restore", CHECKPOINT: "per_checkpoint"}
 
@@ -70,13 +72,17 @@ class ValidationSession:
 
 
 def _context(spark: SparkSession, pipeline_name: str, warehouse: str, tables: Tables | None = None) -> Context:
-    from ..pipelines import get
+    from ..pipelines import declared, is_graph
 
     check_pipeline_name(pipeline_name)
     root = warehouse_root(warehouse)
-    pipeline = get(pipeline_name)
-    spec = get_spec(pipeline_name)
+    pipeline = declared(pipeline_name)  # a linear pipeline, or a dataflow graph with its own suite
+    spec = graph_spec(pipeline) if is_graph(pipeline) else get_spec(pipeline_name)
     return Context(spark, pipeline, spec, root, V.open_store(root, pipeline_name), tables=tables)
+
+
+def _is_graph(ctx: Context) -> bool:
+    return isinstance(ctx.spec, GraphQualitySpec)
 
 
 def _run(
@@ -90,6 +96,10 @@ def _run(
     if session is None:
         session = ValidationSession(spark)
     ctx = _context(spark, pipeline_name, warehouse, session.tables)
+    graph = _is_graph(ctx)
+    if graph and kind != RESTORE:
+        raise NoGraphSuite(f"{pipeline_name} is a dataflow graph: it has an after-restore suite only so far "
+                           f"(ckpt validate {pipeline_name} --suite restore)")
     ctx.progress = progress
     log = ValidationLog(ctx.root)
     started = time.time()
@@ -100,7 +110,7 @@ def _run(
         validation_id=uuid.uuid4().hex,
     )
     try:
-        facts = V.checkpoint_facts(ctx, checkpoint_id)
+        facts = V.graph_facts(ctx, checkpoint_id) if graph else V.checkpoint_facts(ctx, checkpoint_id)
         result.checkpoint_id, result.epoch = facts.checkpoint_id, facts.epoch
         views, restore, notes = build(ctx, facts)
         if restore is not None:
@@ -109,11 +119,11 @@ def _run(
         result.notes += notes
         result.run_name = f"{pipeline_name}-{kind}-c{facts.checkpoint_id}-e{result.epoch}-{stamp}"
         project = session.project(ctx.warehouse, pipeline_name)
-        result.outcomes = project.run(suite_for(kind, ctx.spec, ctx.pipeline.key), views, result.run_name,
-                                      progress=progress, build_docs=False)
+        result.outcomes = project.run(suite_for(kind, ctx.spec, getattr(ctx.pipeline, "key", None)), views,
+                                      result.run_name, progress=progress, build_docs=False)
         if own:
             session.publish()
-        result.metrics = _metrics(views)
+        result.metrics = _graph_metrics(ctx.spec, views) if graph else _metrics(views)
     except Exception as exc:
         result.error = f"{type(exc).__name__}: {exc}"
         result.run_name = result.run_name or f"{pipeline_name}-{kind}-error-{stamp}"
@@ -136,9 +146,14 @@ def _run(
 def suite_for(kind: str, spec: Any, key: str | None = None) -> Any:
     """The suite a validation of ``kind`` runs for a pipeline of quality ``spec`` (and ``key``
     column): the shipped JSON suite in the pipeline's own words, plus (after a restore) the
-    pipeline's own expectations on its sinks."""
+    pipeline's own expectations on its sinks; a dataflow graph's own suite
+    (:class:`~.spec.GraphQualitySpec`), after a restore only."""
     from .gx_project import SuiteSpec
 
+    if isinstance(spec, GraphQualitySpec):
+        if kind != RESTORE:
+            raise NoGraphSuite(f"a dataflow graph has an after-restore suite only so far, not a {kind} suite")
+        return SuiteSpec.load(spec.suite).in_words(spec.words)
     suite = SuiteSpec.load(SUITES[kind]).in_words(spec.words(key))
     if kind == RESTORE:
         own = spec.sink_expectations()
@@ -172,9 +187,18 @@ def _metrics(views: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _restore_build(ctx: Context, facts: V.CheckpointFacts):
+def _graph_metrics(spec: GraphQualitySpec, views: dict[str, Any]) -> dict[str, Any]:
+    """What a graph's spec records of its views (``GraphQualitySpec.metrics``), as plain numbers."""
+    if spec.metrics is None:
+        return {}
+    return {k: None if v is None else int(v) for k, v in dict(spec.metrics(views)).items()}
+
+
+def _restore_build(ctx: Context, facts: Any):
     restore = V.latest_restore(ctx)
     notes = []
+    if _is_graph(ctx):  # the graph's own views, at the checkpoint; the restore is recorded with them
+        return dict(ctx.spec.views(ctx, facts)), restore, notes
     if restore is None:
         notes.append("no restore recorded yet: restored_state not checked")
     return V.restore_views(ctx, facts, restore), restore, notes

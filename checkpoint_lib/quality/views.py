@@ -65,7 +65,7 @@ from ..delta.store import DeltaCheckpointStore
 from ..files import files_at
 from ..layout import channel_state_table, checkpoint_root, control_table, state_table
 from ..pipeline import DeltaSource
-from ..reserved import ERROR_COLUMN, KEY_GROUP, SENDER
+from ..reserved import ERROR_COLUMN, KEY_GROUP, OFFSET_COLUMNS, SENDER
 from ..spark.tables import struct_type
 from ..spark.topology import OFFSET_FIELDS
 from .context import Context
@@ -110,8 +110,8 @@ def open_store(warehouse: Path, pipeline_name: str) -> DeltaCheckpointStore:
     return DeltaCheckpointStore(root)  # a reader: no retention of its own, creates nothing
 
 
-def checkpoint_facts(ctx: Context, checkpoint_id: int | None) -> CheckpointFacts:
-    """The chosen completed checkpoint (default: the latest retained one)."""
+def _completed(ctx: Context, checkpoint_id: int | None) -> tuple[int, int, list[dict[str, Any]]]:
+    """The chosen completed checkpoint (default: the latest retained one): its id, epoch and acks."""
     if checkpoint_id is None:
         latest = ctx.store.checkpoints.latest()
         if latest is None:
@@ -121,7 +121,12 @@ def checkpoint_facts(ctx: Context, checkpoint_id: int | None) -> CheckpointFacts
     if row is None or row["status"] != CheckpointStatus.COMPLETED:
         state = "unknown" if row is None else row["status"]
         raise QualityCheckError(f"checkpoint {checkpoint_id} of {ctx.pipeline.name!r} is {state}, not completed")
-    acks = ctx.store.checkpoints.acks(checkpoint_id)
+    return checkpoint_id, int(row["epoch"]), ctx.store.checkpoints.acks(checkpoint_id)
+
+
+def checkpoint_facts(ctx: Context, checkpoint_id: int | None) -> CheckpointFacts:
+    """The chosen completed checkpoint (default: the latest retained one)."""
+    checkpoint_id, epoch, acks = _completed(ctx, checkpoint_id)
     sources = [a for a in acks if a["operator"] == "source"]
     if not sources:
         raise QualityCheckError(f"checkpoint {checkpoint_id} has no source acknowledgement (no offsets)")
@@ -129,7 +134,7 @@ def checkpoint_facts(ctx: Context, checkpoint_id: int | None) -> CheckpointFacts
         source = SourceAckState.from_state(sources[0]["state"])
     except (KeyError, TypeError, ValueError) as e:
         raise QualityCheckError(f"checkpoint {checkpoint_id}'s source acknowledgement is malformed ({e!r})") from None
-    return CheckpointFacts(checkpoint_id, int(row["epoch"]), acks, source.version, source.barrier_seq,
+    return CheckpointFacts(checkpoint_id, epoch, acks, source.version, source.barrier_seq,
                            None if source.barrier_seqs is None else dict(source.barrier_seqs))
 
 
@@ -165,10 +170,22 @@ def source_rows(ctx: Context, version: int) -> DataFrame:
     return df.withColumn(ERROR_COLUMN, error)
 
 
+def _sink_spec(pipeline: Any, sink: str) -> Any:
+    """The declaration of sink ``sink`` of a linear pipeline (``sinks`` by name) or of a dataflow
+    graph (its :class:`~checkpoint_lib.graph.VertexSink` s)."""
+    sinks = pipeline.sinks
+    if isinstance(sinks, dict):
+        return sinks[sink]
+    for declared in sinks:
+        if declared.name == sink:
+            return declared.spec
+    raise QualityCheckError(f"{pipeline.name!r} has no sink {sink!r} (its sinks: {', '.join(s.name for s in sinks)})")
+
+
 def sink_at(ctx: Context, sink: str, checkpoint_id: int) -> DataFrame:
     """The sink as checkpoint ``checkpoint_id`` left it: the version before the first commit
     stamped with a later checkpoint (every commit of ours carries its checkpoint id)."""
-    spec = ctx.pipeline.sinks[sink]
+    spec = _sink_spec(ctx.pipeline, sink)
     path = ctx.path(spec.path)
     if not delta_log.is_delta_table(path):
         raise QualityCheckError(f"sink {sink!r} has no table at {path}")
@@ -180,40 +197,53 @@ def sink_at(ctx: Context, sink: str, checkpoint_id: int) -> DataFrame:
     return ctx.table(path, version)
 
 
-def dead_letters(ctx: Context, version: int) -> DataFrame | None:
-    path = ctx.path(ctx.pipeline.dlq_path) if ctx.pipeline.dlq_path else None
+def dead_letters(ctx: Context, version: int, source: str | None = None) -> DataFrame | None:
+    """The dead letters of the pipeline's source (of a graph: of source vertex ``source``) up to
+    offset ``version``; None when it has no dead-letter table."""
+    if source is None:
+        relative = ctx.pipeline.dlq_path
+    else:
+        declared = ctx.pipeline.dead_letters_of(source)
+        relative = declared[0].path if declared else None
+    path = ctx.path(relative) if relative else None
     if path is None or not delta_log.is_delta_table(path):
         return None
     return ctx.table(path).where(F.col("src_version") <= version)
 
 
-def snapshot_state(ctx: Context, acks: list[dict[str, Any]]) -> DataFrame:
-    """The keyed state a checkpoint pinned: each subtask's key groups at its table version."""
-    p = ctx.pipeline
-    path = str(state_table(ctx.root, p.operator_uid))
-    values = [c for c, _ in p.state_columns]
+def pinned_state(ctx: Context, acks: list[dict[str, Any]], uid: str, columns: list[str]) -> DataFrame | None:
+    """The keyed state of operator ``uid`` a checkpoint pinned (each subtask's key groups at its
+    state table's version), its ``columns``; None when nothing of it is pinned."""
+    path = str(state_table(ctx.root, uid))
     ranges: dict[int, list[tuple[int, int]]] = {}  # table version -> the key groups pinned at it
     for a in sorted(acks, key=lambda a: a["index"]):
-        if a["operator"] != p.operator_uid:
+        if a["operator"] != uid:
             continue
         pinned = PinnedState.held_in(a["state"])
-        if pinned is not None:
+        if pinned is not None and pinned.table_version >= 0:  # -1: nothing written yet, empty
             ranges.setdefault(pinned.table_version, []).append((pinned.key_groups.start, pinned.key_groups.end))
     parts = []
     for version, groups in sorted(ranges.items()):  # one read per version (subtasks usually share one)
         pinned = F.lit(False)
         for lo, hi in groups:
             pinned = pinned | F.col(KEY_GROUP).between(lo, hi)
-        parts.append(
-            ctx.table(path, version).where(pinned)
-            .select(p.key, *values)
-        )
+        parts.append(ctx.table(path, version).where(pinned).select(*columns))
     if not parts:
-        schema = T.StructType([T.StructField(p.key, T.StringType())] + [T.StructField(c, T.LongType()) for c in values])
-        return _empty(ctx.spark, schema)
+        return None
     df = parts[0]
     for part in parts[1:]:
         df = df.unionByName(part)
+    return df
+
+
+def snapshot_state(ctx: Context, acks: list[dict[str, Any]]) -> DataFrame:
+    """The keyed state a checkpoint pinned: each subtask's key groups at its table version."""
+    p = ctx.pipeline
+    values = [c for c, _ in p.state_columns]
+    df = pinned_state(ctx, acks, p.operator_uid, [p.key, *values])
+    if df is None:
+        schema = T.StructType([T.StructField(p.key, T.StringType())] + [T.StructField(c, T.LongType()) for c in values])
+        return _empty(ctx.spark, schema)
     return df
 
 
@@ -268,6 +298,104 @@ def effective_state(ctx: Context, acks: list[dict[str, Any]], checkpoint_id: int
     """Snapshot state plus what its channel state adds, per key, over the spec's additive
     aggregates: ``full`` what the pipeline converges to, else what the restore holds at once."""
     return plus_channel_state(ctx, snapshot_state(ctx, acks), checkpoint_id, full)
+
+
+# --- dataflow graphs: what a graph's own views read (GraphQualitySpec) --------------------------
+
+
+@dataclass
+class GraphFacts:
+    """Driver-side metadata of one completed checkpoint of a dataflow graph."""
+
+    checkpoint_id: int
+    epoch: int
+    acks: list[dict[str, Any]]
+    offsets: dict[str, int]
+    """Each source vertex's offset: the version it read up to (its subtask 0's ack; -1: nothing)."""
+
+
+def graph_facts(ctx: Context, checkpoint_id: int | None) -> GraphFacts:
+    """The chosen completed checkpoint of the graph ``ctx.pipeline`` (default: the latest)."""
+    checkpoint_id, epoch, acks = _completed(ctx, checkpoint_id)
+    offsets = {}
+    for source in ctx.pipeline.sources:
+        first = [a for a in acks if a["operator"] == source.name and int(a["index"]) == 0]
+        if not first:
+            raise QualityCheckError(f"checkpoint {checkpoint_id} has no acknowledgement of source {source.name!r} "
+                                    "(no offset)")
+        try:
+            offsets[source.name] = SourceAckState.from_state(first[0]["state"]).version
+        except (KeyError, TypeError, ValueError) as e:
+            raise QualityCheckError(f"checkpoint {checkpoint_id}'s acknowledgement of source {source.name!r} is "
+                                    f"malformed ({e!r})") from None
+    return GraphFacts(checkpoint_id, epoch, acks, offsets)
+
+
+def operator_state(ctx: Context, facts: GraphFacts, uid: str) -> DataFrame:
+    """Keyed operator ``uid``'s state as checkpoint ``facts`` pinned it: its key column and its
+    ``state_schema`` columns (empty when nothing of it is pinned)."""
+    from ..schema import columns as schema_columns
+
+    graph = ctx.pipeline
+    vertex = graph.vertex(uid)
+    key = graph.inputs_of(uid)[0].key
+    wanted = [key, *(name for name, _ in schema_columns(getattr(vertex.operator, "state_schema", None) or ()))]
+    df = pinned_state(ctx, facts.acks, uid, wanted)
+    if df is None:
+        df = ctx.table(str(state_table(ctx.root, uid))).select(*wanted).limit(0)
+    return df
+
+
+def _source_spec(ctx: Context, source: str, kind: type) -> Any:
+    spec = ctx.pipeline.vertex(source).spec
+    if not isinstance(spec, kind):
+        raise QualityCheckError(f"source {source!r} of {ctx.pipeline.name!r} is a {type(spec).__name__}; this view "
+                                f"reads a {kind.__name__}")
+    return spec
+
+
+def landed(ctx: Context, source: str, version: int) -> DataFrame:
+    """Every row source vertex ``source`` (a Delta table) landed up to offset ``version``, read as
+    the source reads it: its declared columns, its offset (``src_version``, ``src_file``,
+    ``src_row``: what its dead letters carry) and :data:`~checkpoint_lib.reserved.ERROR_COLUMN`
+    (the source's ``validate``; null: a valid row)."""
+    from ..spark.sources import SourceSite, source_reader
+
+    spec = _source_spec(ctx, source, DeltaSource)
+    path = ctx.path(spec.path)
+    files = delta_log.added_files(path, -1, version) if version >= 0 else []
+    if files:
+        reader = source_reader(spec, SourceSite(ctx.spark, path, str(ctx.root), ctx.pipeline.name, lambda _m: None))
+        df = reader.read(files, 1).select(*spec.schema, *OFFSET_COLUMNS)
+        ctx.note_read(path, version)
+    else:
+        df = _empty(ctx.spark, struct_type({**spec.schema, "src_version": "long", "src_file": "string",
+                                            "src_row": "long"}))
+    error = spec.validate(df) if spec.validate is not None else F.lit(None).cast("string")
+    return df.withColumn(ERROR_COLUMN, error)
+
+
+def change_feed(ctx: Context, source: str, version: int) -> DataFrame:
+    """Every change source vertex ``source`` (a change-data-feed source) read up to offset
+    ``version``, read by Spark's ``readChangeFeed`` from version 0: its declared columns,
+    :data:`~checkpoint_lib.pipeline.CHANGE_COLUMN` (``insert``, ``update``: the row after it,
+    ``delete``: the row deleted) and ``commit_version``."""
+    from ..pipeline import CHANGE_COLUMN, ChangeFeedSource
+
+    spec = _source_spec(ctx, source, ChangeFeedSource)
+    path = ctx.path(spec.path)
+    declared = spec.declared
+    if version < 0:
+        return _empty(ctx.spark, struct_type({**declared, CHANGE_COLUMN: "string", "commit_version": "long"}))
+    ctx.note_read(path, version)
+    kind = F.col("_change_type")
+    change = (F.when(kind == "insert", F.lit("insert")).when(kind == "update_postimage", F.lit("update"))
+              .when(kind == "delete", F.lit("delete")))
+    return (ctx.spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0)
+            .option("endingVersion", version).load(path)
+            .where(kind.isin("insert", "update_postimage", "delete"))
+            .select(*[F.col(c).cast(t).alias(c) for c, t in declared.items()], change.alias(CHANGE_COLUMN),
+                    F.col("_commit_version").cast("long").alias("commit_version")))
 
 
 # --- after-restore views ----------------------------------------------------------------------

@@ -148,7 +148,7 @@ def test_a_declared_graph_is_drawn_by_reference_and_refused_by_the_commands_that
     assert "tag (two-input keyed Enrich, parallelism 3)" in drawings[0]
     assert cli.main(["savepoint", "joinflows:graph", "--warehouse", str(tmp_path / "w")]) == cli.EXIT_USER_ERROR
     err = capsys.readouterr().err
-    assert "joined is a dataflow graph: ckpt run, ckpt recover, ckpt generate, ckpt graph" in err
+    assert "joined is a dataflow graph: ckpt run, ckpt recover, ckpt validate, ckpt generate, ckpt graph" in err
     assert "this command takes a linear pipeline (checkpoint_lib.pipeline.Pipeline: one source, one operator, its " \
            "sinks) only so far" in err
     assert not (tmp_path / "w").exists()

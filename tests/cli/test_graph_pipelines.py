@@ -112,6 +112,23 @@ def test_a_graph_carries_its_generator_which_is_not_part_of_what_the_graph_is():
     assert from_pipeline(pipelines.get("payments")).generator_fn is pipelines.get("payments").generator_fn
 
 
+def test_a_graph_carries_its_quality_suite_which_is_not_part_of_what_the_graph_is():
+    from checkpoint_lib.quality.spec import GraphQualitySpec
+
+    spec = GraphQualitySpec(suite="mine", views=lambda ctx, facts: {})
+
+    def declared(with_suite: bool) -> StreamGraph:
+        g = Graph("g")
+        if with_suite:
+            g.quality(spec)
+        g.source("s", pipeline_module.DeltaSource("in", "k string")).sink("out", pipeline_module.DeltaSink("out", "k string"))
+        return g.build()
+
+    assert declared(True).quality is spec and declared(False).quality is None and declared(True) == declared(False)
+    with pytest.raises(TypeError, match="quality\\(\\) needs a GraphQualitySpec"):
+        Graph("g").quality("after_restore")
+
+
 def test_the_registry_finds_a_graph_by_name_and_the_linear_only_callers_refuse_it(registered):
     from checkpoint_lib.pipelines import enrichment, enrichment_data
 
@@ -125,8 +142,9 @@ def test_the_registry_finds_a_graph_by_name_and_the_linear_only_callers_refuse_i
         with pytest.raises(pipelines.UnknownPipeline) as refused:
             call("enrichment")
         assert str(refused.value) == (
-            "enrichment is a dataflow graph: ckpt run, ckpt recover, ckpt generate, ckpt graph, ckpt pipelines, "
-            "ckpt checkpoints, ckpt state, ckpt report, ckpt maintain take it; this command takes a linear pipeline "
+            "enrichment is a dataflow graph: ckpt run, ckpt recover, ckpt validate, ckpt generate, ckpt graph, "
+            "ckpt pipelines, ckpt checkpoints, ckpt state, ckpt report, ckpt maintain take it; this command takes a "
+            "linear pipeline "
             "(checkpoint_lib.pipeline.Pipeline: one source, one operator, its sinks) only so far")
     # a linear pipeline reads as before, through both doors
     assert not pipelines.is_graph(pipelines.declared("payments"))
@@ -174,7 +192,7 @@ def test_pipelines_lists_a_registered_graph_with_its_shape(registered, capsys):
                                    "region_totals": "gold/enrichment/region_totals"}
     assert enrichment["operators"] == ["tag", "dedup", "totals"] and enrichment["keyed"]
     assert enrichment["graph"] == {"vertices": 5, "edges": 4, "feedback_edges": 0}
-    assert enrichment["generator"] and not enrichment["quality"]
+    assert enrichment["generator"] and enrichment["quality"] and not rows["joined"]["quality"]
     assert rows["joined"]["found_by"] == "entry point"
     assert rows["payments"]["graph"] == {"vertices": 2, "edges": 1, "feedback_edges": 0}  # linear rows as before
     assert cli.main(["pipelines"]) == 0
@@ -182,7 +200,7 @@ def test_pipelines_lists_a_registered_graph_with_its_shape(registered, capsys):
     assert lines["enrichment"].split()[1:3] == ["landing/enrichment/payments,", "landing/enrichment/accounts"]
     assert "-> tag, dedup, totals -> dlq/enrichment/rejected, gold/enrichment/tagged, gold/enrichment/region_totals" \
         in lines["enrichment"]
-    assert lines["enrichment"].endswith("(entry point; graph, 5 vertices, 4 edges; generator)")
+    assert lines["enrichment"].endswith("(entry point; graph, 5 vertices, 4 edges; generator, quality)")
     assert lines["payments"].endswith("(entry point; 2 vertices, 1 edge; generator, quality)")
 
 
@@ -336,10 +354,11 @@ def test_run_says_the_same_summary_line_and_the_mode_changes_nothing(registered,
 
 
 def test_recover_runs_a_graph_and_says_the_after_restore_suites_are_skipped(registered, runner, monkeypatch, capsys):
+    """... when the graph declares no quality suite (``joined``)."""
     from checkpoint_lib.cli import running
 
     def no_suites(*_a, **_kw):
-        raise AssertionError("the suites check linear pipelines only")
+        raise AssertionError("joined declares no quality suite")
 
     monkeypatch.setattr(running, "validate_suites", no_suites)
     assert cli.main(["recover", "joined", "--warehouse", str(registered / "w"), "--checkpoint", "4", "-o", "json"]) == 0
@@ -348,12 +367,48 @@ def test_recover_runs_a_graph_and_says_the_after_restore_suites_are_skipped(regi
     assert made.kw["recover"] is True and made.kw["restore_checkpoint"] == 4
     doc = json.loads(captured.out)
     assert doc["restored"] == 4 and doc["validations"] == []
-    skipped = ("after-restore validation skipped: joined is a dataflow graph, and the quality suites check linear "
-               "pipelines only so far")
+    skipped = "after-restore validation skipped: joined is a dataflow graph that declares no quality suite (Graph.quality)"
     assert doc["validation"] == skipped and skipped in captured.err
     assert cli.main(["recover", "joined", "--warehouse", str(registered / "w"), "--no-validate"]) == 0
     out = capsys.readouterr().out
     assert "skipped" not in out and out.startswith("epoch 2: read 30 rows")
+
+
+def test_recover_runs_the_after_restore_suite_a_graph_declares(registered, runner, monkeypatch, capsys):
+    from checkpoint_lib.cli import running
+
+    asked = []
+
+    def suites(args, kinds):
+        asked.append((args.pipeline, tuple(kinds)))
+        return 0, [{"suite": "restore", "success": True}]
+
+    monkeypatch.setattr(running, "validate_suites", suites)
+    assert cli.main(["recover", "enrichment", "--warehouse", str(registered / "w"), "-o", "json"]) == 0
+    captured = capsys.readouterr()
+    assert asked == [("enrichment", ("restore",))] and "skipped" not in captured.err
+    doc = json.loads(captured.out)
+    assert doc["validations"] == [{"suite": "restore", "success": True}] and "validation" not in doc
+    assert cli.main(["recover", "enrichment", "--warehouse", str(registered / "w"), "--no-validate"]) == 0
+    assert asked == [("enrichment", ("restore",))]
+
+
+def test_validate_takes_a_graph_with_its_suite_and_refuses_the_rest_before_spark(registered, no_spark, monkeypatch,
+                                                                                 capsys):
+    from checkpoint_lib.cli import validating
+
+    w = registered / "w"
+    w.mkdir()
+    assert cli.main(["validate", "joined", "--warehouse", str(w)]) == cli.EXIT_USER_ERROR
+    assert ("joined is a dataflow graph that declares no quality suite: declare one with "
+            "Graph.quality(GraphQualitySpec(suite, views))") in capsys.readouterr().err
+    assert cli.main(["validate", "enrichment", "--warehouse", str(w), "--suite", "checkpoint"]) == cli.EXIT_USER_ERROR
+    assert "a dataflow graph has an after-restore suite only so far, not a checkpoint suite" in capsys.readouterr().err
+    assert not any(w.iterdir())  # nothing opened
+    asked = []
+    monkeypatch.setattr(validating, "validate_suites", lambda args, kinds: (asked.append(tuple(kinds)) or (0, [])))
+    assert cli.main(["validate", "enrichment", "--warehouse", str(w)]) == 0
+    assert asked == [("restore",)]  # --suite all: a graph's one suite
 
 
 def test_a_linear_pipeline_still_runs_with_the_pipeline_runner(registered, monkeypatch):
