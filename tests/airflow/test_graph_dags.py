@@ -219,8 +219,8 @@ def checked(warehouse: Path) -> None:
     assert check.duplicates and check.rejected_rows and check.dead_letters
 
 
-# CI tier: in CI; about two thirds of the time of test_dags_e2e.py's CI test (one step, then the final
-# checkpoint: 183 s against 283 s on a loaded 2-core machine)
+@pytest.mark.slow  # CI tier: CI's real DAG run is payments' (test_dags_e2e.py); the graph's DAGs load and are
+# checked above, and its runs go through the same hook and `ckpt run` path CI runs (tests/spark/test_graph_cli.py)
 def test_the_graph_run_dag_runs_enrichment_end_to_end_exactly_once(ran):
     """``airflow dags test enrichment_run`` (real Airflow on SQLite, Spark local[2], Delta): its
     ``run_all`` task runs the graph until caught up through the hook, completes checkpoints and

@@ -29,6 +29,7 @@ def versions(out: Path) -> dict[str, int | None]:
     return {name: latest_version(out / path) for name, path in OUTPUTS.items()}
 
 
+@pytest.mark.slow  # CI tier: make bench-quick checks every contender's outputs before its time counts
 def test_floor_and_expert_peer_produce_the_verifiers_outputs(spark, tmp_path):
     from bench.enrichment_peer import AccountsHistory, batch_writer, create_outputs, run_enrichment_peer
 

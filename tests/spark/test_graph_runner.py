@@ -117,6 +117,7 @@ def check(spark, w: str, rounds: int, outputs=("tagged", "rejected", "totals", "
     assert len(dlq) == rounds  # one bad row per round, once
 
 
+@pytest.mark.slow  # CI tier: tests/spark/test_graph_cli.py runs a graph, resumes and recovers it through the CLI
 def test_a_graph_runs_exactly_once_and_resumes(spark, tmp_path):
     w = str(tmp_path)
     land(spark, w, range(2))
