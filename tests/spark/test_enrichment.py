@@ -42,5 +42,5 @@ def test_enrichment_exactly_once_across_a_kill_and_a_restore_at_another_parallel
         runner.run()
     generate(None, w, 300, rounds=1, accounts=30, seed=6)  # more lands while it is down
     again = GraphRunner(graph(parallelism=3), w, spark, rows_per_checkpoint=150).run()
-    assert again.epoch == 2 and again.restored is not None and len(runner.summary.completed) >= 2
+    assert again.epoch == 2 and again.restored is not None and runner.summary.completed  # killed after one
     checked(w)
