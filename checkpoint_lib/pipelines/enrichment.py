@@ -27,7 +27,7 @@ verifier are :mod:`.enrichment_data`'s; the after-restore quality suite (Great E
 "As of the payment" holds whatever the step boundaries are because the landing follows one rule
 (the generator keeps it): an accounts change lands before any payment at or after its
 ``updated_at``, and none lands before a payment earlier than it; the graph runner cuts each step at
-one commit time across both sources (:func:`checkpoint_lib.spark.graph_runner.plan_step`), so when
+one commit time across both sources (:func:`checkpoint_lib.graph.steps.plan_step`), so when
 a payment is tagged, every change it may see has been read and no later one has.
 """
 

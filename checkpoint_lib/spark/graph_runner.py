@@ -7,7 +7,7 @@ a step flows from every source through every operator in topological order withi
 (Spark does the shuffles), and a checkpoint's barrier reaches every input channel of every subtask
 at the step's end with nothing in flight: aligned in every mode, no channel state. A step:
 
-1. **plans across all sources** (:func:`plan_step`): each source proposes its next whole versions
+1. **plans across all sources** (:func:`~checkpoint_lib.graph.steps.plan_step`): each source proposes its next whole versions
    (about ``rows_per_checkpoint`` rows); a full proposal ends at a commit time, and every source
    reads only versions committed by then (a cut of the sources' logs at one instant, so a
    dimension table is read up to what had landed when the events that follow it landed);
@@ -53,6 +53,7 @@ from ..core.twophase import TransactionIdPool
 from ..core.types import BarrierMode, CheckpointKind, CheckpointStatus, SubtaskAck, SubtaskId
 from ..delta.store import DeltaCheckpointStore
 from ..graph.jobgraph import plan
+from ..graph.steps import plan_step
 from ..graph.model import RECORDS, OperatorKind, StreamGraph
 from ..killpoints import KillPoints
 from ..layout import app_prefix, checkpoint_root, sink_transactions, warehouse_location
@@ -64,37 +65,10 @@ from .session import use_warehouse
 from .sinks import SinkSite, sink_writer
 from .vertices.operator import OperatorVertexRun
 from .vertices.sinks import VertexSinks
-from .vertices.source import Proposal, SourceVertexRun
+from .vertices.source import SourceVertexRun
 
 STAGE = "all"
 """The session stage of a graph's one process (as the linear runner's ``stage="all"``)."""
-
-
-def plan_step(proposals: dict[str, Proposal | None]) -> dict[str, tuple[list, int]]:
-    """Each source's share of the next step, ``name -> (files, end version)``, cut at one commit
-    time across the sources: the earliest time a full proposal (``bounded``) ends at, and every
-    version committed after it is left for a later step. A source whose kind does not say its
-    commit times reads its whole proposal; one whose share is empty is left out. Pure."""
-    timed = {name: p for name, p in proposals.items() if p is not None and p.bounded and p.times}
-    cut = min((p.times[p.end] for p in timed.values()), default=None)
-    shares: dict[str, tuple[list, int]] = {}
-    for name, p in proposals.items():
-        if p is None:
-            continue
-        if cut is None or not p.times:
-            shares[name] = (list(p.step), p.end)
-            continue
-        end = None
-        for v in sorted(p.times):  # whole versions, in order, up to the first one committed after the cut
-            if p.times[v] > cut:
-                break
-            end = v
-        if end is not None:
-            shares[name] = ([f for f in p.step if f.version <= end], end)
-    if not shares and timed:  # commit times out of order: the full proposal that set the cut goes whole
-        name = min(timed, key=lambda n: timed[n].times[timed[n].end])
-        shares[name] = (list(timed[name].step), timed[name].end)
-    return shares
 
 
 class GraphRunner:

@@ -61,7 +61,7 @@ class SourceReader(Protocol):
       it parsed);
     - ``commit_time(version)`` (optional): when that offset was committed (ms since the epoch),
       or None; a graph cuts each step across its sources at one commit time
-      (:func:`checkpoint_lib.spark.graph_runner.plan_step`), a kind without it is read whole;
+      (:func:`checkpoint_lib.graph.steps.plan_step`), a kind without it is read whole;
     - :meth:`missing`: the step's files that are gone (asked only after a step failed: the stage
       then says what was lost and what to do, instead of the engine's file-not-found).
     """

@@ -11,12 +11,10 @@ from datetime import datetime, timedelta
 import pandas as pd
 import pytest
 
-from checkpoint_lib.delta.log import AddedFile
 from checkpoint_lib.graph import Graph
 from checkpoint_lib.pipeline import DeltaSink, DeltaSource
 from checkpoint_lib.pipelines.enrichment import MAIN, Dedup, RegionTotals, TagRegion
-from checkpoint_lib.spark.graph_runner import GraphRunner, plan_step
-from checkpoint_lib.spark.vertices.source import Proposal
+from checkpoint_lib.spark.graph_runner import GraphRunner
 from checkpoint_lib.verify import read_delta
 from in_process_kills import raise_at
 
@@ -63,7 +61,7 @@ def land(spark, w: str, rounds: range) -> None:
     accounts = {0: [("a1", "north", "open"), ("a2", "north", "open"), ("a3", "east", "open")],
                 1: [("a1", "south", "open")], 2: [("a2", "north", "closed")], 3: [("a3", "east", "delete")]}
     for k in rounds:
-        previous = (f"e{k - 1}-0", f"a1", 100, T0 + timedelta(hours=k - 1, minutes=1)) if k else None
+        previous = (f"e{k - 1}-0", "a1", 100, T0 + timedelta(hours=k - 1, minutes=1)) if k else None
         start = T0 + timedelta(hours=k)
         rows = [(a, region, "open" if status == "delete" else status, start, "delete" if status == "delete" else
                  ("insert" if k == 0 else "update")) for a, region, status in accounts.get(k, [])]
@@ -150,13 +148,6 @@ def test_a_kill_in_any_phase_of_any_vertex_recovers_exactly_once_at_another_para
     again = GraphRunner(graph(parallelism=3), w, spark, rows_per_checkpoint=5).run()
     assert again.epoch == 2
     check(spark, w, rounds=3)
-
-
-def test_plan_step_cuts_every_source_at_the_earliest_full_proposals_end():
-    a = Proposal((AddedFile(1, "a1", 5, 1), AddedFile(2, "a2", 5, 1)), 2, True, {1: 10, 2: 20})
-    b = Proposal(tuple(AddedFile(v, f"b{v}", 1, 1) for v in (5, 6, 7)), 7, False, {5: 5, 6: 15, 7: 25})
-    shares = plan_step({"a": a, "b": b, "c": None})
-    assert shares == {"a": (list(a.step), 2), "b": (list(b.step[:2]), 6)}
 
 
 class DedupWithFirstSeen(Dedup):

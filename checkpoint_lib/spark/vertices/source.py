@@ -2,7 +2,7 @@
 
 Each step the graph runner asks every source for its next whole versions
 (:meth:`SourceVertex.propose`), cuts them at one commit time across the sources
-(:func:`checkpoint_lib.spark.vertices.plan_step`), then reads each one's share
+(:func:`checkpoint_lib.graph.steps.plan_step`), then reads each one's share
 (:meth:`SourceVertex.read`): the good rows with their source offset and sending subtask, after the
 source's ``map()`` steps; the bad ones (unparsable, refused by the source's ``validate``, or
 without a key an edge out of it hashes by) are appended to its dead-letter table, stamped by the
@@ -11,7 +11,6 @@ version read up to, so a replay adds nothing twice. Its acknowledgement is its o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql import DataFrame
@@ -20,25 +19,13 @@ from pyspark.sql import functions as F
 from ...core.acks import SourceAckState
 from ...core.types import SubtaskAck, SubtaskId
 from ...delta.log import AddedFile
+from ...graph.steps import Proposal
 from ...graph.model import Partitioning, SourceVertex
 from ...layout import app_prefix
 from ...reserved import ERROR_COLUMN, OFFSET_COLUMNS
 from .. import tables
 from ..dead_letters import DeadLetterTable
 from ..sources import SourceFilesLostError, SourceSite, source_reader
-
-
-@dataclass(frozen=True)
-class Proposal:
-    """What a source could read next: the files of its next whole versions after its offset
-    (``step``), the version that step ends at (``end``), whether it stops before the source's latest
-    version (``bounded``: the step is full) and each version's commit time (ms; None: the kind of
-    source does not say)."""
-
-    step: tuple[AddedFile, ...]
-    end: int
-    bounded: bool
-    times: dict[int, int] | None
 
 
 class SourceVertexRun:
