@@ -376,17 +376,17 @@ class GraphRunner:
             op = self.operators[vertex_id]
             senders = {e.sender for e in self.graph.inputs_of(vertex_id)}
             inputs = self._inputs(op, frames)
-            state = None
-            if op.state is not None:
-                state = op.state.read(op.state_version if op.state_version >= 0 else None).drop(KEY_GROUP)
             if not senders & live:
-                # nothing new reaches it: no state change, no sink rows (its plan still gives its outputs' columns)
-                _, outputs = op.run(inputs, state)
-                frames.update({(vertex_id, name): df for name, df in outputs.items()})
+                # nothing new reaches it: no state read or change, no sink rows, nothing sent on (as a
+                # Flink operator emits only for records); its plan on empty state gives its outputs' columns
+                empty = op.empty_state(inputs[1].schema[op.key].dataType) if op.state is not None else None
+                _, outputs = op.run(inputs, empty)
+                frames.update({(vertex_id, name): df.limit(0) for name, df in outputs.items()})
                 continue
             live.add(vertex_id)
-            if state is not None:
-                state = self.cached(state)
+            state = None
+            if op.state is not None:
+                state = self.cached(op.state.read(op.state_version if op.state_version >= 0 else None).drop(KEY_GROUP))
             deltas, outputs = op.run(inputs, state)
             # an output read more than once (by sinks and edges) is computed once; caching one read
             # once would cost more (planning the cache) than it saves
