@@ -30,7 +30,7 @@ import posixpath
 import re
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from .core.keygroups import DEFAULT_MAX_PARALLELISM, check_parallelism
 from .core.types import sink_operator
@@ -262,6 +262,27 @@ class StateTtl:
         return int((self.ttl + self.cleanup_lateness).total_seconds())
 
 
+def check_state_ttl(ttl: Any, uid: str, state: Sequence[tuple[str, str]]) -> StateTtl | None:
+    """An operator's ``state_ttl`` (None: none) checked against its ``state`` columns, before any
+    record schema is known: the one definition of these checks, for linear pipelines and graphs."""
+    if ttl is None:
+        return None
+    if not isinstance(ttl, StateTtl):
+        raise TypeError(f"operator {uid!r} state_ttl must be a StateTtl, got {ttl!r}")
+    if not state:
+        raise ValueError(f"operator {uid!r} has a state_ttl but no state_schema")
+    if any(name == TTL_COLUMN for name, _ in state):
+        raise ValueError(f"operator {uid!r} state_schema must not list {TTL_COLUMN!r}")
+    return ttl
+
+
+def check_ttl_time_column(ttl: StateTtl, uid: str, kind: str | None, where: str) -> None:
+    """``kind`` (the type of ``ttl.time_column`` in ``where``; None: no such column) must be a timestamp."""
+    if kind is None or kind.lower() not in ("timestamp", "timestamp_ntz"):
+        raise ValueError(f"operator {uid!r} state_ttl time_column {ttl.time_column!r} must be a timestamp "
+                         f"column of {where}, got {kind!r}")
+
+
 class Operator(Protocol):
     """A stateless operator (after ``rebalance()``, ``broadcast()`` or ``forward()``): ``apply``
     gets the records of one flush (the record columns, the source offset ``src_version``,
@@ -428,18 +449,9 @@ class Pipeline:
             update = getattr(operator, "state_update", "add")
             if update not in STATE_UPDATES:
                 raise ValueError(f"operator {uid!r} state_update must be one of {STATE_UPDATES}, got {update!r}")
-            ttl = getattr(operator, "state_ttl", None)
+            ttl = check_state_ttl(getattr(operator, "state_ttl", None), uid, state)
             if ttl is not None:
-                if not isinstance(ttl, StateTtl):
-                    raise TypeError(f"operator {uid!r} state_ttl must be a StateTtl, got {ttl!r}")
-                if not state:
-                    raise ValueError(f"operator {uid!r} has a state_ttl but no state_schema")
-                if any(name == TTL_COLUMN for name, _ in state):
-                    raise ValueError(f"operator {uid!r} state_schema must not list {TTL_COLUMN!r}")
-                kind = self.record_schema.get(ttl.time_column)
-                if kind is None or kind.lower() not in ("timestamp", "timestamp_ntz"):
-                    raise ValueError(f"operator {uid!r} state_ttl time_column {ttl.time_column!r} must be a timestamp "
-                                     f"column of the records, got {kind!r}")
+                check_ttl_time_column(ttl, uid, self.record_schema.get(ttl.time_column), "the records")
                 if ttl.max_ahead is not None and ttl.time_column not in self.source_spec.schema:
                     raise ValueError(f"operator {uid!r} state_ttl max_ahead needs time_column {ttl.time_column!r} among "
                                      "the source's columns (bad rows become dead letters before any map())")

@@ -229,7 +229,7 @@ class GraphRunner:
             state = None
             if op.kind is not OperatorKind.STATELESS:
                 key_type = inputs[1].schema[op.key].dataType
-                op.wire_state(key_type)
+                op.wire_state(key_type, inputs)
                 state = op.empty_state(key_type)
             _, outputs = op.run(inputs, state)
             for name, df in outputs.items():
@@ -387,7 +387,7 @@ class GraphRunner:
             state = None
             if op.state is not None:
                 state = self.cached(op.state.read(op.state_version if op.state_version >= 0 else None).drop(KEY_GROUP))
-            deltas, outputs = op.run(inputs, state)
+            deltas, outputs, expire_before = op.step(inputs, state, self.cached)
             # an output read more than once (by sinks and edges) is computed once; caching one read
             # once would cost more (planning the cache) than it saves
             outputs = {name: self.cached(df) if self.readers[(vertex_id, name)] > 1 else df
@@ -399,7 +399,7 @@ class GraphRunner:
             if deltas is not None:
                 self.fence()
                 self.reached("flush_merge")  # past its epoch check, the MERGE not yet committed
-                op.update_state(deltas, self.fence, self.epoch)
+                op.update_state(deltas, self.fence, self.epoch, expire_before)
             frames.update({(vertex_id, name): df for name, df in outputs.items()})
             self._done_at[vertex_id] = time.monotonic()
         for name, (_files, end) in shares.items():

@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, replace
-from datetime import timedelta
 from typing import Any, Callable
 
 from pyspark.sql import DataFrame
@@ -38,12 +37,12 @@ from ..core.recovery import RecoveryPlan
 from ..core.twophase import Transaction, TransactionIdPool, TwoPhaseCommitSink
 from ..core.types import Barrier, BarrierMode, CheckpointKind, CheckpointStatus, SubtaskAck
 from ..delta import log as delta_log
-from ..pipeline import FEEDBACK, TTL_COLUMN
+from ..pipeline import FEEDBACK
 from ..reserved import SINK_SUBTASK
 from .channels import BARRIER, DATA, END, ChannelEvent
 from .context import RunContext
 from .partitioning import route
-from .state import FIRST_RECORD, KEY_GROUP, expired, key_group_column, subtask_column
+from .state import KEY_GROUP, apply_with_ttl, key_group_column, subtask_column
 
 _ROW_BYTES = 64  # channel-state size estimate per row (the Delta files are compressed; rows are exact)
 
@@ -340,22 +339,11 @@ class KeyedStage:
         return outputs
 
     def _apply_with_ttl(self, records: DataFrame, state) -> tuple[DataFrame, Any, Any]:
-        """Run the operator on state that expires in event time (:class:`StateTtl`): it sees no
-        state for a key written more than the TTL before the key's earliest record here; the state
-        it returns carries the write time and that earliest record for the MERGE; and the rows
-        written ``ttl + cleanup_lateness`` before the newest write are cleaned up by the MERGE."""
+        """Run the operator on state that expires in event time (:func:`~.state.apply_with_ttl`)."""
         ctx, p = self.ctx, self.ctx.pipeline
-        ttl, key = p.state_ttl, p.key
         stored = ctx.cached(state.read(self.state_version)).drop(KEY_GROUP)
-        times = ctx.cached(records.groupBy(key).agg(F.min(ttl.time_column).alias(FIRST_RECORD),
-                                                    F.max(ttl.time_column).alias(TTL_COLUMN)))
-        visible = (stored.join(times.select(key, FIRST_RECORD), key, "left")
-                   .where(~expired(F.col(TTL_COLUMN), F.col(FIRST_RECORD), ttl))
-                   .drop(FIRST_RECORD, TTL_COLUMN))
-        deltas, outputs = p.operator.apply(records, visible, key)
-        newest = stored.select(TTL_COLUMN).unionByName(times.select(TTL_COLUMN)).agg(F.max(TTL_COLUMN)).first()[0]
-        expire_before = None if newest is None else newest - timedelta(seconds=ttl.cleanup_seconds)
-        return deltas.join(times, key, "left"), outputs, expire_before
+        return apply_with_ttl(lambda visible: p.operator.apply(records, visible, p.key), [records], stored, p.key,
+                              p.state_ttl, ctx.cached)
 
     def _attributed(self, outputs: Any) -> dict[str, DataFrame]:
         """The operator's outputs, each row with the ``sink_subtask`` whose transaction stages it:

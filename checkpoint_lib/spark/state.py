@@ -14,8 +14,9 @@ stay readable until the table is vacuumed, which must therefore keep what retain
 from __future__ import annotations
 
 from contextlib import nullcontext
-from datetime import datetime
-from typing import Callable, Sequence
+from datetime import datetime, timedelta
+from functools import reduce
+from typing import Any, Callable, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -38,6 +39,29 @@ def expired(written: F.Column, first_record: F.Column, ttl: StateTtl) -> F.Colum
     key is at ``first_record`` (false when either is unknown): the one definition of expiry."""
     late = written + F.expr(f"INTERVAL {ttl.ttl_seconds} SECONDS") < first_record
     return F.coalesce(late, F.lit(False))
+
+def apply_with_ttl(apply: Callable[[DataFrame], tuple[Any, Any]], records: Sequence[DataFrame], stored: DataFrame,
+                   key: str, ttl: StateTtl, cached: Callable[[DataFrame], DataFrame]) -> tuple[Any, Any, datetime | None]:
+    """Run a keyed operator (``apply(visible state) -> (state rows, outputs)``) on state that
+    expires in event time (:class:`~checkpoint_lib.pipeline.StateTtl`), over the flush's
+    ``records`` (one DataFrame per input: a two-input operator's both) and the ``stored`` state
+    (key, state columns and :data:`TTL_COLUMN`). The operator sees no state for a key written more
+    than the TTL before the key's earliest record here; the state rows it returns carry the write
+    time (the key's newest record) and that earliest record (:data:`FIRST_RECORD`) for the MERGE;
+    and the third value is ``expire_before``: the rows written ``ttl + cleanup_lateness`` before the
+    operator's newest write are cleaned up by the MERGE (one Spark job computes it). The one
+    definition of TTL in a flush, for the linear keyed stage and every keyed vertex of a graph."""
+    times = reduce(DataFrame.unionByName, [r.select(key, ttl.time_column) for r in records])
+    times = cached(times.groupBy(key).agg(F.min(ttl.time_column).alias(FIRST_RECORD),
+                                          F.max(ttl.time_column).alias(TTL_COLUMN)))
+    visible = (stored.join(times.select(key, FIRST_RECORD), key, "left")
+               .where(~expired(F.col(TTL_COLUMN), F.col(FIRST_RECORD), ttl))
+               .drop(FIRST_RECORD, TTL_COLUMN))
+    deltas, outputs = apply(visible)
+    newest = stored.select(TTL_COLUMN).unionByName(times.select(TTL_COLUMN)).agg(F.max(TTL_COLUMN)).first()[0]
+    expire_before = None if newest is None else newest - timedelta(seconds=ttl.cleanup_seconds)
+    return deltas.join(times, key, "left"), outputs, expire_before
+
 
 # A flush's MERGE touches keys spread over every file of the table. Without deletion vectors Delta
 # rewrites each touched file whole, so every checkpoint would rewrite the whole state; with them it

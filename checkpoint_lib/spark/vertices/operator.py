@@ -28,11 +28,11 @@ from ...core.keygroups import range_for_subtask
 from ...core.types import SubtaskAck, SubtaskId
 from ...graph.model import OperatorKind, OperatorVertex
 from ...layout import app_prefix, state_table
-from ...pipeline import DELETE, STATE_UPDATES
+from ...pipeline import DELETE, STATE_UPDATES, TTL_COLUMN, StateTtl, check_state_ttl, check_ttl_time_column
 from ...reserved import KEY_GROUP, SINK_SUBTASK
 from ...schema import columns
 from .. import tables
-from ..state import KeyedStateTable, key_group_column, subtask_column
+from ..state import KeyedStateTable, apply_with_ttl, key_group_column, subtask_column
 from .sinks import VertexSinks
 
 
@@ -51,6 +51,7 @@ class OperatorVertexRun:
         self.root = root
         self.state: KeyedStateTable | None = None
         self.state_columns: tuple[tuple[str, str], ...] = ()
+        self.ttl: StateTtl | None = None  # its keyed state expires in event time (StateTtl)
         if self.kind is not OperatorKind.STATELESS:
             self.state_columns = columns(getattr(self.operator, "state_schema", None) or (),
                                          f"operator {self.uid!r} state_schema")
@@ -60,9 +61,12 @@ class OperatorVertexRun:
             if self.state_update not in STATE_UPDATES:
                 raise ValueError(f"operator {self.uid!r} state_update must be one of {STATE_UPDATES}, "
                                  f"got {self.state_update!r}")
-            if getattr(self.operator, "state_ttl", None) is not None:
-                raise ValueError(f"operator {self.uid!r}: state_ttl is not supported in a graph yet "
-                                 "(a linear pipeline runs it)")
+            self.ttl = check_state_ttl(getattr(self.operator, "state_ttl", None), self.uid, self.state_columns)
+            if self.ttl is not None and self.ttl.max_ahead is not None:
+                raise ValueError(f"operator {self.uid!r}: StateTtl.max_ahead is not supported in a graph (it makes "
+                                 "a source's far-ahead rows dead letters, and an operator of a graph may read several "
+                                 "sources, through other operators): drop it, and refuse such rows with the source's "
+                                 "validate() instead")
         self.state_version = -1
         self._sized: tuple[int, int] | None = None  # (state version, its table's bytes)
         self.flushes = 0
@@ -71,13 +75,20 @@ class OperatorVertexRun:
     def state_update(self) -> str:
         return getattr(self.operator, "state_update", "add")
 
-    def wire_state(self, key_type: T.DataType) -> None:
-        """Its state table, once the key's type is known (from the inputs' schema)."""
+    def wire_state(self, key_type: T.DataType, inputs: dict[int, DataFrame]) -> None:
+        """Its state table, once the key's type is known (from its ``inputs``' schemas, which hold
+        a state TTL's time column: each input's records must carry it, as a timestamp)."""
         if self.kind is OperatorKind.STATELESS:
             return
+        if self.ttl is not None:
+            for n, df in sorted(inputs.items()):
+                kind = next((f.dataType.simpleString() for f in df.schema.fields if f.name == self.ttl.time_column),
+                            None)
+                check_ttl_time_column(self.ttl, self.uid, kind, f"the records of its input {n}")
+        stored = self.state_columns + (((TTL_COLUMN, "timestamp"),) if self.ttl is not None else ())
         self.state = KeyedStateTable(
-            self.spark, str(state_table(self.root, self.uid)), self.key, tables.struct_type(self.state_columns),
-            app_id=f"{app_prefix(self.graph.name)}/state/{self.uid}", key_type=key_type)
+            self.spark, str(state_table(self.root, self.uid)), self.key, tables.struct_type(stored),
+            app_id=f"{app_prefix(self.graph.name)}/state/{self.uid}", key_type=key_type, ttl=self.ttl)
 
     def empty_state(self, key_type: T.DataType) -> DataFrame:
         """The state as the operator sees it, holding nothing (what the schemas are inferred with)."""
@@ -97,6 +108,19 @@ class OperatorVertexRun:
         else:
             deltas, outputs = self.operator.apply(inputs[1], state, self.key)
         return deltas, self._attributed(outputs)
+
+    def step(self, inputs: dict[int, DataFrame], stored: DataFrame,
+             cached: Callable[[DataFrame], DataFrame]) -> tuple[DataFrame | None, dict[str, DataFrame], Any]:
+        """:meth:`run` on the state as stored (``stored``: the key, the state columns and, with a
+        TTL, :data:`~checkpoint_lib.pipeline.TTL_COLUMN`), and the ``expire_before`` of the state's
+        cleanup (None: no TTL). With a TTL the operator sees only the state that has not expired
+        (:func:`~checkpoint_lib.spark.state.apply_with_ttl`: one Spark job)."""
+        if self.ttl is None or stored is None:
+            return (*self.run(inputs, stored), None)
+        deltas, outputs, expire_before = apply_with_ttl(lambda visible: self.run(inputs, visible),
+                                                        [inputs[n] for n in sorted(inputs)], stored, self.key,
+                                                        self.ttl, cached)
+        return deltas, outputs, expire_before
 
     def _per_subtask(self, records: DataFrame) -> dict[str, DataFrame]:
         """A stateless operator runs as one instance per subtask (as in Flink): ``apply`` once per
@@ -124,12 +148,13 @@ class OperatorVertexRun:
             out[name] = df
         return out
 
-    def update_state(self, deltas: DataFrame, fence: Callable[[], None], epoch: int) -> None:
-        """MERGE the state rows the operator returned (its ``state_update``: add or replace)."""
+    def update_state(self, deltas: DataFrame, fence: Callable[[], None], epoch: int, expire_before: Any = None) -> None:
+        """MERGE the state rows the operator returned (its ``state_update``: add or replace); with
+        a TTL, the rows written before ``expire_before`` are cleaned up in the same MERGE."""
         if KEY_GROUP not in deltas.columns:
             deltas = deltas.withColumn(KEY_GROUP, key_group_column(self.key, self.max_parallelism))
         update = self.state.replace if self.state_update == "replace" else self.state.add
-        self.state_version = update(deltas, before_retry=fence, epoch=epoch)
+        self.state_version = update(deltas, before_retry=fence, epoch=epoch, expire_before=expire_before)
 
     # snapshots -----------------------------------------------------------------------------------
 
