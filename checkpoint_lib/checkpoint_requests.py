@@ -16,9 +16,11 @@ import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from .core.coordinator import FailJob, TriggerCheckpoint
 from .core.errors import UnknownCheckpointError
+from .core.types import CheckpointKind
 from .files import files_at
 from .layout import requests_folder
 from .objectstore import ObjectUri
@@ -152,3 +154,34 @@ def honour_requests(root: str | os.PathLike[str], trigger_checkpoint: Any, epoch
 def has_open_requests(root: str | os.PathLike[str]) -> bool:
     """Whether a "checkpoint now" request waits for the next source step (one directory listing)."""
     return bool(CheckpointRequests(root).open())
+
+
+def next_trigger(requests: CheckpointRequests, coordinator: Any, *, moved: bool, epoch: int,
+                 fence: Callable[[], None], progress: Callable[[str], None]) -> tuple[list[Any], Any]:
+    """The barrier a source step sends, if any, and the coordinator's other effects: the answering
+    side of the requests, one definition for every runner (the linear source stage, the graph
+    runner). ``moved``: the step reads something new (only then may a periodic checkpoint be
+    triggered, :meth:`~checkpoint_lib.core.coordinator.CheckpointCoordinator.tick`; without, pending
+    ones only expire). Returns ``(effects without the trigger, TriggerCheckpoint or None)``.
+
+    Open requests are answered by this step's barrier: a savepoint request by a savepoint, triggered
+    in place of the periodic checkpoint (so a pipeline checkpointing every step still takes it at its
+    next step), which answers the checkpoint requests waiting with it too; checkpoint requests alone
+    by the periodic checkpoint, else by a forced one. The requests record the checkpoint id (fenced
+    first) before the barrier is written; a crash in between leaves an id that never completes,
+    which the requester sees time out and aborts."""
+    waiting = requests.open()
+    savepoint = any(r.kind == "savepoint" for r in waiting)
+    effects = coordinator.tick() if moved and not savepoint else coordinator.expire()
+    trigger = next((e for e in effects if isinstance(e, TriggerCheckpoint)), None)
+    effects = [e for e in effects if e is not trigger]
+    if not waiting or any(isinstance(e, FailJob) for e in effects):
+        return effects, trigger
+    if trigger is None:
+        trigger = coordinator.trigger(CheckpointKind.SAVEPOINT if savepoint else CheckpointKind.CHECKPOINT)
+    fence()
+    honoured = requests.honour(waiting, trigger.checkpoint_id, epoch)
+    if honoured:
+        progress(f"{trigger.barrier.kind.value} {trigger.checkpoint_id} answers requests "
+                 f"{[r.request_id for r in honoured]}")
+    return effects, trigger

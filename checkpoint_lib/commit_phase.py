@@ -56,10 +56,11 @@ class CommitPhase:
         self.warehouse = warehouse
         self.root = root
 
-    def pipeline(self) -> "Pipeline":
-        from .pipelines import get
+    def pipeline(self) -> "Pipeline | Any":
+        """What the pipeline declares: a linear pipeline or a dataflow graph."""
+        from .pipelines import declared
 
-        return get(self.pipeline_name)
+        return declared(self.pipeline_name)
 
     def commit(self, checkpoint_id: Any, spark: "SparkSession | None" = None) -> CommitOutcome:
         """Commit phase of a completed checkpoint: re-commit the sink transactions it owns.
@@ -100,7 +101,7 @@ class CommitPhase:
 
             spark = get_spark(app_name=f"ckpt-commit-{self.pipeline_name}")
             use_warehouse(spark, self.warehouse)
-        if self.pipeline().validate_checkpoints and not self.store.verdicts.validated(cid):
+        if getattr(self.pipeline(), "validate_checkpoints", False) and not self.store.verdicts.validated(cid):
             # the gate: validated first (the stage process may have died before its verdict)
             from .quality import validate_before_commit
 
@@ -126,7 +127,10 @@ class CommitPhase:
         """Per sink, the pre-committed transactions completed checkpoint ``cid`` owns."""
         from .core.recovery import owned_transactions
 
-        return {name: [] for name in self.pipeline().sinks} | owned_transactions(self.store.checkpoints.get(cid))
+        from .spark.sinks import declared_sinks
+
+        return {name: [] for name in declared_sinks(self.pipeline())} | owned_transactions(
+            self.store.checkpoints.get(cid))
 
     def sinks(self, spark: "SparkSession | None") -> dict[str, Any]:
         """The pipeline's sinks as :class:`~checkpoint_lib.spark.sinks.SinkWriter` (the same

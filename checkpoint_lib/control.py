@@ -81,6 +81,13 @@ def expected_acks(pipeline: "Pipeline") -> int:
     return pipeline.source_parallelism + pipeline.keyed_parallelism * (1 + len(pipeline.sinks))
 
 
+def expected_graph_acks(graph: Any) -> int:
+    """How many subtasks of a dataflow graph acknowledge each checkpoint: every vertex's subtasks
+    and every sink's (a sink's subtasks are its vertex's)."""
+    parallelism = {v.id: v.parallelism for v in graph.vertices}
+    return sum(parallelism.values()) + sum(parallelism[s.vertex] for s in graph.sinks)
+
+
 # --- outcomes -------------------------------------------------------------------------------------
 
 
@@ -168,16 +175,31 @@ class PipelineControl:
     # --- requesting a checkpoint -----------------------------------------------------------------
 
     def source_running(self) -> bool:
-        """Whether a source session of the current epoch started and has not ended: a running
-        pipeline (or one whose process died, which only a recovery can tell apart)."""
+        """Whether a session of the current epoch that plans source steps started and has not
+        ended (:meth:`stepping_stages`): a running pipeline (or one whose process died, which only
+        a recovery can tell apart)."""
         from .delta.sessions import END, START
 
+        stages = self.stepping_stages()
         epoch = self.store.epochs.current()
-        events: dict[int, set[str]] = {}
+        events: dict[tuple[str, int], set[str]] = {}
         for r in self.store.sessions.of_epoch(epoch):
-            if r["stage"] == "source":
-                events.setdefault(r["session"], set()).add(r["event"])
+            if r["stage"] in stages:
+                events.setdefault((r["stage"], r["session"]), set()).add(r["event"])
         return any(START in ev and END not in ev for ev in events.values())
+
+    def stepping_stages(self) -> set[str]:
+        """The session stages whose processes plan source steps (and so answer requests): a
+        linear pipeline's ``source`` (a one-process run records it too), a dataflow graph's process
+        groups holding a source (:func:`checkpoint_lib.graph.plan`: ``all``, one process)."""
+        from .pipelines import declared, is_graph
+
+        found = declared(self.pipeline_name)
+        if not is_graph(found):
+            return {"source"}
+        from .graph import plan
+
+        return {g.name for g in plan(found).groups if g.plans_steps}
 
     def savepoint_from_running(
         self, request_id: str, *, timeout: float, poll: float = 0.5, requested_by: str = "",
@@ -283,8 +305,11 @@ class PipelineControl:
         )
 
     def _expected_acks(self) -> int | None:
+        from .pipelines import declared, is_graph
+
         try:
-            return expected_acks(self.pipeline())
+            found = declared(self.pipeline_name)
+            return expected_graph_acks(found) if is_graph(found) else expected_acks(found)
         except Exception:  # informative only: the store's status decides completion
             return None
 

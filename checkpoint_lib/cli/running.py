@@ -4,8 +4,8 @@ else taken here) and ``demo``; on a terminal a live bar over the rows left to re
 
 ``run`` and ``recover`` also run a dataflow graph (:class:`~checkpoint_lib.spark.graph_runner.GraphRunner`:
 every vertex in this process, every edge chained), with the options that make sense for it; the
-others are refused before Spark starts (:func:`graph_option_problems`), as are ``recover --dry-run``
-and ``savepoint`` of a graph; ``recover`` of a graph runs the after-restore suite the graph declares
+others are refused before Spark starts (:func:`graph_option_problems`), as is ``recover --dry-run``
+of a graph; ``savepoint`` of a running graph is taken by its next step, as a linear pipeline's; ``recover`` of a graph runs the after-restore suite the graph declares
 (``Graph.quality``), or skips it, saying so, when it declares none."""
 
 from __future__ import annotations
@@ -87,14 +87,19 @@ def graph_option_problems(args: argparse.Namespace) -> list[str]:
     return problems
 
 
-def _graph_runner(args: argparse.Namespace, graph: Any, **kw: Any):
-    """A :class:`~checkpoint_lib.spark.graph_runner.GraphRunner` with the run options a graph takes;
-    the others are refused before Spark starts (:func:`graph_option_problems`)."""
+def refuse_graph_options(args: argparse.Namespace) -> None:
+    """Refuse, all at once, the options a dataflow graph does not take (:func:`graph_option_problems`)."""
     problems = graph_option_problems(args)
     if problems:
         raise ValueError(f"{args.pipeline} is a dataflow graph, which does not take "
                          + ("; ".join(problems) if len(problems) == 1 else
                             "these options:\n" + "\n".join(f"  - {p}" for p in problems)))
+
+
+def _graph_runner(args: argparse.Namespace, graph: Any, **kw: Any):
+    """A :class:`~checkpoint_lib.spark.graph_runner.GraphRunner` with the run options a graph takes;
+    the others are refused before Spark starts (:func:`graph_option_problems`)."""
+    refuse_graph_options(args)
     from ..spark.graph_runner import GraphRunner
 
     mode = args.mode or "aligned"
@@ -181,8 +186,10 @@ def cmd_recover(args: argparse.Namespace) -> int:
 def cmd_savepoint(args: argparse.Namespace) -> int:
     from ..core.types import CheckpointKind
 
-    context.pipeline(args.pipeline)  # a graph is refused before anything is opened: its running process
-    # takes no savepoint request yet, and taking one here would fence a running one
+    from ..pipelines import is_graph
+
+    if is_graph(context.declared(args.pipeline)):
+        refuse_graph_options(args)  # before anything is asked or opened
     if args.stage == "keyed":
         raise ValueError("a savepoint is injected by the source stage: use --stage source or all")
     from ..control import PipelineControl

@@ -39,8 +39,8 @@ from ..pipeline import Pipeline
 GROUP = "checkpoint_lib.pipelines"
 """The entry point group pipelines are registered in."""
 
-GRAPH_COMMANDS = ("run", "recover", "validate", "generate", "graph", "pipelines", "checkpoints", "state", "report",
-                  "maintain")
+GRAPH_COMMANDS = ("run", "recover", "savepoint", "validate", "generate", "graph", "pipelines", "checkpoints", "state",
+                  "report", "maintain")
 """The ``ckpt`` commands that take a dataflow graph (the others take linear pipelines only so far)."""
 
 _REFERENCE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")

@@ -43,6 +43,7 @@ from typing import Any, Callable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from ..checkpoint_requests import CheckpointRequests, next_trigger
 from ..core import twophase
 from ..core.clock import Clock, SystemClock
 from ..core.coordinator import (CheckpointAborted, CheckpointCompleted, CheckpointCoordinator, FailJob,
@@ -56,13 +57,13 @@ from ..graph.jobgraph import plan
 from ..graph.steps import plan_step
 from ..graph.model import RECORDS, OperatorKind, StreamGraph
 from ..killpoints import KillPoints
-from ..layout import app_prefix, checkpoint_root, sink_transactions, warehouse_location
-from ..pipeline import FolderSource, check_relative_path
+from ..layout import checkpoint_root, warehouse_location
+from ..pipeline import FolderSource
 from ..reserved import KEY_GROUP, SINK_SUBTASK
 from .context import RunSummary, StepCache
 from .partitioning import route_records
 from .session import use_warehouse
-from .sinks import SinkSite, sink_writer
+from .sinks import pipeline_sinks
 from .vertices.operator import OperatorVertexRun
 from .vertices.sinks import VertexSinks
 from .vertices.source import SourceVertexRun
@@ -131,12 +132,7 @@ class GraphRunner:
         self._step_started, self._done_at = time.monotonic(), {}  # when the step began, each vertex was done
         self._source_flushes: dict[str, int] = {}  # a source vertex's sink flushes (the operators keep theirs)
 
-        self.writers = {
-            s.name: sink_writer(s.spec, SinkSite(spark, s.name, f"{self.warehouse}/{check_relative_path(s.spec.path)}",
-                                                 str(sink_transactions(self.root, s.name)), app_prefix(graph.name),
-                                                 self.store.epochs.check))
-            for s in graph.sinks
-        }
+        self.writers = pipeline_sinks(spark, graph, self.warehouse, self.root, self.store.epochs.check)
         self.sources = {v.name: SourceVertexRun(v, graph, spark=spark, warehouse=self.warehouse, root=self.root,
                                                 progress=self.progress) for v in graph.sources}
         self.vertex_sinks = {v.id: VertexSinks({s.name: (self.writers[s.name], s.output) for s in graph.sinks_of(v.id)},
@@ -322,22 +318,23 @@ class GraphRunner:
         if any(s.reader.writes_on_discover for s in self.sources.values()):
             self.fence()  # a folder source registers what landed
         proposals = {name: s.propose(self.rows_per_checkpoint) for name, s in self.sources.items()}
-        if all(p is None for p in proposals.values()):
-            self._on_effects(self.coordinator.expire())
+        moved = any(p is not None for p in proposals.values())
+        # the step's barrier: a periodic checkpoint (only if something new is read), or one that
+        # answers "checkpoint now" requests (the snapshot DAG, ckpt savepoint of a running graph)
+        effects, trigger = next_trigger(CheckpointRequests(self.root), self.coordinator, moved=moved, epoch=self.epoch,
+                                        fence=self.fence, progress=self.progress)
+        self._on_effects(effects)
+        if not moved and trigger is None:
             return False
-        shares = plan_step(proposals)
-        effects = self.coordinator.tick()
-        triggers = [e for e in effects if isinstance(e, TriggerCheckpoint)]
-        self._on_effects([e for e in effects if not isinstance(e, TriggerCheckpoint)])
-        trigger = triggers[0] if triggers else None
         if trigger is not None:
             self.store.checkpoints.record_pending(trigger.checkpoint_id, trigger.barrier.kind,
                                                   trigger.barrier.timestamp, self.epoch)
         self._step_started, self._done_at = time.monotonic(), {}
-        try:
-            self._flow(shares)
-        finally:
-            self.uncache()
+        if moved:
+            try:
+                self._flow(plan_step(proposals))
+            finally:
+                self.uncache()
         if trigger is not None:
             self._barrier(trigger)
         return True

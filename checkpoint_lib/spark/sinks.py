@@ -139,17 +139,25 @@ def sink_writer(declaration: Any, site: SinkSite) -> SinkWriter:
     return _KINDS.build(declaration, site, f"sink {site.name!r}")
 
 
+def declared_sinks(pipeline: Any) -> dict[str, Any]:
+    """Sink name -> its declaration, of a linear pipeline or of a dataflow graph (its sinks at every vertex)."""
+    if isinstance(pipeline, Pipeline):
+        return dict(pipeline.sinks)
+    return {s.name: s.spec for s in pipeline.sinks}
+
+
 def pipeline_sinks(
-    spark: SparkSession | None, pipeline: Pipeline, warehouse: str, root: str,
+    spark: SparkSession | None, pipeline: Any, warehouse: str, root: str,
     check_epoch: Callable[[int], None] | None = None,
 ) -> dict[str, SinkWriter]:
-    """The sinks of ``pipeline`` (warehouse ``warehouse``, checkpoint root ``root``): the one
-    construction, for the runner and for :class:`~checkpoint_lib.control.PipelineControl`. With
-    ``spark=None`` only the control-plane reads work (the commit stamps, the rollback version)."""
+    """The sinks of ``pipeline`` (a linear pipeline or a dataflow graph; warehouse ``warehouse``,
+    checkpoint root ``root``): the one construction, for both runners and for
+    :class:`~checkpoint_lib.control.PipelineControl`. With ``spark=None`` only the control-plane
+    reads work (the commit stamps, the rollback version)."""
     return {
         name: sink_writer(s, SinkSite(spark, name, f"{warehouse}/{check_relative_path(s.path)}",
                                       str(sink_transactions(root, name)), app_prefix(pipeline.name), check_epoch))
-        for name, s in pipeline.sinks.items()
+        for name, s in declared_sinks(pipeline).items()
     }
 
 

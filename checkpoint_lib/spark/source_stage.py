@@ -19,10 +19,10 @@ from typing import Any, Callable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ..checkpoint_requests import CheckpointRequests
+from ..checkpoint_requests import CheckpointRequests, next_trigger
 from ..core.acks import EVENT_TIME_REFERENCE, SourceAckState, SourcePosition
 from ..core.coordinator import TriggerCheckpoint
-from ..core.types import CheckpointKind, CheckpointStatus, SubtaskAck
+from ..core.types import CheckpointStatus, SubtaskAck
 from ..delta import log as delta_log
 from ..reserved import ERROR_COLUMN, OFFSET_COLUMNS
 from .channels import BARRIER, DATA
@@ -97,19 +97,17 @@ class SourceStage:
             self.ctx.fence()
         latest = self.source.discover()
         if latest is None or latest <= self.offset:
-            self.on_effects(self.ctx.coordinator.expire())  # no barrier without a source step...
-            requested = self._requested_trigger(None)  # ...unless someone asked for a checkpoint
+            # no barrier without a source step, unless someone asked for a checkpoint
+            requested = self._trigger(moved=False)
             if requested is None and self._deferred is None:
                 return False
             self.send(None, [], requested)
             return True
         step = self.source.next_step(self.offset, latest, self.rows_per_checkpoint)
         end_version = max((f.version for f in step), default=latest) if step else latest
-        effects = self.ctx.coordinator.tick()
-        triggers = [e for e in effects if isinstance(e, TriggerCheckpoint)]  # at most one
-        self.on_effects([e for e in effects if not isinstance(e, TriggerCheckpoint)])
+        trigger = self._trigger(moved=True)
         try:
-            self.send(end_version, step, self._requested_trigger(triggers[0] if triggers else None))
+            self.send(end_version, step, trigger)
         except Exception as exc:
             gone = self.source.missing(step) if step else []
             if gone:
@@ -128,24 +126,13 @@ class SourceStage:
             f"{name} --checkpoint N), or append those rows to the source again and restore one after them."
         )
 
-    def _requested_trigger(self, trigger: TriggerCheckpoint | None) -> TriggerCheckpoint | None:
-        """Honour "checkpoint now" requests (:mod:`checkpoint_lib.control`, e.g. from Airflow): the
-        checkpoint this step triggers anyway answers them, else a forced one is triggered. The
-        request records the checkpoint id before the barrier is written; a crash in between leaves
-        an id that never completes, which the requester sees time out and aborts."""
-        requests = CheckpointRequests(self.t.root)
-        waiting = requests.open()
-        if not waiting:
-            return trigger
-        self.ctx.fence()
-        savepoint = any(r.kind == "savepoint" for r in waiting)
-        if trigger is None:
-            trigger = self.ctx.coordinator.trigger(CheckpointKind.SAVEPOINT if savepoint else CheckpointKind.CHECKPOINT)
-        if trigger.barrier.kind is not CheckpointKind.SAVEPOINT:  # a savepoint request waits for the next step
-            waiting = [r for r in waiting if r.kind != "savepoint"]
-        honoured = requests.honour(waiting, trigger.checkpoint_id, self.ctx.epoch)
-        if honoured:
-            self.ctx.progress(f"checkpoint {trigger.checkpoint_id} answers requests {[r.request_id for r in honoured]}")
+    def _trigger(self, moved: bool) -> TriggerCheckpoint | None:
+        """This step's barrier, if any (a periodic checkpoint, or one answering "checkpoint now"
+        requests: :func:`~checkpoint_lib.checkpoint_requests.next_trigger`); the coordinator's
+        other effects are carried out."""
+        effects, trigger = next_trigger(CheckpointRequests(self.t.root), self.ctx.coordinator, moved=moved,
+                                        epoch=self.ctx.epoch, fence=self.ctx.fence, progress=self.ctx.progress)
+        self.on_effects(effects)
         return trigger
 
     def send(self, end_version: int | None, step: list, trigger: TriggerCheckpoint | None) -> None:

@@ -1,4 +1,4 @@
-"""The DAG factory: four DAGs for every registered linear pipeline and three for every registered
+"""The DAG factory: four DAGs for every registered linear pipeline and every registered
 dataflow graph (:mod:`checkpoint_lib.pipelines`).
 
 A deployment's DAGs folder needs one file that puts them in its globals (``dags/checkpoint_lib_dags.py``)::
@@ -45,17 +45,13 @@ plans have one group, ``all`` (every vertex in one process, every edge chained),
   checkpoint of a graph is aligned.
 - ``<graph>_maintenance``: as a linear pipeline's (the retention rules read the control tables and
   the data plane's folders, whatever declared them).
-- **No** ``<graph>_snapshot``: that DAG's checkpoint request is answered by a *running* process's
-  next source step (:mod:`checkpoint_lib.checkpoint_requests`), and the graph runner does not read
-  request files: its steps plan across all sources at once and would have to admit, honour (or let
-  a savepoint answer) and record requests as the linear source stage does. Until it does, the
-  snapshot DAG would only time out and abort; each run of ``<graph>_run`` ends with a completed
-  checkpoint anyway.
+- ``<graph>_snapshot``: a linear pipeline's snapshot DAG (``trigger`` -> ``wait_for_acks`` ->
+  ``commit`` | ``abort``): its durable request is answered by the running graph's next step (a
+  running ``<graph>_run``; each run also ends with a completed checkpoint of its own).
 
 Settings per pipeline from the JSON environment variable ``CKPT_DAG_SETTINGS``, e.g.
 ``{"payments": {"snapshot_every_s": 300, "min_pause_s": 30}}`` (keys: :data:`DEFAULTS`; ``notifiers``
-lists ``"module:attr"`` notifiers - e.g. a configured ``SlackNotifier`` - told of every failure; a
-graph has no use for the snapshot DAG's keys).
+lists ``"module:attr"`` notifiers - e.g. a configured ``SlackNotifier`` - told of every failure).
 The warehouse comes from ``CKPT_WAREHOUSE`` or the Airflow Variable ``ckpt_warehouse`` (at run
 time, never at parse time).
 """
@@ -105,8 +101,8 @@ DEFAULTS: dict[str, Any] = {
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)
 DAG_KINDS = ("run", "snapshot", "recover", "maintenance")
 """The DAGs :func:`build_dags` builds per linear pipeline: ``<pipeline>_<kind>``, in this order."""
-GRAPH_DAG_KINDS = ("run", "recover", "maintenance")
-"""The DAGs :func:`build_dags` builds per dataflow graph (no snapshot DAG: see the module)."""
+GRAPH_DAG_KINDS = DAG_KINDS
+"""The DAGs :func:`build_dags` builds per dataflow graph: the same kinds (see the module)."""
 
 
 def settings_for(pipeline: str) -> dict[str, Any]:
@@ -298,7 +294,7 @@ def build_graph_recover_dag(graph: Any, s: dict[str, Any]) -> DAG:
             mode="aligned", allow_non_restored_state="{{ params.allow_non_restored_state }}",
             dry_run="{{ (dag_run.conf or {}).get('dry_run', False) }}", preview=False,
         )
-        pause = PausePipelineOperator(task_id="pause", pipeline=name, dag_ids=[f"{name}_run"])
+        pause = PausePipelineOperator(task_id="pause", pipeline=name, dag_ids=[f"{name}_run", f"{name}_snapshot"])
         recover = RecoverPipelineOperator(
             task_id="recover", pipeline=name, launcher=s["launcher"], rows_per_checkpoint=s["rows_per_checkpoint"],
             params_in="{{ ti.xcom_pull(task_ids='validate_params') }}", outlets=sink_assets(name),
@@ -311,9 +307,10 @@ def build_graph_recover_dag(graph: Any, s: dict[str, Any]) -> DAG:
 
 
 def build_graph_dags(graph: Any) -> dict[str, DAG]:
-    """The three DAGs of a dataflow graph (a validated ``StreamGraph``): see the module."""
+    """The four DAGs of a dataflow graph (a validated ``StreamGraph``): see the module."""
     s = settings_for(graph.name)
-    dags = (build_graph_run_dag(graph, s), build_graph_recover_dag(graph, s), build_maintenance_dag(graph.name, s))
+    dags = (build_graph_run_dag(graph, s), build_snapshot_dag(graph.name, s), build_graph_recover_dag(graph, s),
+            build_maintenance_dag(graph.name, s))
     assert [d.dag_id for d in dags] == [f"{graph.name}_{kind}" for kind in GRAPH_DAG_KINDS]
     return {d.dag_id: d for d in dags}
 
@@ -325,7 +322,7 @@ def dag_kinds(pipeline: str) -> tuple[str, ...]:
 
 def build_dags(pipeline: str) -> dict[str, DAG]:
     """The DAGs of ``pipeline``, a registered name or a ``module:attr`` reference: four of a linear
-    pipeline (:data:`DAG_KINDS`), three of a dataflow graph (:data:`GRAPH_DAG_KINDS`)."""
+    pipeline (:data:`DAG_KINDS`), as many of a dataflow graph (:data:`GRAPH_DAG_KINDS`)."""
     pipeline = name_of(pipeline)
     found = declared(pipeline)
     if is_graph(found):

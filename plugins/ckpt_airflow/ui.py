@@ -28,7 +28,7 @@
 Who sees what: every route requires an authenticated Airflow user (the UI's session cookie or a
 bearer token, checked by Airflow's own ``get_user``), and a pipeline is shown only to a user whom the
 configured auth manager lets **read every one of its DAGs** (``<p>_run``, ``<p>_snapshot``,
-``<p>_recover``; a dataflow graph's ``<p>_run`` and ``<p>_recover``; :func:`can_read_pipeline`). The page shows what all three write (checkpoints come
+``<p>_recover``, a dataflow graph's too; :func:`can_read_pipeline`). The page shows what all three write (checkpoints come
 from the run and snapshot DAGs, the data-quality report from the recover DAG), so a user who may not
 read one of them sees nothing of the pipeline. The index lists only such pipelines; any other
 pipeline answers 403 with no data, before it is even looked up, so a user without access cannot tell
@@ -114,16 +114,11 @@ def _pipelines() -> list[str]:
 # --- who may read which pipeline ---------------------------------------------------------------
 
 
-GRAPH_DAG_KINDS = ("run", "recover")
-"""A dataflow graph's DAGs the page shows (it has no snapshot DAG: ``dag_factory.GRAPH_DAG_KINDS``)."""
-
-
 def pipeline_dag_ids(pipeline: str) -> list[str]:
-    """``<pipeline>_run``, ``<pipeline>_snapshot``, ``<pipeline>_recover`` (a registered dataflow
-    graph: ``_run`` and ``_recover``, the DAGs it has). A name that is not registered, or whose
-    declaration does not load, is asked for all three: a user who may not read them gets the same
-    403 whether it exists or not, and one who may read every DAG of a graph may know it is one."""
-    return [f"{pipeline}_{kind}" for kind in (GRAPH_DAG_KINDS if _is_registered_graph(pipeline) else DAG_KINDS)]
+    """``<pipeline>_run``, ``<pipeline>_snapshot``, ``<pipeline>_recover`` (a linear pipeline's and a
+    dataflow graph's alike). A name that is not registered is asked for all three too: a user who
+    may not read them gets the same 403 whether it exists or not."""
+    return [f"{pipeline}_{kind}" for kind in DAG_KINDS]
 
 
 def _is_registered_graph(pipeline: str) -> bool:

@@ -44,7 +44,7 @@ class PerDagAuthManager(SimpleAuthManager):
     GRANTS = {
         "payments_reader": {"payments_run", "payments_snapshot", "payments_recover"},
         "payments_run_reader": {"payments_run", "payments_snapshot"},  # not payments_recover
-        "enrichment_reader": {"enrichment_run", "enrichment_recover"},  # every DAG a graph has
+        "enrichment_reader": {"enrichment_run", "enrichment_snapshot", "enrichment_recover"},
         "enrichment_run_reader": {"enrichment_run", "enrichment_snapshot"},  # not enrichment_recover
     }
 
@@ -464,10 +464,10 @@ def test_each_dag_has_a_checkpoints_tab_showing_its_pipeline(tmp_path, monkeypat
         assert api.get("nobody", "/checkpoints/?dag_id=payments_run").status_code == 403
 
 
-def test_a_graph_needs_read_access_to_its_run_and_recover_dags_and_recovers_without_a_mode(tmp_path, monkeypatch,
+def test_a_graph_needs_read_access_to_its_dags_and_recovers_without_a_mode(tmp_path, monkeypatch,
                                                                                            migrated_db):
-    """A dataflow graph has no snapshot DAG: reading its run and recover DAGs is reading every DAG
-    it has; without the recover DAG nothing of it shows. Its recovery form offers no barrier mode
+    """A dataflow graph's page needs its run, snapshot and recover DAGs, as a linear pipeline's;
+    without the recover DAG nothing of it shows. Its recovery form offers no barrier mode
     and no dry run (its recover DAG takes neither), and a POST asking for one is refused."""
     warehouse = synthetic_graph_warehouse(synthetic_warehouse(tmp_path / "warehouse"))
     monkeypatch.setenv("CKPT_WAREHOUSE", str(warehouse))

@@ -33,13 +33,17 @@ def dagbag():
     return DagBag(dag_folder=str(REPO / "dags"))
 
 
-def test_a_registered_graph_gets_a_run_a_recover_and_a_maintenance_dag_and_no_snapshot_dag(dagbag):
+def test_a_registered_graph_gets_a_run_a_snapshot_a_recover_and_a_maintenance_dag(dagbag):
     from ckpt_airflow.dag_factory import GRAPH_DAG_KINDS, dag_kinds, dag_pipelines
 
     assert dagbag.import_errors == {}
     assert "enrichment" in dag_pipelines() and dag_kinds("enrichment") == GRAPH_DAG_KINDS
     assert {d for d in dagbag.dags if d.startswith("enrichment_")} == \
-        {"enrichment_run", "enrichment_recover", "enrichment_maintenance"}
+        {"enrichment_run", "enrichment_snapshot", "enrichment_recover", "enrichment_maintenance"}
+    snap = dagbag.dags["enrichment_snapshot"]
+    assert [t.task_id for t in snap.topological_sort()][:2] == ["trigger", "wait_for_acks"]
+    pause = dagbag.dags["enrichment_recover"].get_task("pause")
+    assert list(pause.dag_ids) == ["enrichment_run", "enrichment_snapshot"]  # a recovery holds both
     for p in dag_pipelines():
         assert {f"{p}_{kind}" for kind in dag_kinds(p)} <= set(dagbag.dags)
 

@@ -73,9 +73,9 @@ def declared():
 
 
 def test_a_registered_graph_gets_its_dags_beside_the_linear_pipelines(tmp_path, monkeypatch):
-    """A dataflow graph among the registered pipelines gets its three DAGs (run: a task per process
-    group of its plan; recover; maintenance; no snapshot DAG), every linear pipeline keeps its four,
-    and asked for by name it gets the same three."""
+    """A dataflow graph among the registered pipelines gets its four DAGs (run: a task per process
+    group of its plan; snapshot; recover; maintenance), every linear pipeline keeps its four, and
+    asked for by name it gets the same four."""
     from importlib.metadata import EntryPoint
 
     from checkpoint_lib import pipelines
@@ -90,10 +90,10 @@ def test_a_registered_graph_gets_its_dags_beside_the_linear_pipelines(tmp_path, 
         dags = dag_factory.dags_for_every_pipeline()
         assert "extragraph" in pipelines.names() and "extragraph" in dag_factory.dag_pipelines()
         assert {f"{p}_{kind}" for p in installed for kind in dag_factory.dag_kinds(p)} | \
-            {"extragraph_run", "extragraph_recover", "extragraph_maintenance"} == set(dags)
+            {"extragraph_run", "extragraph_snapshot", "extragraph_recover", "extragraph_maintenance"} == set(dags)
         assert [t.task_id for t in dags["extragraph_run"].tasks] == ["run_all"]
         assert set(dag_factory.build_dags("extragraph")) == \
-            {"extragraph_run", "extragraph_recover", "extragraph_maintenance"}
+            {"extragraph_run", "extragraph_snapshot", "extragraph_recover", "extragraph_maintenance"}
     finally:
         sys.modules.pop("extra_graphs", None)
 

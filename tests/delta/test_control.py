@@ -345,3 +345,83 @@ def test_a_savepoint_request_nobody_takes_is_cancelled_for_the_caller_to_take_it
     assert request.state == "cancelled" and request.kind == "savepoint" and not control.requests.open()
     with pytest.raises(ValueError, match="one of"):
         control.requests.create("sp-3", kind="full")
+
+
+# --- the answering side: which barrier a source step sends ------------------------------------------
+
+
+def _coordinator(interval: float = 0.0):
+    from checkpoint_lib.core.clock import ManualClock
+    from checkpoint_lib.core.coordinator import CheckpointCoordinator
+    from checkpoint_lib.core.decider import CheckpointConfig
+    from checkpoint_lib.core.stores import InMemoryCheckpointIdCounter, InMemoryCompletedCheckpointStore
+
+    src = SubtaskId("source", 0)
+    c = CheckpointCoordinator(CheckpointConfig(interval=interval, max_concurrent=1, timeout=100), [src], [src],
+                              InMemoryCheckpointIdCounter(), InMemoryCompletedCheckpointStore(5), ManualClock())
+    c.all_running()
+    return c
+
+
+def _next(tmp_path, coordinator, moved: bool):
+    from checkpoint_lib.checkpoint_requests import next_trigger
+
+    fenced, said = [], []
+    effects, trigger = next_trigger(CheckpointRequests(tmp_path), coordinator, moved=moved, epoch=3,
+                                    fence=lambda: fenced.append(1), progress=said.append)
+    return effects, trigger, bool(fenced), said
+
+
+def test_a_step_with_nothing_asked_sends_the_periodic_barrier_only_when_it_moved(tmp_path):
+    c = _coordinator()
+    assert _next(tmp_path, c, moved=False)[1] is None
+    _, trigger, fenced, _ = _next(tmp_path, c, moved=True)
+    assert trigger.barrier.kind is CheckpointKind.CHECKPOINT and not fenced
+
+
+def test_a_checkpoint_request_is_answered_by_the_periodic_barrier_or_a_forced_one(tmp_path):
+    c = _coordinator(interval=3600)  # no periodic one due after the first
+    requests = CheckpointRequests(tmp_path)
+    requests.create("a")
+    _, first, fenced, said = _next(tmp_path, c, moved=True)  # the periodic one (the first is due) answers it
+    assert first.barrier.kind is CheckpointKind.CHECKPOINT and fenced and "answers requests ['a']" in said[0]
+    assert requests.get("a").checkpoint_id == first.checkpoint_id and requests.get("a").epoch == 3
+    c.abort(first.checkpoint_id, FailureReason.EXPIRED)
+    requests.create("b")
+    _, forced, _, _ = _next(tmp_path, c, moved=False)  # nothing new, none due: a forced one
+    assert forced.checkpoint_id > first.checkpoint_id and requests.get("b").checkpoint_id == forced.checkpoint_id
+
+
+def test_a_savepoint_request_replaces_the_periodic_barrier_of_a_step_that_checkpoints_every_step(tmp_path):
+    """A pipeline checkpointing every step (interval 0) still takes a savepoint at its next step
+    (before, the periodic checkpoint went first every step and the request waited until the
+    pipeline caught up, or timed out, and ``ckpt savepoint`` then recovered, fencing the running
+    pipeline); the checkpoint request waiting with it is answered by it too."""
+    c = _coordinator(interval=0)
+    requests = CheckpointRequests(tmp_path)
+    requests.create("cp")
+    requests.create("sp", kind="savepoint")
+    effects, trigger, _, _ = _next(tmp_path, c, moved=True)
+    assert trigger.barrier.kind is CheckpointKind.SAVEPOINT
+    assert requests.get("sp").checkpoint_id == requests.get("cp").checkpoint_id == trigger.checkpoint_id
+    assert not [e for e in effects if type(e).__name__ == "TriggerCheckpoint"]
+    assert c.status_of(trigger.checkpoint_id) == "pending"
+    assert [p for p in c.pending] == [trigger.checkpoint_id]  # no periodic checkpoint beside it
+
+
+def test_a_running_graph_is_seen_by_the_process_group_that_plans_its_steps(tmp_path):
+    """A dataflow graph's one process records its session as its process group (``all``): that is
+    what a savepoint request asks (a session of the linear ``source`` stage would be another's)."""
+    control = PipelineControl(tmp_path / "w", "enrichment")
+    assert control.stepping_stages() == {"all"}
+    store = control.store
+    epoch = store.epochs.begin()
+    store.sessions.record_restored(epoch, None, {})
+    store.sessions.begin(epoch, "source")
+    assert not control.source_running()
+    session = store.sessions.begin(epoch, "all")
+    assert control.source_running()
+    store.sessions.end(epoch, "all", session, {})
+    assert not control.source_running()
+    # payments 2, accounts 1, tag 2, dedup 2, totals 1; the sinks at tag, dedup and totals: 2 + 2 + 1
+    assert control._expected_acks() == 8 + 5

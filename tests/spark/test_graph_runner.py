@@ -238,3 +238,38 @@ def test_an_older_attempt_still_running_is_fenced_out_of_every_table(spark, tmp_
         a.step()
         a.final_checkpoint()
     check(spark, w, rounds=3)
+
+
+@pytest.mark.slow  # CI tier: which barrier answers which request is next_trigger's (tests/delta/test_control.py),
+# shared by both runners
+def test_a_running_graph_takes_requested_checkpoints_and_savepoints_at_its_next_step(spark, tmp_path):
+    """A "checkpoint now" request (the snapshot DAG) and a savepoint request (``ckpt savepoint`` of
+    a running graph) are answered by the running graph's next step: a savepoint in place of the
+    periodic checkpoint, even with nothing new to read; the commit phase then finds its
+    transactions committed. The run goes on and ends exactly once."""
+    from checkpoint_lib.checkpoint_requests import CheckpointRequests
+    from checkpoint_lib.commit_phase import CommitPhase
+
+    w = str(tmp_path)
+    land(spark, w, range(2))
+    runner = GraphRunner(graph(), w, spark, rows_per_checkpoint=12)
+    runner.open()
+    assert runner.step()
+    requests = CheckpointRequests(runner.root)
+    requests.create("sp", kind="savepoint")
+    assert runner.step()
+    sp = requests.get("sp").checkpoint_id
+    assert runner.store.checkpoints.get(sp).is_savepoint and sp == runner.summary.completed[-1]
+    while runner.step():
+        pass
+    requests.create("now")
+    assert runner.step()  # nothing new: a barrier only, for the request
+    now = requests.get("now").checkpoint_id
+    assert now == runner.summary.completed[-1] and not runner.store.checkpoints.get(now).is_savepoint
+    assert not runner.step()
+    runner.final_checkpoint()
+    runner.close()
+    phase = CommitPhase(runner.store, "g", runner.warehouse, runner.root)
+    phase.pipeline = lambda: graph()  # "g" is not registered: the declaration a registry would give
+    assert phase.all_committed(sp) and phase.commit(sp).noop
+    check(spark, w, rounds=2)
