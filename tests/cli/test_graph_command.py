@@ -146,9 +146,8 @@ def test_a_declared_graph_is_drawn_by_reference_and_refused_by_the_commands_that
     assert drawings[0] == drawings[1] == drawings[2]
     assert drawings[0].splitlines()[0].startswith("joined: 3 vertices, 2 edges")
     assert "tag (two-input keyed Enrich, parallelism 3)" in drawings[0]
-    assert cli.main(["savepoint", "joinflows:graph", "--warehouse", str(tmp_path / "w")]) == cli.EXIT_USER_ERROR
-    err = capsys.readouterr().err
-    assert "joined is a dataflow graph: ckpt run, ckpt recover, ckpt validate, ckpt generate, ckpt graph" in err
-    assert "this command takes a linear pipeline (checkpoint_lib.pipeline.Pipeline: one source, one operator, its " \
-           "sinks) only so far" in err
+    argv = ["recover", "joinflows:graph", "--dry-run", "--warehouse", str(tmp_path / "w")]
+    assert cli.main(argv) == cli.EXIT_USER_ERROR
+    assert "joined is a dataflow graph: `ckpt recover --dry-run` previews a linear pipeline's recovery " \
+           "only so far" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()

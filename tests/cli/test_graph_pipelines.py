@@ -142,7 +142,7 @@ def test_the_registry_finds_a_graph_by_name_and_the_linear_only_callers_refuse_i
         with pytest.raises(pipelines.UnknownPipeline) as refused:
             call("enrichment")
         assert str(refused.value) == (
-            "enrichment is a dataflow graph: ckpt run, ckpt recover, ckpt validate, ckpt generate, ckpt graph, "
+            "enrichment is a dataflow graph: ckpt run, ckpt recover, ckpt savepoint, ckpt validate, ckpt generate, ckpt graph, "
             "ckpt pipelines, ckpt checkpoints, ckpt state, ckpt report, ckpt maintain take it; this command takes a "
             "linear pipeline "
             "(checkpoint_lib.pipeline.Pipeline: one source, one operator, its sinks) only so far")
