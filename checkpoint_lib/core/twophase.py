@@ -73,6 +73,13 @@ class TransactionIdPool:
         self.subtask_index = subtask_index
         self.size = size
 
+    @classmethod
+    def of_sink(cls, pipeline: str, sink: str, subtask_index: int, max_concurrent: int) -> "TransactionIdPool":
+        """The pool of sink ``sink``'s subtask ``subtask_index`` in pipeline (or graph) ``pipeline``
+        with up to ``max_concurrent`` checkpoints pending: the one definition both runners use
+        (ids ``<pipeline>.<sink>-<subtask>-<slot>``, at least 4 slots, 3 beyond the pending ones)."""
+        return cls(f"{pipeline}.{sink}", subtask_index, size=max(4, max_concurrent + 3))
+
     def ids(self) -> list[str]:
         return [self._id(slot) for slot in range(self.size)]
 

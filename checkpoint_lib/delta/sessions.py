@@ -12,6 +12,7 @@ import os
 import re
 import socket
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import pyarrow as pa
@@ -145,6 +146,37 @@ class DeltaSessionStore(StoreOnTable):
             "resume_json": resume_json, "owner": f"{socket.gethostname()}:{os.getpid()}",
             "recorded_at": float(self.table.place.now()),
         }
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a stage (a process group) resumes in an epoch, from the epoch's session rows
+    (:func:`resume_of`): ``point`` (None: it must recover, ``why`` says why) and ``after``, the
+    session whose end it is (0: the restore's)."""
+
+    point: dict[str, Any] | None
+    after: int = 0
+    why: str = ""
+    """``unfinished``: the epoch's recovery never finished; ``unclean``: a session of the stage
+    started and never ended (its process died)."""
+
+
+def resume_of(rows: Sequence[Mapping[str, Any]], stage: str, restored_key: str | None = None) -> Resume:
+    """Of one epoch's session ``rows``: where ``stage`` resumes. The last session that ended
+    gives its resume point; with none, the restore's (``restored_key``: the restore's point is a
+    mapping of stages, this one's under that key; default ``stage``). The one reading of the
+    session rows, for the linear runner's stages and a graph's process groups."""
+    restored = [r for r in rows if r["event"] == RESTORED]
+    if not restored:
+        return Resume(None, why="unfinished")
+    mine = [r for r in rows if r["stage"] == stage]
+    started = {r["session"] for r in mine if r["event"] == START}
+    ended = {r["session"]: r for r in mine if r["event"] == END}
+    if started - set(ended):
+        return Resume(None, why="unclean")
+    if ended:
+        return Resume(json.loads(ended[max(ended)]["resume_json"]), max(ended))
+    return Resume(json.loads(restored[0]["resume_json"])[restored_key or stage], 0)
 
 
 def owed_rollback_of(rows: Sequence[Mapping[str, Any]]) -> CheckpointId | None:

@@ -44,6 +44,22 @@ class KeyedView(Protocol):
     def lowest_unconsumed(self) -> tuple[float, float]: ...
 
 
+def record_aborted(store: Any, e: CheckpointAborted, epoch: int) -> bool:
+    """Make the coordinator's abort of ``e.checkpoint_id`` durable (fenced by ``epoch``). False:
+    it completed first (elsewhere), and completion wins: one definition for both runners."""
+    try:
+        store.checkpoints.record_aborted(e.checkpoint_id, e.reason, e.message, epoch, fence=epoch)
+    except ValueError:
+        return False
+    return True
+
+
+def too_many_failed(e: FailJob) -> TooManyFailedCheckpointsError:
+    """The error that stops a run when the coordinator fails the job (too many failed checkpoints in a row)."""
+    return TooManyFailedCheckpointsError(f"{e.consecutive_failures} consecutive checkpoints failed "
+                                         f"(last: {e.reason.value})")
+
+
 class Completion:
     def __init__(self, ctx: RunContext, *, validate_checkpoints: bool, keyed: KeyedView, runs_keyed: bool):
         self.ctx = ctx
@@ -78,9 +94,7 @@ class Completion:
                     self._validate_before_commit(e.checkpoint_id)
                 self._commit_up_to(e.checkpoint_id)
             elif isinstance(e, CheckpointAborted):
-                try:
-                    ctx.store.checkpoints.record_aborted(e.checkpoint_id, e.reason, e.message, ctx.epoch, fence=ctx.epoch)
-                except ValueError:  # the keyed stage (another process) completed it first: that wins
+                if not record_aborted(ctx.store, e, ctx.epoch):  # the keyed stage (another process) completed it first
                     ctx.progress(f"checkpoint {e.checkpoint_id} completed elsewhere before it expired here")
                     continue
                 ctx.summary.aborted.append((e.checkpoint_id, e.reason.value))
@@ -91,9 +105,7 @@ class Completion:
             elif isinstance(e, DiscardCheckpoint):
                 pass  # state versions stay until VACUUM; the store marks it discarded
             elif isinstance(e, FailJob):
-                raise TooManyFailedCheckpointsError(
-                    f"{e.consecutive_failures} consecutive checkpoints failed (last: {e.reason.value})"
-                )
+                raise too_many_failed(e)
 
     def _validate_before_commit(self, cid: int) -> None:
         """The per-checkpoint GX suite on ``cid`` (durable, not committed yet), and its verdict

@@ -17,7 +17,6 @@ a recovery the next start completes.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from typing import Any
@@ -30,8 +29,8 @@ from ..core.recovery import RecoveryPlan, check_fits
 from ..core.types import SubtaskId
 from ..delta import log as delta_log
 from ..delta.pending import PendingFilesLostError
-from ..delta.sessions import END as SESSION_END
-from ..delta.sessions import RESTORED, START
+from ..delta.sessions import resume_of
+from ..graph.jobgraph import ALL
 from .recovery import abort_stale_pending
 
 
@@ -45,18 +44,12 @@ class GraphRecovery:
         r = self.r
         if epoch < 1:
             return None
-        rows = r.store.sessions.of_epoch(epoch)
-        restored = [row for row in rows if row["event"] == RESTORED]
-        if not restored:
-            return None  # the epoch's recovery never finished
-        mine = [row for row in rows if row["stage"] == "all"]
-        started = {row["session"] for row in mine if row["event"] == START}
-        ended = {row["session"]: row for row in mine if row["event"] == SESSION_END}
-        if started - set(ended):
+        resume = resume_of(r.store.sessions.of_epoch(epoch), ALL)  # the process group of the chained layout
+        if resume.why == "unclean":
             r.progress(f"the last process of graph {r.graph.name} in epoch {epoch} did not stop cleanly: recovering")
+        if resume.point is None:
             return None
-        point = json.loads(ended[max(ended)]["resume_json"]) if ended else json.loads(restored[0]["resume_json"])["all"]
-        self.resumes_after = max(ended, default=0)
+        point, self.resumes_after = resume.point, resume.after
         was = point.get("parallelism", r.parallelism)
         if was != r.parallelism:
             r.progress(f"parallelism changed: graph {r.graph.name} stopped at {_shown(was)}, now "

@@ -53,13 +53,14 @@ from ..core.errors import CheckpointError
 from ..core.twophase import TransactionIdPool
 from ..core.types import BarrierMode, CheckpointKind, CheckpointStatus, SubtaskAck, SubtaskId
 from ..delta.store import DeltaCheckpointStore
-from ..graph.jobgraph import plan
+from ..graph.jobgraph import ALL, plan
 from ..graph.steps import plan_step
 from ..graph.model import RECORDS, OperatorKind, StreamGraph
 from ..killpoints import KillPoints
 from ..layout import checkpoint_root, warehouse_location
 from ..pipeline import FolderSource
 from ..reserved import KEY_GROUP, SINK_SUBTASK
+from .completion import record_aborted, too_many_failed
 from .context import RunSummary, StepCache
 from .partitioning import route_records
 from .session import use_warehouse
@@ -68,8 +69,8 @@ from .vertices.operator import OperatorVertexRun
 from .vertices.sinks import VertexSinks
 from .vertices.source import SourceVertexRun
 
-STAGE = "all"
-"""The session stage of a graph's one process (as the linear runner's ``stage="all"``)."""
+STAGE = ALL
+"""The session stage of a graph's one process: its process group (as the linear runner's ``stage="all"``)."""
 
 
 class GraphRunner:
@@ -154,7 +155,7 @@ class GraphRunner:
         return self.sources.get(vertex_id) or self.operators[vertex_id]
 
     def _pool(self, sink: str, index: int) -> TransactionIdPool:
-        return TransactionIdPool(f"{self.graph.name}.{sink}", index, size=max(4, self.config.max_concurrent + 3))
+        return TransactionIdPool.of_sink(self.graph.name, sink, index, self.config.max_concurrent)
 
     @property
     def parallelism(self) -> dict[str, int]:
@@ -466,18 +467,12 @@ class GraphRunner:
             elif isinstance(e, NotifyCheckpointComplete):
                 self._commit_up_to(e.checkpoint_id)
             elif isinstance(e, CheckpointAborted):
-                try:
-                    self.store.checkpoints.record_aborted(e.checkpoint_id, e.reason, e.message, self.epoch,
-                                                          fence=self.epoch)
-                except ValueError:
+                if not record_aborted(self.store, e, self.epoch):
                     continue
                 self.summary.aborted.append((e.checkpoint_id, e.reason.value))
                 self.progress(f"checkpoint {e.checkpoint_id} aborted: {e.reason.value} {e.message}".rstrip())
             elif isinstance(e, FailJob):
-                from .completion import TooManyFailedCheckpointsError
-
-                raise TooManyFailedCheckpointsError(
-                    f"{e.consecutive_failures} consecutive checkpoints failed (last: {e.reason.value})")
+                raise too_many_failed(e)
 
     def _commit_up_to(self, cid: int) -> None:
         """Checkpoint ``cid`` is complete: every sink commits its transactions up to it (one Delta

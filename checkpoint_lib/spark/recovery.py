@@ -13,7 +13,6 @@ anywhere in it leaves a recovery that the next start completes.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import socket
 import time
@@ -24,8 +23,7 @@ from ..core.errors import FailureReason, SnapshotIncompatibleError
 from ..core.recovery import RecoveryPlan, check_fits
 from ..core.twophase import SinkSnapshot, Transaction
 from ..delta.pending import PendingFilesLostError
-from ..delta.sessions import END as SESSION_END
-from ..delta.sessions import RESTORED, START
+from ..delta.sessions import resume_of
 from .context import RunContext
 
 
@@ -67,20 +65,15 @@ class Recovery:
         if epoch < 1:
             return None
         rows = self.ctx.store.sessions.of_epoch(epoch)
-        restored = [r for r in rows if r["event"] == RESTORED]
-        if not restored:
-            return None  # the epoch's recovery never finished
         points: dict[str, dict[str, Any]] = {}
-        base = json.loads(restored[0]["resume_json"])
         for stage in self.stages:
-            mine = [r for r in rows if r["stage"] == stage]
-            started = {r["session"] for r in mine if r["event"] == START}
-            ended = {r["session"]: r for r in mine if r["event"] == SESSION_END}
-            if started - set(ended):
+            resume = resume_of(rows, stage)
+            if resume.why == "unclean":
                 self.ctx.progress(f"the last {stage} process of epoch {epoch} did not stop cleanly: recovering")
+            if resume.point is None:
                 return None
-            points[stage] = json.loads(ended[max(ended)]["resume_json"]) if ended else base[stage]
-            self._resumes_after[stage] = max(ended, default=0)
+            points[stage] = resume.point
+            self._resumes_after[stage] = resume.after
         now = self.parallelism
         for stage, point in points.items():
             was = point.get("parallelism", now)

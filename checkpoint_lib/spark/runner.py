@@ -201,7 +201,7 @@ class PipelineRunner:
         return tuple(s for s in STAGES if self.stage in ("all", s))
 
     def _pool(self, sink: str, index: int) -> TransactionIdPool:
-        return TransactionIdPool(f"{self.pipeline.name}.{sink}", index, size=max(4, self.config.max_concurrent + 3))
+        return TransactionIdPool.of_sink(self.pipeline.name, sink, index, self.config.max_concurrent)
 
     def _on_effects(self, effects: Any) -> None:
         self.completion.on_effects(effects)
