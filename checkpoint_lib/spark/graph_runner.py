@@ -98,8 +98,7 @@ class GraphRunner:
                 f"graph {graph.name!r}: edges {', '.join(f'{e.sender} -> {e.receiver}' for e in cut)} must be cut by a "
                 "channel log (a cycle through iterate()): the graph runner runs graphs whose edges all chain in one "
                 "process; run a cycle as a linear pipeline (PipelineRunner)")
-        problems = [f"source {v.name!r} has a bootstrap (not supported in a graph yet)"
-                    for v in graph.sources if v.bootstrap is not None]
+        problems = []
         if sum(isinstance(v.spec, FolderSource) for v in graph.sources) > 1:
             problems.append("more than one landing-folder source (their manifests would share one folder)")
         problems += [f"operator {v.uid!r} has dead letters: write its bad rows with a sink (output(name).sink(...))"

@@ -23,12 +23,11 @@ from ..checkpoint_requests import CheckpointRequests, next_trigger
 from ..core.acks import EVENT_TIME_REFERENCE, SourceAckState, SourcePosition
 from ..core.coordinator import TriggerCheckpoint
 from ..core.types import CheckpointStatus, SubtaskAck
-from ..delta import log as delta_log
 from ..reserved import ERROR_COLUMN, OFFSET_COLUMNS
 from .channels import BARRIER, DATA
 from .context import RunContext
 from .partitioning import route
-from .sources import SourceFilesLostError, SourceSite, source_reader
+from .sources import SourceFilesLostError, SourceSite, bootstrap_records, source_reader
 
 class SourceStage:
     def __init__(self, ctx: RunContext, *, rows_per_step: int, lagging: list[int], runs_keyed: bool,
@@ -305,21 +304,9 @@ class SourceStage:
 
     def _read_bootstrap(self) -> DataFrame:
         """The bootstrap table's records (its latest version), before the source's first records."""
-        b = self.ctx.pipeline.bootstrap_spec
-        path = self.t.path(b.path)
-        version = delta_log.latest_version(path)
-        if version is None:
-            raise FileNotFoundError(f"pipeline {self.ctx.pipeline.name!r} starts from {path}, which does not exist")
-        cols = list(b.schema)
-        df = (
-            self.ctx.spark.read.format("delta").option("versionAsOf", version).load(path).select(*cols)
-            .withColumn("src_version", F.lit(-1).cast("long"))
-            .withColumn("src_file", F.lit(f"bootstrap:{b.path}@{version}"))
-            .withColumn("src_row", F.xxhash64(*cols))
-            .withColumn("sender", F.lit(0).cast("int"))
-        )
-        self.ctx.progress(f"bootstrap: reading {b.path} at version {version}")
-        return b.to_records(df)
+        return bootstrap_records(self.ctx.spark, self.t.path(self.ctx.pipeline.bootstrap_spec.path),
+                                 self.ctx.pipeline.bootstrap_spec, f"pipeline {self.ctx.pipeline.name!r}",
+                                 self.ctx.progress)
 
     def _write_dlq(self, bad: DataFrame, end_version: int) -> None:
         """Append the step's bad rows, idempotently (:meth:`DeadLetterTable.append`)."""

@@ -108,6 +108,27 @@ def source_reader(declaration: Any, site: SourceSite) -> SourceReader:
     return _KINDS.build(declaration, site, f"pipeline {site.pipeline!r}")
 
 
+def bootstrap_records(spark: SparkSession, path: str, bootstrap: Any, who: str,
+                      progress: Callable[[str], None]) -> DataFrame:
+    """A source's :class:`~checkpoint_lib.pipeline.Bootstrap` as records (``to_records`` of the
+    table's latest version, with the offset columns and ``sender`` 0): what a source sends before
+    its first records when the pipeline starts from scratch, in a linear pipeline or a graph.
+    ``path`` is the table's location, ``who`` names the pipeline in an error."""
+    version = delta_log.latest_version(path)
+    if version is None:
+        raise FileNotFoundError(f"{who} starts from {path}, which does not exist")
+    cols = list(bootstrap.schema)
+    df = (
+        spark.read.format("delta").option("versionAsOf", version).load(path).select(*cols)
+        .withColumn("src_version", F.lit(-1).cast("long"))
+        .withColumn("src_file", F.lit(f"bootstrap:{bootstrap.path}@{version}"))
+        .withColumn("src_row", F.xxhash64(*cols))
+        .withColumn("sender", F.lit(0).cast("int"))
+    )
+    progress(f"bootstrap: reading {bootstrap.path} at version {version}")
+    return bootstrap.to_records(df)
+
+
 def schema_problems(have: Mapping[str, T.DataType], want: Mapping[str, str]) -> list[str]:
     """What keeps a table with columns ``have`` from being read as the declared ``want`` (column ->
     Spark SQL type, as pipelines declare them): missing columns and other types. Types compare as

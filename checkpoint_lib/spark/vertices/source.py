@@ -25,7 +25,7 @@ from ...layout import app_prefix
 from ...reserved import ERROR_COLUMN, OFFSET_COLUMNS
 from .. import tables
 from ..dead_letters import DeadLetterTable
-from ..sources import SourceFilesLostError, SourceSite, source_reader
+from ..sources import SourceFilesLostError, SourceSite, bootstrap_records, source_reader
 
 
 class SourceVertexRun:
@@ -33,7 +33,7 @@ class SourceVertexRun:
 
     def __init__(self, vertex: SourceVertex, graph: Any, *, spark, warehouse: str, root: str,
                  progress) -> None:
-        self.vertex, self.spark, self.warehouse = vertex, spark, warehouse
+        self.vertex, self.spark, self.warehouse, self.progress = vertex, spark, warehouse, progress
         self.name, self.P = vertex.name, vertex.parallelism
         self.ids = [SubtaskId(vertex.name, i) for i in range(self.P)]
         self.schema = dict(vertex.spec.schema)
@@ -101,7 +101,15 @@ class SourceVertexRun:
         df = df.where(F.col(ERROR_COLUMN).isNull()).drop(ERROR_COLUMN)
         for map_step in self.vertex.maps:
             df = map_step.fn(df)
-        return df.select(*self.columns(), *OFFSET_COLUMNS, "sender")
+        records = [*self.columns(), *OFFSET_COLUMNS, "sender"]
+        if self.offset == -1 and self.vertex.bootstrap is not None:
+            # starting from scratch: the bootstrap's records go before the source's first ones (a
+            # restore of any completed checkpoint restores what they put into state; a recovery
+            # with none starts from scratch again, state empty, and reads them again)
+            boot = bootstrap_records(self.spark, f"{self.warehouse}/{self.vertex.bootstrap.path}", self.vertex.bootstrap,
+                                     f"source {self.name!r}", self.progress)
+            return boot.select(*records).unionByName(df.select(*records))
+        return df.select(*records)
 
     def columns(self) -> list[str]:
         """The records' columns (after the maps), in order."""
