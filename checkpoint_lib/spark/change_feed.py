@@ -24,8 +24,9 @@ turned the feed on, is refused before anything is read (:class:`ChangeFeedUnavai
 naming the table and the way out; so is a RESTORE that changed rows (Delta records no row changes
 for it: its feed is the whole files it took out and brought back), and a version written with a
 column the table no longer has in that type (an overwrite that replaced the schema: Delta reads a
-step's versions with the table's current schema and refuses those, :class:`SchemaMismatchError`). Registered in :mod:`checkpoint_lib.spark.sources` (which imports
-this module: the one place that names the kinds of source).
+step's versions with the table's current schema and refuses those, :class:`SchemaMismatchError`).
+Registered in :mod:`checkpoint_lib.spark.sources` (which imports this module: the one place that
+names the kinds of source).
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ def payments(w: str) -> str:
 
 # -- the change-feed source -----------------------------------------------------------------------
 
-@pytest.mark.slow
+@pytest.mark.slow  # CI tier: the RESTORE case below; the linear matrix's cases in test_lakehouse.py
 @pytest.mark.parametrize("operation", ["optimize", "zorder", "vacuum", "external_append", "schema_change"])
 def test_the_change_feed_source_reads_exactly_once_across_a_neighbours_operation(spark, tmp_path, operation):
     w = str(tmp_path)
@@ -88,7 +88,7 @@ def test_the_change_feed_source_reads_exactly_once_across_a_neighbours_operation
     exactly_once(w)
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # CI tier: the RESTORE case below; the linear matrix's cases in test_lakehouse.py
 def test_change_files_of_unread_versions_vacuumed_are_refused_naming_the_source(spark, tmp_path):
     w = str(tmp_path)
     between(spark, w, lambda: nb.OPERATIONS["vacuum_0h"][1](spark, accounts(w)))
@@ -97,7 +97,7 @@ def test_change_files_of_unread_versions_vacuumed_are_refused_naming_the_source(
     refused(info.value, "SourceFilesLostError", "source 'accounts'", "_change_data/", "Restore a checkpoint")
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # CI tier: the RESTORE case below; the linear matrix's cases in test_lakehouse.py
 def test_an_appended_file_read_as_inserts_compacted_and_vacuumed_is_refused(spark, tmp_path):
     """A commit without change files (an append): its feed is the data files it added."""
     w = str(tmp_path)
@@ -129,7 +129,7 @@ def test_a_restore_of_the_change_feed_source_is_refused_with_the_way_out(spark, 
         assert run.sources["accounts"].offset == -1 and run.sources["payments"].offset == -1
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # CI tier: the RESTORE case below; the linear matrix's cases in test_lakehouse.py
 def test_an_overwrite_that_changes_a_column_type_is_refused(spark, tmp_path):
     from pyspark.sql import functions as F
 
@@ -145,7 +145,7 @@ def test_an_overwrite_that_changes_a_column_type_is_refused(spark, tmp_path):
     refused(info.value, "SchemaMismatchError", "updated_at", "accounts")
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # CI tier: the RESTORE case below; the linear matrix's cases in test_lakehouse.py
 def test_changes_made_while_the_feed_was_off_are_refused(spark, tmp_path):
     w = str(tmp_path)
 
@@ -163,7 +163,7 @@ def test_changes_made_while_the_feed_was_off_are_refused(spark, tmp_path):
 
 # -- the payments landing table -------------------------------------------------------------------
 
-@pytest.mark.slow
+@pytest.mark.slow  # CI tier: the RESTORE case below; the linear matrix's cases in test_lakehouse.py
 @pytest.mark.parametrize("kill", ["complete:2", "sink_commit:4"])
 @pytest.mark.parametrize("operation", ["optimize", "vacuum_0h"])
 def test_payments_maintained_while_the_graph_is_down_after_a_kill(spark, tmp_path, kill, operation):
@@ -184,7 +184,7 @@ def test_payments_maintained_while_the_graph_is_down_after_a_kill(spark, tmp_pat
     refused(info.value, "SourceFilesLostError", "source 'payments'", "Restore a checkpoint")
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # CI tier: the RESTORE case below; the linear matrix's cases in test_lakehouse.py
 @pytest.mark.parametrize("operation", ["optimize", "vacuum_0h"])
 def test_payments_maintained_inside_a_step(spark, tmp_path, operation):
     """The operation runs when the second step's payments are planned and not read yet."""
@@ -215,7 +215,7 @@ def test_payments_maintained_inside_a_step(spark, tmp_path, operation):
 
 # -- the step cut across the sources --------------------------------------------------------------
 
-@pytest.mark.slow
+@pytest.mark.slow  # CI tier: the RESTORE case below; the linear matrix's cases in test_lakehouse.py
 def test_an_optimize_of_one_source_neither_moves_the_cut_of_the_other_nor_stalls_the_graph(spark, tmp_path):
     """payments OPTIMIZEd (a commit without rows, committed after everything before it) with a
     backlog of both tables before it and more landed after it: ``accounts`` is read up to what had
