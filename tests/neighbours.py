@@ -35,7 +35,7 @@ TARGETS = {"source": ("landing/payments",), "sinks": ("gold/ledger", "gold/balan
 TIMINGS = ("between", "down:complete", "down:commit", "down:sink_commit", "during")
 DURING = {"source": ("source_read", 2), "sinks": ("commit", 2)}  # where ``during`` runs the operation
 REFUSALS = ("SinkConfigurationError", "RollbackUnavailableError", "SinkTableRewoundError", "SourceFilesLostError",
-            "SchemaMismatchError", "NotAppendOnlyError", "PendingFilesLostError")
+            "SchemaMismatchError", "NotAppendOnlyError", "PendingFilesLostError", "ChangeFeedUnavailableError")
 """The clear refusals: each says what happened to which table and what to run."""
 
 

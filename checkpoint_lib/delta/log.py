@@ -228,13 +228,15 @@ class ChangeVersion:
     (relative to the table, as the log writes them): its change files (``cdc`` actions) when it
     has any, else the data files it added and removed. ``feed``: the change-data-feed property
     its ``metaData`` action sets (None: no metaData). ``metadata_changed``: schema, properties or
-    protocol changed. ``time``: when it was committed (:func:`commit_time_of`)."""
+    protocol changed. ``time``: when it was committed (:func:`commit_time_of`). ``restore``: what it
+    restored, when it is a RESTORE (:func:`restore_of`)."""
 
     entry: AddedFile | None
     files: tuple[str, ...]
     feed: bool | None
     metadata_changed: bool
     time: int | None = None
+    restore: Restore | None = None
 
 
 CHANGE_ENTRY_PREFIX = "cdf@"
@@ -326,10 +328,11 @@ def change_version(table: str | os.PathLike, version: int, actions: list[dict[st
         if rows is None:
             rows = _metric_changes(actions)
     else:
-        return ChangeVersion(None, (), feed, changed, commit_time_of(actions))
+        return ChangeVersion(None, (), feed, changed, commit_time_of(actions), restore_of(version, actions))
     entry = AddedFile(version, change_entry_path(version), -1 if rows is None else rows,
                       sum(int(f.get("size") or 0) for f in files))
-    return ChangeVersion(entry, tuple(f["path"] for f in files), feed, changed, commit_time_of(actions))
+    return ChangeVersion(entry, tuple(f["path"] for f in files), feed, changed, commit_time_of(actions),
+                         restore_of(version, actions))
 
 
 class ChangeFeedPlanner:
@@ -450,6 +453,16 @@ class Restore:
     timestamp: str | None
 
 
+def restore_of(version: int, actions: Iterable[Mapping[str, Any]]) -> Restore | None:
+    """The RESTORE commit ``version`` (its ``actions``) is, from its commit info; None: another operation."""
+    info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+    if info.get("operation") != "RESTORE":
+        return None
+    params = info.get("operationParameters") or {}
+    restored = params.get("version")
+    return Restore(version, None if restored in (None, "", "null") else int(restored), params.get("timestamp") or None)
+
+
 MAX_WALK = 1000
 """How many commits :func:`restore_since_stamp` reads back at most."""
 
@@ -472,14 +485,10 @@ def restore_since_stamp(table: str | os.PathLike, app_id: str, checkpoint: int, 
             actions = list(commit_actions(table, version))
         except MissingLogError:
             return None
-        info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
-        if info.get("operation") == "RESTORE":
-            if str(info.get("userMetadata") or "").startswith(ours):
-                return None
-            params = info.get("operationParameters") or {}
-            restored = params.get("version")
-            return Restore(version, None if restored in (None, "", "null") else int(restored),
-                           params.get("timestamp") or None)
+        restore = restore_of(version, actions)
+        if restore is not None:
+            info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+            return None if str(info.get("userMetadata") or "").startswith(ours) else restore
         stamps = [int(a["txn"]["version"]) & _SEQUENCE for a in actions
                   if "txn" in a and a["txn"].get("appId") == app_id]
         if stamps and max(stamps) < checkpoint:

@@ -21,8 +21,12 @@ from its first version to its last; each change becomes one record:
 The table must record its changes (``delta.enableChangeDataFeed = true``) at every version a step
 reads that changed rows: a table that never did, or a step starting before the version that
 turned the feed on, is refused before anything is read (:class:`ChangeFeedUnavailableError`),
-naming the table and the way out. Registered in :mod:`checkpoint_lib.spark.sources` (which imports
-this module: the one place that names the kinds of source).
+naming the table and the way out; so is a RESTORE that changed rows (Delta records no row changes
+for it: its feed is the whole files it took out and brought back), and a version written with a
+column the table no longer has in that type (an overwrite that replaced the schema: Delta reads a
+step's versions with the table's current schema and refuses those, :class:`SchemaMismatchError`).
+Registered in :mod:`checkpoint_lib.spark.sources` (which imports this module: the one place that
+names the kinds of source).
 """
 
 from __future__ import annotations
@@ -48,7 +52,8 @@ ERROR_PREVIEW = 200
 
 
 class ChangeFeedUnavailableError(SchemaMismatchError):
-    """The table did not record its changes (no change data feed) at a version the source must read."""
+    """The table did not record the row changes of a version the source must read: its change data
+    feed was off then, or the version is a RESTORE."""
 
 
 def _orderable(dt: T.DataType) -> bool:
@@ -123,10 +128,16 @@ class ChangeFeedReader(DeltaLogReader):
             if self.schema_checked_at < 0 or self.planner.metadata_changed(self.schema_checked_at, upto):
                 self._check_schema(upto)
             self.schema_checked_at = upto
+        written = current = None  # the columns the versions were written with, and the table's now
+        if self.planner.metadata_changed(after, upto):
+            written, current = self._columns(after + 1), self._columns(upto)
         step: list[AddedFile] = []
         rows = 0
         for version in range(after + 1, upto + 1):
-            entry = self.planner.version(version).entry
+            change = self.planner.version(version)
+            entry = change.entry
+            if written is not None and version > after + 1 and change.metadata_changed:
+                written = self._columns(version)
             if not self.planner.feed_on(version):
                 if entry is not None:
                     raise self._unrecorded(version, after, upto)
@@ -135,16 +146,23 @@ class ChangeFeedReader(DeltaLogReader):
                 continue
             if entry is None:
                 continue
+            if change.restore is not None:
+                raise self._restored(change.restore, after)
+            if written is not None:
+                self._check_readable(version, after, written, current)
             step.append(entry)
             rows += max(entry.rows, 0)
             if entry.rows < 0 or rows >= rows_per_step:
                 break
         return step
 
+    def _copy(self) -> str:
+        """The way on from a version the feed cannot give: read a copy of the table."""
+        return (f"copy the table into a new one created with the feed on (CREATE TABLE ... TBLPROPERTIES "
+                f"(delta.enableChangeDataFeed = true) AS SELECT * FROM delta.`{self.path}`) and read that one")
+
     def _unrecorded(self, version: int, after: int, upto: int) -> ChangeFeedUnavailableError:
-        name, path = self.site.pipeline, self.path
-        copy = (f"copy the table into a new one created with the feed on (CREATE TABLE ... TBLPROPERTIES "
-                f"(delta.enableChangeDataFeed = true) AS SELECT * FROM delta.`{path}`) and read that one")
+        name, path, copy = self.site.pipeline, self.path, self._copy()
         turned_on = self.planner.feed_turned_on(version, upto)
         if turned_on is not None:
             return ChangeFeedUnavailableError(
@@ -162,9 +180,40 @@ class ChangeFeedReader(DeltaLogReader):
             "as a DeltaSource. Nothing was read or written."
         )
 
+    def _restored(self, restore: delta_log.Restore, after: int) -> ChangeFeedUnavailableError:
+        to = f"version {restore.restored}" if restore.restored is not None else f"its state at {restore.timestamp}"
+        return ChangeFeedUnavailableError(
+            f"{self.path}: version {restore.version} is a RESTORE (to {to}), and Delta records no row changes for a "
+            "RESTORE: its change data feed has every row of the files it took out as deleted and every row of the files "
+            "it brought back as inserted, unchanged rows too, with the values they had then (the rows it brings back "
+            f"look older than their own deletes). Pipeline {self.site.pipeline!r}, reading its ChangeFeedSource after "
+            f"version {after}, cannot read that as the table's changes. To bring rows back, write them as changes "
+            f"(MERGE INTO the table USING (SELECT * FROM delta.`{self.path}` VERSION AS OF N) ...) rather than RESTORE "
+            f"it; to go on from here, {self._copy()}. Nothing was read or written."
+        )
+
+    def _columns(self, version: int) -> dict[str, T.DataType]:
+        """The table's columns at ``version``."""
+        return {f.name: f.dataType for f in T.StructType.fromJson(delta_log.schema_json_at(self.path, version)).fields}
+
+    def _check_readable(self, version: int, after: int, written: dict[str, T.DataType],
+                        current: dict[str, T.DataType]) -> None:
+        """Delta reads a step's changes with the table's current columns (``current``) and refuses a
+        version written with a column it no longer has, or has in another type: refused first, here."""
+        changed = [f"{c!r} ({t.simpleString()}, now " + (f"{current[c].simpleString()})" if c in current else "gone)")
+                   for c, t in written.items() if c not in current or current[c].simpleString() != t.simpleString()]
+        if changed:
+            raise SchemaMismatchError(
+                f"{self.path}: version {version} was written with the columns {', '.join(changed)}: a later commit "
+                "replaced the table's schema (an overwrite with overwriteSchema, or a column's type changed), and Delta "
+                "reads the changes of a range of versions with the table's current schema only, so pipeline "
+                f"{self.site.pipeline!r}, reading its ChangeFeedSource after version {after}, cannot read it. To go on, "
+                f"{self._copy()}. Nothing was read or written."
+            )
+
     def _check_schema(self, version: int) -> None:
         """Every declared column is in the table (a column of another type is cast, row by row)."""
-        have = {f.name: f.dataType for f in T.StructType.fromJson(delta_log.schema_json_at(self.path, version)).fields}
+        have = self._columns(version)
         want = self.spec.declared
         missing = [c for c in want if c not in have]
         if missing:
