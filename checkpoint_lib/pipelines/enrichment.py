@@ -50,10 +50,16 @@ class TagRegion:
 
         attributes = [key, "region", "status", "updated_at"]
         removed = F.col("change") == F.lit("delete") if "change" in accounts.columns else F.lit(False)
+        # a tie on updated_at goes to the later change in commit order (its offset): a later commit,
+        # or within one commit its post-image, as the feed numbers a version's deletes before its
+        # updates and inserts (a commit that rewrote files whole, an overwrite, deletes every row of
+        # them and inserts it again); the state holds what earlier steps read, older than any change here
         changes = accounts.select(key, "region", F.when(removed, F.lit("removed")).otherwise(F.col("status"))
-                                  .alias("status"), "updated_at")
-        known = state.select(*attributes).unionByName(changes)
-        newest_first = (F.col("updated_at").desc(), F.col("status").desc(), F.col("region").desc())
+                                  .alias("status"), "updated_at", F.col("src_version").alias("_version"),
+                                  F.col("src_row").alias("_row"))
+        known = state.select(*attributes, F.lit(-1).cast("long").alias("_version"),
+                             F.lit(-1).cast("long").alias("_row")).unionByName(changes)
+        newest_first = (F.col("updated_at").desc(), F.col("_version").desc(), F.col("_row").desc())
 
         # each payment (one landed row: its offset) sees the latest change at or before its ts
         row = ["src_version", "src_file", "src_row"]

@@ -161,8 +161,12 @@ def _as_of(payments: pd.DataFrame, changes: pd.DataFrame) -> pd.DataFrame:
     left = payments[["account", "ts"]].copy()
     left["ts"] = _micros_ts(left["ts"])
     left["_row"] = range(len(left))
-    right = changes[changes["updated_at"].notna()].sort_values(["updated_at", "version"], kind="stable")
-    right = right.drop_duplicates(["account", "updated_at"], keep="last")  # a tie: the later commit wins
+    # a tie: the later commit wins, and within one commit its post-image (an insert or update wins
+    # over a delete of the same row: a commit that rewrote files whole, an overwrite, deletes and
+    # inserts every row of them again)
+    right = changes[changes["updated_at"].notna()].assign(_post=lambda f: ~f["deleted"].astype(bool))
+    right = right.sort_values(["updated_at", "version", "_post"], kind="stable")
+    right = right.drop_duplicates(["account", "updated_at"], keep="last")
     right = right[["account", "updated_at", "region", "status", "deleted"]].assign(found=True)
     timed = left[left["ts"].notna()].sort_values("ts", kind="stable")
     looked = pd.merge_asof(timed, right, left_on="ts", right_on="updated_at", by="account",

@@ -329,3 +329,18 @@ def test_the_generator_refuses_bad_options(tmp_path):
     write_deltalake(str(tmp_path / E.ACCOUNTS_PATH), pa.Table.from_pylist([], schema=E.arrow_schema(E.ACCOUNTS_SCHEMA)))
     with pytest.raises(ValueError, match="change data feed"):
         E.generate(None, str(tmp_path), 10)
+
+
+def test_a_tie_goes_to_the_later_commit_and_within_one_to_its_post_image():
+    """The verifier's as-of lookup: two changes with one ``updated_at`` resolve by commit order, and
+    within one commit (an overwrite deletes and inserts every row again) the row after it wins,
+    whatever order the feed lists them in."""
+    import pandas as pd
+
+    t = pd.Timestamp("2026-01-01 10:00", tz="UTC")
+    changes = pd.DataFrame({"account": ["a", "a", "b", "b"], "region": ["eu", "eu", "us", "us"],
+                            "status": ["open"] * 4, "updated_at": pd.Series([t] * 4, dtype="datetime64[us, UTC]"),
+                            "deleted": [False, True, False, True], "version": [3, 3, 3, 4]})
+    payments = pd.DataFrame({"account": ["a", "b"], "ts": [t + pd.Timedelta(hours=1)] * 2})
+    looked = E._as_of(payments, changes)
+    assert looked["deleted"].tolist() == [False, True] and looked["found"].tolist() == [True, True]

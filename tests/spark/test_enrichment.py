@@ -44,3 +44,28 @@ def test_enrichment_exactly_once_across_a_kill_and_a_restore_at_another_parallel
     again = GraphRunner(graph(parallelism=3), w, spark, rows_per_checkpoint=150).run()
     assert again.epoch == 2 and again.restored is not None and runner.summary.completed  # killed after one
     checked(w)
+
+
+def test_tag_gives_a_tie_to_the_later_change_in_commit_order(spark):
+    """Two changes of an account with one ``updated_at``: the later one in commit order wins (a
+    later version; within a version its post-image, numbered after its deletes: an overwrite deletes
+    and inserts every row again). Before, a delete won every tie: a refreshed dimension rejected
+    every later payment as an unknown account."""
+    from datetime import datetime
+
+    from checkpoint_lib.pipelines.enrichment import MAIN, TagRegion
+
+    t, later = datetime(2026, 1, 1, 10), datetime(2026, 1, 1, 11)
+    accounts = spark.createDataFrame(
+        [("a", "eu", "open", t, "delete", 3, 0), ("a", "eu", "open", t, "insert", 3, 1),  # an overwrite
+         ("b", "us", "open", t, "insert", 3, 2), ("b", "us", "open", t, "delete", 4, 0)],  # then a removal
+        "account string, region string, status string, updated_at timestamp, change string, src_version long, "
+        "src_row long")
+    payments = spark.createDataFrame([("e1", "a", 5, later, 7, "f", 0), ("e2", "b", 6, later, 7, "f", 1)],
+                                     "event_id string, account string, amount_cents long, ts timestamp, "
+                                     "src_version long, src_file string, src_row long")
+    state = spark.createDataFrame([], "account string, region string, status string, updated_at timestamp")
+    new_state, out = TagRegion().apply(payments, accounts, state, "account")
+    assert [r.event_id for r in out[MAIN].collect()] == ["e1"]
+    assert [(r.event_id, r.reason) for r in out["rejected"].collect()] == [("e2", "unknown account")]
+    assert sorted((r.account, r.status) for r in new_state.collect()) == [("a", "open"), ("b", "removed")]

@@ -9,7 +9,9 @@ refusal (one of ``neighbours.REFUSALS``, naming the table or source and what to 
   of an append, read as inserts, compacted and gone): ``SourceFilesLostError``; RESTORE:
   ``ChangeFeedUnavailableError`` (Delta records no row changes for it: its feed lists whole files,
   unchanged rows as deleted and inserted again with their old values, which no "as of" lookup can
-  apply); an overwrite that changes a column's type: ``SchemaMismatchError``; the feed turned off,
+  apply); an overwrite with the same rows (a refresh: every row deleted and inserted again in one
+  version): exactly once, every account kept; an overwrite that changes a column's type:
+  ``SchemaMismatchError``; the feed turned off,
   a row changed, the feed on again: ``ChangeFeedUnavailableError``.
 - ``payments`` (an append-only Delta table): OPTIMIZE, and OPTIMIZE then VACUUM RETAIN 0 HOURS,
   while the graph is down after a kill at ``complete`` or ``sink_commit``, and inside a step (its
@@ -28,7 +30,8 @@ import pytest
 import neighbours as nb
 from checkpoint_lib.delta import log as delta_log
 from checkpoint_lib.pipelines.enrichment import graph
-from checkpoint_lib.pipelines.enrichment_data import ACCOUNTS_PATH, PAYMENTS_PATH, check_enrichment, generate
+from checkpoint_lib.pipelines.enrichment_data import (ACCOUNTS_PATH, PAYMENTS_PATH, TAGGED_PATH, bad_payments,
+                                                      check_enrichment, generate)
 from checkpoint_lib.spark.graph_runner import GraphRunner
 from in_process_kills import raise_at
 
@@ -143,6 +146,39 @@ def test_an_overwrite_that_changes_a_column_type_is_refused(spark, tmp_path):
     with pytest.raises(Exception) as info:
         runner(spark, w).run()
     refused(info.value, "SchemaMismatchError", "updated_at", "accounts")
+
+
+@pytest.mark.slow  # CI tier: the RESTORE case above; the tie rule of tag and of the verifier (test_enrichment.py,
+# test_enrichment_data.py)
+def test_a_dimension_refreshed_by_an_overwrite_keeps_every_account(spark, tmp_path):
+    """The accounts table overwritten with its own rows (a nightly refresh): Delta writes no change
+    files for it, so its feed deletes every row and inserts it again in one version, with the same
+    ``updated_at``. The insert is the table after the commit: every account stays what it was, the
+    payments after it are tagged (before, ``tag`` let the delete win that tie and rejected every
+    later payment as an unknown account), and the verifier agrees."""
+    import pandas as pd
+
+    from checkpoint_lib.verify import read_delta
+
+    w = str(tmp_path)
+
+    def refresh() -> None:
+        spark.read.format("delta").load(accounts(w)).write.format("delta").mode("overwrite").save(accounts(w))
+
+    land(w, 1)
+    runner(spark, w).run()
+    refresh()
+    land(w, 2)
+    runner(spark, w).run()
+    exactly_once(w)
+    present = read_delta(accounts(w))
+    open_now = set(present[present.status == "open"].account)
+    landing = read_delta(payments(w))
+    later = landing[landing.ts > pd.Timestamp(present.updated_at.max())]
+    tagged = set(read_delta(f"{w}/{TAGGED_PATH}").event_id)
+    assert not later.empty
+    later = later[~bad_payments(later)]  # the dead letters
+    assert {e for e, a in zip(later.event_id, later.account) if a in open_now} <= tagged
 
 
 @pytest.mark.slow  # CI tier: the RESTORE case below; the linear matrix's cases in test_lakehouse.py
