@@ -43,3 +43,53 @@ def test_enrichment_killed_by_sigkill_recovers_exactly_once(tmp_path, kill_at):
     assert "restored checkpoint" in done.stdout or "starting from scratch" in done.stdout, done.stdout
     result = check_enrichment(w)
     assert result.ok, result.summary()
+
+
+@pytest.mark.slow  # CI tier: the graph runner answering requests in process (tests/spark/test_graph_runner.py, slow)
+# and which barrier answers which request (tests/delta/test_control.py)
+def test_a_savepoint_of_a_running_graph_is_taken_by_it_without_stopping_it(tmp_path):
+    """``ckpt savepoint enrichment`` while ``ckpt run enrichment --follow`` runs: the running graph's
+    next step takes it (no new epoch, nothing replayed, the run goes on and stops cleanly), more
+    lands, and the outputs are exactly once; restoring the savepoint then is exactly once too."""
+    import sys
+    import time
+
+    from checkpoint_lib.delta.store import DeltaCheckpointStore
+
+    w = str(tmp_path)
+    generate(None, w, 600, rounds=3, accounts=30, seed=12)
+    store = DeltaCheckpointStore(tmp_path / "_checkpoints" / "enrichment")
+    cmd = ckpt_run_argv("enrichment", w, "--rows-per-checkpoint", str(ROWS_PER_CHECKPOINT), "--follow", "--poll", "0.5")
+    running = subprocess.Popen(cmd, env=ckpt_run_env("local[2]"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not store.checkpoints.all():  # under way: its first checkpoint completed
+            assert running.poll() is None and time.monotonic() < deadline, running.communicate()
+            time.sleep(0.5)
+        epoch = store.epochs.current()
+        taken = subprocess.run([sys.executable, "-m", "checkpoint_lib.cli", "savepoint", "enrichment", "--warehouse", w],
+                               env=ckpt_run_env("local[2]"), capture_output=True, text=True, timeout=TIMEOUT)
+        assert taken.returncode == 0 and "taken by the running pipeline" in taken.stdout, \
+            taken.stdout + taken.stderr[-3000:]
+        assert running.poll() is None, "the savepoint stopped the running graph"
+        assert store.epochs.current() == epoch  # no recovery
+        savepoint = max(store.checkpoints.all(), key=lambda c: c.checkpoint_id)
+        assert savepoint.is_savepoint
+        generate(None, w, 200, rounds=1, accounts=30, seed=13)
+        deadline = time.monotonic() + TIMEOUT
+        while not check_enrichment(w).ok:  # the running graph reads what landed
+            assert running.poll() is None and time.monotonic() < deadline, running.communicate()
+            time.sleep(2)
+    finally:
+        running.send_signal(signal.SIGTERM)
+        out, err = running.communicate(timeout=TIMEOUT)
+    assert running.returncode == 0, out + err[-3000:]
+    assert store.epochs.current() == epoch
+    again = subprocess.run([*ckpt_run_argv("enrichment", w, "--rows-per-checkpoint", str(ROWS_PER_CHECKPOINT)),
+                            "--checkpoint", str(savepoint.checkpoint_id)],
+                           env=ckpt_run_env("local[2]"), capture_output=True, text=True, timeout=TIMEOUT)
+    assert again.returncode == 0 and f"restored checkpoint {savepoint.checkpoint_id}" in again.stdout, \
+        again.stdout + again.stderr[-3000:]
+    result = check_enrichment(w)
+    assert result.ok, result.summary()
