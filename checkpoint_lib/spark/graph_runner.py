@@ -15,7 +15,9 @@ at the step's end with nothing in flight: aligned in every mode, no channel stat
    the receiver's subtasks (:func:`~checkpoint_lib.spark.partitioning.route_records`) and **runs**
    each operator (:mod:`.vertices.operator`): sinks staged into every subtask's open transaction,
    keyed state MERGEd into the operator's state table;
-3. at a checkpoint, **snapshots** every vertex: each source acknowledges its offset, each operator
+3. at a checkpoint (the step's barrier: a periodic one, or one answering "checkpoint now" and
+   savepoint requests, :func:`~checkpoint_lib.checkpoint_requests.next_trigger`, also in a step that
+   reads nothing), **snapshots** every vertex: each source acknowledges its offset, each operator
    subtask pins its state version (its key groups) and pre-commits its sinks' transactions; the
    acks are durable in one commit, then the coordinator completes the checkpoint and every sink
    commits up to it (:func:`~checkpoint_lib.core.twophase.commit_up_to`).
