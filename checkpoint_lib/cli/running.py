@@ -4,8 +4,8 @@ else taken here) and ``demo``; on a terminal a live bar over the rows left to re
 
 ``run`` and ``recover`` also run a dataflow graph (:class:`~checkpoint_lib.spark.graph_runner.GraphRunner`:
 every vertex in this process, every edge chained), with the options that make sense for it; the
-others are refused before Spark starts (:func:`graph_option_problems`), as is ``recover --dry-run``
-of a graph; ``savepoint`` of a running graph is taken by its next step, as a linear pipeline's; ``recover`` of a graph runs the after-restore suite the graph declares
+others are refused before Spark starts (:func:`graph_option_problems`); ``recover --dry-run``
+previews a graph's recovery vertex by vertex; ``savepoint`` of a running graph is taken by its next step, as a linear pipeline's; ``recover`` of a graph runs the after-restore suite the graph declares
 (``Graph.quality``), or skips it, saying so, when it declares none."""
 
 from __future__ import annotations
@@ -156,10 +156,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
     if args.dry_run:  # delta-rs only: no JVM
         from ..delta.inspect import recovery_preview
 
-        if graph:
-            raise ValueError(f"{args.pipeline} is a dataflow graph: `ckpt recover --dry-run` previews a linear "
-                             "pipeline's recovery only so far (ckpt checkpoints list/show read a graph's checkpoints)")
-        preview = recovery_preview(args.warehouse, context.pipeline(args.pipeline), args.checkpoint)
+        preview = recovery_preview(args.warehouse, context.declared(args.pipeline), args.checkpoint)
         if wants_json(args):
             emit(preview.to_dict())
         else:

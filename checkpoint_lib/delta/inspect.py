@@ -385,10 +385,9 @@ def _newest_stamp(target: Any, prefix: str, upto: int) -> int | None:
     return None
 
 
-def _sink_preview(warehouse: str, pipeline: Pipeline, name: str, plan: RecoveryPlan) -> SinkPreview:
-    spec = pipeline.sinks[name]
+def _sink_preview(warehouse: str, pipeline: str, name: str, spec: Any, plan: RecoveryPlan) -> SinkPreview:
     target = location(warehouse) / spec.path
-    prefix = stamp_prefix(pipeline.name, name)
+    prefix = stamp_prefix(pipeline, name)
     now = latest_version(target)
     after = None
     if now is not None and plan.rollback_after is not None:
@@ -408,11 +407,11 @@ def _sink_preview(warehouse: str, pipeline: Pipeline, name: str, plan: RecoveryP
                        tuple(t.handle for t in recommit), committed, tuple(aborts))
 
 
-def _operator_preview(warehouse: str, pipeline: Pipeline, c: CompletedCheckpoint) -> OperatorPreview | None:
-    acks = _keyed_acks(pipeline.operator_uid, c)
+def _operator_preview(warehouse: str, pipeline: str, uid: str, c: CompletedCheckpoint) -> OperatorPreview | None:
+    acks = _keyed_acks(uid, c)
     if not acks:
         return None
-    path = state_table(checkpoint_root(warehouse, pipeline.name), pipeline.operator_uid)
+    path = state_table(checkpoint_root(warehouse, pipeline), uid)
     keys, tables = 0, {}
     for _sid, pinned in acks:
         version = pinned.table_version
@@ -421,24 +420,23 @@ def _operator_preview(warehouse: str, pipeline: Pipeline, c: CompletedCheckpoint
         keys += _count(tables[version], f"{KEY_GROUP} between {pinned.key_groups.start} and {pinned.key_groups.end}")
     spans = [(pinned.key_groups.start, pinned.key_groups.end) for _s, pinned in acks]
     return OperatorPreview(
-        pipeline.operator_uid, str(path), latest_version(path), tuple(sorted(tables)),
+        uid, str(path), latest_version(path), tuple(sorted(tables)),
         (min(lo for lo, _ in spans), max(hi for _, hi in spans)), len(acks), keys,
         sum(c.acks[s].state_size_bytes for s, _ in acks))
 
 
-def _source_preview(warehouse: str, pipeline: Pipeline, c: CompletedCheckpoint) -> SourcePreview | None:
-    offsets = sorted({SourceAckState.from_state(a.state).version for s, a in c.acks.items() if s.operator == "source"})
-    if not offsets or pipeline.source_spec is None:
+def _source_preview(warehouse: str, pipeline: str, source: str, spec: Any, c: CompletedCheckpoint) -> SourcePreview | None:
+    offsets = sorted({SourceAckState.from_state(a.state).version for s, a in c.acks.items() if s.operator == source})
+    if not offsets or spec is None:
         return None
     offset = min(offsets)  # every source subtask shares the offset
-    spec = pipeline.source_spec
     # a Delta table's versions are the offsets: rows it added, or (a change feed) rows it changed
     planner = (ChangeFeedPlanner if isinstance(spec, ChangeFeedSource)
                else StepPlanner if isinstance(spec, DeltaSource) else None)
     if planner is not None:
         table, shown = location(warehouse) / spec.path, spec.path
     else:  # a landing folder: its manifest table's version is the offset
-        table, shown = source_manifest(checkpoint_root(warehouse, pipeline.name)), f"{spec.path} (manifest)"
+        table, shown = source_manifest(checkpoint_root(warehouse, pipeline)), f"{spec.path} (manifest)"
     now = latest_version(table)
     rows: int | None = None  # a manifest's versions add files, whose rows nobody counted yet
     if planner is not None:
@@ -449,24 +447,27 @@ def _source_preview(warehouse: str, pipeline: Pipeline, c: CompletedCheckpoint) 
     return SourcePreview(shown, offset, now, rows)
 
 
-def recovery_preview(warehouse: str, pipeline: Pipeline | str, checkpoint_id: int | None = None,
+def recovery_preview(warehouse: str, pipeline: Pipeline | StreamGraph | str, checkpoint_id: int | None = None,
                      plan: RecoveryPlan | None = None) -> RecoveryPreview:
-    """What a recovery of ``pipeline`` to ``checkpoint_id`` (None: the latest completed, or the one
-    an owed rollback names) would do, with the tables it touches read (read-only; the store's
-    :meth:`~checkpoint_lib.delta.store.DeltaCheckpointStore.recovery_plan` is the plan)."""
+    """What a recovery of ``pipeline`` (a linear pipeline, a dataflow graph, or a registered name)
+    to ``checkpoint_id`` (None: the latest completed, or the one an owed rollback names) would do,
+    with the tables it touches read (read-only; the store's
+    :meth:`~checkpoint_lib.delta.store.DeltaCheckpointStore.recovery_plan` is the plan): every sink,
+    every keyed operator, every source of the pipeline's graph (a linear pipeline's two vertices)."""
     if isinstance(pipeline, str):
-        from ..pipelines import get
+        from ..pipelines import declared
 
-        pipeline = get(pipeline)
+        pipeline = declared(pipeline)
+    graph = pipeline if isinstance(pipeline, StreamGraph) else from_pipeline(pipeline)
     warehouse = warehouse_location(warehouse)
     if plan is None:
-        plan = _store(warehouse, pipeline.name).recovery_plan(checkpoint_id)
+        plan = _store(warehouse, graph.name).recovery_plan(checkpoint_id)
     c = plan.checkpoint
-    sinks = tuple(_sink_preview(warehouse, pipeline, name, plan) for name in pipeline.sinks)
+    sinks = tuple(_sink_preview(warehouse, graph.name, s.name, s.spec, plan) for s in graph.sinks)
     if c is None:
-        return RecoveryPreview(pipeline.name, plan, sinks)
-    operator = _operator_preview(warehouse, pipeline, c) if pipeline.keyed else None
-    source = _source_preview(warehouse, pipeline, c)
+        return RecoveryPreview(graph.name, plan, sinks)
+    operators = tuple(o for v in graph.operators if v.kind is not OperatorKind.STATELESS
+                      if (o := _operator_preview(warehouse, graph.name, v.uid, c)) is not None)
+    sources = tuple(p for v in graph.sources if (p := _source_preview(warehouse, graph.name, v.name, v.spec, c)) is not None)
     channel = {str(s): c.acks[s].channel_state_rows for s in plan.replay_channel_state}
-    return RecoveryPreview(pipeline.name, plan, sinks, (operator,) if operator else (), (source,) if source else (),
-                           channel)
+    return RecoveryPreview(graph.name, plan, sinks, operators, sources, channel)

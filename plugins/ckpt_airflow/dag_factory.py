@@ -36,13 +36,11 @@ plans have one group, ``all`` (every vertex in one process, every edge chained),
 - ``<graph>_run``: one task per process group, ``run_<group>`` (today ``run_all``), in the plan's
   topological order, a group downstream of every group a non-feedback edge of the graph reaches it
   from; scheduled as the linear run DAG; each task has its group's sinks as outlets.
-- ``<graph>_recover``: manual, with a form: ``checkpoint_id``, ``allow_non_restored_state``.
-  ``validate_params`` -> pause -> ``recover`` -> unpause (always). Neither the dry run (its plan
-  preview: ``ckpt recover --dry-run`` previews a linear pipeline's recovery only, so a ``dry_run``
-  in the run's conf fails ``validate_params`` before anything is touched) nor the after-restore
-  validation (the quality suites check linear pipelines only) exists for a graph yet: those tasks
-  are left out, as the DAG's doc says. No ``mode`` either: every edge is chained, so every
-  checkpoint of a graph is aligned.
+- ``<graph>_recover``: manual, with a form: ``checkpoint_id``, ``allow_non_restored_state``,
+  ``dry_run``. ``validate_params`` (prints the plan, every sink, keyed operator and source) ->
+  ``unless_dry_run`` -> pause -> ``recover`` -> unpause (always). No ``validate_restore`` task
+  (the recover task's ``ckpt recover`` runs the graph's own suite when it declares one) and no
+  ``mode``: every edge is chained, so every checkpoint of a graph is aligned.
 - ``<graph>_maintenance``: as a linear pipeline's (the retention rules read the control tables and
   the data plane's folders, whatever declared them).
 - ``<graph>_snapshot``: a linear pipeline's snapshot DAG (``trigger`` -> ``wait_for_acks`` ->
@@ -259,18 +257,17 @@ def build_graph_run_dag(graph: Any, s: dict[str, Any]) -> DAG:
 
 
 GRAPH_RECOVER_DOC = (
-    "Recovers dataflow graph `{name}`: validate_params -> pause -> recover (new epoch, restore every "
-    "vertex's state, re-commit or abort every sink's transactions, replay) -> unpause (always).\n\n"
-    "**Not for a graph yet:** no dry run (`ckpt recover --dry-run` previews a linear pipeline's recovery "
-    "only: a `dry_run` in the run's conf fails validate_params, touching nothing) and no after-restore "
-    "validation (the quality suites check linear pipelines only), so this DAG has neither the "
-    "`unless_dry_run` nor the `validate_restore` task; no `mode` (every checkpoint of a graph is aligned)."
+    "Recovers dataflow graph `{name}`: validate_params (prints the plan: every sink, keyed operator and source) "
+    "-> unless_dry_run -> pause -> recover (new epoch, restore every vertex's state, re-commit or abort every "
+    "sink's transactions, replay) -> unpause (always).\n\n"
+    "**Not for a graph yet:** the `validate_restore` task (the recover task's `ckpt recover` runs the graph's own "
+    "suite, `Graph.quality`, when it declares one); no `mode` (every checkpoint of a graph is aligned)."
 )
 
 
 def build_graph_recover_dag(graph: Any, s: dict[str, Any]) -> DAG:
-    """``<graph>_recover``: the linear recover DAG without its dry run and after-restore validation
-    (refused for graphs, see :data:`GRAPH_RECOVER_DOC`), with ``allow_non_restored_state``."""
+    """``<graph>_recover``: the linear recover DAG without a barrier mode and the ``validate_restore``
+    task (see :data:`GRAPH_RECOVER_DOC`), with ``allow_non_restored_state``."""
     name = graph.name
     with _dag(
         name, "recover", "restore a checkpoint and replay (manual, with a form)", s,
@@ -287,12 +284,13 @@ def build_graph_recover_dag(graph: Any, s: dict[str, Any]) -> DAG:
                 False, type="boolean", title="Allow non-restored state",
                 description="drop the checkpoint's state of operators the graph no longer has (else refused)",
             ),
+            "dry_run": Param(False, type="boolean", title="Dry run", description="only print the recovery plan"),
         },
     ) as dag:
         validate = ValidateRecoveryParamsOperator(
             task_id="validate_params", pipeline=name, checkpoint_id="{{ params.checkpoint_id }}",
             mode="aligned", allow_non_restored_state="{{ params.allow_non_restored_state }}",
-            dry_run="{{ (dag_run.conf or {}).get('dry_run', False) }}", preview=False,
+            dry_run="{{ params.dry_run }}",
         )
         pause = PausePipelineOperator(task_id="pause", pipeline=name, dag_ids=[f"{name}_run", f"{name}_snapshot"])
         recover = RecoverPipelineOperator(
@@ -301,7 +299,7 @@ def build_graph_recover_dag(graph: Any, s: dict[str, Any]) -> DAG:
         )
         unpause = UnpausePipelineOperator(task_id="unpause", pipeline=name,
                                           paused_dag_ids="{{ ti.xcom_pull(task_ids='pause') }}")
-        validate >> pause >> recover >> unpause
+        validate >> _dry_run_gate(validate.output) >> pause >> recover >> unpause
         unpause.as_teardown(setups=pause)  # as the linear recover DAG's: a failed recovery still unpauses
     return dag
 

@@ -155,20 +155,16 @@ class ValidateRecoveryParamsOperator(CheckpointBaseOperator):
     """Check a recovery's parameters before anything is touched: the checkpoint id ('latest' or a
     retained completed checkpoint), the mode, ``allow_non_restored_state``. Fails at once (no retry)
     with a clear message. Logs the recovery plan (what ``ckpt recover --dry-run`` prints) and returns
-    the normalised parameters.
-
-    ``preview=False`` (a dataflow graph's recovery): there is no plan to preview yet (``ckpt recover
-    --dry-run`` previews a linear pipeline's recovery only), so nothing is previewed and a dry run
-    is refused, failing the task before anything is touched."""
+    the normalised parameters (a dataflow graph's plan too: every sink, keyed operator and source)."""
 
     template_fields: Sequence[str] = ("pipeline", "checkpoint_id", "mode", "dry_run", "allow_non_restored_state")
     skip_when_paused = False
 
     def __init__(self, *, checkpoint_id: Any = "latest", mode: str = "aligned", dry_run: Any = False,
-                 allow_non_restored_state: Any = False, preview: bool = True, **kwargs: Any):
+                 allow_non_restored_state: Any = False, **kwargs: Any):
         super().__init__(**kwargs)
         self.checkpoint_id, self.mode, self.dry_run = checkpoint_id, mode, dry_run
-        self.allow_non_restored_state, self.preview = allow_non_restored_state, preview
+        self.allow_non_restored_state = allow_non_restored_state
 
     def execute(self, context: Any) -> dict[str, Any]:
         from checkpoint_lib.core.errors import UnknownCheckpointError
@@ -176,10 +172,6 @@ class ValidateRecoveryParamsOperator(CheckpointBaseOperator):
 
         dry_run = _flag("dry_run", self.dry_run)
         allow = _flag("allow_non_restored_state", self.allow_non_restored_state)
-        if dry_run and not self.preview:
-            raise AirflowFailException(
-                f"{self.pipeline} is a dataflow graph: its recovery has no dry run yet (`ckpt recover --dry-run` "
-                "previews a linear pipeline's recovery only); nothing was changed")
         try:
             cid = self.hook.control().resolve_checkpoint(self.checkpoint_id)
         except (ValueError, UnknownCheckpointError) as exc:
@@ -187,12 +179,8 @@ class ValidateRecoveryParamsOperator(CheckpointBaseOperator):
         if self.mode not in MODES:
             raise AirflowFailException(f"invalid mode {str(self.mode)[:40]!r}: one of {', '.join(MODES)}")
         params = {"checkpoint_id": cid, "mode": self.mode, "dry_run": dry_run, "allow_non_restored_state": allow}
-        if self.preview:
-            params["plan"] = self.hook.recovery_plan(cid)
-            self.log.info("recovery plan for %s:\n%s", self.pipeline, params["plan"])
-        else:
-            self.log.info("recovery of %s to %s: no preview of a dataflow graph's recovery yet", self.pipeline,
-                          "the latest completed checkpoint" if cid is None else f"checkpoint {cid}")
+        params["plan"] = self.hook.recovery_plan(cid)
+        self.log.info("recovery plan for %s:\n%s", self.pipeline, params["plan"])
         if dry_run:
             self.log.info("dry run: nothing was changed")
         return params

@@ -539,7 +539,7 @@ def _default_mode(dag: Any) -> str:
 
 
 def _takes_mode(dag: Any) -> bool:
-    """Whether the recover DAG takes a barrier mode and a dry run (a linear pipeline's does)."""
+    """Whether the recover DAG takes a barrier mode (a linear pipeline's does)."""
     try:
         return "mode" in dag.params
     except TypeError:
@@ -573,13 +573,15 @@ def recover_form(pipeline: str, checkpoint_id: str, user: GetUserDep) -> str:
         parts.append(f"<p><strong>{dag_id} is not in Airflow yet</strong> (the dag-processor has not parsed the "
                      "DAGs folder): nothing can be triggered.</p></body></html>")
         return "".join(parts)
-    if not _takes_mode(dag):  # a dataflow graph's recover DAG: every edge chained, no dry run yet
+    if not _takes_mode(dag):  # a dataflow graph's recover DAG: every edge chained, no barrier mode
         parts.append(
             f"<p>This starts a run of <a href='/dags/{dag_id}' target='_top'>{dag_id}</a> with checkpoint id {cid}. "
-            "It pauses the graph's run DAG, starts a new epoch that restores every operator's state of checkpoint "
+            "It pauses the graph's DAGs, starts a new epoch that restores every operator's state of checkpoint "
             f"{cid}, commits what the checkpoint's sinks pre-committed and aborts what later attempts left, replays "
-            "every source from the checkpoint's offsets and unpauses the DAG.</p>"
+            "every source from the checkpoint's offsets and unpauses the DAGs.</p>"
             "<form method='post' target='_top'>"
+            "<p><label><input type='checkbox' name='dry_run' value='true'> Dry run: only print the recovery plan "
+            "(in the run's log)</label></p>"
             f"<p><button type='submit'>Recover {html.escape(pipeline)} to checkpoint {cid}</button></p></form>"
             "</body></html>")
         return "".join(parts)
@@ -619,14 +621,12 @@ def recover(pipeline: str, checkpoint_id: str, request: Request, user: GetUserDe
         raise HTTPException(status_code=400, detail=f"mode must be one of {', '.join(MODES)}")
     if dry_run not in ("true", "false"):
         raise HTTPException(status_code=400, detail="dry_run must be true or false")
-    conf: dict[str, Any] = {"checkpoint_id": str(cid)}
-    if not _is_registered_graph(control.pipeline_name):  # a graph's recover DAG takes neither yet
-        conf["dry_run"] = dry_run == "true"
-        if mode:
-            conf["mode"] = mode
-    elif dry_run == "true" or mode:
+    conf: dict[str, Any] = {"checkpoint_id": str(cid), "dry_run": dry_run == "true"}
+    if mode and _is_registered_graph(control.pipeline_name):
         raise HTTPException(status_code=400, detail=f"{control.pipeline_name} is a dataflow graph: its recovery takes "
-                                                    "no barrier mode and has no dry run yet")
+                                                    "no barrier mode (every checkpoint of a graph is aligned)")
+    if mode:
+        conf["mode"] = mode
     try:
         with create_session() as session:
             run = trigger_dag(dag_id, triggered_by=DagRunTriggeredByType.UI, triggering_user_name=user.get_name(),

@@ -464,11 +464,10 @@ def test_each_dag_has_a_checkpoints_tab_showing_its_pipeline(tmp_path, monkeypat
         assert api.get("nobody", "/checkpoints/?dag_id=payments_run").status_code == 403
 
 
-def test_a_graph_needs_read_access_to_its_dags_and_recovers_without_a_mode(tmp_path, monkeypatch,
+def test_a_graph_needs_read_access_to_its_dags(tmp_path, monkeypatch,
                                                                                            migrated_db):
     """A dataflow graph's page needs its run, snapshot and recover DAGs, as a linear pipeline's;
-    without the recover DAG nothing of it shows. Its recovery form offers no barrier mode
-    and no dry run (its recover DAG takes neither), and a POST asking for one is refused."""
+    without the recover DAG nothing of it shows."""
     warehouse = synthetic_graph_warehouse(synthetic_warehouse(tmp_path / "warehouse"))
     monkeypatch.setenv("CKPT_WAREHOUSE", str(warehouse))
     users = {"enrichment_reader": "viewer", "enrichment_run_reader": "viewer"}

@@ -2,8 +2,7 @@
 them (no Spark: a task per process group of the graph's job plan, the recover DAG's form and what
 it leaves out, the hook's ``spark-submit`` argv), and real runs on a tiny generated warehouse
 (SQLite, its own AIRFLOW_HOME, Spark local[2]) checked by the independent verifier: ``airflow dags
-test enrichment_run``, then (slow) the recover DAG (a refused dry run, a restore of an older
-checkpoint) and the maintenance DAG."""
+test enrichment_run``, then (slow) the recover DAG (a dry run, a restore of an older checkpoint) and the maintenance DAG."""
 
 from __future__ import annotations
 
@@ -59,22 +58,22 @@ def test_the_graph_run_dag_runs_its_one_process_group_as_one_task_on_the_run_sch
     assert "`all`" in run.doc_md
 
 
-def test_the_graph_recover_dag_has_its_form_and_leaves_out_the_dry_run_and_the_restore_validation(dagbag):
+def test_the_graph_recover_dag_has_its_form_and_dry_run_and_leaves_out_the_restore_validation(dagbag):
     from airflow.sdk.definitions.param import ParamsDict
     from airflow.sdk.exceptions import ParamValidationError
 
     rec = dagbag.dags["enrichment_recover"]
     assert rec.schedule is None and rec.max_active_runs == 1
-    assert [t.task_id for t in rec.topological_sort()] == ["validate_params", "pause", "recover", "unpause"]
+    assert [t.task_id for t in rec.topological_sort()] == ["validate_params", "unless_dry_run", "pause", "recover",
+                                                           "unpause"]
     assert rec.get_task("unpause").is_teardown
     assert rec.get_task("pause").dag_ids == ["enrichment_run", "enrichment_snapshot"]
     assert {o.uri for o in rec.get_task("recover").outlets} == SINKS
-    assert rec.get_task("validate_params").preview is False and rec.get_task("validate_params").mode == "aligned"
-    assert set(rec.params) == {"checkpoint_id", "allow_non_restored_state"}
-    assert "no dry run" in rec.doc_md and "no after-restore validation" in rec.doc_md
-    assert "`unless_dry_run` nor the `validate_restore` task" in rec.doc_md
+    assert rec.get_task("validate_params").mode == "aligned"
+    assert set(rec.params) == {"checkpoint_id", "allow_non_restored_state", "dry_run"}
+    assert "the `validate_restore` task" in rec.doc_md and "no `mode`" in rec.doc_md
     linear = {t.task_id for t in dagbag.dags["payments_recover"].tasks}
-    assert linear - {t.task_id for t in rec.tasks} == {"unless_dry_run", "validate_restore"}
+    assert linear - {t.task_id for t in rec.tasks} == {"validate_restore"}
     params = ParamsDict(rec.params)
     params["checkpoint_id"], params["allow_non_restored_state"] = "7", True
     params.validate()
@@ -165,23 +164,26 @@ def test_a_graph_runs_and_recovers_through_spark_submit_with_the_arguments_ckpt_
     assert len(submitted) == 2 and not (tmp_path / "_checkpoints").exists()
 
 
-def test_a_graphs_recovery_refuses_a_dry_run_before_touching_anything(tmp_path):
+def test_a_graphs_recovery_prints_its_plan_and_a_dry_run_touches_nothing(tmp_path):
     from airflow.sdk.exceptions import AirflowFailException
     from ckpt_airflow.operators import ValidateRecoveryParamsOperator
 
-    def validate(**kw):
-        return ValidateRecoveryParamsOperator(task_id="v", pipeline="enrichment", warehouse=str(tmp_path),
-                                              preview=False, **kw).execute({})
+    from synthetic_warehouse import synthetic_graph_warehouse
 
-    for dry_run in (True, "true"):
-        with pytest.raises(AirflowFailException, match="enrichment is a dataflow graph: its recovery has no dry run "
-                                                       "yet"):
-            validate(dry_run=dry_run)
+    w = synthetic_graph_warehouse(tmp_path / "w")
+    before = sorted(p.relative_to(w) for p in w.rglob("*"))
+
+    def validate(**kw):
+        return ValidateRecoveryParamsOperator(task_id="v", pipeline="enrichment", warehouse=str(w), **kw).execute({})
+
     with pytest.raises(AirflowFailException, match="invalid allow_non_restored_state"):
         validate(allow_non_restored_state="maybe")
-    assert not (tmp_path / "_checkpoints").exists()
-    assert validate(checkpoint_id="latest", allow_non_restored_state="true") == {
-        "checkpoint_id": None, "mode": "aligned", "dry_run": False, "allow_non_restored_state": True}  # no plan
+    params = validate(checkpoint_id="1", dry_run="true", allow_non_restored_state="true")
+    assert {k: v for k, v in params.items() if k != "plan"} == {
+        "checkpoint_id": 1, "mode": "aligned", "dry_run": True, "allow_non_restored_state": True}
+    assert params["plan"].startswith("recovery of enrichment: restore checkpoint 1")
+    assert "  tag  restores state table version 1" in params["plan"] and "landing/enrichment/accounts" in params["plan"]
+    assert sorted(p.relative_to(w) for p in w.rglob("*")) == before  # read only
 
 
 # --- real runs --------------------------------------------------------------------------------------
@@ -241,8 +243,8 @@ def test_the_graph_run_dag_runs_enrichment_end_to_end_exactly_once(ran):
 
 
 @pytest.mark.slow  # CI tier: CI runs the graph's run DAG above and its recovery through `ckpt recover`
-# (tests/spark/test_graph_cli.py); the refused dry run's task is checked without Spark above
-def test_the_graph_recover_dag_refuses_a_dry_run_then_restores_an_older_checkpoint_exactly_once(ran):
+# (tests/spark/test_graph_cli.py); the dry run's task is checked without Spark above
+def test_the_graph_recover_dag_dry_runs_then_restores_an_older_checkpoint_exactly_once(ran):
     from checkpoint_lib.control import PipelineControl
     from checkpoint_lib.pipelines.enrichment_data import generate
 
@@ -250,7 +252,7 @@ def test_the_graph_recover_dag_refuses_a_dry_run_then_restores_an_older_checkpoi
     epoch = control.store.epochs.current()
     out = _dags_test(ran["env"], "enrichment_recover", "-c", json.dumps({"checkpoint_id": "latest", "dry_run": True}),
                      check=False)
-    assert "its recovery has no dry run yet" in out and "state=success" not in out, out[-6000:]
+    assert "recovery of enrichment: restore checkpoint" in out and "dry run: nothing was changed" in out, out[-6000:]
     assert control.store.epochs.current() == epoch and control.paused() is None
     generate(None, str(ran["warehouse"]), 60, rounds=1, accounts=12, seed=12)  # more lands before the recovery
     oldest = min(c.checkpoint_id for c in control.store.checkpoints.all())

@@ -146,8 +146,7 @@ def test_a_declared_graph_is_drawn_by_reference_and_refused_by_the_commands_that
     assert drawings[0] == drawings[1] == drawings[2]
     assert drawings[0].splitlines()[0].startswith("joined: 3 vertices, 2 edges")
     assert "tag (two-input keyed Enrich, parallelism 3)" in drawings[0]
-    argv = ["recover", "joinflows:graph", "--dry-run", "--warehouse", str(tmp_path / "w")]
+    argv = ["savepoint", "joinflows:graph", "--stage", "keyed", "--warehouse", str(tmp_path / "w")]
     assert cli.main(argv) == cli.EXIT_USER_ERROR
-    assert "joined is a dataflow graph: `ckpt recover --dry-run` previews a linear pipeline's recovery " \
-           "only so far" in capsys.readouterr().err
+    assert "joined is a dataflow graph, which does not take --stage keyed" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()

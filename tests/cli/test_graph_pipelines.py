@@ -285,11 +285,8 @@ def test_every_refused_option_is_listed_at_once(registered, no_spark, capsys):
     assert "\n  - --parallelism" in err and "\n  - --no-chaining" in err
 
 
-def test_the_commands_a_graph_does_not_take_yet_refuse_it_before_anything_is_opened(registered, no_spark, capsys):
+def test_the_options_a_graph_does_not_take_refuse_it_before_anything_is_opened(registered, no_spark, capsys):
     w = registered / "w"
-    assert cli.main(["recover", "enrichment", "--dry-run", "--warehouse", str(w)]) == cli.EXIT_USER_ERROR
-    assert "enrichment is a dataflow graph: `ckpt recover --dry-run` previews a linear pipeline's recovery only so " \
-           "far" in capsys.readouterr().err
     assert cli.main(["savepoint", "enrichment", "--stage", "source", "--warehouse", str(w)]) == cli.EXIT_USER_ERROR
     assert "enrichment is a dataflow graph, which does not take --stage source" in capsys.readouterr().err
     assert not w.exists()

@@ -25,7 +25,7 @@ import pytest
 
 from checkpoint_lib import cli
 from checkpoint_lib.verify import read_delta
-from synthetic_warehouse import synthetic_graph_warehouse, synthetic_warehouse
+from synthetic_warehouse import GRAPH_KEYS, synthetic_graph_warehouse, synthetic_warehouse
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -236,6 +236,7 @@ GRAPH_READ_ONLY = {
     "state operator --uid": ["state", "operator", "enrichment", "--uid", "dedup", "--checkpoint", "1"],
     "state handles": ["state", "handles", "enrichment"],
     "checkpoints show (linear)": ["checkpoints", "show", "payments", "2"],
+    "recover --dry-run": ["recover", "enrichment", "--checkpoint", "1", "--dry-run"],
 }
 
 
@@ -311,6 +312,23 @@ def test_checkpoints_show_breaks_a_graphs_checkpoint_down_per_vertex(graph_wareh
     assert rows["sink region_totals"].startswith("  sink region_totals") and rows["sink region_totals"].endswith(
         "owns 1 transaction")
     assert any(line.startswith("tag[1]: {") for line in lines)  # then per subtask, as before
+
+
+def test_recover_dry_run_of_a_graph_previews_every_sink_operator_and_source(graph_warehouse, capsys):
+    doc = _json_of(["recover", "enrichment", "--checkpoint", "1", "--dry-run", "--warehouse", str(graph_warehouse)],
+                   capsys)
+    assert (doc["pipeline"], doc["checkpoint_id"], doc["new_epoch"], doc["rollback_after"]) == ("enrichment", 1, 2, 1)
+    assert [s["name"] for s in doc["sinks"]] == ["rejected", "tagged", "region_totals"]
+    assert [(o["operator"], o["versions_restored"], o["subtasks"], o["keys"]) for o in doc["operators"]] == [
+        ("tag", [1], 2, len(GRAPH_KEYS["tag"][0])), ("dedup", [1], 2, len(GRAPH_KEYS["dedup"][0])),
+        ("totals", [1], 1, len(GRAPH_KEYS["totals"][0]))]
+    assert [(s["table"], s["offset"]) for s in doc["sources"]] == [("landing/enrichment/payments", 1),
+                                                                  ("landing/enrichment/accounts", 11)]
+    assert doc["channel_state"] == {}
+    assert cli.main(["recover", "enrichment", "--checkpoint", "1", "--dry-run", "--warehouse", str(graph_warehouse)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("recovery of enrichment: restore checkpoint 1") and "  dedup  restores state table version 1" in text
+    assert "  landing/enrichment/accounts  after version 11" in text
 
 
 def test_checkpoints_show_gives_a_linear_pipeline_its_two_vertices(graph_warehouse, capsys):
