@@ -39,8 +39,8 @@ plans have one group, ``all`` (every vertex in one process, every edge chained),
 - ``<graph>_recover``: manual, with a form: ``checkpoint_id``, ``allow_non_restored_state``,
   ``dry_run``. ``validate_params`` (prints the plan, every sink, keyed operator and source) ->
   ``unless_dry_run`` -> pause -> ``recover`` -> unpause (always). No ``validate_restore`` task
-  (the recover task's ``ckpt recover`` runs the graph's own suite when it declares one) and no
-  ``mode``: every edge is chained, so every checkpoint of a graph is aligned.
+  yet (``ckpt validate <graph>`` runs the graph's own suite after a recovery) and no ``mode``:
+  every edge is chained, so every checkpoint of a graph is aligned.
 - ``<graph>_maintenance``: as a linear pipeline's (the retention rules read the control tables and
   the data plane's folders, whatever declared them).
 - ``<graph>_snapshot``: a linear pipeline's snapshot DAG (``trigger`` -> ``wait_for_acks`` ->
@@ -260,8 +260,9 @@ GRAPH_RECOVER_DOC = (
     "Recovers dataflow graph `{name}`: validate_params (prints the plan: every sink, keyed operator and source) "
     "-> unless_dry_run -> pause -> recover (new epoch, restore every vertex's state, re-commit or abort every "
     "sink's transactions, replay) -> unpause (always).\n\n"
-    "**Not for a graph yet:** the `validate_restore` task (the recover task's `ckpt recover` runs the graph's own "
-    "suite, `Graph.quality`, when it declares one); no `mode` (every checkpoint of a graph is aligned)."
+    "**Not for a graph yet:** the `validate_restore` task (run the graph's own after-restore suite, "
+    "`Graph.quality`, with `ckpt validate {name}` after the recovery); no `mode` (every checkpoint of a graph is "
+    "aligned)."
 )
 
 
