@@ -222,6 +222,8 @@ def graph_with_counts():
 
 
 @pytest.mark.race
+@pytest.mark.slow  # CI tier: the fences are the sink and state tables' own, shared with the linear runner
+# (tests/spark/test_fences.py, test_payments.py's zombie); the graph's recovery fences them in CI through its kills
 def test_an_older_attempt_still_running_is_fenced_out_of_every_table(spark, tmp_path):
     """Attempt A runs a step; attempt B recovers (a new epoch) and runs to the end; A, still alive,
     tries its next step: refused (its epoch is fenced), and the outputs stay exactly once."""
