@@ -74,8 +74,9 @@ def test_a_savepoint_of_a_running_graph_is_taken_by_it_without_stopping_it(tmp_p
             taken.stdout + taken.stderr[-3000:]
         assert running.poll() is None, "the savepoint stopped the running graph"
         assert store.epochs.current() == epoch  # no recovery
-        savepoint = max(store.checkpoints.all(), key=lambda c: c.checkpoint_id)
-        assert savepoint.is_savepoint
+        # the running graph goes on checkpointing: the savepoint is its newest savepoint
+        savepoint = max((c for c in store.checkpoints.all() if c.is_savepoint), key=lambda c: c.checkpoint_id)
+        assert f"savepoint {savepoint.checkpoint_id} taken" in taken.stdout
         generate(None, w, 200, rounds=1, accounts=30, seed=13)
         deadline = time.monotonic() + TIMEOUT
         while not check_enrichment(w).ok:  # the running graph reads what landed
