@@ -276,6 +276,13 @@ def check_state_ttl(ttl: Any, uid: str, state: Sequence[tuple[str, str]]) -> Sta
     return ttl
 
 
+def stored_state_columns(state: Sequence[tuple[str, str]], ttl: StateTtl | None) -> tuple[tuple[str, str], ...]:
+    """The columns of a keyed operator's state table besides the key and key group: its ``state``
+    columns, and :data:`TTL_COLUMN` when its state expires (``ttl``): one definition for linear
+    pipelines and graphs."""
+    return tuple(state) + (((TTL_COLUMN, "timestamp"),) if ttl is not None else ())
+
+
 def check_ttl_time_column(ttl: StateTtl, uid: str, kind: str | None, where: str) -> None:
     """``kind`` (the type of ``ttl.time_column`` in ``where``; None: no such column) must be a timestamp."""
     if kind is None or kind.lower() not in ("timestamp", "timestamp_ntz"):
@@ -479,7 +486,7 @@ class Pipeline:
     def stored_state_columns(self) -> tuple[tuple[str, str], ...]:
         """The columns of the state table besides the key and key group: the operator's, and
         :data:`TTL_COLUMN` when its state expires."""
-        return self.state_columns + (((TTL_COLUMN, "timestamp"),) if self.state_ttl else ())
+        return stored_state_columns(self.state_columns, self.state_ttl)
 
     def iterate(self) -> "Pipeline":
         """Close a cycle: the keyed operator also returns, under :data:`FEEDBACK`, records (of the

@@ -28,7 +28,8 @@ from ...core.keygroups import range_for_subtask
 from ...core.types import SubtaskAck, SubtaskId
 from ...graph.model import OperatorKind, OperatorVertex
 from ...layout import app_prefix, state_table
-from ...pipeline import DELETE, STATE_UPDATES, TTL_COLUMN, StateTtl, check_state_ttl, check_ttl_time_column
+from ...pipeline import (DELETE, STATE_UPDATES, StateTtl, check_state_ttl, check_ttl_time_column,
+                         stored_state_columns)
 from ...reserved import KEY_GROUP, SINK_SUBTASK
 from ...schema import columns
 from .. import tables
@@ -85,9 +86,9 @@ class OperatorVertexRun:
                 kind = next((f.dataType.simpleString() for f in df.schema.fields if f.name == self.ttl.time_column),
                             None)
                 check_ttl_time_column(self.ttl, self.uid, kind, f"the records of its input {n}")
-        stored = self.state_columns + (((TTL_COLUMN, "timestamp"),) if self.ttl is not None else ())
         self.state = KeyedStateTable(
-            self.spark, str(state_table(self.root, self.uid)), self.key, tables.struct_type(stored),
+            self.spark, str(state_table(self.root, self.uid)), self.key,
+            tables.struct_type(stored_state_columns(self.state_columns, self.ttl)),
             app_id=f"{app_prefix(self.graph.name)}/state/{self.uid}", key_type=key_type, ttl=self.ttl)
 
     def empty_state(self, key_type: T.DataType) -> DataFrame:
