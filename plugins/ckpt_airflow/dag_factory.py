@@ -38,9 +38,9 @@ plans have one group, ``all`` (every vertex in one process, every edge chained),
   from; scheduled as the linear run DAG; each task has its group's sinks as outlets.
 - ``<graph>_recover``: manual, with a form: ``checkpoint_id``, ``allow_non_restored_state``,
   ``dry_run``. ``validate_params`` (prints the plan, every sink, keyed operator and source) ->
-  ``unless_dry_run`` -> pause -> ``recover`` -> unpause (always). No ``validate_restore`` task
-  yet (``ckpt validate <graph>`` runs the graph's own suite after a recovery) and no ``mode``:
-  every edge is chained, so every checkpoint of a graph is aligned.
+  ``unless_dry_run`` -> pause -> ``recover`` -> ``validate_restore`` (the after-restore suite the
+  graph declares, ``Graph.quality``; skipped, saying so, for a graph that declares none) -> unpause
+  (always). No ``mode``: every edge is chained, so every checkpoint of a graph is aligned.
 - ``<graph>_maintenance``: as a linear pipeline's (the retention rules read the control tables and
   the data plane's folders, whatever declared them).
 - ``<graph>_snapshot``: a linear pipeline's snapshot DAG (``trigger`` -> ``wait_for_acks`` ->
@@ -259,16 +259,17 @@ def build_graph_run_dag(graph: Any, s: dict[str, Any]) -> DAG:
 GRAPH_RECOVER_DOC = (
     "Recovers dataflow graph `{name}`: validate_params (prints the plan: every sink, keyed operator and source) "
     "-> unless_dry_run -> pause -> recover (new epoch, restore every vertex's state, re-commit or abort every "
-    "sink's transactions, replay) -> unpause (always).\n\n"
-    "**Not for a graph yet:** the `validate_restore` task (run the graph's own after-restore suite, "
-    "`Graph.quality`, with `ckpt validate {name}` after the recovery); no `mode` (every checkpoint of a graph is "
-    "aligned)."
+    "sink's transactions, replay) -> validate_restore (the graph's own after-restore suite, `Graph.quality`, on "
+    "the latest completed checkpoint, as `ckpt validate {name}` runs it; skipped, saying why, when the graph "
+    "declares none) -> unpause (always).\n\n"
+    "**Not for a graph yet:** no `mode` (every checkpoint of a graph is aligned)."
 )
 
 
 def build_graph_recover_dag(graph: Any, s: dict[str, Any]) -> DAG:
-    """``<graph>_recover``: the linear recover DAG without a barrier mode and the ``validate_restore``
-    task (see :data:`GRAPH_RECOVER_DOC`), with ``allow_non_restored_state``."""
+    """``<graph>_recover``: the linear recover DAG without a barrier mode (see
+    :data:`GRAPH_RECOVER_DOC`), with ``allow_non_restored_state``; its ``validate_restore`` task runs
+    the graph's own after-restore suite, or skips when the graph declares none."""
     name = graph.name
     with _dag(
         name, "recover", "restore a checkpoint and replay (manual, with a form)", s,
@@ -298,10 +299,12 @@ def build_graph_recover_dag(graph: Any, s: dict[str, Any]) -> DAG:
             task_id="recover", pipeline=name, launcher=s["launcher"], rows_per_checkpoint=s["rows_per_checkpoint"],
             params_in="{{ ti.xcom_pull(task_ids='validate_params') }}", outlets=sink_assets(name),
         )
+        check = ValidateRestoreOperator(task_id="validate_restore", pipeline=name)  # the latest checkpoint
         unpause = UnpausePipelineOperator(task_id="unpause", pipeline=name,
                                           paused_dag_ids="{{ ti.xcom_pull(task_ids='pause') }}")
-        validate >> _dry_run_gate(validate.output) >> pause >> recover >> unpause
-        unpause.as_teardown(setups=pause)  # as the linear recover DAG's: a failed recovery still unpauses
+        validate >> _dry_run_gate(validate.output) >> pause >> recover >> check >> unpause
+        # as the linear recover DAG's: a failed recovery or check still unpauses, and fails the run
+        unpause.as_teardown(setups=pause)
     return dag
 
 

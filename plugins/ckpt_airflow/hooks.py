@@ -321,7 +321,7 @@ class CheckpointHook(BaseHook):
                 args += ["--checkpoint", str(int(checkpoint_id))]
             if allow_non_restored_state:
                 args += ["--allow-non-restored-state"]
-            self._submit("recover.py", args)  # `ckpt recover` of a graph skips the after-restore suites
+            self._submit("recover.py", args)  # `ckpt recover` validates too (a graph: its own suite, if any)
             return {"restored": checkpoint_id, "launcher": "spark-submit"}
         restore = dict(recover=True, restore_checkpoint=checkpoint_id,
                        allow_non_restored_state=allow_non_restored_state)

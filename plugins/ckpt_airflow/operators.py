@@ -259,8 +259,11 @@ class RecoverPipelineOperator(CheckpointBaseOperator):
 class ValidateRestoreOperator(CheckpointBaseOperator):
     """Consistency checks after a restore: ``checkpoint_lib.quality.validate_restore(spark,
     pipeline, warehouse, checkpoint_id)`` (``checkpoint_id`` None: the latest completed checkpoint)
-    and fails the task when the result is not a success. A pipeline without a quality spec is
-    skipped (the task shows as skipped, with the reason), never passed."""
+    and fails the task when the result is not a success. The pipeline is either kind the registry
+    declares (:func:`checkpoint_lib.pipelines.declared`): a linear pipeline runs its own suite, or
+    the generic one; a dataflow graph runs the after-restore suite it declares (``Graph.quality``),
+    and one that declares none is skipped before Spark starts (the task shows as skipped, with the
+    reason in its log), never passed."""
 
     template_fields: Sequence[str] = ("pipeline", "checkpoint_id")
     skip_when_paused = False
@@ -271,9 +274,17 @@ class ValidateRestoreOperator(CheckpointBaseOperator):
 
     def execute(self, context: Any) -> Any:
         from checkpoint_lib.control import parse_checkpoint_id
+        from checkpoint_lib.pipelines import declared, is_graph
         from checkpoint_lib.quality import validate_restore
+        from checkpoint_lib.quality.spec import NoGraphSuite, graph_spec
 
         cid = parse_checkpoint_id(self.checkpoint_id)
+        found = declared(self.pipeline)  # a linear pipeline, or a dataflow graph
+        if is_graph(found):
+            try:
+                graph_spec(found)
+            except NoGraphSuite as exc:  # as `ckpt recover` of such a graph: said, not passed
+                raise AirflowSkipException(f"restore validation of {self.pipeline} skipped: {exc}") from None
         result = validate_restore(self.hook.spark(), self.pipeline, self.hook.warehouse, cid, raise_on_failure=False)
         if result is False or (hasattr(result, "success") and not result.success):
             raise AirflowFailException(f"restore validation of {self.pipeline} failed: {result}")

@@ -1,12 +1,15 @@
 """The DAGs of a dataflow graph (the registered ``enrichment``): their structure as the DagBag loads
-them (no Spark: a task per process group of the graph's job plan, the recover DAG's form and what
-it leaves out, the hook's ``spark-submit`` argv), and real runs on a tiny generated warehouse
-(SQLite, its own AIRFLOW_HOME, Spark local[2]) checked by the independent verifier: ``airflow dags
-test enrichment_run``, then (slow) the recover DAG (a dry run, a restore of an older checkpoint) and the maintenance DAG."""
+them (no Spark: a task per process group of the graph's job plan, the recover DAG's form, what it
+leaves out and its ``validate_restore`` task, which skips a graph that declares no suite, the hook's
+``spark-submit`` argv), and real runs on a tiny generated warehouse (SQLite, its own AIRFLOW_HOME,
+Spark local[2]) checked by the independent verifier: ``airflow dags test enrichment_run``, then
+(slow) the recover DAG (a dry run, a restore of an older checkpoint validated by the graph's own
+suite), the recover DAG of a graph without a suite (its validation skipped) and the maintenance DAG."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -58,22 +61,35 @@ def test_the_graph_run_dag_runs_its_one_process_group_as_one_task_on_the_run_sch
     assert "`all`" in run.doc_md
 
 
-def test_the_graph_recover_dag_has_its_form_and_dry_run_and_leaves_out_the_restore_validation(dagbag):
+def test_the_graph_recover_dag_has_its_form_and_dry_run_and_validates_the_restore_as_the_linear_one(dagbag):
+    from airflow.sdk import TriggerRule
     from airflow.sdk.definitions.param import ParamsDict
     from airflow.sdk.exceptions import ParamValidationError
+    from ckpt_airflow.operators import ValidateRestoreOperator
 
     rec = dagbag.dags["enrichment_recover"]
     assert rec.schedule is None and rec.max_active_runs == 1
     assert [t.task_id for t in rec.topological_sort()] == ["validate_params", "unless_dry_run", "pause", "recover",
-                                                           "unpause"]
+                                                           "validate_restore", "unpause"]
     assert rec.get_task("unpause").is_teardown
     assert rec.get_task("pause").dag_ids == ["enrichment_run", "enrichment_snapshot"]
     assert {o.uri for o in rec.get_task("recover").outlets} == SINKS
     assert rec.get_task("validate_params").mode == "aligned"
     assert set(rec.params) == {"checkpoint_id", "allow_non_restored_state", "dry_run"}
-    assert "the `validate_restore` task" in rec.doc_md and "no `mode`" in rec.doc_md
-    linear = {t.task_id for t in dagbag.dags["payments_recover"].tasks}
-    assert linear - {t.task_id for t in rec.tasks} == {"validate_restore"}
+    check = rec.get_task("validate_restore")
+    assert isinstance(check, ValidateRestoreOperator) and (check.pipeline, check.checkpoint_id) == ("enrichment", None)
+    # wired as the linear recover DAG's: after recover, before the unpause teardown
+    linear = dagbag.dags["payments_recover"]
+    assert {t.task_id: t.upstream_task_ids for t in rec.tasks} == {t.task_id: t.upstream_task_ids for t in linear.tasks}
+    assert check.upstream_task_ids == {"recover"} and "validate_restore" in rec.get_task("unpause").upstream_task_ids
+    # a dry run stops at unless_dry_run: it skips its downstream (pause), and every task from there
+    # to validate_restore runs only when all before it succeeded, so the skip reaches validate_restore
+    gate = rec.get_task("unless_dry_run")
+    assert gate.ignore_downstream_trigger_rules is False and gate.downstream_task_ids == {"pause"}
+    assert [rec.get_task(t).trigger_rule for t in ("pause", "recover", "validate_restore")] == [TriggerRule.ALL_SUCCESS] * 3
+    assert "validate_restore" in {t.task_id for t in gate.get_flat_relatives(upstream=False)}
+    assert "-> validate_restore (the graph's own after-restore suite" in rec.doc_md and "no `mode`" in rec.doc_md
+    assert "Not for a graph yet:** the `validate_restore` task" not in rec.doc_md
     params = ParamsDict(rec.params)
     params["checkpoint_id"], params["allow_non_restored_state"] = "7", True
     params.validate()
@@ -186,6 +202,72 @@ def test_a_graphs_recovery_prints_its_plan_and_a_dry_run_touches_nothing(tmp_pat
     assert sorted(p.relative_to(w) for p in w.rglob("*")) == before  # read only
 
 
+PLAIN = """
+from checkpoint_lib.pipelines.enrichment import graph
+
+
+def declared():
+    \"\"\"enrichment's vertices as graph `plain`, which declares no quality suite.\"\"\"
+    return graph("plain")
+"""
+
+
+@pytest.fixture
+def plain_graph(tmp_path, monkeypatch):
+    """``plain_graph:declared``: a graph (``plain``) that declares no after-restore suite, importable
+    by reference; the registry's memory restored afterwards."""
+    from checkpoint_lib import pipelines
+
+    (tmp_path / "plain_graph.py").write_text(PLAIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(pipelines, "_loaded", {})
+    yield "plain_graph:declared"
+    sys.modules.pop("plain_graph", None)
+
+
+def test_the_restore_validation_task_runs_a_graphs_own_suite_and_skips_a_graph_without_one(plain_graph, tmp_path,
+                                                                                          monkeypatch):
+    """The task takes either kind of pipeline from the registry: the registered ``enrichment`` runs
+    its suite (a failure fails the task), a linear pipeline still runs its own, and a graph that
+    declares none (``plain``, by reference as its DAG file declares it) skips, saying why, before
+    Spark starts."""
+    import types
+
+    from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+    import checkpoint_lib.quality as quality
+    from ckpt_airflow.dag_factory import build_dags
+    from ckpt_airflow.hooks import CheckpointHook
+    from ckpt_airflow.operators import ValidateRestoreOperator
+
+    rec = build_dags(plain_graph)["plain_recover"]  # what its DAG file does: the name is known to the process
+    assert [t.task_id for t in rec.topological_sort()][-2:] == ["validate_restore", "unpause"]
+    asked, verdict = [], {"success": True}
+
+    def suite(spark, pipeline, warehouse, checkpoint_id, **kw):
+        asked.append((spark, pipeline, warehouse, checkpoint_id, kw))
+        return types.SimpleNamespace(**verdict)
+
+    monkeypatch.setattr(quality, "validate_restore", suite)
+    monkeypatch.setattr(CheckpointHook, "spark", lambda self: f"spark of {self.pipeline}")
+    w = str(tmp_path / "w")
+
+    def run(pipeline: str) -> None:
+        ValidateRestoreOperator(task_id="validate_restore", pipeline=pipeline, warehouse=w).execute({})
+
+    with pytest.raises(AirflowSkipException, match="restore validation of plain skipped: plain is a dataflow graph "
+                                                   r"that declares no quality suite: declare one with Graph\.quality"):
+        run("plain")
+    assert asked == []  # nothing validated, no Spark
+    run("enrichment")
+    run("payments")
+    assert asked == [("spark of enrichment", "enrichment", w, None, {"raise_on_failure": False}),
+                     ("spark of payments", "payments", w, None, {"raise_on_failure": False})]
+    verdict["success"] = False
+    with pytest.raises(AirflowFailException, match="restore validation of enrichment failed"):
+        run("enrichment")
+
+
 # --- real runs --------------------------------------------------------------------------------------
 
 
@@ -244,23 +326,87 @@ def test_the_graph_run_dag_runs_enrichment_end_to_end_exactly_once(ran):
 
 @pytest.mark.slow  # CI tier: CI runs the graph's run DAG above and its recovery through `ckpt recover`
 # (tests/spark/test_graph_cli.py); the dry run's task is checked without Spark above
-def test_the_graph_recover_dag_dry_runs_then_restores_an_older_checkpoint_exactly_once(ran):
+def test_the_graph_recover_dag_dry_runs_then_restores_an_older_checkpoint_exactly_once_and_validates_it(ran):
+    """A dry run prints the plan and skips the rest, the restore validation too; a real recovery
+    restores an older checkpoint, replays, and its ``validate_restore`` task runs the graph's own
+    after-restore suite (``enrichment_quality``) on the latest checkpoint, which passes."""
     from checkpoint_lib.control import PipelineControl
     from checkpoint_lib.pipelines.enrichment_data import generate
+    from checkpoint_lib.quality.records import ValidationLog
 
     control = PipelineControl(ran["warehouse"], "enrichment")
+    validations = ValidationLog(ran["warehouse"] / "_checkpoints" / "enrichment")
+    before = len(validations.rows())
     epoch = control.store.epochs.current()
     out = _dags_test(ran["env"], "enrichment_recover", "-c", json.dumps({"checkpoint_id": "latest", "dry_run": True}),
                      check=False)
     assert "recovery of enrichment: restore checkpoint" in out and "dry run: nothing was changed" in out, out[-6000:]
     assert control.store.epochs.current() == epoch and control.paused() is None
+    assert _task_states(ran["home"], "enrichment_recover") == {
+        "validate_params": "success", "unless_dry_run": "success", "pause": "skipped", "recover": "skipped",
+        "validate_restore": "skipped", "unpause": "skipped"}
+    assert len(validations.rows()) == before  # nothing validated
     generate(None, str(ran["warehouse"]), 60, rounds=1, accounts=12, seed=12)  # more lands before the recovery
     oldest = min(c.checkpoint_id for c in control.store.checkpoints.all())
-    _dags_test(ran["env"], "enrichment_recover", "-c", json.dumps({"checkpoint_id": str(oldest)}))
+    out = _dags_test(ran["env"], "enrichment_recover", "-c", json.dumps({"checkpoint_id": str(oldest)}))
     assert control.store.epochs.current() > epoch and control.paused() is None
+    assert _task_states(ran["home"], "enrichment_recover") == {
+        "validate_params": "success", "unless_dry_run": "success", "pause": "success", "recover": "success",
+        "validate_restore": "success", "unpause": "success"}
     checked(ran["warehouse"])
     events = _asset_events(ran["home"], "enrichment_recover")
     assert {uri for uri, _, _ in events} == SINKS and {e["restored"] for *_, e in events} == {oldest}
+    # the task ran the graph's own suite on the latest checkpoint, after the restore: recorded, passed
+    rows = validations.rows()
+    assert len(rows) == before + 1, rows
+    latest = max(c.checkpoint_id for c in control.store.checkpoints.all())
+    assert (rows[0]["kind"], rows[0]["success"], rows[0]["failed"]) == ("restore", True, 0), rows[0]["summary"]
+    assert (rows[0]["checkpoint_id"], rows[0]["epoch"]) == (latest, control.store.epochs.current())
+    assert rows[0]["evaluated"] > 0 and rows[0]["run_name"].startswith(f"enrichment-restore-c{latest}-")
+    assert "restore validation of enrichment passed" in out
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """A deployment of ``plain`` (enrichment's vertices, no quality suite), declared by reference in
+    a DAG file of its own (``build_dags("plain_graph:declared")``), on a tiny warehouse of its own,
+    after ``airflow dags test plain_run``."""
+    from checkpoint_lib.pipelines.enrichment_data import generate
+
+    root = tmp_path_factory.mktemp("graph-plain")
+    warehouse, home, dags, mods = root / "warehouse", root / "home", root / "dags", root / "mods"
+    dags.mkdir()
+    mods.mkdir()
+    (mods / "plain_graph.py").write_text(PLAIN)
+    (dags / "plain_dags.py").write_text('from ckpt_airflow.dag_factory import build_dags\n\n'
+                                        'globals().update(build_dags("plain_graph:declared"))\n')
+    settings = {"plain": {"rows_per_checkpoint": 10_000, "retries": 0}}
+    path = [str(mods), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = airflow_env(home, warehouse, CKPT_DAG_SETTINGS=json.dumps(settings), AIRFLOW__CORE__DAGS_FOLDER=str(dags),
+                      PYTHONPATH=os.pathsep.join(path))
+    migrate(home, env)
+    generate(None, str(warehouse), 60, rounds=1, accounts=12, seed=13)
+    _dags_test(env, "plain_run")
+    return {"warehouse": warehouse, "home": home, "env": env}
+
+
+@pytest.mark.slow  # CI tier: the task's skip is checked without Spark above (the same operator, the same registry)
+def test_the_recover_dag_of_a_graph_that_declares_no_suite_skips_the_restore_validation_saying_why(plain):
+    """Its ``validate_restore`` task is Airflow's skip, with the reason in the log, not a failure:
+    the recovery stands, the pipeline is unpaused, the run succeeds, nothing is recorded as validated."""
+    from checkpoint_lib.control import PipelineControl
+    from checkpoint_lib.quality.records import ValidationLog
+
+    control = PipelineControl(plain["warehouse"], "plain")
+    epoch = control.store.epochs.current()
+    out = _dags_test(plain["env"], "plain_recover", "-c", json.dumps({"checkpoint_id": "latest"}))
+    assert control.store.epochs.current() > epoch and control.paused() is None
+    assert _task_states(plain["home"], "plain_recover") == {
+        "validate_params": "success", "unless_dry_run": "success", "pause": "success", "recover": "success",
+        "validate_restore": "skipped", "unpause": "success"}
+    assert ("restore validation of plain skipped: plain is a dataflow graph that declares no quality suite" in out), \
+        out[-6000:]
+    assert ValidationLog(plain["warehouse"] / "_checkpoints" / "plain").rows() == []
 
 
 @pytest.mark.slow  # CI tier: CI runs the maintain task in tests/airflow/test_provider.py (control tables alone)
@@ -269,6 +415,20 @@ def test_the_graph_maintenance_dag_vacuums_its_state_tables_and_changes_no_outpu
     for uid in ("tag", "dedup", "totals"):
         assert f"_checkpoints/enrichment/state/{uid}" in out
     checked(ran["warehouse"])
+
+
+def _task_states(home: Path, dag_id: str) -> dict[str, str]:
+    """The state of every task of ``dag_id``'s latest run, from the deployment's DB."""
+    import sqlite3
+
+    db = sqlite3.connect(home / "airflow.db")
+    try:
+        rows = db.execute("SELECT task_id, state FROM task_instance WHERE dag_id = ? AND run_id = "
+                          "(SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1)",
+                          (dag_id, dag_id)).fetchall()
+    finally:
+        db.close()
+    return dict(rows)
 
 
 def _asset_events(home: Path, dag_id: str) -> list:
