@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar, Union
+from typing import Any, Callable, Generic, Mapping, TypeVar, Union
 
 from .clock import Clock
 from .errors import CorruptStreamError, FailureReason
@@ -386,6 +386,26 @@ class BarrierHandler:
         # older checkpoint after the coordinator aborted a newer one).
         self.latest_started = max(self.latest_started, cid)
         return [TakeSnapshot(barrier), ForwardBarrier(barrier), CheckpointDone(cid)]
+
+
+def carry_out(effects: Mapping[int, list[Effect]], effect: Callable[[int, Effect], None],
+              flush: Callable[[], None], snapshot: Callable[[int, TakeSnapshot], None]) -> None:
+    """Carry out the handlers' ``effects`` (subtask -> its effects, in order) with Spark work
+    batched: every subtask's effects up to its next :class:`TakeSnapshot` (``effect(subtask, e)``),
+    then one ``flush()`` of what was delivered, then those snapshots (``snapshot(subtask, e)``),
+    and so on; a last ``flush()`` at the end. A snapshot thus sees every delivery before it, and
+    none after it, of its subtask. The one order the runtime's stages and gates share."""
+    queues = {r: deque(es) for r, es in effects.items()}
+    while any(queues.values()):
+        for r, q in queues.items():
+            while q and not isinstance(q[0], TakeSnapshot):
+                effect(r, q.popleft())
+        snapping = [r for r, q in queues.items() if q and isinstance(q[0], TakeSnapshot)]
+        if snapping:
+            flush()
+            for r in snapping:
+                snapshot(r, queues[r].popleft())
+    flush()
 
 
 def create_handler(

@@ -21,7 +21,8 @@ from typing import Iterable, Mapping, Sequence, Union
 from .checkpoints import CompletedCheckpoint, PendingCheckpoint
 from .clock import Clock
 from .decider import CheckpointConfig, Verdict, decide
-from .errors import AckResult, CheckpointAbortedError, CheckpointError, FailureReason, FencedError
+from .errors import (AckResult, CheckpointAbortedError, CheckpointAlreadyStoredError, CheckpointError, FailureReason,
+                     FencedError)
 from .stores import CheckpointIdCounter, CompletedCheckpointStore
 from .types import Barrier, CheckpointId, CheckpointKind, CheckpointStatus, SubtaskAck, SubtaskId
 
@@ -323,6 +324,17 @@ class CheckpointCoordinator:
             self.last_end_time = now
             return [CheckpointAborted(pending.checkpoint_id, exc.reason or FailureReason.DECLINED,
                                       self.tasks, str(exc))]
+        except CheckpointAlreadyStoredError as exc:
+            # another process of the job completed it first (each process group acknowledges its
+            # own subtasks, and the last two may both see every ack): it is complete, not ours to
+            # announce; this process still commits its own sinks up to it
+            status = CheckpointStatus.COMPLETED if exc.completed else CheckpointStatus.DISCARDED
+            self._remember(pending.checkpoint_id, status)
+            self.last_end_time = now
+            if not exc.completed:
+                return []
+            self.consecutive_failures = 0
+            return [NotifyCheckpointComplete(pending.checkpoint_id, self.tasks)]
         except Exception as exc:  # the store is the adapter's: any failure means "not durable"
             self._remember(pending.checkpoint_id, CheckpointStatus.ABORTED)
             self.last_end_time = now

@@ -85,6 +85,16 @@ class CheckpointAbortedError(CheckpointError, ValueError):
         self.reason = reason
 
 
+class CheckpointAlreadyStoredError(CheckpointError, ValueError):
+    """Completing a checkpoint found it already stored: another process of the job (a dataflow
+    graph's process groups each acknowledge their subtasks) completed it first. ``completed``:
+    whether it stands completed (else it was since discarded)."""
+
+    def __init__(self, message: str, completed: bool = True):
+        super().__init__(message)
+        self.completed = completed
+
+
 class UnknownCheckpointError(CheckpointError, LookupError):
     """A checkpoint id that the store does not hold as completed."""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Protocol, Sequence
 
 from .checkpoints import CompletedCheckpoint
-from .errors import UnknownCheckpointError
+from .errors import CheckpointAlreadyStoredError, UnknownCheckpointError
 from .types import CheckpointId, SubtaskAck, SubtaskId
 
 
@@ -180,7 +180,7 @@ class InMemoryCompletedCheckpointStore:
 
     def add(self, checkpoint: CompletedCheckpoint) -> list[CompletedCheckpoint]:
         if any(c.checkpoint_id == checkpoint.checkpoint_id for c in self._checkpoints):
-            raise ValueError(f"checkpoint {checkpoint.checkpoint_id} is already stored")
+            raise CheckpointAlreadyStoredError(f"checkpoint {checkpoint.checkpoint_id} is already stored")
         # A savepoint may complete after a newer checkpoint: keep the list ordered by id.
         ordered = sorted([*self._checkpoints, checkpoint], key=lambda c: c.checkpoint_id)
         self._checkpoints, evicted = apply_retention(ordered, self.retained)

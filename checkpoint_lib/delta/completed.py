@@ -31,7 +31,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from deltalake import DeltaTable
 
 from ..core.checkpoints import CompletedCheckpoint
-from ..core.errors import CheckpointAbortedError, FailureReason, FencedError, UnknownCheckpointError
+from ..core.errors import (CheckpointAbortedError, CheckpointAlreadyStoredError, FailureReason, FencedError,
+                           UnknownCheckpointError)
 from ..core.retention import Needs, Restores, Retention
 from ..core.stores import apply_retention
 from ..core.types import CheckpointId, CheckpointKind, CheckpointStatus
@@ -80,7 +81,9 @@ class DeltaCompletedCheckpointStore(StoreOnTable):
                 view = self.table.view(dt)
                 previous = view.effective.get(checkpoint_id)
                 if previous is not None and previous["status"] in ONCE_COMPLETED:
-                    raise ValueError(f"checkpoint {checkpoint_id} is already stored")
+                    raise CheckpointAlreadyStoredError(
+                        f"checkpoint {checkpoint_id} is already stored",
+                        completed=previous["status"] == CheckpointStatus.COMPLETED)
                 if previous is not None and previous["status"] == CheckpointStatus.ABORTED:
                     raise CheckpointAbortedError(
                         f"checkpoint {checkpoint_id} was aborted ({previous['failure_reason']}: "

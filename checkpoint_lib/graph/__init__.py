@@ -19,7 +19,7 @@ graph: :func:`~.details.checkpoint_details`).
 """
 
 from .builder import ConnectedStreams, Graph, KeyedStream, PartitionedStream, Stream
-from .jobgraph import (ALL, KEYED_STAGE, SOURCE_STAGE, Chain, CutReason, Input, JobEdge, JobGraph, Layout, PlanError,
+from .jobgraph import (ALL, KEYED_STAGE, SOURCE_STAGE, SOURCES, Chain, ChannelMap, CutReason, Input, JobEdge, JobGraph, Layout, PlanError,
                        ProcessGroup, plan)
 from .lowering import SOURCE, from_pipeline
 from .model import (MAIN, RECORDS, DeadLetters, Edge, MapStep, OperatorKind, OperatorVertex, Partitioning,
@@ -27,7 +27,7 @@ from .model import (MAIN, RECORDS, DeadLetters, Edge, MapStep, OperatorKind, Ope
 from .render import shape, to_dict, to_dot, to_svg, to_text
 from .validation import GraphError, problems, validate
 
-__all__ = ["ALL", "Chain", "ConnectedStreams", "CutReason", "DeadLetters", "Edge", "Graph", "GraphError", "Input",
+__all__ = ["ALL", "SOURCES", "Chain", "ChannelMap", "ConnectedStreams", "CutReason", "DeadLetters", "Edge", "Graph", "GraphError", "Input",
            "JobEdge", "JobGraph", "KEYED_STAGE", "KeyedStream", "Layout", "MAIN", "MapStep", "OperatorKind",
            "OperatorVertex", "PartitionedStream", "Partitioning", "PlanError", "ProcessGroup", "RECORDS", "SOURCE",
            "SOURCE_STAGE", "SourceVertex", "Stream", "StreamGraph", "Vertex", "VertexSink", "from_pipeline", "plan",

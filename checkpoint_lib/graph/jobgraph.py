@@ -7,17 +7,23 @@ layout into an immutable :class:`JobGraph`; nothing is read, written or run. ::
     graph = from_pipeline(pipelines.get("transfers"))
     job = plan(graph)                        # Layout.CHAINED: one process group, "all"
     [(e.sender, e.receiver, e.reasons, e.channel_log) for e in job.edges]
-    # [('source', 'bank', (), None), ('bank', 'bank', (CutReason.CYCLE,), 'bank_bank')]
+    # [('source', 'bank', (CutReason.INPUTS,), 'source_bank'), ('bank', 'bank', (CutReason.CYCLE,), 'bank_bank')]
     job = plan(graph, Layout.PER_VERTEX)     # the Airflow layout: groups "source" and "bank"
     job.group("source").writes[0].channel_log            # 'source_bank', today's channel log
     plan(graph, {"source": "ingest", "bank": "ingest"}, lagging=[("bank", 1)])
 
-**Chained or cut.** An edge is chained iff its sender and receiver are in one process group, it
-is not a feedback edge, and its receiver's input is not lagging. Otherwise it is cut, for every
-reason that holds (:class:`CutReason`, in this order): ``processes`` (sender and receiver in two
-process groups), ``cycle`` (a feedback edge: its records come back after the barrier went out,
-so they are read from a log and an unaligned checkpoint logs them as channel state), ``lagging``
-(the receiver's input lags, as ``--lagging-sources`` makes it: its records reach it a step late).
+**Chained or cut.** An edge is cut, for every reason that holds (:class:`CutReason`, in this
+order): ``processes`` (sender and receiver in two process groups), ``cycle`` (a feedback edge: its
+records come back after the barrier went out, so they are read from a log and an unaligned
+checkpoint logs them as channel state), ``lagging`` (the receiver's input lags, as
+``--lagging-sources`` makes it: its records reach it a step late), ``inputs`` (another input of
+the receiver is cut: an operator reads all its inputs in-process or all from logs, so its barrier
+handlers align over every channel alike) and ``sender`` (the sender reads its inputs from logs:
+its subtasks snapshot one by one, so what each sends leaves it per subtask, with its barrier
+between what it sent before and after its snapshot). Every other edge is chained. The vertices
+that read their inputs from logs are :attr:`JobGraph.gated`: each runs a gate of barrier handlers
+(:mod:`checkpoint_lib.spark.vertices.gate`); the others run in one Spark plan per step from the
+sources.
 A cut edge's channel log is named by :func:`checkpoint_lib.layout.channel_names` over every edge of
 the graph, so an edge's name never depends on the layout: ``<sender>_<receiver>``, qualified as
 ``<sender>.<output>-<receiver>.<input>`` where two edges would spell it alike.
@@ -35,16 +41,17 @@ their input channels, chained or read from a log, whatever vertex they come from
 - ``stages``: the sources in group :data:`SOURCE_STAGE`, the operators in :data:`KEYED_STAGE`:
   today's two stage processes (``checkpoint_lib.spark.runner.STAGES``), so a lowered linear
   pipeline keeps its stage names (its sessions and DAG task ids);
-- ``per_vertex``: each vertex its own group, named by its id: the Airflow layout of a graph. For a
-  lowered linear pipeline it cuts what ``stages`` cuts; the source stage is the group ``source``
-  (the source vertex's id) and the keyed stage the group named by the operator's uid (``bank``).
+- ``per_vertex``: each operator its own group, named by its id, and the sources one group (named by
+  the source's id, or ``sources`` when there are several: a step is planned across all of them):
+  the Airflow layout of a graph. For a lowered linear pipeline it cuts what ``stages`` cuts; the
+  source stage is the group ``source`` (the source vertex's id) and the keyed stage the group named
+  by the operator's uid (``bank``).
 
 A lowered linear pipeline under ``chained`` has its source edge chained (cut ``lagging`` when its
-operator's input lags: ``lagging=[(uid, 1)]`` is ``lagging_sources > 0``) and ``transfers``'
-feedback edge cut (``cycle``); under ``stages`` or ``per_vertex`` both are cut, their logs named
-exactly as today's (``source_<uid>``, ``<uid>_<uid>``). Today's runner, which runs linear
-pipelines only, is stricter in one case: in one process it also logs the source edge of a
-pipeline with a cycle (``PipelineRunner.chained``); by the rule above that edge need not be cut.
+operator's input lags: ``lagging=[(uid, 1)]`` is ``lagging_sources > 0``), and ``transfers``'
+feedback edge cut (``cycle``) and so its source edge too (``inputs``), as the linear runner does
+(``PipelineRunner.chained``); under ``stages`` or ``per_vertex`` both are cut, their logs named
+exactly as today's (``source_<uid>``, ``<uid>_<uid>``).
 """
 
 from __future__ import annotations
@@ -66,6 +73,8 @@ SOURCE_STAGE = "source"
 """The process group of the sources under :attr:`Layout.STAGES` (the runner's source stage)."""
 KEYED_STAGE = "keyed"
 """The process group of the operators under :attr:`Layout.STAGES` (the runner's keyed stage)."""
+SOURCES = "sources"
+"""The process group of a graph's sources under :attr:`Layout.PER_VERTEX` when it has several."""
 
 
 class Layout(StrEnum):
@@ -76,7 +85,9 @@ class Layout(StrEnum):
     STAGES = "stages"
     """Sources in :data:`SOURCE_STAGE`, operators in :data:`KEYED_STAGE`: today's two stages."""
     PER_VERTEX = "per_vertex"
-    """Each vertex its own group, named by its id: the Airflow layout."""
+    """Each operator its own group, named by its id, and the sources one group (named by the source's
+    id, or :data:`SOURCES` when there are several: a step is planned across all sources, at one
+    commit time, and every checkpoint's barrier enters at all of them): the Airflow layout."""
 
     def processes(self, graph: StreamGraph) -> dict[str, str]:
         """Vertex id -> process group, for every vertex of ``graph`` (in declaration order)."""
@@ -84,7 +95,16 @@ class Layout(StrEnum):
             return {v.id: ALL for v in graph.vertices}
         if self is Layout.STAGES:
             return {v.id: SOURCE_STAGE if isinstance(v, SourceVertex) else KEYED_STAGE for v in graph.vertices}
-        return {v.id: v.id for v in graph.vertices}
+        sources = [v.id for v in graph.vertices if isinstance(v, SourceVertex)]
+        together = sources[0] if len(sources) == 1 else SOURCES
+        return {v.id: together if isinstance(v, SourceVertex) else v.id for v in graph.vertices}
+
+    @classmethod
+    def of_stage(cls, stage: str) -> "Layout":
+        """The layout a process runs a graph's group ``stage`` of (``ckpt run --stage``, an Airflow
+        task): :data:`ALL` is the chained layout's one group, any other name a group of the
+        per-vertex layout."""
+        return cls.CHAINED if stage == ALL else cls.PER_VERTEX
 
 
 class CutReason(StrEnum):
@@ -96,6 +116,12 @@ class CutReason(StrEnum):
     """A feedback edge (``iterate()``): its records come back after the barrier."""
     LAGGING = "lagging"
     """The receiver's input lags: its records reach it a step after the others'."""
+    INPUTS = "inputs"
+    """Another input of the receiver is cut: an operator reads all its inputs in-process, or all
+    from channel logs (its barrier handlers then align over every channel alike)."""
+    SENDER = "sender"
+    """The sender reads its inputs from channel logs: its subtasks snapshot one by one, so what each
+    sends leaves it per subtask, its barrier between what it sent before and after its snapshot."""
 
 
 @dataclass(frozen=True, order=True)
@@ -183,6 +209,44 @@ class ProcessGroup:
         return bool(self.sources)
 
 
+@dataclass(frozen=True)
+class ChannelMap:
+    """How a gated vertex numbers its input channels across its input edges (one barrier handler
+    per subtask aligns over all of them): edge ``i`` (its position in ``edges``, declaration
+    order) from a sender of ``senders[i]`` subtasks; sender ``s`` of edge ``i`` is channel
+    ``offset(i) + s``. Pure."""
+
+    edges: tuple[str, ...]
+    senders: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.edges) != len(self.senders) or any(n < 1 for n in self.senders):
+            raise ValueError(f"a channel map needs one sender parallelism >= 1 per edge, got {self.edges} "
+                             f"and {self.senders}")
+
+    @property
+    def channels(self) -> int:
+        """How many input channels each subtask has."""
+        return sum(self.senders)
+
+    def offset(self, edge: int) -> int:
+        return sum(self.senders[:edge])
+
+    def channel(self, edge: int, sender: int) -> int:
+        """The channel of sender ``sender`` of edge ``edge``."""
+        if not 0 <= sender < self.senders[edge]:
+            raise ValueError(f"edge {self.edges[edge]} has senders 0..{self.senders[edge] - 1}, not {sender}")
+        return self.offset(edge) + sender
+
+    def edge_of(self, channel: int) -> tuple[int, int]:
+        """``(edge, sender)`` of channel ``channel``."""
+        for edge, n in enumerate(self.senders):
+            if channel < n:
+                return edge, channel
+            channel -= n
+        raise ValueError(f"channel out of range: the edges {', '.join(self.edges)} have {self.channels} channels")
+
+
 class PlanError(Problems):
     """A layout that does not fit its graph; ``problems`` lists every one, one sentence each."""
 
@@ -214,6 +278,31 @@ class JobGraph:
         if vertex_id not in self.processes:
             raise KeyError(f"graph {self.graph.name!r} has no vertex {vertex_id!r}")
         return self.group(self.processes[vertex_id])
+
+    @property
+    def gated(self) -> tuple[str, ...]:
+        """The vertices that read their inputs from channel logs (every input cut: a gate of barrier
+        handlers over all their channels), in the graph's topological order; every other operator
+        reads all its inputs in-process."""
+        readers = {e.receiver for e in self.edges if e.cut}
+        return tuple(v.id for v in self.graph.topological_order() if v.id in readers)
+
+    def channel_map(self, vertex_id: str) -> ChannelMap:
+        """How gated vertex ``vertex_id`` numbers its input channels (:class:`ChannelMap`)."""
+        if vertex_id not in self.gated:
+            raise ValueError(f"vertex {vertex_id!r} of graph {self.graph.name!r} reads its inputs in-process: it "
+                             "has no channels of logs to number")
+        into = self.inputs_of(vertex_id)
+        return ChannelMap(tuple(e.channel_log for e in into),
+                          tuple(self.graph.vertex(e.sender).parallelism for e in into))
+
+    def inputs_of(self, vertex_id: str) -> tuple[JobEdge, ...]:
+        """The edges into ``vertex_id`` (declaration order)."""
+        return tuple(e for e in self.edges if e.receiver == vertex_id)
+
+    def outputs_of(self, vertex_id: str) -> tuple[JobEdge, ...]:
+        """The edges out of ``vertex_id`` (declaration order)."""
+        return tuple(e for e in self.edges if e.sender == vertex_id)
 
     @property
     def chained(self) -> tuple[JobEdge, ...]:
@@ -288,14 +377,23 @@ def plan(graph: StreamGraph, processes: Mapping[str, str] | Layout | str | None 
     if found:
         raise PlanError(graph.name, found)
     lagging_inputs = set(lags)
-    names = channel_names((e.sender, e.output, e.receiver, e.input) for e in graph.edges)
-    edges = []
-    for e, name in zip(graph.edges, names):
-        holds = {CutReason.PROCESSES: assignment[e.sender] != assignment[e.receiver], CutReason.CYCLE: e.feedback,
-                 CutReason.LAGGING: Input(e.receiver, e.input) in lagging_inputs}
-        reasons = tuple(r for r in CutReason if holds[r])
-        edges.append(JobEdge(e, reasons, name if reasons else None))
+    names = dict(zip(graph.edges, channel_names((e.sender, e.output, e.receiver, e.input) for e in graph.edges)))
     order = [v.id for v in graph.topological_order()]
+    reasons_of: dict[Edge, tuple[CutReason, ...]] = {}
+    logged: set[str] = set()  # the vertices that read their inputs from channel logs
+    for vertex_id in order:  # a sender is decided before its receivers (a feedback edge is cut anyway)
+        into = [e for e in graph.edges if e.receiver == vertex_id]
+        holds = {e: {CutReason.PROCESSES: assignment[e.sender] != assignment[e.receiver],
+                     CutReason.CYCLE: e.feedback,
+                     CutReason.LAGGING: Input(e.receiver, e.input) in lagging_inputs,
+                     CutReason.SENDER: e.sender in logged} for e in into}
+        if any(any(h.values()) for h in holds.values()):
+            logged.add(vertex_id)
+            for h in holds.values():
+                h[CutReason.INPUTS] = not any(h.values())
+        for e, h in holds.items():
+            reasons_of[e] = tuple(r for r in CutReason if h.get(r))
+    edges = [JobEdge(e, reasons_of[e], names[e] if reasons_of[e] else None) for e in graph.edges]
     groups = tuple(_group(graph, name, [v for v in order if assignment[v] == name], edges)
                    for name in dict.fromkeys(assignment[v] for v in order))
     return JobGraph(graph, assignment, lags, tuple(edges), groups)

@@ -387,3 +387,17 @@ def test_tracker_end_of_channel_completes_pending():
     h = handler("at_least_once", 2)
     h.on_barrier(0, b(1))
     assert kinds(h.on_end_of_channel(1)) == ["S1", "F1", "A1"]
+
+
+def test_effects_are_carried_out_with_a_flush_before_each_round_of_snapshots():
+    """``carry_out``: each subtask's effects in order; before the snapshots of a round, one flush of
+    everything delivered; a last flush at the end (what the keyed stage and a graph's gate share)."""
+    from checkpoint_lib.core.barriers import Deliver, TakeSnapshot, carry_out
+    from checkpoint_lib.core.types import Barrier
+
+    done = []
+    b = Barrier(1, 0.0)
+    carry_out({0: [Deliver(0, "a"), TakeSnapshot(b), Deliver(0, "c")], 1: [Deliver(1, "b"), Deliver(1, "d")]},
+              lambda r, e: done.append((r, e.record)), lambda: done.append("flush"),
+              lambda r, e: done.append(("snapshot", r)))
+    assert done == [(0, "a"), (1, "b"), (1, "d"), "flush", ("snapshot", 0), (0, "c"), "flush"]

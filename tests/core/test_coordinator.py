@@ -728,6 +728,43 @@ def test_a_completion_that_lost_to_an_abort_elsewhere_is_not_a_failure_of_this_p
     assert rig.coordinator.status_of(checkpoint_id) == "aborted"
 
 
+def test_a_completion_another_process_stored_first_is_complete_and_this_process_commits_its_sinks():
+    """Two process groups of a graph each saw every ack and both completed the checkpoint: the one
+    whose commit landed second finds it stored. It is complete (not a failure, no second
+    announcement), and this process still commits its own sinks up to it."""
+    from checkpoint_lib.core.errors import CheckpointAlreadyStoredError
+
+    class StoredElsewhere(InMemoryCompletedCheckpointStore):
+        completed = True
+
+        def add(self, checkpoint):
+            raise CheckpointAlreadyStoredError(f"checkpoint {checkpoint.checkpoint_id} is already stored",
+                                               completed=self.completed)
+
+    rig = make(CheckpointConfig(interval=0, tolerable_failed_checkpoints=0))
+    rig.coordinator.store = StoredElsewhere()
+    checkpoint_id = tick_trigger(rig)
+    effects = ack_all(rig, checkpoint_id)
+    assert effects_of(CheckpointCompleted, effects) == [] and effects_of(CheckpointAborted, effects) == []
+    assert [e.checkpoint_id for e in effects_of(NotifyCheckpointComplete, effects)] == [checkpoint_id]
+    assert rig.coordinator.status_of(checkpoint_id) == "completed" and rig.coordinator.consecutive_failures == 0
+    # stored and since discarded (a rollback elsewhere): nothing to commit
+    rig.coordinator.store.completed = False
+    rig.clock.advance(10)
+    later = tick_trigger(rig)
+    assert ack_all(rig, later) == [] and rig.coordinator.status_of(later) == "discarded"
+
+
+def test_the_in_memory_store_refuses_a_second_completion_as_already_stored():
+    from checkpoint_lib.core.errors import CheckpointAlreadyStoredError
+
+    rig = make()
+    checkpoint_id = tick_trigger(rig)
+    ack_all(rig, checkpoint_id)
+    with pytest.raises(CheckpointAlreadyStoredError, match="already stored"):
+        rig.coordinator.store.add(rig.coordinator.store.latest())
+
+
 # --- checkpoints shared between processes (a stage per process) -------------------------------
 
 

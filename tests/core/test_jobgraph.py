@@ -17,6 +17,7 @@ from checkpoint_lib.pipeline import DeltaSink, DeltaSource
 
 MOVES = {"account": "string", "cents": "long"}
 PROCESSES, CYCLE, LAGGING = CutReason.PROCESSES, CutReason.CYCLE, CutReason.LAGGING
+INPUTS, SENDER = CutReason.INPUTS, CutReason.SENDER
 ROOT = Path("/w/_checkpoints/p")
 
 
@@ -93,17 +94,20 @@ def test_payments_chained_is_one_process_one_chain_and_no_channel_log():
     assert job.processes == {"source": "all", "balance": "all"} and job.lagging == ()
 
 
-def test_transfers_chained_cuts_only_its_feedback_edge_for_the_cycle():
+def test_transfers_chained_cuts_its_feedback_edge_and_so_its_source_edge():
     graph = from_pipeline(pipelines.get("transfers"))
     job = plan(graph)
-    assert edges_of(job) == [("source", "records", "bank", 1, (), None),
+    # the operator reads its feedback from a log, so it reads its other input from one too (as the
+    # linear runner always did): its barrier handlers align over every channel alike
+    assert edges_of(job) == [("source", "records", "bank", 1, (INPUTS,), "source_bank"),
                              ("bank", "feedback", "bank", 1, (CYCLE,), "bank_bank")]
     feedback = job.edges[1]
     assert feedback.cut and not feedback.chained and feedback.feedback
-    # the feedback log is read and written by the one process; the chain holds both vertices
-    assert groups_of(job) == [(ALL, ("source", "bank"), [("source", "bank")], ["bank_bank"], ["bank_bank"],
-                               ("source",), ("account_balances",))]
-    assert job.groups[0].chains[0] == Chain(("source", "bank"), (job.edges[0],), (feedback,), (feedback,))
+    assert job.gated == ("bank",)
+    # both logs are read and written by the one process; each vertex is its own chain
+    assert groups_of(job) == [(ALL, ("source", "bank"), [("source",), ("bank",)], ["source_bank", "bank_bank"],
+                               ["source_bank", "bank_bank"], ("source",), ("account_balances",))]
+    assert job.groups[0].chains[1] == Chain(("bank",), (), job.edges, (feedback,))
 
 
 @pytest.mark.parametrize("name", ["payments", "transfers", "orders"])
@@ -131,7 +135,7 @@ def test_the_stages_layout_names_todays_stages_and_per_vertex_names_each_vertex(
     assert Layout.PER_VERTEX.processes(graph) == {"source": "source", "bank": "bank"}
     assert Layout.CHAINED.processes(graph) == {"source": "all", "bank": "all"}
     assert [str(x) for x in Layout] == ["chained", "stages", "per_vertex"]
-    assert [str(r) for r in CutReason] == ["processes", "cycle", "lagging"]
+    assert [str(r) for r in CutReason] == ["processes", "cycle", "lagging", "inputs", "sender"]
 
 
 def test_a_lagging_input_is_cut_in_one_process_and_every_reason_is_named():
@@ -163,7 +167,9 @@ def test_a_diamond_per_vertex_cuts_every_edge_and_orders_the_groups_topologicall
     job = plan(diamond(), Layout.PER_VERTEX)
     assert edges_of(job) == [("s", "records", "a", 1, (PROCESSES,), "s_a"),
                              ("s", "records", "b", 1, (PROCESSES,), "s_b"),
-                             ("a", "main", "c", 1, (PROCESSES,), "a_c"), ("b", "main", "c", 1, (PROCESSES,), "b_c")]
+                             ("a", "main", "c", 1, (PROCESSES, SENDER), "a_c"),
+                             ("b", "main", "c", 1, (PROCESSES, SENDER), "b_c")]
+    assert job.gated == ("a", "b", "c")
     assert groups_of(job) == [("s", ("s",), [("s",)], [], ["s_a", "s_b"], ("s",), ()),
                               ("a", ("a",), [("a",)], ["s_a"], ["a_c"], (), ()),
                               ("b", ("b",), [("b",)], ["s_b"], ["b_c"], (), ()),
@@ -173,18 +179,21 @@ def test_a_diamond_per_vertex_cuts_every_edge_and_orders_the_groups_topologicall
 def test_a_diamond_split_in_two_chains_what_shares_a_group():
     job = plan(diamond(), {"c": "left", "b": "right", "a": "left", "s": "left"})
     assert [(e.sender, e.receiver, e.reasons) for e in job.edges] == [
-        ("s", "a", ()), ("s", "b", (PROCESSES,)), ("a", "c", ()), ("b", "c", (PROCESSES,))]
-    assert groups_of(job) == [("left", ("s", "a", "c"), [("s", "a", "c")], ["b_c"], ["s_b"], ("s",), ("out",)),
+        ("s", "a", ()), ("s", "b", (PROCESSES,)), ("a", "c", (INPUTS,)), ("b", "c", (PROCESSES, SENDER))]
+    # c reads b's records from a log, so it reads a's from one too
+    assert groups_of(job) == [("left", ("s", "a", "c"), [("s", "a"), ("c",)], ["a_c", "b_c"], ["s_b", "a_c"], ("s",),
+                               ("out",)),
                               ("right", ("b",), [("b",)], ["s_b"], ["b_c"], (), ())]
-    (left_chain,) = job.group("left").chains
-    assert [(e.sender, e.receiver) for e in left_chain.edges] == [("s", "a"), ("a", "c")]
+    left_chain = job.group("left").chains[0]
+    assert [(e.sender, e.receiver) for e in left_chain.edges] == [("s", "a")]
+    assert job.gated == ("b", "c")
     assert job.processes == {"s": "left", "a": "left", "b": "right", "c": "left"}  # declaration order
 
 
 def test_a_group_whose_vertices_are_not_joined_by_chained_edges_has_a_chain_each():
     # the source and the last vertex in one process, the middle in another: nothing chains
     job = plan(diamond(), {"s": "ends", "a": "middle", "b": "middle", "c": "ends"})
-    assert all(e.reasons == (PROCESSES,) for e in job.edges)
+    assert [e.reasons for e in job.edges] == [(PROCESSES,), (PROCESSES,), (PROCESSES, SENDER), (PROCESSES, SENDER)]
     assert groups_of(job) == [("ends", ("s", "c"), [("s",), ("c",)], ["a_c", "b_c"], ["s_a", "s_b"], ("s",), ("out",)),
                               ("middle", ("a", "b"), [("a",), ("b",)], ["s_a", "s_b"], ["a_c", "b_c"], (), ())]
     ends = job.group("ends")
@@ -206,7 +215,7 @@ def test_groups_and_their_vertices_follow_the_topological_order_not_the_declarat
     assert [g.name for g in job.groups] == ["s", "b", "a", "c"]  # b is declared before a
     job = plan(backwards, {"c": "one", "b": "two", "a": "one", "s": "two"})
     assert [(g.name, g.vertices, [c.vertices for c in g.chains]) for g in job.groups] == [
-        ("two", ("s", "b"), [("s", "b")]), ("one", ("a", "c"), [("a", "c")])]
+        ("two", ("s", "b"), [("s", "b")]), ("one", ("a", "c"), [("a",), ("c",)])]
 
 
 def test_a_two_input_join_in_several_layouts():
@@ -222,18 +231,19 @@ def test_a_two_input_join_in_several_layouts():
         ("ingest", ("orders", "shipments"), [("orders",), ("shipments",)], [], ["orders_join", "shipments_join"],
          ("orders", "shipments"), ()),
         ("join", ("join",), [("join",)], ["orders_join", "shipments_join"], [], (), ("joined",))]
-    # one input of the join lags: only that edge is cut; the other stays chained into it
+    # one input of the join lags: the join then reads both inputs from logs
     lag = plan(graph, lagging=[("join", 2)])
-    assert [e.reasons for e in lag.edges] == [(), (LAGGING,)]
-    assert groups_of(lag) == [(ALL, ("orders", "shipments", "join"), [("orders", "join"), ("shipments",)],
-                               ["shipments_join"], ["shipments_join"], ("orders", "shipments"), ("joined",))]
+    assert [e.reasons for e in lag.edges] == [(INPUTS,), (LAGGING,)]
+    assert groups_of(lag) == [(ALL, ("orders", "shipments", "join"), [("orders",), ("shipments",), ("join",)],
+                               ["orders_join", "shipments_join"], ["orders_join", "shipments_join"],
+                               ("orders", "shipments"), ("joined",))]
     assert [e.reasons for e in plan(graph, lagging=["join"]).edges] == [(LAGGING,), (LAGGING,)]
     assert plan(graph, lagging=["join"]).lagging == (Input("join", 1), Input("join", 2))
-    # a source in the join's process: its edge chains, the other source's is cut
+    # a source in the join's process: its edge is cut too, as the other source's is
     mixed = plan(graph, {"orders": "join", "shipments": "ingest", "join": "join"})
-    assert [e.reasons for e in mixed.edges] == [(), (PROCESSES,)]
+    assert [e.reasons for e in mixed.edges] == [(INPUTS,), (PROCESSES,)]
     assert [g.name for g in mixed.groups] == ["join", "ingest"]
-    assert groups_of(mixed)[0][2] == [("orders", "join")]
+    assert groups_of(mixed)[0][2] == [("orders",), ("join",)]
 
 
 # --- channel-log names ---------------------------------------------------------------------------------------------
@@ -423,7 +433,7 @@ def test_the_text_drawing_of_a_plan():
     assert text.splitlines()[1:3] == [
         "process ends: chains [s], [c]; plans steps; sinks out; reads a_c, b_c; writes s_a, s_b",
         "process middle: chains [a], [b]; reads s_a, s_b; writes a_c, b_c"]
-    assert "  -> c: hash(account); cut (processes), log a_c" in text.splitlines()
+    assert "  -> c: hash(account); cut (processes, sender), log a_c" in text.splitlines()
     assert "  -> a: rebalance; chained" in to_text(diamond(), plan(diamond())).splitlines()
 
 
@@ -438,7 +448,8 @@ def test_the_dot_drawing_of_a_plan_boxes_each_group_and_marks_each_edge():
     # without a plan the drawing is the declared graph's, as before
     assert to_dot(graph) == "\n".join(line for line in lines if "subgraph" not in line).replace(
         "\\nchained", "").replace(", style=bold", "").replace("\\ncut: processes\\nlog s_b", "").replace(
-        "\\ncut: processes\\nlog b_c", "") + "\n"
+        "\\ncut: processes, sender\\nlog b_c", "").replace(", style=bold", "").replace(
+        "\\ncut: inputs\\nlog a_c", "") + "\n"
 
 
 def test_a_plan_of_another_graph_is_not_drawn():
@@ -452,3 +463,27 @@ def test_the_parts_are_frozen_values():
         with pytest.raises(AttributeError):
             part.name = "x"
     assert isinstance(job.edges[0], JobEdge) and isinstance(job.groups[0], ProcessGroup)
+
+
+# --- a gated vertex's channels -------------------------------------------------------------------------------------
+
+def test_a_gated_vertex_numbers_its_channels_across_its_input_edges():
+    from checkpoint_lib.graph import ChannelMap
+
+    job = plan(join(), lagging=[("join", 2)])
+    assert job.gated == ("join",)
+    channels = job.channel_map("join")
+    assert channels.edges == ("orders_join", "shipments_join")
+    senders = tuple(job.graph.vertex(v).parallelism for v in ("orders", "shipments"))
+    assert channels.senders == senders and channels.channels == sum(senders)
+    every = [(edge, sender) for edge in range(2) for sender in range(senders[edge])]
+    assert [channels.channel(*es) for es in every] == list(range(channels.channels))
+    assert [channels.edge_of(c) for c in range(channels.channels)] == every
+    with pytest.raises(ValueError, match="channel out of range"):
+        channels.edge_of(channels.channels)
+    with pytest.raises(ValueError, match="senders 0.."):
+        channels.channel(0, senders[0])
+    with pytest.raises(ValueError, match="one sender parallelism >= 1 per edge"):
+        ChannelMap(("a",), (0,))
+    with pytest.raises(ValueError, match="reads its inputs in-process"):
+        plan(join()).channel_map("join")
