@@ -191,15 +191,17 @@ class PipelineControl:
     def stepping_stages(self) -> set[str]:
         """The session stages whose processes plan source steps (and so answer requests): a
         linear pipeline's ``source`` (a one-process run records it too), a dataflow graph's process
-        groups holding a source (:func:`checkpoint_lib.graph.plan`: ``all``, one process)."""
+        group holding its sources in either layout it runs in (:func:`checkpoint_lib.graph.plan`:
+        ``all``, one process; or the per-vertex layout's sources' group)."""
         from .pipelines import declared, is_graph
 
         found = declared(self.pipeline_name)
         if not is_graph(found):
             return {"source"}
-        from .graph import plan
+        from .graph import Layout, plan
 
-        return {g.name for g in plan(found).groups if g.plans_steps}
+        return {g.name for layout in (Layout.CHAINED, Layout.PER_VERTEX) for g in plan(found, layout).groups
+                if g.plans_steps}
 
     def savepoint_from_running(
         self, request_id: str, *, timeout: float, poll: float = 0.5, requested_by: str = "",

@@ -175,7 +175,11 @@ CHANNELS = "channels"
 """The folder of the channel logs under a checkpoint root (one Delta table per cut edge)."""
 
 
-DATA_PLANE = (CHANNELS, "state", "channel_state", "transactions", "staging")
+EDGE_STATE = "edge_state"
+"""The folder of a graph's channel-state tables, one per cut edge (:func:`channel_state_table`)."""
+
+
+DATA_PLANE = (CHANNELS, "state", "channel_state", EDGE_STATE, "transactions", "staging")
 """The data plane's folders under a checkpoint root (``staging``: sink staging tables of older versions)."""
 
 
@@ -240,9 +244,13 @@ def state_table(root: str | os.PathLike[str], operator: str) -> Path | ObjectUri
     return location(root) / "state" / operator
 
 
-def channel_state_table(root: str | os.PathLike[str]) -> Path | ObjectUri:
-    """The in-flight records every unaligned checkpoint logged (by checkpoint id)."""
-    return location(root) / "channel_state"
+def channel_state_table(root: str | os.PathLike[str], edge: str | None = None) -> Path | ObjectUri:
+    """The in-flight records every unaligned checkpoint logged (by checkpoint id): a linear
+    pipeline's, or (``edge``: a cut edge's channel-log name, :func:`channel_names`) those one edge
+    of a graph carried, each edge its own table as its records have their own columns."""
+    if edge is None:
+        return location(root) / "channel_state"
+    return location(root) / EDGE_STATE / edge
 
 
 def sink_transactions(root: str | os.PathLike[str], sink: str) -> Path | ObjectUri:

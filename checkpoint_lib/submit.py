@@ -17,6 +17,7 @@ from typing import Mapping, Sequence
 
 from .core.decider import DEFAULT_ROWS_PER_STEP
 from .core.types import MODES
+from .layout import check_name
 from .pipelines import ref_of
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -60,8 +61,12 @@ def stage_args(
 ) -> list[str]:
     """The CLI arguments of ``ckpt run`` (and ``jobs/run_stage.py``) for one stage, run until caught up.
     A pipeline this process loaded by reference is passed by its reference (:func:`ref_of`)."""
-    if stage not in STAGES:
-        raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}")
+    if stage not in STAGES:  # a graph's process group, or a mistake
+        from .pipelines import declared, is_graph
+
+        if not is_graph(declared(pipeline)):
+            raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}")
+        check_name("stage", stage)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     args = [ref_of(pipeline), "--warehouse", warehouse, "--stage", stage, "--mode", mode,

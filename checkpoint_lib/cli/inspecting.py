@@ -58,15 +58,16 @@ def cmd_pipelines(args: argparse.Namespace) -> int:
 
 def cmd_graph(args: argparse.Namespace) -> int:
     """The pipeline's dataflow graph (:mod:`checkpoint_lib.graph`), drawn: text, Graphviz dot or JSON."""
-    from ..graph import to_dict, to_dot, to_text
+    from ..graph import Layout, plan, to_dict, to_dot, to_text
     from ..pipelines import graph_of
 
     context.importable_from_here(args.graph_ref)
     graph = graph_of(args.graph_ref)
+    job = plan(graph, Layout(args.layout)) if getattr(args, "layout", None) else None
     if wants_json(args):
-        emit(to_dict(graph))
+        emit({**to_dict(graph), **({"plan": job.to_dict()} if job is not None else {})})
     else:
-        print(to_dot(graph) if args.output == "dot" else to_text(graph), end="")
+        print(to_dot(graph, job) if args.output == "dot" else to_text(graph, job), end="")
     return EXIT_OK
 
 

@@ -30,6 +30,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def stage_name(text: str) -> str:
+    """``--stage``: a name (a linear pipeline's all, source or keyed; a graph's all or vertex id),
+    checked against the pipeline when it runs."""
+    from ..layout import check_name
+
+    try:
+        return check_name("stage", text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _fraction(text: str) -> float:
     try:
         value = float(text)
@@ -142,9 +153,11 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                    help="with both stages in one process, still pass records through the persisted channel "
                         "log (as separate stage processes do) instead of chaining the source into the operator "
                         "in one Spark plan (the default when nothing lags and there is no cycle)")
-    p.add_argument("--stage", choices=("all", "source", "keyed"), default="all",
+    p.add_argument("--stage", type=stage_name, default="all", metavar="STAGE",
                    help="run one stage as its own process (source: landing table -> channel log; keyed: "
-                        "channel log -> state and sinks), or both (all, the default)")
+                        "channel log -> state and sinks), or both (all, the default); of a dataflow graph: all "
+                        "(every vertex in one process) or a process group of its per-vertex layout (an operator's "
+                        "id, or its sources': every edge into and out of it through a channel log)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -195,6 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
                    type=lambda v: "text" if v == "table" else v,  # the other commands' word for people, accepted
                    help="text for people (the default), dot for Graphviz (ckpt graph P -o dot | dot -Tsvg > P.svg), "
                         "or json for machines")
+    p.add_argument("--layout", choices=("chained", "per_vertex"), default=None,
+                   help="also draw how it runs in that layout: its process groups (the names --stage takes) and "
+                        "each edge chained or cut by a channel log, and why (json: under \"plan\")")
     p.add_argument("--json", dest="output", action="store_const", const="json", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_graph)
 

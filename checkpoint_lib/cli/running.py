@@ -61,35 +61,48 @@ def _runner(args: argparse.Namespace, **kw: Any):
     )
 
 
-def graph_option_problems(args: argparse.Namespace) -> list[str]:
-    """The options of ``ckpt run``/``recover`` a dataflow graph does not take (yet), each with why:
-    its runner runs every vertex in one process with every edge chained, each vertex at its
-    declared parallelism."""
+def graph_option_problems(args: argparse.Namespace, graph: Any = None, *, savepoint: bool = False) -> list[str]:
+    """The options of ``ckpt run``/``recover`` (``savepoint``: of ``ckpt savepoint``) a dataflow
+    graph does not take (yet), each with why: its runner runs every vertex in one process (``--stage
+    all``), or one vertex's process group of the per-vertex layout (``--stage <vertex id>``), each
+    vertex at its declared parallelism."""
     problems = []
-    if getattr(args, "stage", "all") != "all":
-        problems.append(f"--stage {args.stage} (a graph runs every vertex in one process: --stage all; its stages as "
-                        "separate processes come later)")
+    stage = getattr(args, "stage", "all")
+    if stage != "all":
+        groups = process_groups(graph) if graph is not None else []
+        if savepoint:
+            problems.append(f"--stage {stage} (a savepoint of a graph is taken with every vertex in one process: "
+                            "--stage all)")
+        elif stage not in groups:
+            problems.append(f"--stage {stage} (a graph runs every vertex in one process, --stage all, or each operator "
+                            "as its own process and the sources as one, --stage <process group>"
+                            + (f": one of {', '.join(groups)}" if groups else "") + ")")
     given = [f"--{flag}" for flag in ("parallelism", "source-parallelism")
              if getattr(args, flag.replace("-", "_"), None) is not None]
     if given:
         problems.append(f"{' and '.join(given)} (a graph declares each vertex's parallelism: change the declaration; a "
                         "restore at another parallelism splits keyed state by key group)")
     if getattr(args, "lagging_sources", 0):
-        problems.append("--lagging-sources (every edge of a graph is chained in one process: no channel lags)")
+        problems.append("--lagging-sources (a graph's lagging inputs are declared by its plan, not by source subtasks)")
     if getattr(args, "no_chaining", False):
-        problems.append("--no-chaining (a graph runs with every edge chained; channel logs between its vertices come "
-                        "later)")
-    if getattr(args, "alignment_timeout", None) is not None:
-        problems.append("--alignment-timeout (every checkpoint of a graph is aligned at a step's end with nothing in "
-                        "flight: there is no alignment to time out)")
+        problems.append("--no-chaining (a graph chains what runs in one process; --stage <vertex id> runs a vertex as "
+                        "its own process, every edge into and out of it through a channel log)")
     if getattr(args, "state_compact_every", None) is not None:
         problems.append("--state-compact-every (a graph's state tables are not compacted yet)")
     return problems
 
 
-def refuse_graph_options(args: argparse.Namespace) -> None:
+def process_groups(graph: Any) -> list[str]:
+    """The process groups ``--stage`` may name for ``graph``: those of the per-vertex layout (each
+    operator's, the sources'), in topological order."""
+    from ..graph import Layout, plan
+
+    return [g.name for g in plan(graph, Layout.PER_VERTEX).groups]
+
+
+def refuse_graph_options(args: argparse.Namespace, graph: Any = None, *, savepoint: bool = False) -> None:
     """Refuse, all at once, the options a dataflow graph does not take (:func:`graph_option_problems`)."""
-    problems = graph_option_problems(args)
+    problems = graph_option_problems(args, graph, savepoint=savepoint)
     if problems:
         raise ValueError(f"{args.pipeline} is a dataflow graph, which does not take "
                          + ("; ".join(problems) if len(problems) == 1 else
@@ -99,16 +112,21 @@ def refuse_graph_options(args: argparse.Namespace) -> None:
 def _graph_runner(args: argparse.Namespace, graph: Any, **kw: Any):
     """A :class:`~checkpoint_lib.spark.graph_runner.GraphRunner` with the run options a graph takes;
     the others are refused before Spark starts (:func:`graph_option_problems`)."""
-    refuse_graph_options(args)
+    refuse_graph_options(args, graph)
+    from ..graph import Layout, plan
     from ..spark.graph_runner import GraphRunner
 
-    mode = args.mode or "aligned"
-    if mode != "aligned":
+    stage = getattr(args, "stage", "all")
+    layout = Layout.of_stage(stage)
+    cycle = any(e.feedback for e in graph.edges)
+    mode = args.mode or ("unaligned" if cycle else "aligned")
+    if mode != "aligned" and not plan(graph, layout).cut:
         progress(f"graph {graph.name}: every edge is chained in this process, so every checkpoint is aligned at a "
                  f"step's end with nothing in flight (--mode {mode} changes nothing)")
     return GraphRunner(graph, args.warehouse, context.spark_session(args), mode=mode,
                        rows_per_checkpoint=args.rows_per_checkpoint, config=_config(args), progress=progress,
-                       poll_interval=getattr(args, "poll", 1.0), **kw)
+                       poll_interval=getattr(args, "poll", 1.0), processes=layout, group=stage,
+                       alignment_timeout=getattr(args, "alignment_timeout", None), **kw)
 
 
 def _run(args: argparse.Namespace, recover: bool = False) -> dict[str, Any]:
@@ -163,7 +181,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
             print(preview.describe())
         return EXIT_OK
     suite = not graph or getattr(context.declared(args.pipeline), "quality", None) is not None
-    if not args.no_validate and suite and not (graph and graph_option_problems(args)):  # (those refuse at once)
+    if not args.no_validate and suite and not (graph and graph_option_problems(args, context.declared(args.pipeline))):
         context.import_in_background("great_expectations")  # the validation's imports, while the run runs
     summary = _run(args, recover=True)
     if not suite:  # a graph brings its own suite (Graph.quality); the generic ones check linear pipelines
@@ -186,7 +204,7 @@ def cmd_savepoint(args: argparse.Namespace) -> int:
     from ..pipelines import is_graph
 
     if is_graph(context.declared(args.pipeline)):
-        refuse_graph_options(args)  # before anything is asked or opened
+        refuse_graph_options(args, context.declared(args.pipeline), savepoint=True)  # before anything is opened
     if args.stage == "keyed":
         raise ValueError("a savepoint is injected by the source stage: use --stage source or all")
     from ..control import PipelineControl

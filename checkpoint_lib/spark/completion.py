@@ -21,6 +21,7 @@ from ..core.coordinator import (
     NotifyCheckpointComplete,
 )
 from ..core.errors import TooManyFailedCheckpointsError
+from ..core.types import CheckpointKind, CheckpointStatus
 from ..core.twophase import Transaction
 from ..delta import log as delta_log
 from .context import RunContext
@@ -42,6 +43,20 @@ class KeyedView(Protocol):
                      after: Callable[[str, list[Transaction]], None]) -> None: ...
 
     def lowest_unconsumed(self) -> tuple[float, float]: ...
+
+
+def adopt(store: Any, coordinator: Any, cid: int, epoch: int) -> list:
+    """Make ``coordinator`` know checkpoint ``cid``, which another process triggered (its barrier
+    arrived on a channel log), with the acks already recorded; the completion effects if those
+    complete it. One it knows, or that is no longer pending in ``epoch``, is left alone (its barrier
+    is still processed; the acks are then discarded). One definition for both runners."""
+    if coordinator.status_of(cid) != "unknown":
+        return []
+    row = store.checkpoints.status(cid)
+    if row is None or row["status"] != CheckpointStatus.PENDING or row["epoch"] != epoch:
+        return []
+    acks = store.acks.pending(cid, epoch)
+    return coordinator.adopt(cid, row["trigger_time"], CheckpointKind(row["kind"]), acks)
 
 
 def record_aborted(store: Any, e: CheckpointAborted, epoch: int) -> bool:

@@ -30,7 +30,6 @@ from ..core.types import SubtaskId
 from ..delta import log as delta_log
 from ..delta.pending import PendingFilesLostError
 from ..delta.sessions import resume_of
-from ..graph.jobgraph import ALL
 from .recovery import abort_stale_pending
 
 
@@ -44,9 +43,10 @@ class GraphRecovery:
         r = self.r
         if epoch < 1:
             return None
-        resume = resume_of(r.store.sessions.of_epoch(epoch), ALL)  # the process group of the chained layout
+        resume = resume_of(r.store.sessions.of_epoch(epoch), r.stage)  # this process's group
         if resume.why == "unclean":
-            r.progress(f"the last process of graph {r.graph.name} in epoch {epoch} did not stop cleanly: recovering")
+            r.progress(f"the last process of graph {r.graph.name} ({r._what}) in epoch {epoch} did not stop cleanly: "
+                       "recovering")
         if resume.point is None:
             return None
         point, self.resumes_after = resume.point, resume.after
@@ -55,7 +55,7 @@ class GraphRecovery:
             r.progress(f"parallelism changed: graph {r.graph.name} stopped at {_shown(was)}, now "
                        f"{_shown(r.parallelism)}: recovering to rescale the latest checkpoint")
             return None
-        for uid, op in r.operators.items():
+        for uid, op in r._members(r.operators):  # another group's tables move while it runs
             version = point["state_versions"].get(uid, -1)
             if op.state is not None and version != op.state.version():
                 r.progress(f"the state table of {uid!r} moved past where the graph stopped (version "
@@ -94,7 +94,8 @@ class GraphRecovery:
         if plan.rollback_after is not None:
             self._rollback(plan.rollback_after)
         self._restore(plan)
-        r.store.sessions.record_restored(r.epoch, plan.checkpoint_id, {"all": r.point()})
+        # where every process group goes on from: this process restored every vertex (a full restart)
+        r.store.sessions.record_restored(r.epoch, plan.checkpoint_id, {g.name: r.point(g.name) for g in r.job.groups})
         r.summary.restored = plan.checkpoint_id
         if plan.checkpoint:
             r.progress(f"restored checkpoint {plan.checkpoint_id} as epoch {r.epoch}")
@@ -183,6 +184,16 @@ class GraphRecovery:
         for vs in r.vertex_sinks.values():
             vs.restored(vs.snapshots_in(acks), r.epoch)
         r._source_flushes = {}
+        # every channel log starts empty in the new epoch (a reader reads only its own epoch's rows):
+        # what was in flight is in the restored state or channel state, what came after is sent again
+        for name, log in r.logs.items():
+            log.clear(r.epoch - 1)
+        r.seq, r.parts, r.deferred = 0, {}, {}
+        for gate in r.gates.values():
+            gate.reset()
+        if plan.checkpoint is not None:
+            for gate in r.gates.values():
+                gate.replay_channel_state(plan)
 
 
 def _shown(columns: dict[str, Any]) -> str:

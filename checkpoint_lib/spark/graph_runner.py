@@ -55,18 +55,21 @@ from ..core.errors import CheckpointError
 from ..core.twophase import TransactionIdPool
 from ..core.types import BarrierMode, CheckpointKind, CheckpointStatus, SubtaskAck, SubtaskId
 from ..delta.store import DeltaCheckpointStore
-from ..graph.jobgraph import ALL, plan
+from ..graph.jobgraph import ALL, CutReason, plan
 from ..graph.steps import plan_step
 from ..graph.model import RECORDS, OperatorKind, StreamGraph
 from ..killpoints import KillPoints
 from ..layout import checkpoint_root, warehouse_location
+from ..metrics import PipelineMetrics
 from ..pipeline import FolderSource
 from ..reserved import KEY_GROUP, SINK_SUBTASK
-from .completion import record_aborted, too_many_failed
+from .completion import adopt, record_aborted, too_many_failed
 from .context import RunSummary, StepCache
 from .partitioning import route_records
 from .session import use_warehouse
 from .sinks import pipeline_sinks
+from .channels import BARRIER, DATA, DeltaChannelLog
+from .vertices.gate import Gate, payload_of, segment
 from .vertices.operator import OperatorVertexRun
 from .vertices.sinks import VertexSinks
 from .vertices.source import SourceVertexRun
@@ -91,15 +94,31 @@ class GraphRunner:
         allow_non_restored_state: bool = False,
         recover: bool = False,
         poll_interval: float = 1.0,
+        lagging: Any = (),
+        alignment_timeout: float | None = None,
+        processes: Any = None,
+        group: str | None = None,
     ):
         self.graph = graph
-        self.job = plan(graph)
-        cut = [e for e in self.job.edges if e.channel_log is not None]
-        if cut:
+        self.job = plan(graph, processes, lagging=lagging)
+        if group is None:
+            if len(self.job.groups) > 1:
+                raise ValueError(f"graph {graph.name!r} is planned as {len(self.job.groups)} process groups "
+                                 f"({', '.join(g.name for g in self.job.groups)}): name the one this process runs")
+            group = self.job.groups[0].name
+        self.group = self.job.group(group)
+        self.members = frozenset(self.group.vertices)
+        """The vertices this process runs (its process group's); it knows every vertex of the graph, as a
+        recovery here restores them all (a full restart, as Flink's)."""
+        self.alone = len(self.job.groups) == 1  # every vertex in this process
+        self.mode = BarrierMode(mode)
+        cycles = [e for e in self.job.edges if e.feedback]
+        if cycles and self.mode in (BarrierMode.ALIGNED, BarrierMode.AT_LEAST_ONCE) and alignment_timeout is None:
             raise ValueError(
-                f"graph {graph.name!r}: edges {', '.join(f'{e.sender} -> {e.receiver}' for e in cut)} must be cut by a "
-                "channel log (a cycle through iterate()): the graph runner runs graphs whose edges all chain in one "
-                "process; run a cycle as a linear pipeline (PipelineRunner)")
+                f"graph {graph.name!r} has a feedback edge (a cycle, {cycles[0].sender} -> {cycles[0].receiver}): "
+                f"{self.mode.value} checkpoints cannot wait for its barrier, which comes only after the snapshot. Use "
+                "mode unaligned (or aligned with an alignment timeout): the records in flight on the feedback edge "
+                "are then logged as channel state, as Chandy-Lamport does.")
         problems = []
         if sum(isinstance(v.spec, FolderSource) for v in graph.sources) > 1:
             problems.append("more than one landing-folder source (their manifests would share one folder)")
@@ -109,7 +128,7 @@ class GraphRunner:
             raise ValueError(f"graph {graph.name!r} cannot run yet: " + "; ".join(problems))
         if rows_per_checkpoint < 1:
             raise ValueError(f"rows_per_checkpoint must be >= 1, got {rows_per_checkpoint}")
-        self.mode = BarrierMode(mode)  # every mode is aligned here: every edge is chained
+        self.alignment_timeout = alignment_timeout
         self.warehouse = warehouse_location(warehouse)
         use_warehouse(spark, self.warehouse)
         self.spark = spark
@@ -124,6 +143,7 @@ class GraphRunner:
         self.root = str(checkpoint_root(self.warehouse, graph.name))
         self.store = DeltaCheckpointStore.open(self.root, retained=self.config.retained)
         self.kills = KillPoints()
+        self.metrics = PipelineMetrics(graph.name)  # StatsD, off unless configured (checkpoint_lib.metrics)
         self.epoch = 0
         self.coordinator: CheckpointCoordinator | None = None
         self.summary = RunSummary(0, None)
@@ -148,6 +168,21 @@ class GraphRunner:
         self.readers: Counter[tuple[str, str]] = Counter(
             [(e.sender, e.output) for e in graph.edges] + [(s.vertex, s.output) for s in graph.sinks])
         """How many sinks and edges read each output of each vertex."""
+        self.gated = self.job.gated  # operators reading their inputs from channel logs (gates), of every group
+        self.logs: dict[str, DeltaChannelLog] = {}  # every cut edge's channel log (open: their columns known)
+        self.gates: dict[str, Gate] = {}
+        self.sends = frozenset(e.channel_log for e in self.job.cut
+                               if e.sender not in self.gated and e.sender in self.members)
+        """The cut edges a vertex of the step's flow sends on."""
+        self.seq = 0
+        """The next position on those edges' logs: one count for all, so a step's segments share a
+        position on every log, and its barriers the next one (a gate reads across its logs in
+        position order: a step's records of every input before the step's barrier on any)."""
+        self.parts: dict[str, list[tuple]] = {}  # what the step's flow sends on its cut edges, not written yet
+        self.lags = frozenset(e.channel_log for e in self.job.cut
+                              if CutReason.LAGGING in e.reasons and e.channel_log in self.sends)
+        self.deferred: dict[str, list[tuple]] = {}  # a lagging edge's step, written with the next one
+        self.schemas: dict[tuple[str, str], Any] = {}  # each vertex output's columns
         self.tasks = [sid for v in graph.vertices for sid in self._vertex(v.id).ids]
         self.tasks += [sid for vs in self.vertex_sinks.values() for ids in vs.ids.values() for sid in ids]
         self.source_ids = [sid for s in self.sources.values() for sid in s.ids]
@@ -183,6 +218,7 @@ class GraphRunner:
         if self._opened or self._closed:
             raise RuntimeError("this runner was already opened: use a new one")
         self._wire_state()
+        self._wire_logs()
         for op in self.operators.values():
             if op.state is not None:
                 op.state.create()
@@ -195,15 +231,17 @@ class GraphRunner:
         point = None if (self.force_recover or self.restore_checkpoint is not None) else recovery.resume_point(epoch)
         recovery_plan = None
         if point is None:
+            started = time.monotonic()
             recovery_plan = recovery.recover()
+            self.metrics.recovered(time.monotonic() - started)
             point = recovery.resume_point(self.epoch)
             assert point is not None, "the epoch just restored must be joinable"
         else:
             self.epoch = epoch
-        self.session = self.store.sessions.begin(self.epoch, STAGE, after=recovery.resumes_after)
+        self.session = self.store.sessions.begin(self.epoch, self.stage, after=recovery.resumes_after)
         if self.session is None:
-            raise CheckpointError(f"another process of graph {self.graph.name!r} started at the same instant in "
-                                  f"epoch {self.epoch}: run one process per graph")
+            raise CheckpointError(f"another process of graph {self.graph.name!r} ({self._what}) started at the "
+                                  f"same instant in epoch {self.epoch}: run one process per process group")
         self.resume(point)
         self.coordinator = CheckpointCoordinator(self.config, self.tasks, self.source_ids, self.store.ids,
                                                  self.store.checkpoints.fenced(self.epoch), self.clock)
@@ -211,8 +249,18 @@ class GraphRunner:
         self.summary.epoch = self.epoch
         self._opened = True
         if recovery_plan is None:
-            self.progress(f"graph {self.graph.name} joined epoch {self.epoch} (session {self.session})")
+            self.progress(f"graph {self.graph.name} ({self._what}) joined epoch {self.epoch} (session {self.session})")
+        self._sync()  # commit this group's sinks up to what other processes completed since it stopped
         return recovery_plan
+
+    @property
+    def stage(self) -> str:
+        """This process's session stage: its process group's name."""
+        return self.group.name
+
+    @property
+    def _what(self) -> str:
+        return "every vertex" if self.alone else f"process group {self.group.name}"
 
     def _wire_state(self) -> None:
         """Each keyed operator's state table, keyed by its input key's type: the schemas flow from
@@ -232,34 +280,65 @@ class GraphRunner:
             _, outputs = op.run(inputs, state)
             for name, df in outputs.items():
                 frames[(vertex_id, name)] = df
+        self.schemas = {k: df.schema for k, df in frames.items()}
 
-    def point(self) -> dict[str, Any]:
-        """Where a later process of this epoch goes on from (a clean end's resume point)."""
+    def _wire_logs(self) -> None:
+        """Every cut edge's channel log (the columns its sender's output carries) and a gate for
+        every operator that reads its inputs from them."""
+        for e in self.job.cut:
+            log = DeltaChannelLog(self.spark, str(e.log(self.root)), payload_of(self.schemas[(e.sender, e.output)]))
+            log.create()
+            self.logs[e.channel_log] = log
+        self.gates = {uid: Gate(self, self.operators[uid], self.job, mode=self.mode,
+                                alignment_timeout=self.alignment_timeout) for uid in self.gated}
+        for gate in self.gates.values():
+            gate.create()
+
+    def point(self, group: str | None = None) -> dict[str, Any]:
+        """Where a later process of process group ``group`` (None: this one's) goes on from in this
+        epoch (a clean end's resume point; a restore records one for every group)."""
+        members = self.members if group is None else set(self.job.group(group).vertices)
         return {
             "parallelism": self.parallelism,
-            "offsets": {name: s.offset for name, s in self.sources.items()},
-            "state_versions": {uid: op.state_version for uid, op in self.operators.items()},
-            "flushes": {uid: op.flushes for uid, op in self.operators.items()},
-            "sinks": {vid: vs.resume_state() for vid, vs in self.vertex_sinks.items() if vs},
-            "source_flushes": {name: self._source_flushes.get(name, 0) for name in self.sources},
+            "offsets": {name: s.offset for name, s in self.sources.items() if name in members},
+            "state_versions": {uid: op.state_version for uid, op in self.operators.items() if uid in members},
+            "flushes": {uid: op.flushes for uid, op in self.operators.items() if uid in members},
+            "sinks": {vid: vs.resume_state() for vid, vs in self.vertex_sinks.items() if vs and vid in members},
+            "source_flushes": {name: self._source_flushes.get(name, 0) for name in self.sources if name in members},
+            "seq": self.seq,
+            "gates": {uid: gate.point() for uid, gate in self.gates.items() if uid in members},
         }
 
     def resume(self, point: dict[str, Any]) -> None:
-        for name, source in self.sources.items():
+        for name, source in self._members(self.sources):
             source.offset = int(point["offsets"].get(name, -1))
-        for uid, op in self.operators.items():
+        for uid, op in self._members(self.operators):
             op.state_version = int(point["state_versions"].get(uid, -1))
             op.flushes = int(point["flushes"].get(uid, 0))
         self._source_flushes = {name: int(n) for name, n in point.get("source_flushes", {}).items()}
-        for vid, vs in self.vertex_sinks.items():
+        self.seq = int(point.get("seq", 0))
+        for uid, gate in self._members(self.gates):
+            gate.resume(point.get("gates", {}).get(uid))
+        for vid, vs in self._members(self.vertex_sinks):
             if vs:
                 vs.resumed(point["sinks"][vid])
+
+    def _members(self, runs: dict[str, Any]) -> list[tuple[str, Any]]:
+        """The items of ``runs`` (vertex id -> its run) of this process's group."""
+        return [(k, v) for k, v in runs.items() if k in self.members]
 
     def close(self) -> None:
         """Stop cleanly: end this process's session with its resume point."""
         if not self._opened:
             return
-        self.store.sessions.end(self.epoch, STAGE, self.session, self.point())
+        self._catch_up()
+        busy = [uid for uid, gate in self._members(self.gates) if gate.busy()]
+        if busy:  # what they hold lives in this process only: the next start restores a checkpoint
+            self.progress(f"graph {self.graph.name}: stopping with operators {', '.join(busy)} inside a checkpoint "
+                          "(records held or in flight): the next start recovers from the latest completed checkpoint")
+            self._opened, self._closed = False, True
+            return
+        self.store.sessions.end(self.epoch, self.stage, self.session, self.point())
         self._opened, self._closed = False, True
 
     # the run loop --------------------------------------------------------------------------------
@@ -287,7 +366,7 @@ class GraphRunner:
                     if until_caught_up:
                         break
                     self._idle()
-        if final_checkpoint:
+        if final_checkpoint and self.group.plans_steps:
             self.summary.final = self.final_checkpoint(final_kind)
         self.close()
         self.summary.steps = steps
@@ -302,7 +381,7 @@ class GraphRunner:
         total). Control plane only: the logs' row counts, no data read."""
         self._check_open()
         left = 0
-        for source in self.sources.values():
+        for _, source in self._members(self.sources):
             latest = source.reader.latest()
             if latest is not None:
                 left += source.reader.pending_rows(source.offset, latest)
@@ -317,9 +396,14 @@ class GraphRunner:
         """Read every source's share of the next step through the whole graph; at a checkpoint,
         snapshot every vertex. False: no source had anything new."""
         self._check_open()
-        if any(s.reader.writes_on_discover for s in self.sources.values()):
+        self._sync()
+        polled = self._poll()  # the gates first: what their logs held before this step
+        if not self.group.plans_steps:
+            return polled  # the barriers come from the groups with sources, through the logs
+        sources = self._members(self.sources)
+        if any(s.reader.writes_on_discover for _, s in sources):
             self.fence()  # a folder source registers what landed
-        proposals = {name: s.propose(self.rows_per_checkpoint) for name, s in self.sources.items()}
+        proposals = {name: s.propose(self.rows_per_checkpoint) for name, s in sources}
         moved = any(p is not None for p in proposals.values())
         # the step's barrier: a periodic checkpoint (only if something new is read), or one that
         # answers "checkpoint now" requests (the snapshot DAG, ckpt savepoint of a running graph)
@@ -327,19 +411,111 @@ class GraphRunner:
                                         fence=self.fence, progress=self.progress)
         self._on_effects(effects)
         if not moved and trigger is None:
-            return False
+            return polled
         if trigger is not None:
             self.store.checkpoints.record_pending(trigger.checkpoint_id, trigger.barrier.kind,
                                                   trigger.barrier.timestamp, self.epoch)
         self._step_started, self._done_at = time.monotonic(), {}
-        if moved:
-            try:
+        try:
+            if moved:
                 self._flow(plan_step(proposals))
-            finally:
-                self.uncache()
-        if trigger is not None:
-            self._barrier(trigger)
+            if trigger is not None:
+                self._barrier(trigger)
+            else:
+                self._send()
+        finally:
+            self.uncache()
         return True
+
+    def _poll(self) -> bool:
+        """Every gate, in topological order, consumes what its input logs hold (a gate's output
+        reaches the next gate in the same round). False: none had anything new."""
+        moved = False
+        for _, gate in self._members(self.gates):
+            moved = gate.poll() or moved
+        return moved
+
+    def _sync(self) -> None:
+        """With other process groups: forget the pending checkpoints they completed or aborted, and
+        commit this group's sinks up to the latest completed one (their pre-committed transactions
+        wait for it; commits are idempotent, so another committer racing this one lands nothing twice)."""
+        if self.alone or self.coordinator is None:
+            return
+        owed = any(book.pending for _, vs in self._members(self.vertex_sinks) for books in vs.books.values()
+                   for book in books)
+        if not owed and not self.coordinator.pending:
+            return
+        latest = None
+        for row in self.store.checkpoints.history():
+            cid, status = int(row["checkpoint_id"]), row["status"]
+            if status == CheckpointStatus.COMPLETED and row["epoch"] == self.epoch:
+                latest = max(latest or cid, cid)
+            if cid in self.coordinator.pending and status in (CheckpointStatus.COMPLETED, CheckpointStatus.ABORTED):
+                self.coordinator.finished_elsewhere(cid, status, row["completion_time"] or row["recorded_at"])
+                if status == CheckpointStatus.ABORTED:
+                    for gate in self.gates.values():
+                        gate.abort(cid)
+        if owed and latest is not None:
+            self._commit_up_to(latest)
+
+    def acknowledge(self, cid: int, acks: dict[SubtaskId, SubtaskAck]) -> None:
+        """Subtasks of this process acknowledge checkpoint ``cid``: durable first (another process
+        adopting it reads them), then the coordinator has them. With other process groups, the
+        acks they recorded come first: whoever records the last ack sees every other one, so one
+        of the processes completes the checkpoint (two may: the second finds it stored)."""
+        if self.coordinator.status_of(cid) == CheckpointStatus.PENDING:
+            self.store.acks.record(cid, acks, self.epoch)
+            self._others_acks(cid, acks)
+        for sid, ack in acks.items():
+            self._on_effects(self.coordinator.acknowledge(cid, sid, ack).effects)
+
+    def _others_acks(self, cid: int, mine: dict[SubtaskId, SubtaskAck]) -> None:
+        """With other process groups: the acks of ``cid`` they recorded, given to the coordinator."""
+        if self.alone:
+            return
+        for sid, (ack, _when) in sorted(self.store.acks.pending(cid, self.epoch).items()):
+            if sid not in mine and self.coordinator.status_of(cid) == CheckpointStatus.PENDING:
+                self._on_effects(self.coordinator.acknowledge(cid, sid, ack).effects)
+
+    def _send(self, barrier: TriggerCheckpoint | None = None) -> None:
+        """Append the step's segments on every cut edge the flow sends on, and the barrier after
+        them (``barrier``), in one commit per log."""
+        if self.parts:
+            self.seq += 1  # past the step's segments
+        if barrier is not None and self.sends:
+            mark = (barrier.checkpoint_id, barrier.barrier.timestamp)
+            for e in self.job.cut:
+                if e.channel_log in self.sends:
+                    senders = range(self.graph.vertex(e.sender).parallelism)
+                    receivers = range(self.graph.vertex(e.receiver).parallelism)
+                    self.parts.setdefault(e.channel_log, []).append(
+                        (BARRIER, self.seq, mark, list(senders), list(receivers)))
+            self.seq += 1
+        for name in self.lags:  # a lagging edge gets the step before's segment and barrier: one step late
+            now, held = self.parts.pop(name, None), self.deferred.pop(name, None)
+            if now:
+                self.deferred[name] = now
+            if held:
+                self.parts[name] = held
+        self._write_parts()
+
+    def _catch_up(self) -> None:
+        """What the lagging edges hold back reaches their logs (before a final checkpoint completes,
+        and before a clean stop: a resume point's offsets are past it)."""
+        if self.deferred:
+            for name, held in self.deferred.items():
+                self.parts.setdefault(name, []).extend(held)
+            self.deferred = {}
+            self._write_parts()
+
+    def _write_parts(self) -> None:
+        if not self.parts:
+            return
+        self.reached("channel_write")
+        self.fence()
+        for name, parts in self.parts.items():
+            self.logs[name].write(sorted(parts, key=lambda part: part[1]), epoch=self.epoch)
+        self.parts = {}
 
     def _flow(self, shares: dict[str, tuple[list, int]]) -> None:
         """One step's records from the sources' ``shares`` through every vertex, in topological
@@ -347,6 +523,8 @@ class GraphRunner:
         frames: dict[tuple[str, str], DataFrame] = {}
         live: set[str] = set()
         for vertex_id in self.order:
+            if vertex_id not in self.members:
+                continue  # another process group's
             if vertex_id in self.sources:
                 source = self.sources[vertex_id]
                 files, end = shares.get(vertex_id, ([], source.offset))
@@ -367,11 +545,14 @@ class GraphRunner:
                         self.fence()
                         sinks.stage({RECORDS: df.withColumn(SINK_SUBTASK, F.col("sender"))}, n,
                                     f"source {vertex_id!r}")
+                    self._segments(vertex_id, RECORDS, df, "sender")
                 else:
                     df = source.empty()
                 frames[(vertex_id, RECORDS)] = df
                 self._done_at[vertex_id] = time.monotonic()
                 continue
+            if vertex_id in self.gates:
+                continue  # it reads its inputs from logs (its gate, polled at the step's start)
             op = self.operators[vertex_id]
             senders = {e.sender for e in self.graph.inputs_of(vertex_id)}
             inputs = self._inputs(op, frames)
@@ -400,15 +581,29 @@ class GraphRunner:
                 self.reached("flush_merge")  # past its epoch check, the MERGE not yet committed
                 op.update_state(deltas, self.fence, self.epoch, expire_before)
             frames.update({(vertex_id, name): df for name, df in outputs.items()})
+            for name, df in outputs.items():
+                self._segments(vertex_id, name, df, SINK_SUBTASK)
             self._done_at[vertex_id] = time.monotonic()
         for name, (_files, end) in shares.items():
             self.sources[name].advance(end)
+
+    def _segments(self, vertex_id: str, output: str, df: DataFrame, sender: str) -> None:
+        """The step's records of ``vertex_id``'s ``output`` as one segment on each cut edge it
+        sends them on (the sending subtask in column ``sender``), written with the step's end."""
+        for e in self.job.outputs_of(vertex_id):
+            if e.output == output and e.channel_log in self.sends:
+                receiver = self.graph.vertex(e.receiver)
+                routed = segment(df, e, receiver.parallelism, sender=sender, key=e.edge.key,
+                                 max_parallelism=self.graph.max_parallelism)
+                self.parts.setdefault(e.channel_log, []).append((DATA, self.seq, routed))
 
     def _inputs(self, op: OperatorVertexRun, frames: dict[tuple[str, str], DataFrame]) -> dict[int, DataFrame]:
         """The operator's inputs this step: per input, every edge into it routed to its subtasks
         (:data:`SINK_SUBTASK`: the receiving one), the columns the operator sees."""
         inputs: dict[int, DataFrame] = {}
         for edge in self.graph.inputs_of(op.uid):
+            if (edge.sender, edge.output) not in frames:
+                continue  # a feedback edge, while the columns are inferred (it carries the operator's own output)
             df = frames[(edge.sender, edge.output)]
             sender = "sender" if edge.sender in self.sources else SINK_SUBTASK
             routed = route_records(df, str(edge.partitioning), op.P, sender=sender, key=edge.key,
@@ -429,6 +624,8 @@ class GraphRunner:
         self.reached("snapshot")
         acks: dict[SubtaskId, SubtaskAck] = {}
         for vertex_id in self.order:
+            if vertex_id in self.gates or vertex_id not in self.members:
+                continue  # its subtasks snapshot when their handlers align (Gate), or in another process
             vertex = self._vertex(vertex_id)
             if vertex_id in self.sources:
                 mine = {**vertex.acks(), **self.vertex_sinks[vertex_id].acks(cid)}
@@ -439,28 +636,57 @@ class GraphRunner:
             done = (self._done_at.get(vertex_id, time.monotonic()) - self._step_started) * 1000
             acks.update({sid: dataclasses.replace(ack, duration_ms=round(done, 1)) for sid, ack in mine.items()})
         self.reached("ack")
-        self.store.acks.record(cid, acks, self.epoch)
+        self.store.acks.record(cid, acks, self.epoch)  # durable before the barrier enters a log
+        self._send(trigger)
+        self._others_acks(cid, acks)  # none yet, unless a group downstream outran this one's commit
         for sid, ack in acks.items():
             self._on_effects(self.coordinator.acknowledge(cid, sid, ack).effects)
 
     def final_checkpoint(self, kind: CheckpointKind = CheckpointKind.CHECKPOINT) -> int:
-        """Take a checkpoint now (every record read so far is in it) and wait for it to complete."""
+        """Take a checkpoint now (every record read so far is in it) and wait for it to complete.
+        A process group with sources but not every vertex injects the barrier and returns: the
+        checkpoint completes when the groups downstream have run (as a linear source stage's)."""
         self._check_open()
+        if not self.group.plans_steps:
+            raise CheckpointError(f"process group {self.group.name} of graph {self.graph.name!r} has no source: only "
+                                  "a group with sources injects a checkpoint barrier")
+        self._sync()
         trigger = self.coordinator.trigger(kind)
         self.store.checkpoints.record_pending(trigger.checkpoint_id, trigger.barrier.kind, trigger.barrier.timestamp,
                                               self.epoch)
         self._step_started, self._done_at = time.monotonic(), {}
         self._barrier(trigger)
+        self._catch_up()
+        if not self.alone:
+            self.progress(f"{kind.value} {trigger.checkpoint_id} injected: it completes when the process groups "
+                          "downstream have run")
+            return trigger.checkpoint_id
+        while self.coordinator.status_of(trigger.checkpoint_id) == CheckpointStatus.PENDING and self.gates:
+            if not self._poll():  # its barrier travels through the gates
+                if any(g.alignment_timeout is not None for g in self.gates.values()):
+                    self._idle()
+                    continue
+                break
         status = self.coordinator.status_of(trigger.checkpoint_id)
         if status != CheckpointStatus.COMPLETED:
             raise CheckpointError(f"final {kind.value} {trigger.checkpoint_id} did not complete: {status}")
         return trigger.checkpoint_id
+
+    def adopt(self, cid: int) -> None:
+        """Make the coordinator know checkpoint ``cid``, triggered by another process of this graph,
+        with the acks already recorded (one it knows, or that is no longer pending, is left alone)."""
+        self._on_effects(adopt(self.store, self.coordinator, cid, self.epoch))
+
+    def on_effects(self, effects: Any) -> None:
+        """Carry out the coordinator's effects (what a gate's ack or decline returns)."""
+        self._on_effects(effects)
 
     def _on_effects(self, effects: Any) -> None:
         for e in effects:
             if isinstance(e, CheckpointCompleted):
                 self.reached("complete")
                 c = e.checkpoint
+                self.metrics.checkpoint_completed(c)
                 self.summary.completed.append(c.checkpoint_id)
                 offsets = ", ".join(f"{n} {s.offset}" for n, s in self.sources.items())
                 self.progress(f"checkpoint {c.checkpoint_id} completed in {c.duration * 1000:.0f} ms "
@@ -470,8 +696,11 @@ class GraphRunner:
             elif isinstance(e, CheckpointAborted):
                 if not record_aborted(self.store, e, self.epoch):
                     continue
+                self.metrics.checkpoint_failed(e.reason.value)
                 self.summary.aborted.append((e.checkpoint_id, e.reason.value))
                 self.progress(f"checkpoint {e.checkpoint_id} aborted: {e.reason.value} {e.message}".rstrip())
+                for gate in self.gates.values():
+                    gate.abort(e.checkpoint_id)
             elif isinstance(e, FailJob):
                 raise too_many_failed(e)
 
@@ -479,7 +708,7 @@ class GraphRunner:
         """Checkpoint ``cid`` is complete: every sink commits its transactions up to it (one Delta
         commit per sink, idempotent and fenced inside the commit), then forgets them."""
         self.reached("commit")
-        books = {name: books for vs in self.vertex_sinks.values() for name, books in vs.books.items()}
+        books = {name: books for _, vs in self._members(self.vertex_sinks) for name, books in vs.books.items()}
 
         def committed(name: str, txns: list) -> None:
             self.reached("sink_commit")  # this sink committed, the next ones not yet

@@ -13,7 +13,7 @@ every subtask the step's barrier on every channel at once (:meth:`barrier_on_eve
 from __future__ import annotations
 
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -30,12 +30,13 @@ from ..core.barriers import (
     ForwardBarrier,
     LogChannelState,
     TakeSnapshot,
+    carry_out,
     create_handler,
 )
 from ..core.keygroups import range_for_subtask
 from ..core.recovery import RecoveryPlan
 from ..core.twophase import Transaction, TransactionIdPool, TwoPhaseCommitSink
-from ..core.types import Barrier, BarrierMode, CheckpointKind, CheckpointStatus, SubtaskAck
+from ..core.types import Barrier, BarrierMode, CheckpointStatus, SubtaskAck
 from ..delta import log as delta_log
 from ..pipeline import FEEDBACK
 from ..reserved import SINK_SUBTASK
@@ -197,14 +198,9 @@ class KeyedStage:
         """Make the coordinator know checkpoint ``cid`` (triggered by a source stage in another
         process) with the acks already recorded; one that is no longer pending is left alone (its
         barrier is still processed, and the keyed acks are then discarded)."""
-        ctx = self.ctx
-        if ctx.coordinator.status_of(cid) != "unknown":
-            return
-        row = ctx.store.checkpoints.status(cid)
-        if row is None or row["status"] != CheckpointStatus.PENDING or row["epoch"] != ctx.epoch:
-            return
-        acks = ctx.store.acks.pending(cid, ctx.epoch)
-        self.on_effects(ctx.coordinator.adopt(cid, row["trigger_time"], CheckpointKind(row["kind"]), acks))
+        from .completion import adopt
+
+        self.on_effects(adopt(self.ctx.store, self.ctx.coordinator, cid, self.ctx.epoch))
 
     # carrying out the handlers' effects ------------------------------------------------------------
 
@@ -223,17 +219,7 @@ class KeyedStage:
         completion made due runs after the last flush, never in the middle."""
         self.executing += 1
         try:
-            queues = {r: deque(es) for r, es in effects.items()}
-            while any(queues.values()):
-                for r, q in queues.items():
-                    while q and not isinstance(q[0], TakeSnapshot):
-                        self._effect(r, q.popleft())
-                snapping = [r for r, q in queues.items() if q and isinstance(q[0], TakeSnapshot)]
-                if snapping:
-                    self._flush()
-                    for r in snapping:
-                        self._snapshot(r, queues[r].popleft())
-            self._flush()
+            carry_out(effects, self._effect, self._flush, self._snapshot)
             self._write_feedback()
         finally:
             self.executing -= 1

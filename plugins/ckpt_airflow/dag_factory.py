@@ -90,6 +90,7 @@ DEFAULTS: dict[str, Any] = {
     "ack_timeout_s": 900,        # a requested checkpoint not completed by then is aborted
     "poll_s": 10,                # how often the trigger reads the store
     "mode": "aligned",
+    "layout": "chained",         # a dataflow graph's run DAG: chained (one task) or per_vertex (a task per group)
     "rows_per_checkpoint": DEFAULT_ROWS_PER_STEP,
     "launcher": None,            # None: the hook's default ("session"), or "spark-submit"
     "maintenance_every_s": 86_400,  # <pipeline>_maintenance schedule (daily)
@@ -113,9 +114,13 @@ def settings_for(pipeline: str) -> dict[str, Any]:
         raise ValueError(f"CKPT_DAG_SETTINGS[{pipeline!r}]: unknown keys {sorted(unknown)}; known: {sorted(DEFAULTS)}")
     base = dict(DEFAULTS)
     found = declared(pipeline)
-    if not is_graph(found) and found.feedback:  # a graph's edges are all chained: aligned
+    if any(e.feedback for e in found.edges) if is_graph(found) else found.feedback:
         base["mode"] = "unaligned"
-    return {**base, **overrides}
+    merged = {**base, **overrides}
+    if merged["layout"] not in ("chained", "per_vertex"):
+        raise ValueError(f"CKPT_DAG_SETTINGS[{pipeline!r}]: layout must be chained or per_vertex, got "
+                         f"{merged['layout']!r}")
+    return merged
 
 
 def _default_args(s: dict[str, Any]) -> dict[str, Any]:
@@ -231,17 +236,22 @@ def group_order(job: Any) -> list[tuple[str, list[str]]]:
 
 
 def build_graph_run_dag(graph: Any, s: dict[str, Any]) -> DAG:
-    """``<graph>_run``: a ``run_<group>`` task per process group of the graph's job plan (today one,
-    ``run_all``), downstream of the groups its edges come from; each task has its group's sinks as
-    outlets."""
-    from checkpoint_lib.graph import plan
+    """``<graph>_run``: a ``run_<group>`` task per process group of the graph's job plan in the
+    settings' ``layout`` (chained: one, ``run_all``; per_vertex: the sources' group and one per
+    operator), downstream of the groups its edges come from; each task has its group's sinks as
+    outlets. With several groups a last task, ``commit``, commits every sink up to the checkpoint
+    the sources' group injected: the groups that ran before the last one acknowledged it left their
+    transactions pre-committed."""
+    from checkpoint_lib.graph import Layout, plan
 
-    name, job = graph.name, plan(graph)
+    name, job = graph.name, plan(graph, Layout(s["layout"]))
     order = group_order(job)
     groups = ", ".join(f"`{g}`" for g, _ in order)
     doc = (f"Runs dataflow graph `{name}` until caught up, ending with a checkpoint: one task per process group "
            f"of its job plan ({groups}; `all` is every vertex in one process, every edge chained), through "
-           "the graph runner (`ckpt run`).")
+           "the graph runner (`ckpt run --stage <group>`)" + ("" if len(order) == 1 else
+                                                              ", then `commit`: every sink up to that checkpoint")
+           + ".")
     with _dag(name, "run", "the graph's process groups, incremental, each run ends with a checkpoint", s,
               schedule=timedelta(seconds=s["run_every_s"]), doc_md=doc) as dag:
         tasks = {}
@@ -253,6 +263,13 @@ def build_graph_run_dag(graph: Any, s: dict[str, Any]) -> DAG:
             )
             for upstream in after:
                 tasks[upstream] >> tasks[group]
+        if len(order) > 1:
+            (steps,) = [g.name for g in job.groups if g.plans_steps]
+            commit = CommitCheckpointOperator(
+                task_id="commit", pipeline=name, launcher=s["launcher"], outlets=sink_assets(name),
+                checkpoint_id=f"{{{{ ti.xcom_pull(task_ids='run_{steps}')['final'] }}}}")
+            for group, _ in order:
+                tasks[group] >> commit
     return dag
 
 

@@ -272,7 +272,10 @@ class CheckpointHook(BaseHook):
             self._submit("run_stage.py", args)  # `ckpt run` takes a graph: --stage all runs its one group
             return {"stage": stage, "launcher": "spark-submit"}
         if graph is not None:
-            runner = self._graph_runner(graph, mode=mode, rows_per_checkpoint=rows_per_checkpoint)
+            from checkpoint_lib.graph import Layout
+
+            runner = self._graph_runner(graph, mode=mode, rows_per_checkpoint=rows_per_checkpoint,
+                                        processes=Layout.of_stage(stage), group=stage)
             return _summary(runner.run(until_caught_up=True, max_steps=max_steps))
         from checkpoint_lib.pipelines import get
         from checkpoint_lib.spark.runner import PipelineRunner
@@ -424,15 +427,15 @@ class CheckpointHook(BaseHook):
 
 
 def graph_group(graph: Any, group: str) -> str:
-    """``group`` if it is a process group of ``graph``'s job plan that runs
-    (:func:`checkpoint_lib.graph.plan`, :attr:`~checkpoint_lib.graph.Layout.CHAINED`: one group,
-    ``all``, every vertex in one process); else ValueError naming the plan's groups."""
-    from checkpoint_lib.graph import plan
+    """``group`` if it is a process group of ``graph``'s job plan that runs (:func:`checkpoint_lib.graph.plan`
+    in :meth:`Layout.of_stage <checkpoint_lib.graph.Layout.of_stage>`: ``all``, every vertex in one
+    process, or a group of the per-vertex layout); else ValueError naming the plan's groups."""
+    from checkpoint_lib.graph import Layout, plan
 
-    groups = [g.name for g in plan(graph).groups]
+    groups = [g.name for g in plan(graph, Layout.of_stage(group)).groups]
     if group not in groups:
-        raise ValueError(f"graph {graph.name} has no process group {group!r} in its job plan (groups: "
-                         f"{', '.join(groups)}): its graph runner runs every vertex in one process group")
+        raise ValueError(f"graph {graph.name} has no process group {group!r} in its job plan (groups: all, or "
+                         f"each of {', '.join(groups)} as its own process)")
     return group
 
 

@@ -61,6 +61,41 @@ def test_the_graph_run_dag_runs_its_one_process_group_as_one_task_on_the_run_sch
     assert "`all`" in run.doc_md
 
 
+def test_the_per_vertex_layout_runs_each_process_group_as_a_task_then_commits(monkeypatch):
+    """``CKPT_DAG_SETTINGS={"enrichment": {"layout": "per_vertex"}}``: the sources' group, then a task
+    per operator after the groups its edges come from, then ``commit`` (the groups that ran before
+    the last acknowledgement left their sinks' transactions pre-committed)."""
+    from ckpt_airflow.dag_factory import build_dags, settings_for
+    from ckpt_airflow.operators import CommitCheckpointOperator, RunStageOperator
+
+    monkeypatch.setenv("CKPT_DAG_SETTINGS", json.dumps({"enrichment": {"layout": "per_vertex"}}))
+    run = build_dags("enrichment")["enrichment_run"]
+    assert [t.task_id for t in run.topological_sort()] == ["run_sources", "run_tag", "run_dedup", "run_totals",
+                                                          "commit"]
+    assert run.get_task("run_tag").upstream_task_ids == {"run_sources"}
+    assert run.get_task("run_totals").upstream_task_ids == {"run_dedup"}
+    assert run.get_task("commit").upstream_task_ids == {"run_sources", "run_tag", "run_dedup", "run_totals"}
+    stages = {t.task_id: t.stage for t in run.tasks if isinstance(t, RunStageOperator)}
+    assert stages == {"run_sources": "sources", "run_tag": "tag", "run_dedup": "dedup", "run_totals": "totals"}
+    commit = run.get_task("commit")
+    assert isinstance(commit, CommitCheckpointOperator) and "run_sources" in commit.checkpoint_id
+    assert {o.uri for o in commit.outlets} == SINKS
+    monkeypatch.setenv("CKPT_DAG_SETTINGS", json.dumps({"enrichment": {"layout": "apart"}}))
+    with pytest.raises(ValueError, match="layout must be chained or per_vertex, got 'apart'"):
+        settings_for("enrichment")
+
+
+def test_the_hook_runs_a_process_group_of_the_layout_its_name_says():
+    from checkpoint_lib import pipelines
+    from ckpt_airflow.hooks import graph_group
+
+    graph = pipelines.declared("enrichment")
+    assert [graph_group(graph, g) for g in ("all", "sources", "tag")] == ["all", "sources", "tag"]
+    with pytest.raises(ValueError, match="no process group 'source' .*groups: all, or each of sources, tag, dedup, "
+                                         "totals as its own process"):
+        graph_group(graph, "source")
+
+
 def test_the_graph_recover_dag_has_its_form_and_dry_run_and_validates_the_restore_as_the_linear_one(dagbag):
     from airflow.sdk import TriggerRule
     from airflow.sdk.definitions.param import ParamsDict
@@ -110,26 +145,15 @@ def test_the_graph_maintenance_dag_is_the_linear_one(dagbag):
     assert dag.schedule == timedelta(days=1)
 
 
-def test_a_plan_of_several_process_groups_gives_a_task_per_group_after_the_groups_it_reads(monkeypatch):
-    """Today's plans have one group; a plan of several (here every vertex its own group) gives one
-    task per group, in the plan's order, each after the groups its edges come from, each with
-    its own sinks as outlets."""
-    import checkpoint_lib.graph as graphs
+def test_a_plan_of_several_process_groups_gives_each_task_its_own_sinks_as_outlets():
     from checkpoint_lib.pipelines import declared
     from ckpt_airflow import dag_factory
 
-    real_plan = graphs.plan
-    monkeypatch.setattr(graphs, "plan", lambda graph: real_plan(graph, graphs.Layout.PER_VERTEX))
-    dag = dag_factory.build_graph_run_dag(declared("enrichment"), dag_factory.settings_for("enrichment"))
-    order = [t.task_id for t in dag.topological_sort()]
-    assert sorted(order) == ["run_accounts", "run_dedup", "run_payments", "run_tag", "run_totals"]
-    assert order.index("run_tag") > max(order.index("run_payments"), order.index("run_accounts"))
-    upstream = {t.task_id: t.upstream_task_ids for t in dag.tasks}
-    assert upstream == {"run_payments": set(), "run_accounts": set(), "run_tag": {"run_payments", "run_accounts"},
-                        "run_dedup": {"run_tag"}, "run_totals": {"run_dedup"}}
+    settings = {**dag_factory.settings_for("enrichment"), "layout": "per_vertex"}
+    dag = dag_factory.build_graph_run_dag(declared("enrichment"), settings)
     outlets = {t.task_id: {o.uri.rsplit("/", 1)[1] for o in t.outlets} for t in dag.tasks}
-    assert outlets == {"run_payments": set(), "run_accounts": set(), "run_tag": {"rejected"},
-                       "run_dedup": {"tagged"}, "run_totals": {"region_totals"}}
+    assert outlets == {"run_sources": set(), "run_tag": {"rejected"}, "run_dedup": {"tagged"},
+                       "run_totals": {"region_totals"}, "commit": {"rejected", "tagged", "region_totals"}}
 
 
 def test_a_feedback_edge_between_process_groups_orders_nothing():
@@ -175,7 +199,7 @@ def test_a_graph_runs_and_recovers_through_spark_submit_with_the_arguments_ckpt_
     for (job, args), command in zip(submitted, ("run", "recover")):
         assert graph_option_problems(parser.parse_args([command, *args])) == []
     with pytest.raises(ValueError, match="graph enrichment has no process group 'keyed' in its job plan "
-                                         r"\(groups: all\)"):
+                                         r"\(groups: all, or each of sources, tag, dedup, totals as its own process\)"):
         hook.run_stage("keyed")
     assert len(submitted) == 2 and not (tmp_path / "_checkpoints").exists()
 

@@ -33,6 +33,23 @@ def test_each_output_is_the_drawing_of_the_pipelines_graph(name, capsys):
     assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(to_dict(graph)))
 
 
+def test_a_layout_draws_the_process_groups_the_stages_name_and_each_cut(capsys):
+    from checkpoint_lib.graph import Layout, plan
+
+    graph = pipelines.declared("enrichment")
+    job = plan(graph, Layout.PER_VERTEX)
+    assert cli.main(["graph", "enrichment", "--layout", "per_vertex"]) == 0
+    text = capsys.readouterr().out
+    assert text == to_text(graph, job) and "process tag: chain [tag]; sinks rejected; reads payments_tag, " \
+        "accounts_tag; writes tag_dedup" in text.splitlines()
+    assert cli.main(["graph", "enrichment", "--layout", "per_vertex", "-o", "dot"]) == 0
+    assert capsys.readouterr().out == to_dot(graph, job)
+    assert cli.main(["graph", "enrichment", "--layout", "chained", "-o", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["plan"] == json.loads(json.dumps(plan(graph).to_dict())) and doc["name"] == "enrichment"
+    assert cli.main(["graph", "enrichment", "-o", "json"]) == 0 and "plan" not in json.loads(capsys.readouterr().out)
+
+
 def test_text_is_the_default_and_the_other_commands_words_are_accepted(capsys):
     assert cli.main(["graph", "transfers"]) == 0
     text = capsys.readouterr().out

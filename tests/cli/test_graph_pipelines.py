@@ -12,14 +12,13 @@ import textwrap
 import types
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from checkpoint_lib import cli, pipeline as pipeline_module, pipelines
 from checkpoint_lib.cli import context
-from checkpoint_lib.graph import Graph, StreamGraph, to_dict, to_text
+from checkpoint_lib.graph import Graph, Layout, StreamGraph, to_dict, to_text
 
 MODULE = '''
 from checkpoint_lib.graph import Graph
@@ -260,12 +259,13 @@ def test_generate_checks_a_graphs_generator_options_before_spark(registered, no_
 
 
 @pytest.mark.parametrize("options, refused", [
-    (["--stage", "source"], "--stage source (a graph runs every vertex in one process: --stage all"),
+    (["--stage", "source"], "--stage source (a graph runs every vertex in one process, --stage all, or each operator "
+                            "as its own process and the sources as one, --stage <process group>: one of sources, tag, "
+                            "dedup, totals)"),
     (["--parallelism", "3"], "--parallelism (a graph declares each vertex's parallelism"),
     (["--source-parallelism", "2", "--parallelism", "3"], "--parallelism and --source-parallelism (a graph declares"),
-    (["--lagging-sources", "1"], "--lagging-sources (every edge of a graph is chained in one process"),
-    (["--no-chaining"], "--no-chaining (a graph runs with every edge chained"),
-    (["--alignment-timeout", "1"], "--alignment-timeout (every checkpoint of a graph is aligned"),
+    (["--lagging-sources", "1"], "--lagging-sources (a graph's lagging inputs are declared by its plan"),
+    (["--no-chaining"], "--no-chaining (a graph chains what runs in one process; --stage <vertex id>"),
     (["--state-compact-every", "4"], "--state-compact-every (a graph's state tables are not compacted yet)"),
 ])
 @pytest.mark.parametrize("command", ["run", "recover"])
@@ -287,8 +287,9 @@ def test_every_refused_option_is_listed_at_once(registered, no_spark, capsys):
 
 def test_the_options_a_graph_does_not_take_refuse_it_before_anything_is_opened(registered, no_spark, capsys):
     w = registered / "w"
-    assert cli.main(["savepoint", "enrichment", "--stage", "source", "--warehouse", str(w)]) == cli.EXIT_USER_ERROR
-    assert "enrichment is a dataflow graph, which does not take --stage source" in capsys.readouterr().err
+    assert cli.main(["savepoint", "enrichment", "--stage", "tag", "--warehouse", str(w)]) == cli.EXIT_USER_ERROR
+    assert ("enrichment is a dataflow graph, which does not take --stage tag (a savepoint of a graph is taken with "
+            "every vertex in one process: --stage all)") in capsys.readouterr().err
     assert not w.exists()
 
 
@@ -334,10 +335,21 @@ def test_run_gives_a_graph_to_the_graph_runner_with_the_options_it_takes(registe
     assert (config.interval, config.min_pause, config.timeout, config.retained, config.max_concurrent) == (2, 1, 60, 3, 1)
     assert made.kw.pop("progress") is not None
     assert made.kw == {"mode": "aligned", "rows_per_checkpoint": 7, "poll_interval": 0.5, "restore_checkpoint": 4,
-                       "recover": False, "allow_non_restored_state": True}
+                       "recover": False, "allow_non_restored_state": True, "processes": Layout.CHAINED, "group": "all",
+                       "alignment_timeout": None}
     assert made.run_kw == {"until_caught_up": False, "max_steps": 9, "handle_signals": True}
     assert json.loads(out) == {"pipeline": "joined", "epoch": 2, "restored": None, "rows_in": 30, "seconds": 1.5,
                                "rows_per_s": 20.0, "steps": 3, "completed": [5, 6], "aborted": [], "final": 6}
+
+
+def test_run_of_one_vertex_runs_its_process_group_of_the_per_vertex_layout(registered, runner, capsys):
+    w = str(registered / "w")
+    assert cli.main(["run", "joined", "--warehouse", w, "--stage", "tag", "--mode", "unaligned",
+                     "--alignment-timeout", "2"]) == 0
+    (made,) = runner
+    assert (made.kw["processes"], made.kw["group"]) == (Layout.PER_VERTEX, "tag")
+    assert (made.kw["mode"], made.kw["alignment_timeout"]) == ("unaligned", 2.0)
+    assert "changes nothing" not in capsys.readouterr().err  # its inputs come through channel logs
 
 
 def test_run_says_the_same_summary_line_and_the_mode_changes_nothing(registered, runner, capsys):

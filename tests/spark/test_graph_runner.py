@@ -132,9 +132,8 @@ PHASES = ["source_read", "dlq", "flush_stage:3", "flush_merge:2", "flush_merge:5
           "complete:2", "commit:2", "sink_commit:3"]
 
 
-@pytest.mark.parametrize("phase", [pytest.param(p, marks=[] if p == "flush_merge:5" else [pytest.mark.slow])
-                                   # CI tier: a kill mid-step here, mid-commit in tests/crash/test_graph_crash.py
-                                   for p in PHASES])
+@pytest.mark.slow  # CI tier: a kill in a gate with channel state (tests/spark/test_graph_cut_edges.py), mid-commit
+@pytest.mark.parametrize("phase", PHASES)  # in tests/crash/test_graph_crash.py
 def test_a_kill_in_any_phase_of_any_vertex_recovers_exactly_once_at_another_parallelism(spark, tmp_path, phase):
     """Killed at ``phase`` (the n-th time: a later vertex's MERGE, a later sink's commit), then
     recovered with every operator at parallelism 3: the outputs are exactly once."""

@@ -164,14 +164,18 @@ class OperatorVertexRun:
         the state table's current version pinned (nothing copied), its sinks' transactions
         pre-committed."""
         acks: dict[SubtaskId, SubtaskAck] = {}
-        table_bytes = self._table_bytes()
         for r, sid in enumerate(self.ids):
             pinned, share = None, 0
             if self.state is not None:
                 pinned = PinnedState(self.state_version, range_for_subtask(r, self.P, self.max_parallelism))
-                share = table_bytes * len(pinned.key_groups) // self.max_parallelism
+                share = self.state_share(len(pinned.key_groups))
             acks[sid] = SubtaskAck(state=KeyedAckState(-1, pinned).to_state(), state_size_bytes=share)
         return {**acks, **self.sinks.acks(checkpoint_id)}
+
+    def state_share(self, key_groups: int) -> int:
+        """The bytes of the state table's current version that ``key_groups`` key groups hold (by
+        their fraction): what restoring a subtask's share reads."""
+        return self._table_bytes() * key_groups // self.max_parallelism
 
     def _table_bytes(self) -> int:
         """The state table's size at its current version (its files' bytes, from the Delta log: no

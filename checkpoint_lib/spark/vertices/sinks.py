@@ -60,16 +60,21 @@ class VertexSinks:
         self.books = {name: [TwoPhaseCommitSink.resumed(s, self.pool(name, i)) for i, s in enumerate(states[name])]
                       for name in self.writers}
 
-    def stage(self, outputs: Mapping[str, DataFrame], flush: int, what: str) -> None:
-        """Write the step's rows of each sink (its output of ``outputs``) into every subtask's open
-        transaction: nothing visible in the target."""
+    def stage(self, outputs: Mapping[str, DataFrame], flush: int, what: str,
+              subtasks: list[int] | None = None) -> None:
+        """Write the step's rows of each sink (its output of ``outputs``) into the open transaction
+        of each of ``subtasks`` (None: every subtask), whose rows they are: nothing visible in the
+        target."""
         missing = sorted({o for o in self.outputs.values() if o not in outputs})
         if missing:
             raise ValueError(f"{what} returned no DataFrame for {missing} (its sinks write them)")
+        subtasks = range(self.P) if subtasks is None else subtasks
         for name, writer in self.writers.items():
-            writer.stage(outputs[self.outputs[name]], {r: self.books[name][r].current for r in range(self.P)}, flush)
+            writer.stage(outputs[self.outputs[name]], {r: self.books[name][r].current for r in subtasks}, flush)
 
-    def acks(self, checkpoint_id: int) -> dict[SubtaskId, SubtaskAck]:
-        """Every sink subtask's snapshot of ``checkpoint_id``: its transaction pre-committed."""
+    def acks(self, checkpoint_id: int, subtasks: list[int] | None = None) -> dict[SubtaskId, SubtaskAck]:
+        """Each sink subtask's snapshot of ``checkpoint_id`` (of ``subtasks``; None: every one): its
+        transaction pre-committed."""
+        subtasks = range(self.P) if subtasks is None else subtasks
         return {self.ids[name][r]: SubtaskAck(state=SinkAckState(books[r].pre_commit(checkpoint_id).snapshot).to_state())
-                for name, books in self.books.items() for r in range(self.P)}
+                for name, books in self.books.items() for r in subtasks}
