@@ -348,6 +348,28 @@ def test_the_graph_run_dag_runs_enrichment_end_to_end_exactly_once(ran):
     assert all(max(completed) in extra["completed"] for *_, extra in events)
 
 
+@pytest.mark.slow  # CI tier: the per-vertex DAG's form above; a gate's kill in tests/spark/test_graph_cut_edges.py
+def test_the_per_vertex_run_dag_runs_each_process_group_as_a_task_and_commits_exactly_once(tmp_path):
+    """``airflow dags test enrichment_run`` with the per-vertex layout: the sources' task injects the
+    checkpoints, each operator's task reads its channel logs and acknowledges, the last completes
+    them, and ``commit`` commits the sinks the earlier tasks left pre-committed; the verifier finds
+    every output exactly once."""
+    from checkpoint_lib.control import PipelineControl
+    from checkpoint_lib.pipelines.enrichment_data import generate
+
+    warehouse, home = tmp_path / "warehouse", tmp_path / "home"
+    settings = {"enrichment": {"rows_per_checkpoint": 10_000, "retries": 0, "layout": "per_vertex"}}
+    env = airflow_env(home, warehouse, CKPT_DAG_SETTINGS=json.dumps(settings))
+    migrate(home, env)
+    generate(None, str(warehouse), 160, rounds=2, accounts=12, seed=11)
+    _dags_test(env, "enrichment_run")
+    history = PipelineControl(warehouse, "enrichment").history()
+    assert [h["status"] for h in history] and all(h["status"] == "completed" for h in history), history
+    checked(warehouse)
+    events = _asset_events(home, "enrichment_run")
+    assert {task for _, task, _ in events} >= {"run_tag", "run_dedup", "run_totals", "commit"}
+
+
 @pytest.mark.slow  # CI tier: CI runs the graph's run DAG above and its recovery through `ckpt recover`
 # (tests/spark/test_graph_cli.py); the dry run's task is checked without Spark above
 def test_the_graph_recover_dag_dry_runs_then_restores_an_older_checkpoint_exactly_once_and_validates_it(ran):
