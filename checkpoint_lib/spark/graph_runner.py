@@ -1,11 +1,17 @@
 """Running a dataflow graph (:class:`~checkpoint_lib.graph.StreamGraph`) on Spark + Delta: one
-process, every edge chained.
+process group of its job graph per process.
 
-:class:`GraphRunner` runs the job graph :func:`~checkpoint_lib.graph.plan` makes of the graph in
-:attr:`~checkpoint_lib.graph.Layout.CHAINED`: every vertex in this process, every edge chained, so
-a step flows from every source through every operator in topological order within Spark plans
-(Spark does the shuffles), and a checkpoint's barrier reaches every input channel of every subtask
-at the step's end with nothing in flight: aligned in every mode, no channel state. A step:
+:class:`GraphRunner` runs one process group of the job graph :func:`~checkpoint_lib.graph.plan`
+makes of the graph (by default :attr:`~checkpoint_lib.graph.Layout.CHAINED`: every vertex in this
+process, every edge chained, so a step flows from every source through every operator in
+topological order within Spark plans (Spark does the shuffles), and a checkpoint's barrier reaches
+every input channel of every subtask at the step's end with nothing in flight: aligned in every
+mode, no channel state). Where the plan cuts an edge (a lagging input, a cycle, another process
+group), the operators reading from channel logs run as gates (:mod:`.vertices.gate`: barrier
+handlers over all their input channels, channel state per input edge), the step's flow writes
+one segment per step on each cut edge it sends on (a lagging one a step late), and with several
+process groups each process completes the checkpoints it acknowledges last and commits its own
+sinks (see :meth:`GraphRunner.acknowledge`). A step:
 
 1. **plans across all sources** (:func:`~checkpoint_lib.graph.steps.plan_step`): each source proposes its next whole versions
    (about ``rows_per_checkpoint`` rows); a full proposal ends at a commit time, and every source
@@ -26,12 +32,12 @@ Opening joins the current epoch where the last process ended cleanly, or **recov
 (:mod:`.graph_recovery`): a new epoch fences every older process inside each sink's and state
 table's commits, restores every operator's state from the checkpoint (per uid; any parallelism:
 key groups), re-commits what the checkpoint owns, aborts the rest, and the sources go on from
-their offsets. A graph with a cycle (``iterate``) or a layout of several processes is not run here
-yet: the linear runner (:class:`~checkpoint_lib.spark.runner.PipelineRunner`) runs ``transfers``.
+their offsets: a full restart, whichever process group recovers (every vertex's state, every sink,
+every gate's channel state; every channel log starts empty in the new epoch).
 
 Kill points (:mod:`checkpoint_lib.killpoints`): ``source_read``, ``dlq``, ``flush_stage``,
-``flush_merge``, ``snapshot``, ``ack``, ``complete``, ``commit``, ``sink_commit``, and the
-recovery's ``fence``, ``recover``, ``restore``.
+``flush_merge``, ``channel_write``, ``snapshot``, ``ack``, ``channel_state``, ``complete``,
+``commit``, ``sink_commit``, and the recovery's ``fence``, ``recover``, ``restore``.
 """
 
 from __future__ import annotations
