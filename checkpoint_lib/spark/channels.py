@@ -34,6 +34,9 @@ from . import tables
 
 DATA, BARRIER, END = "data", "barrier", "end"
 
+CHANNEL_STATE_ROW_BYTES = 64
+"""A channel-state row's size estimate in an ack (the Delta files are compressed; the rows are exact)."""
+
 CONTROL_COLUMNS = [
     T.StructField("sender", T.IntegerType(), False),
     T.StructField("receiver", T.IntegerType(), False),
@@ -89,6 +92,7 @@ class DeltaChannelLog:
         self.path = path
         self.payload = payload
         self._nested: bool | None = None
+        self._indexed: tuple[int | None, int, int] | None = None  # (version, epoch, last position) last indexed
 
     @property
     def nested(self) -> bool:
@@ -189,6 +193,19 @@ class DeltaChannelLog:
                          r.rows if r.kind == DATA else 0)
             for r in rows
         )
+
+    def index_past(self, epoch: int, after: int) -> list[ChannelEvent]:
+        """:meth:`index` past ``after`` for its reader, without the Spark job when the log's Delta
+        version did not move since the index that left the reader at ``after`` (an idle poll:
+        nothing new)."""
+        from ..delta.log import latest_version
+
+        version = latest_version(self.path)
+        if self._indexed == (version, epoch, after):
+            return []  # that version of the log holds nothing of this epoch past ``after``
+        events = self.index(epoch, after=after)
+        self._indexed = (version, epoch, max((e.seq for e in events), default=after))
+        return events
 
     def read(self, segments: Iterable[ChannelEvent], epoch: int) -> DataFrame:
         """The records of ``segments`` (data events of ``epoch``): ``sender``, ``receiver`` and

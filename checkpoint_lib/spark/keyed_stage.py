@@ -37,15 +37,13 @@ from ..core.keygroups import range_for_subtask
 from ..core.recovery import RecoveryPlan
 from ..core.twophase import Transaction, TransactionIdPool, TwoPhaseCommitSink
 from ..core.types import Barrier, BarrierMode, CheckpointStatus, SubtaskAck
-from ..delta import log as delta_log
 from ..pipeline import FEEDBACK
 from ..reserved import SINK_SUBTASK
-from .channels import BARRIER, DATA, END, ChannelEvent
+from .channels import BARRIER, CHANNEL_STATE_ROW_BYTES, DATA, END, ChannelEvent
 from .context import RunContext
 from .partitioning import route
 from .state import KEY_GROUP, apply_with_ttl, key_group_column, subtask_column
 
-_ROW_BYTES = 64  # channel-state size estimate per row (the Delta files are compressed; rows are exact)
 
 
 @dataclass
@@ -87,7 +85,6 @@ class KeyedStage:
             for _ in range(t.P)
         ]
         self.fb_parts: list[tuple] = []  # forwarded barriers not written to the feedback log yet
-        self._indexed: dict[str, tuple[int | None, int, int]] = {}  # log path -> (version, epoch, cursor) last indexed
         self.cursor, self.fseq, self.fcursor = -1, 0, -1
         self.pending: dict[int, list[ChannelEvent]] = defaultdict(list)
         self.channel_state: dict[tuple[int, int], list[ChannelEvent]] = defaultdict(list)
@@ -159,8 +156,8 @@ class KeyedStage:
             switched = any(timed.values())
             if switched:
                 self.execute(timed)
-        events = self._index(t.channel, self.cursor)
-        fed = self._index(t.feedback_log, self.fcursor) if t.feedback_log is not None else []
+        events = t.channel.index_past(self.ctx.epoch, self.cursor)
+        fed = t.feedback_log.index_past(self.ctx.epoch, self.fcursor) if t.feedback_log is not None else []
         if not events and not fed:
             return switched
         effects: dict[int, list] = {r: [] for r in range(t.P)}
@@ -182,17 +179,6 @@ class KeyedStage:
             self.fcursor = max(e.seq for e in fed)
         self.execute(effects)
         return True
-
-    def _index(self, log, after: int) -> list[ChannelEvent]:
-        """``log.index`` past ``after``, skipping the Spark job when the log's Delta version did not
-        move since the index that left the cursor at ``after`` (an idle poll: nothing new)."""
-        epoch = self.ctx.epoch
-        version = delta_log.latest_version(log.path)
-        if self._indexed.get(log.path) == (version, epoch, after):
-            return []  # that version of the log holds nothing of this epoch past ``after``
-        events = log.index(epoch, after=after)
-        self._indexed[log.path] = (version, epoch, max((e.seq for e in events), default=after))
-        return events
 
     def _adopt(self, cid: int) -> None:
         """Make the coordinator know checkpoint ``cid`` (triggered by a source stage in another
@@ -394,7 +380,7 @@ class KeyedStage:
             return 0, 0
         rows = sum(e.rows for e in segments)
         t.channel_state.append(cid, self._read(segments, packed=True))
-        return rows, rows * _ROW_BYTES
+        return rows, rows * CHANNEL_STATE_ROW_BYTES
 
     def replay_channel_state(self, plan: RecoveryPlan) -> None:
         """Restore = state, then the logged channel state, then the channels (BRIEF.md). The

@@ -44,15 +44,13 @@ from ...core.barriers import (ChannelStateComplete, CheckpointDone, DeclineCheck
 from ...core.keygroups import range_for_subtask
 from ...core.recovery import RecoveryPlan
 from ...core.types import Barrier, BarrierMode, SubtaskAck
-from ...delta import log as delta_log
 from ...graph.jobgraph import JobEdge, JobGraph
 from ...layout import channel_state_table
 from ...reserved import KEY_GROUP, SINK_SUBTASK
-from ..channels import BARRIER, DATA, END, ChannelEvent, ChannelStateTable, DeltaChannelLog
+from ..channels import BARRIER, CHANNEL_STATE_ROW_BYTES, DATA, END, ChannelEvent, ChannelStateTable
 from ..partitioning import route_records
 from .operator import OperatorVertexRun
 
-_ROW_BYTES = 64  # channel-state size estimate per row (as the linear keyed stage's)
 OURS = ("sender", "receiver", KEY_GROUP, SINK_SUBTASK)
 """Routing columns of ours that a channel log's records never carry."""
 
@@ -125,7 +123,6 @@ class Gate:
         self.pending: dict[int, list[tuple[int, ChannelEvent]]] = defaultdict(list)  # delivered, not applied
         self.logged: dict[tuple[int, int], list[tuple[int, ChannelEvent]]] = defaultdict(list)  # channel state
         self.snapshots: dict[tuple[int, int], _Snapshot] = {}
-        self._indexed: dict[str, tuple[int | None, int, int]] = {}
 
     def create(self) -> None:
         for table in self.channel_state.values():
@@ -162,7 +159,7 @@ class Gate:
         arrived: list[tuple[int, int, ChannelEvent]] = []
         for i, edge in enumerate(self.inputs):
             name = edge.channel_log
-            events = self._index(self.r.logs[name], self.cursors[name])
+            events = self.r.logs[name].index_past(self.r.epoch, self.cursors[name])
             if events:
                 self.cursors[name] = max(e.seq for e in events)
                 arrived += [(e.seq, i, e) for e in events]
@@ -180,17 +177,6 @@ class Gate:
         if arrived:
             self.execute(effects)
         return bool(arrived) or switched
-
-    def _index(self, log: DeltaChannelLog, after: int) -> list[ChannelEvent]:
-        """``log.index`` past ``after``; no Spark job when the log's Delta version did not move
-        since the index that left the cursor at ``after`` (an idle poll)."""
-        epoch = self.r.epoch
-        version = delta_log.latest_version(log.path)
-        if self._indexed.get(log.path) == (version, epoch, after):
-            return []
-        events = log.index(epoch, after=after)
-        self._indexed[log.path] = (version, epoch, max((e.seq for e in events), default=after))
-        return events
 
     # carrying out the handlers' effects --------------------------------------------------------------
 
@@ -334,7 +320,7 @@ class Gate:
             name = self.inputs[i].channel_log
             self.channel_state[name].append(cid, self.r.logs[name].read_packed(events, self.r.epoch))
             rows += sum(e.rows for e in events)
-        return rows, rows * _ROW_BYTES
+        return rows, rows * CHANNEL_STATE_ROW_BYTES
 
     def replay_channel_state(self, plan: RecoveryPlan) -> None:
         """A restore's first records: what the checkpoint's subtasks of this vertex logged in flight,
