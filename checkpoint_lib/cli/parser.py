@@ -146,7 +146,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     # of each step reach the channel one step after the others' (barriers at different positions,
     # records in flight; unaligned checkpoints then log channel state)
     p.add_argument("--lagging-sources", type=int, default=0, metavar="N", help=argparse.SUPPRESS)
-    p.add_argument("--state-compact-every", type=int, default=None, metavar="N",  # None: 32 (a graph refuses it)
+    p.add_argument("--state-compact-every", type=int, default=None, metavar="N",  # None: 32
                    help="OPTIMIZE the keyed state table every N flushes (its MERGEs add small files and "
                         "deletion vectors; the rows do not change). 0: never. Default 32")
     p.add_argument("--no-chaining", action="store_true",

@@ -24,7 +24,7 @@ from .validating import validate_suites
 
 
 STATE_COMPACT_EVERY = 32
-"""``--state-compact-every``'s default (a linear pipeline's keyed state table)."""
+"""``--state-compact-every``'s default (every keyed state table, of a linear pipeline or a graph)."""
 
 
 def _config(args: argparse.Namespace):
@@ -87,8 +87,6 @@ def graph_option_problems(args: argparse.Namespace, graph: Any = None, *, savepo
     if getattr(args, "no_chaining", False):
         problems.append("--no-chaining (a graph chains what runs in one process; --stage <vertex id> runs a vertex as "
                         "its own process, every edge into and out of it through a channel log)")
-    if getattr(args, "state_compact_every", None) is not None:
-        problems.append("--state-compact-every (a graph's state tables are not compacted yet)")
     return problems
 
 
@@ -123,10 +121,12 @@ def _graph_runner(args: argparse.Namespace, graph: Any, **kw: Any):
     if mode != "aligned" and not plan(graph, layout).cut:
         progress(f"graph {graph.name}: every edge is chained in this process, so every checkpoint is aligned at a "
                  f"step's end with nothing in flight (--mode {mode} changes nothing)")
+    compact = getattr(args, "state_compact_every", None)
     return GraphRunner(graph, args.warehouse, context.spark_session(args), mode=mode,
                        rows_per_checkpoint=args.rows_per_checkpoint, config=_config(args), progress=progress,
                        poll_interval=getattr(args, "poll", 1.0), processes=layout, group=stage,
-                       alignment_timeout=getattr(args, "alignment_timeout", None), **kw)
+                       alignment_timeout=getattr(args, "alignment_timeout", None),
+                       state_compact_every=STATE_COMPACT_EVERY if compact is None else compact, **kw)
 
 
 def _run(args: argparse.Namespace, recover: bool = False) -> dict[str, Any]:

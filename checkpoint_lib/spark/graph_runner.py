@@ -69,6 +69,7 @@ from ..layout import checkpoint_root, warehouse_location
 from ..metrics import PipelineMetrics
 from ..pipeline import FolderSource
 from ..reserved import KEY_GROUP, SINK_SUBTASK
+from . import completion
 from .completion import adopt, record_aborted, too_many_failed
 from .context import RunSummary, StepCache
 from .partitioning import route_records
@@ -104,6 +105,7 @@ class GraphRunner:
         alignment_timeout: float | None = None,
         processes: Any = None,
         group: str | None = None,
+        state_compact_every: int = 32,
     ):
         self.graph = graph
         self.job = plan(graph, processes, lagging=lagging)
@@ -134,6 +136,8 @@ class GraphRunner:
             raise ValueError(f"graph {graph.name!r} cannot run yet: " + "; ".join(problems))
         if rows_per_checkpoint < 1:
             raise ValueError(f"rows_per_checkpoint must be >= 1, got {rows_per_checkpoint}")
+        if state_compact_every < 0:
+            raise ValueError(f"state_compact_every must be >= 0 (0: never), got {state_compact_every}")
         self.alignment_timeout = alignment_timeout
         self.warehouse = warehouse_location(warehouse)
         use_warehouse(spark, self.warehouse)
@@ -159,6 +163,8 @@ class GraphRunner:
         self.cached, self.uncache = self.step_cache.cached, self.step_cache.uncache
         self._step_started, self._done_at = time.monotonic(), {}  # when the step began, each vertex was done
         self._source_flushes: dict[str, int] = {}  # a source vertex's sink flushes (the operators keep theirs)
+        self._completions = 0  # checkpoints this process committed: every few, the gates truncate their logs
+        self._truncation_due = False
 
         self.writers = pipeline_sinks(spark, graph, self.warehouse, self.root, self.store.epochs.check)
         self.sources = {v.name: SourceVertexRun(v, graph, spark=spark, warehouse=self.warehouse, root=self.root,
@@ -167,7 +173,8 @@ class GraphRunner:
                                                v.parallelism, self._pool) for v in graph.vertices}
         self.operators = {
             v.uid: OperatorVertexRun(v, graph, spark=spark, root=self.root, sinks=self.vertex_sinks[v.uid],
-                                     key=graph.inputs_of(v.uid)[0].key if v.kind is not OperatorKind.STATELESS else None)
+                                     key=graph.inputs_of(v.uid)[0].key if v.kind is not OperatorKind.STATELESS else None,
+                                     compact_every=state_compact_every)
             for v in graph.operators
         }
         self.order = [v.id for v in graph.topological_order()]
@@ -344,6 +351,7 @@ class GraphRunner:
                           "(records held or in flight): the next start recovers from the latest completed checkpoint")
             self._opened, self._closed = False, True
             return
+        self._truncate()
         self.store.sessions.end(self.epoch, self.stage, self.session, self.point())
         self._opened, self._closed = False, True
 
@@ -439,7 +447,16 @@ class GraphRunner:
         moved = False
         for _, gate in self._members(self.gates):
             moved = gate.poll() or moved
+        if self._truncation_due:
+            self._truncate()
         return moved
+
+    def _truncate(self) -> None:
+        """Every gate of this process deletes what it consumed for good of its input logs (between
+        polls: no effect is being carried out)."""
+        self._truncation_due = False
+        for _, gate in self._members(self.gates):
+            gate.truncate()
 
     def _sync(self) -> None:
         """With other process groups: forget the pending checkpoints they completed or aborted, and
@@ -722,6 +739,9 @@ class GraphRunner:
 
         twophase.commit_up_to(books, cid, lambda name, txns: self.writers[name].commit(txns, cid, self.epoch),
                               after=committed)
+        self._completions += 1
+        if self._completions % completion.TRUNCATE_EVERY == 0:  # every truncation is a Delta commit: batch them
+            self._truncation_due = True
 
     def _check_open(self) -> None:
         if not self._opened:

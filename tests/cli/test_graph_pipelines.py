@@ -266,7 +266,6 @@ def test_generate_checks_a_graphs_generator_options_before_spark(registered, no_
     (["--source-parallelism", "2", "--parallelism", "3"], "--parallelism and --source-parallelism (a graph declares"),
     (["--lagging-sources", "1"], "--lagging-sources (a graph's lagging inputs are declared by its plan"),
     (["--no-chaining"], "--no-chaining (a graph chains what runs in one process; --stage <vertex id>"),
-    (["--state-compact-every", "4"], "--state-compact-every (a graph's state tables are not compacted yet)"),
 ])
 @pytest.mark.parametrize("command", ["run", "recover"])
 def test_run_and_recover_refuse_what_a_graph_does_not_take_before_spark_starts(registered, no_spark, capsys, command,
@@ -325,7 +324,7 @@ def test_run_gives_a_graph_to_the_graph_runner_with_the_options_it_takes(registe
     w = str(registered / "w")
     argv = ["run", "joined", "--warehouse", w, "--rows-per-checkpoint", "7", "--interval", "2", "--min-pause", "1",
             "--timeout", "60", "--retained", "3", "--checkpoint", "4", "--allow-non-restored-state", "--max-steps", "9",
-            "--follow", "--poll", "0.5", "-o", "json"]
+            "--follow", "--poll", "0.5", "--state-compact-every", "5", "-o", "json"]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     (made,) = runner
@@ -336,7 +335,7 @@ def test_run_gives_a_graph_to_the_graph_runner_with_the_options_it_takes(registe
     assert made.kw.pop("progress") is not None
     assert made.kw == {"mode": "aligned", "rows_per_checkpoint": 7, "poll_interval": 0.5, "restore_checkpoint": 4,
                        "recover": False, "allow_non_restored_state": True, "processes": Layout.CHAINED, "group": "all",
-                       "alignment_timeout": None}
+                       "alignment_timeout": None, "state_compact_every": 5}
     assert made.run_kw == {"until_caught_up": False, "max_steps": 9, "handle_signals": True}
     assert json.loads(out) == {"pipeline": "joined", "epoch": 2, "restored": None, "rows_in": 30, "seconds": 1.5,
                                "rows_per_s": 20.0, "steps": 3, "completed": [5, 6], "aborted": [], "final": 6}

@@ -84,6 +84,13 @@ def logged(w: str, edge: str) -> pd.DataFrame:
     return DeltaTable(str(table)).to_pandas() if (table / "_delta_log").exists() else pd.DataFrame()
 
 
+def log_positions(w: str, edge: str) -> list[int]:
+    """The positions a cut edge's channel log holds now."""
+    from checkpoint_lib.layout import CHANNELS
+
+    return sorted(DeltaTable(str(checkpoint_root(w, "t") / CHANNELS / edge)).to_pandas()["seq"].tolist())
+
+
 def test_a_lagging_input_cuts_the_operator_and_everything_after_it():
     job = plan(graph(), lagging=[("tag", 2)])
     assert job.gated == ("tag", "dedup", "totals", "large")
@@ -95,15 +102,24 @@ def test_a_lagging_input_cuts_the_operator_and_everything_after_it():
 
 @pytest.mark.slow  # CI tier: the kill below, unaligned with channel state on the lagging edge
 @pytest.mark.parametrize("lag, mode", [(1, "unaligned"), (2, "unaligned"), (1, "aligned"), (2, "at_least_once")])
-def test_a_lagging_input_runs_exactly_once_and_unaligned_logs_it_in_flight(spark, tmp_path, lag, mode):
+def test_a_lagging_input_runs_exactly_once_and_unaligned_logs_it_in_flight(spark, tmp_path, monkeypatch, lag, mode):
     """The lagging input's records of a step reach the operator after the other input's barrier:
     aligned, that input's channels wait for them; unaligned, they are in flight, and the checkpoint
-    stores them as channel state of their edge (the other edge has none)."""
+    stores them as channel state of their edge (the other edge has none). The gate deletes what it
+    consumed of its logs during the run (here after every completed checkpoint) and at its clean stop."""
+    from checkpoint_lib.spark import completion
+
+    monkeypatch.setattr(completion, "TRUNCATE_EVERY", 1)
     w = str(tmp_path)
     land(spark, w, range(3))
-    summary = lagging(spark, w, lag, mode).run()
+    lowest = []
+    summary = lagging(spark, w, lag, mode).run(
+        on_step=lambda _s: lowest.append(min(log_positions(w, "accounts_tally") + log_positions(w, "payments_tally"),
+                                             default=None)))
     assert len(summary.completed) >= 3 and not summary.aborted
     check_tallies(w)
+    assert any(low is not None and low > 1 for low in lowest), lowest  # positions went while it ran
+    assert log_positions(w, "accounts_tally") == log_positions(w, "payments_tally") == []
     late, timely = ("payments_tally", "accounts_tally")[::1 if lag == 1 else -1]
     if mode == "unaligned":
         assert len(logged(w, late)) > 0 and set(logged(w, late)["checkpoint_id"]) <= set(summary.completed)
@@ -140,17 +156,22 @@ KILLS = [(2, "aligned", "flush_merge:3"), (1, "aligned", "channel_write:4"), (2,
     pytest.param(*k, marks=[] if k == (2, "unaligned", "channel_state:1") else [pytest.mark.slow]) for k in KILLS])
 def test_a_kill_in_a_gate_recovers_exactly_once_at_another_parallelism(spark, tmp_path, lag, mode, phase):
     """Killed at ``phase``, then recovered with the operator at parallelism 3 (its channel state
-    routed again to the subtasks owning each record now): the totals are exactly once."""
+    routed again to the subtasks owning each record now): the totals are exactly once. The state
+    table is compacted every fourth flush, so a snapshot may pin a version before or after one."""
     w = str(tmp_path)
     land(spark, w, range(3))
     name, _, n = phase.partition(":")
-    first = lagging(spark, w, lag, mode)
+    first = lagging(spark, w, lag, mode, state_compact_every=4)
     first.kills.reached = raise_at(name, int(n or 1))
     with pytest.raises(RuntimeError, match="killed"):
         first.run()
-    again = lagging(spark, w, lag, mode, parallelism=3).run()
+    again = lagging(spark, w, lag, mode, parallelism=3, state_compact_every=4).run()
     assert again.epoch == 2
     check_tallies(w)
+    history = DeltaTable(str(checkpoint_root(w, "t") / "state" / "tally")).history()
+    assert any(h["operation"] == "OPTIMIZE" for h in history), [h["operation"] for h in history]
+    # every log starts empty in the new epoch; at the clean stop nothing consumed is left
+    assert log_positions(w, "accounts_tally") == log_positions(w, "payments_tally") == []
 
 
 # --- several processes: a process group per vertex (the Airflow layout) ---------------------------------------------

@@ -20,7 +20,8 @@ runner's keyed stage does:
 - in unaligned mode the in-flight segments it logs are copied, at its acknowledgement, to the
   channel-state table of their edge (:func:`~checkpoint_lib.layout.channel_state_table`): channel
   state per input edge;
-- the acknowledgement is made durable, then given to the coordinator.
+- the acknowledgement is made durable, then given to the coordinator;
+- now and then (:meth:`Gate.truncate`) what it consumed for good of its input logs is deleted.
 
 A new epoch (a recovery) starts every log empty (a reader reads only its own epoch's rows): what was
 in flight at the checkpoint restored is in its state or its channel state (replayed first,
@@ -123,6 +124,7 @@ class Gate:
         self.pending: dict[int, list[tuple[int, ChannelEvent]]] = defaultdict(list)  # delivered, not applied
         self.logged: dict[tuple[int, int], list[tuple[int, ChannelEvent]]] = defaultdict(list)  # channel state
         self.snapshots: dict[tuple[int, int], _Snapshot] = {}
+        self.truncated = {e.channel_log: -1 for e in self.inputs}  # each input log's last truncation
 
     def create(self) -> None:
         for table in self.channel_state.values():
@@ -177,6 +179,26 @@ class Gate:
         if arrived:
             self.execute(effects)
         return bool(arrived) or switched
+
+    def truncate(self) -> None:
+        """Delete what each input log holds at or before the positions this gate consumed for good:
+        read (the cursor) and pointed at by nothing in memory (deliveries not flushed, channel
+        state not written, records an aligning handler holds). A restore never reads them again: a
+        new epoch starts every log empty, and what a checkpoint needs of them is in its channel
+        state. Only between polls (an effect not yet carried out may point at any position), and
+        only this epoch's rows and older ones (a stalled older process never deletes a newer
+        epoch's). One Delta commit per log that moved on."""
+        lowest = {name: float("inf") for name in self.cursors}
+        held = [e for records in (*self.pending.values(), *self.logged.values()) for e in records]
+        held += [e for h in self.handlers for e in h.held_records]
+        for i, e in held:
+            name = self.inputs[i].channel_log
+            lowest[name] = min(lowest[name], e.seq)
+        for name, cursor in self.cursors.items():
+            upto = int(min(cursor, lowest[name] - 1))
+            if upto > self.truncated[name]:
+                self.r.logs[name].truncate_upto(upto, self.r.epoch)
+                self.truncated[name] = upto
 
     # carrying out the handlers' effects --------------------------------------------------------------
 

@@ -41,7 +41,7 @@ class OperatorVertexRun:
     """One operator vertex of a graph, running (see the module)."""
 
     def __init__(self, vertex: OperatorVertex, graph: Any, *, spark, root: str, sinks: VertexSinks,
-                 key: str | None) -> None:
+                 key: str | None, compact_every: int = 0) -> None:
         self.vertex, self.spark, self.graph = vertex, spark, graph
         self.uid, self.P, self.operator = vertex.uid, vertex.parallelism, vertex.operator
         self.kind = vertex.kind
@@ -68,6 +68,7 @@ class OperatorVertexRun:
                                  "a source's far-ahead rows dead letters, and an operator of a graph may read several "
                                  "sources, through other operators): drop it, and refuse such rows with the source's "
                                  "validate() instead")
+        self.compact_every = compact_every  # its state table is compacted every that many flushes (0: never)
         self.state_version = -1
         self._sized: tuple[int, int] | None = None  # (state version, its table's bytes)
         self.flushes = 0
@@ -151,11 +152,17 @@ class OperatorVertexRun:
 
     def update_state(self, deltas: DataFrame, fence: Callable[[], None], epoch: int, expire_before: Any = None) -> None:
         """MERGE the state rows the operator returned (its ``state_update``: add or replace); with
-        a TTL, the rows written before ``expire_before`` are cleaned up in the same MERGE."""
+        a TTL, the rows written before ``expire_before`` are cleaned up in the same MERGE. Every
+        ``compact_every`` flushes the table is compacted after it (an OPTIMIZE: the same rows in
+        fewer files, so a flush's read and MERGE stay proportional to the state)."""
         if KEY_GROUP not in deltas.columns:
             deltas = deltas.withColumn(KEY_GROUP, key_group_column(self.key, self.max_parallelism))
         update = self.state.replace if self.state_update == "replace" else self.state.add
         self.state_version = update(deltas, before_retry=fence, epoch=epoch, expire_before=expire_before)
+        if self.compact_every and self.flushes % self.compact_every == 0:
+            fence()
+            # same rows, fewer files: a snapshot of this flush may pin either version
+            self.state_version = self.state.compact(before_retry=fence)
 
     # snapshots -----------------------------------------------------------------------------------
 
