@@ -1,7 +1,9 @@
 """The chaos harness: kill -9 real ``ckpt run`` processes at random instants, recover, compare.
 
 A :class:`Scenario` is drawn from a seed: a pipeline (``payments`` or ``transfers``; ``orders`` from
-seed :data:`ORDERS_SEEDS` on; the ``enrichment`` graph from :data:`ENRICHMENT_SEEDS` on), a barrier
+seed :data:`ORDERS_SEEDS` on; the ``enrichment`` graph from :data:`ENRICHMENT_SEEDS` on, in one
+process, and from :data:`ENRICHMENT_GROUPS_SEEDS` on as a process per vertex, the run DAG's
+layout: every edge a channel log, each kill in one of the processes), a barrier
 mode (every mode the pipeline supports; a lagging source subtask in the non-aligned modes, so
 records are in flight and unaligned checkpoints carry channel state), a first kill and then up to
 three more, each during the recovery the one before it left to do (a chain: recovery killed,
@@ -56,6 +58,18 @@ ENRICHMENT_KILLS = {
 }
 """Where a first kill of an ``enrichment`` run may land (its graph runner's phases; three steps
 surely reach each count)."""
+ENRICHMENT_GROUPS_SEEDS = 20_000
+"""Seeds from here on are ``enrichment`` scenarios in the per-vertex layout: a pass runs each process
+group (``ckpt run enrichment --stage G``) in topological order, as the run DAG's tasks do; a kill
+lands in one group's process and ends the pass (the tasks after it do not run); every edge is a
+channel log and the operators are gates, aligned or unaligned."""
+GROUP_KILLS = {
+    "sources": {"source_read": 3, "dlq": 2, "channel_write": 3, "snapshot": 2, "ack": 2},
+    "operators": {"flush_stage": 3, "flush_merge": 3, "channel_write": 3, "snapshot": 4, "ack": 4,
+                  "channel_state": 1, "complete": 3, "commit": 2, "sink_commit": 2},
+}
+"""Where a first kill of a per-vertex ``enrichment`` run may land: the sources' process, or an
+operator's (a gate; ``channel_write`` only in one that sends on, ``channel_state`` only unaligned)."""
 MAINTENANCE_SEEDS = 2000
 """Seeds from here on draw their scenario as ``seed - MAINTENANCE_SEEDS`` does, and besides one
 maintenance operation of :data:`MAINTENANCE` on one of the pipeline's tables after each kill,
@@ -95,10 +109,21 @@ class Scenario:
     first: Kill
     then: tuple[Kill, ...] = ()  # the kills during the recoveries that follow, in order
     maintenance: tuple[tuple[str, str], ...] = ()  # after each kill: (operation, table relative to the warehouse)
+    groups: tuple[str, ...] = ()  # per-vertex layout: the process group each kill of the chain lands in
 
     @property
     def chain(self) -> tuple[Kill, ...]:
         return (self.first, *self.then)
+
+    @property
+    def kills(self) -> list[str]:
+        """The chain's kills as text (``phase:n``, and ``@group`` in the per-vertex layout)."""
+        return [f"{k}@{g}" if g else str(k) for k, g in zip(self.chain, self.groups or ("",) * len(self.chain))]
+
+    @property
+    def config(self) -> str:
+        """The barrier mode, and the layout when it is not one process."""
+        return f"{self.mode}, a process per vertex" if self.groups else self.mode
 
     @property
     def chained(self) -> bool:
@@ -109,10 +134,10 @@ class Scenario:
 
     @property
     def label(self) -> str:
-        steps = [str(k) for k in self.chain]
+        steps = self.kills
         for i, (operation, table) in enumerate(self.maintenance):
             steps[i] += f" +{operation}({table})"
-        return f"#{self.seed} {self.pipeline}/{self.mode}: {' then '.join(steps)}"
+        return f"#{self.seed} {self.pipeline}/{self.config}: {' then '.join(steps)}"
 
 
 @dataclass
@@ -134,6 +159,8 @@ class Outcome:
 
 def scenario(seed: int) -> Scenario:
     """The scenario of ``seed``: deterministic, so a failing seed can be run again alone."""
+    if seed >= ENRICHMENT_GROUPS_SEEDS:
+        return _enrichment_groups_scenario(seed)
     if seed >= ENRICHMENT_SEEDS:
         return _enrichment_scenario(seed)
     if seed >= MAINTENANCE_SEEDS:
@@ -167,6 +194,32 @@ def _enrichment_scenario(seed: int) -> Scenario:
         phase = phases[seed % len(phases)] if seed < ENRICHMENT_SEEDS + 2 * len(phases) else rng.choice(phases)
         first = Kill(phase, rng.randint(1, ENRICHMENT_KILLS[phase]))
     return Scenario(seed, "enrichment", "aligned", 0, first, _recovery_kills(rng))
+
+
+def enrichment_groups() -> tuple[str, ...]:
+    """``enrichment``'s process groups in the per-vertex layout, in the order the run DAG runs them."""
+    from checkpoint_lib.graph import Layout, plan
+    from checkpoint_lib.pipelines import declared
+
+    return tuple(g.name for g in plan(declared("enrichment"), Layout.PER_VERTEX).groups)
+
+
+def _enrichment_groups_scenario(seed: int) -> Scenario:
+    rng = random.Random(seed)
+    mode = rng.choice(("aligned", "unaligned"))
+    groups = enrichment_groups()
+    group = groups[seed % len(groups)]
+    kills = GROUP_KILLS["sources" if group == groups[0] else "operators"]
+    phases = [p for p in kills if p != "channel_state" or mode == "unaligned"]
+    if rng.random() < 0.2:
+        first = Kill(EXTERNAL, after_s=round(rng.uniform(10, 40), 1))
+    else:
+        phase = rng.choice(phases)
+        first = Kill(phase, rng.randint(1, kills[phase]))
+    then = _recovery_kills(rng)
+    # a recovery is the first process of the next pass (the sources'); its steps' kills land in any group
+    where = tuple(groups[0] if k.phase in ("recover", "restore") else rng.choice(groups) for k in then)
+    return Scenario(seed, "enrichment", mode, 0, first, then, groups=(group, *where))
 
 
 def _recovery_kills(rng: random.Random) -> tuple[Kill, ...]:
@@ -224,13 +277,30 @@ def _command(warehouse: str, s: Scenario) -> list[str]:
     return cmd
 
 
-def _run(warehouse: str, s: Scenario, kill: Kill | None, trace: Path) -> tuple[int, str, str | None]:
+def _pass(warehouse: str, s: Scenario, kill: Kill | None, group: str | None,
+          trace: Path) -> tuple[int, str, str | None]:
+    """The per-vertex layout: one ``ckpt run --stage G`` per process group in topological order, as
+    the run DAG's tasks; ``kill`` in ``group``'s process ends the pass there (as a failed task
+    leaves the ones after it unrun). Returns what :func:`_run` does for the process that stopped
+    the pass (a kill or a failure), or the last one's."""
+    result: tuple[int, str, str | None] = (0, "", None)
+    for g in enrichment_groups():
+        command = ckpt_run_argv(s.pipeline, warehouse, "--rows-per-checkpoint", str(ROWS // 2), "--mode", s.mode,
+                                "--stage", g)
+        result = _run(warehouse, s, kill if g == group else None, trace, command)
+        if result[0] != 0:
+            return result
+    return result
+
+
+def _run(warehouse: str, s: Scenario, kill: Kill | None, trace: Path,
+         command: list[str] | None = None) -> tuple[int, str, str | None]:
     """One ``ckpt run``: (return code, output tail, the phase a kill interrupted or None)."""
     env = ckpt_run_env("local[2]", kill_at=str(kill) if kill is not None and kill.phase != EXTERNAL else None,
                        trace=trace)
     trace.unlink(missing_ok=True)
-    proc = subprocess.Popen(_command(warehouse, s), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = subprocess.Popen(command or _command(warehouse, s), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     try:
         if kill is not None and kill.phase == EXTERNAL:
             try:
@@ -258,16 +328,19 @@ def run_scenario(spark, warehouse: str | Path, s: Scenario) -> Outcome:
 
     warehouse = str(warehouse)
     started = time.monotonic()
-    out = Outcome(s.seed, s.pipeline, s.mode, [str(k) for k in s.chain], commit=git_commit())
+    out = Outcome(s.seed, s.pipeline, s.config, s.kills, commit=git_commit())
     landing(spark, warehouse, s)
     trace = Path(warehouse) / "phase-trace.txt"
     for nth, kill in enumerate(s.chain):
-        code, tail, hit = _run(warehouse, s, kill, trace)
+        if s.groups:
+            code, tail, hit = _pass(warehouse, s, kill, s.groups[nth], trace)
+        else:
+            code, tail, hit = _run(warehouse, s, kill, trace)
         if code == -signal.SIGKILL:
             out.kills.append(hit)
             out.nth.append(nth)
         elif code == 0:
-            out.not_reached.append(str(kill))
+            out.not_reached.append(s.kills[nth])
         else:
             out.mismatch = f"the run with kill {kill} failed (exit {code}):\n{tail}"
             out.seconds = time.monotonic() - started
@@ -278,7 +351,12 @@ def run_scenario(spark, warehouse: str | Path, s: Scenario) -> Outcome:
             operation, table = s.maintenance[nth]
             OPERATIONS[operation][1](spark, f"{warehouse}/{table}")
             out.maintenance.append(f"{operation} {table}")
-    code, tail, _ = _run(warehouse, s, None, trace)
+    if s.groups:  # twice: the groups before the last commit what the last one completed at their next run
+        code, tail, _ = _pass(warehouse, s, None, None, trace)
+        if code == 0:
+            code, tail, _ = _pass(warehouse, s, None, None, trace)
+    else:
+        code, tail, _ = _run(warehouse, s, None, trace)
     if code != 0:
         out.mismatch = f"recovery failed (exit {code}):\n{tail}"
     else:

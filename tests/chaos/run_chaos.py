@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--enrichment-runs", type=int, default=6,
                     help=f"enrichment (graph) scenarios too (seeds {harness.ENRICHMENT_SEEDS}..), default 6")
     ap.add_argument("--enrichment-first-seed", type=int, default=harness.ENRICHMENT_SEEDS)
+    ap.add_argument("--enrichment-groups-runs", type=int, default=6,
+                    help=f"enrichment with a process per vertex (seeds {harness.ENRICHMENT_GROUPS_SEEDS}..), default 6")
     ap.add_argument("--results", default="tests/chaos/results.jsonl",
                     help="outcomes, one JSON line per scenario (tracked, like bench/results.jsonl: the evidence behind docs/reliability.md)")
     ap.add_argument("--docs", default="docs/reliability.md", help="the page whose generated part is rewritten")
@@ -68,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         results.unlink(missing_ok=True)
     seeds = [*range(args.first_seed, args.first_seed + args.runs),
              *range(harness.ORDERS_SEEDS, harness.ORDERS_SEEDS + args.orders_runs),
-             *range(args.enrichment_first_seed, args.enrichment_first_seed + args.enrichment_runs)]
+             *range(args.enrichment_first_seed, args.enrichment_first_seed + args.enrichment_runs),
+             *range(harness.ENRICHMENT_GROUPS_SEEDS, harness.ENRICHMENT_GROUPS_SEEDS + args.enrichment_groups_runs)]
     done = {o.seed for o in harness.load(results)}
     spark = get_spark(master="local[2]", ui=False)
     started = time.monotonic()
@@ -90,11 +93,12 @@ def main(argv: list[str] | None = None) -> int:
                       f" -> {verdict} ({outcome.seconds:.0f} s)", flush=True)
 
         # the orders and enrichment scenarios interleaved with the others: a run stopped early has some of each
-        base, orders, graphs = ([s for s in part if s not in done] for part in (
+        parts = ([s for s in part if s not in done] for part in (
             range(args.first_seed, args.first_seed + args.runs),
             range(harness.ORDERS_SEEDS, harness.ORDERS_SEEDS + args.orders_runs),
-            range(args.enrichment_first_seed, args.enrichment_first_seed + args.enrichment_runs)))
-        todo = [s for group in zip_longest(base, orders, graphs) for s in group if s is not None]
+            range(args.enrichment_first_seed, args.enrichment_first_seed + args.enrichment_runs),
+            range(harness.ENRICHMENT_GROUPS_SEEDS, harness.ENRICHMENT_GROUPS_SEEDS + args.enrichment_groups_runs)))
+        todo = [s for group in zip_longest(*parts) for s in group if s is not None]
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
             for f in [pool.submit(one, seed) for seed in todo]:
                 f.result()

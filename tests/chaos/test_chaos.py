@@ -17,7 +17,7 @@ import os
 
 import pytest
 
-from chaos_harness import ENRICHMENT_SEEDS, MAINTENANCE_SEEDS, Kill, Scenario, record, run_scenario, scenario
+from chaos_harness import ENRICHMENT_GROUPS_SEEDS, ENRICHMENT_SEEDS, MAINTENANCE_SEEDS, Kill, Scenario, record, run_scenario, scenario
 from checkpoint_lib.verify import read_delta
 
 pytestmark = [pytest.mark.crash, pytest.mark.spark]
@@ -63,6 +63,17 @@ def test_chaos_with_maintenance_between_kills(spark, tmp_path, seed):
 @pytest.mark.parametrize("seed", range(ENRICHMENT_SEEDS, ENRICHMENT_SEEDS + int(os.environ.get("CKPT_CHAOS_ENRICHMENT_RUNS", "6"))))
 def test_chaos_enrichment(spark, tmp_path, seed):
     """The enrichment graph (its graph runner: one process, every edge chained) killed and recovered."""
+    outcome = run_scenario(spark, tmp_path, scenario(seed))
+    if RESULTS:
+        record(RESULTS, outcome)
+    assert outcome.survived, f"{scenario(seed).label}: {outcome.mismatch}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(ENRICHMENT_GROUPS_SEEDS, ENRICHMENT_GROUPS_SEEDS + int(os.environ.get("CKPT_CHAOS_ENRICHMENT_GROUPS_RUNS", "4"))))
+def test_chaos_enrichment_with_a_process_per_vertex(spark, tmp_path, seed):
+    """The enrichment graph in the run DAG's layout (a ``ckpt run --stage G`` per process group, every
+    edge a channel log, the operators gates), killed in one of its processes and recovered."""
     outcome = run_scenario(spark, tmp_path, scenario(seed))
     if RESULTS:
         record(RESULTS, outcome)
