@@ -143,7 +143,10 @@ def command_of(args: argparse.Namespace) -> str:
     scenarios at once (``--jobs``: what the invocation's minutes depend on)."""
     given = [f"--runs {args.runs}"]
     given += [f"--first-seed {args.first_seed}"] if args.first_seed else []
-    given += [f"--orders-runs {args.orders_runs}", f"--jobs {args.jobs}"]
+    given += [f"--orders-runs {args.orders_runs}", f"--enrichment-runs {args.enrichment_runs}"]
+    given += [f"--enrichment-first-seed {args.enrichment_first_seed}"] if (
+        args.enrichment_first_seed != harness.ENRICHMENT_SEEDS) else []
+    given += [f"--enrichment-groups-runs {args.enrichment_groups_runs}", f"--jobs {args.jobs}"]
     given += [f"--{flag.replace('_', '-')}" for flag in ("skip_hostile", "skip_races") if getattr(args, flag)]
     return f"make chaos CHAOS_ARGS=\"{' '.join(given)}\""
 

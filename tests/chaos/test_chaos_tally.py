@@ -32,10 +32,31 @@ def test_the_generated_page_names_the_whole_command_and_the_scenarios_run_before
 
     from run_chaos import command_of, generated
 
+    from chaos_harness import ENRICHMENT_SEEDS
+
     args = argparse.Namespace(runs=41, first_seed=0, orders_runs=41, jobs=2, skip_hostile=False, skip_races=False,
+                              enrichment_runs=40, enrichment_first_seed=ENRICHMENT_SEEDS, enrichment_groups_runs=8,
                               results="tests/chaos/results.jsonl")
-    assert command_of(args) == 'make chaos CHAOS_ARGS="--runs 41 --orders-runs 41 --jobs 2"'
+    assert command_of(args) == ('make chaos CHAOS_ARGS="--runs 41 --orders-runs 41 --enrichment-runs 40 '
+                                '--enrichment-groups-runs 8 --jobs 2"')
     args.skip_races = True
     assert command_of(args).endswith('--jobs 2 --skip-races"')
     text = generated([], [], args, 600.0, kept=46)
     assert "this invocation took 10 min (46 of the scenarios below were run by earlier invocations" in text
+
+
+def test_per_vertex_scenarios_kill_each_process_group_and_recoveries_in_the_first():
+    from chaos_harness import ENRICHMENT_GROUPS_SEEDS, GROUP_KILLS, enrichment_groups
+
+    groups = enrichment_groups()
+    assert groups == ("sources", "tag", "dedup", "totals")
+    drawn = [scenario(seed) for seed in range(ENRICHMENT_GROUPS_SEEDS, ENRICHMENT_GROUPS_SEEDS + 40)]
+    assert {s.groups[0] for s in drawn} == set(groups)  # the first kill lands in every process in turn
+    for s in drawn:
+        assert s.pipeline == "enrichment" and s.mode in ("aligned", "unaligned") and len(s.groups) == len(s.chain)
+        kills = GROUP_KILLS["sources" if s.groups[0] == "sources" else "operators"]
+        assert s.first.phase == "external" or s.first.phase in kills
+        assert s.first.phase != "channel_state" or s.mode == "unaligned"
+        assert all(g == "sources" for k, g in zip(s.then, s.groups[1:]) if k.phase in ("recover", "restore"))
+        assert s.label.startswith(f"#{s.seed} enrichment/{s.mode}, a process per vertex: {s.kills[0]}")
+        assert all("@" in k for k in s.kills)
