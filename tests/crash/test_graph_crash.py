@@ -26,7 +26,11 @@ def _run(warehouse: str, kill_at: str | None = None) -> subprocess.CompletedProc
 
 
 @pytest.mark.parametrize("kill_at", [
-    "sink_commit:4",  # checkpoint 2 complete, its first sink committed, the others not
+    # checkpoint 2 complete, its first sink committed, the others not. Slow (about 3.5 min of two `ckpt run`
+    # processes); CI tier: a graph's in-process kill and recovery (tests/spark/test_graph_cut_edges.py) and its
+    # run, resume and recovery through the CLI (tests/spark/test_graph_cli.py); CI's real kill -9 is payments on
+    # S3 (tests/crash/test_object_store.py)
+    pytest.param("sink_commit:4", marks=pytest.mark.slow),
     pytest.param("flush_merge:5", marks=pytest.mark.slow),  # CI tier: in-process kills (tests/spark/test_graph_runner.py)
     pytest.param("source_read:2", marks=pytest.mark.slow),  # CI tier: as above
     pytest.param("flush_stage:4", marks=pytest.mark.slow),  # CI tier: as above

@@ -165,6 +165,7 @@ def test_the_demo_runs_against_the_object_store(s3, tmp_path):
     assert not (tmp_path / "s3:").exists()
 
 
+@pytest.mark.slow  # ~50 s; CI tier: landing folders on a local disk (tests/spark/test_landing.py), payments on S3 above
 def test_a_landing_folder_on_s3_is_read_once_and_its_bad_lines_dead_lettered(spark, s3):
     """The folder source on a bucket prefix: files listed from the objects (a temporary name is
     ignored until it is "renamed", i.e. put under its final name), registered in a manifest on S3,

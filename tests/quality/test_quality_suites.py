@@ -281,6 +281,7 @@ def _jobs(spark) -> int:
     return 1 + max(ids) if ids else 0
 
 
+@pytest.mark.slow  # ~40 s; CI tier: each engine's outcomes in the tests above
 def test_pandas_and_spark_engines_give_the_same_outcomes(spark, healthy, tmp_path, monkeypatch):
     """The same views validated both ways - collected (pandas, GX's pandas engine: no Spark job)
     and kept in Spark (GX on Spark) - give the same outcome for every expectation, failing ones

@@ -146,8 +146,8 @@ def changes_per_customer() -> Pipeline:
     )
 
 
-@pytest.mark.slow  # CI tier: the change feed read through a whole graph (tests/crash/test_graph_crash.py,
-# tests/spark/test_graph_cli.py) and by the reader's tests above
+@pytest.mark.slow  # CI tier: the change feed read through enrichment's graph (the CI cases of
+# tests/spark/test_graph_neighbours.py) and by the reader's tests above
 def test_a_keyed_pipeline_counts_each_keys_changes_exactly_once(spark, tmp_path, customers_table):
     w = str(tmp_path)
     path = f"{w}/dims/customers"

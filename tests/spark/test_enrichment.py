@@ -30,7 +30,7 @@ def test_enrichment_runs_twelve_checkpoints_in_one_process_exactly_once(spark, t
     checked(w)
 
 
-@pytest.mark.slow  # CI tier: enrichment killed by SIGKILL (tests/crash/test_graph_crash.py), kills of every phase
+@pytest.mark.slow  # CI tier: a graph killed in a gate and restored at another parallelism (test_graph_cut_edges.py)
 @pytest.mark.parametrize("phase", ["flush_merge:4", "commit:3"])  # in-process (tests/spark/test_graph_runner.py)
 def test_enrichment_exactly_once_across_a_kill_and_a_restore_at_another_parallelism(spark, tmp_path, phase):
     w = str(tmp_path)

@@ -24,8 +24,8 @@ def write_file(folder, name: str, lines: list[str]) -> None:
     os.rename(tmp, os.path.join(folder, name))  # appear complete, atomically
 
 
-@pytest.mark.slow  # ~20 s; CI tier: tests/crash/test_object_store.py::test_a_landing_folder_on_s3_is_read_once_and_its_bad_lines_dead_lettered
-# (the same files, bad lines and separate stage runs, on S3); tests/spark/test_landing.py lists local folders
+@pytest.mark.slow  # ~20 s; CI tier: tests/spark/test_landing.py (local folders: listing, bad lines, manifests); the
+# same files, bad lines and separate stage runs on S3 in tests/crash/test_object_store.py (slow too)
 def test_landing_folder_pipeline_is_exactly_once_and_dead_letters_bad_lines(spark, tmp_path):
     folder = tmp_path / "landing" / "payment_files"
     first, second = events("f1", 40), events("f2", 30)

@@ -153,6 +153,7 @@ class DedupWithFirstSeen(Dedup):
     state_schema = "seen boolean, first_ts timestamp"
 
 
+@pytest.mark.slow  # ~50 s; CI tier: the restore plan's rules for added, removed and changed operators (tests/core/test_recovery.py)
 def test_a_savepoint_restores_into_a_changed_graph(spark, tmp_path):
     """Savepoint, then the graph changes: an operator added starts empty; one removed needs
     allow_non_restored_state; a changed state schema is refused naming the operator."""

@@ -30,6 +30,7 @@ def runner(spark, w, **kw) -> PipelineRunner:
     return PipelineRunner(get("payments"), str(w), spark, **kw)
 
 
+@pytest.mark.slow  # ~60 s; CI tier: payments' long run (tests/spark/test_long_runs.py) and its kill on S3
 def test_exactly_once_across_runs_and_appends(spark, tmp_path, monkeypatch):
     """Both stages in one process are chained: the records go from the landing read to the operator
     with no channel log. A later source-only process writes the channel log; the next chained

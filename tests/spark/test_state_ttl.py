@@ -95,6 +95,7 @@ class BoundedSessionClicks(SessionClicks):
     state_ttl = StateTtl(timedelta(minutes=30), time_column="ts", max_ahead=timedelta(hours=6))
 
 
+@pytest.mark.slow  # ~30 s; CI tier: expiry in event time in the test below
 def test_one_timestamp_far_in_the_future_is_a_dead_letter_and_expires_no_state(spark, tmp_path):
     """Without a bound, a click stamped 70 years ahead becomes the operator's newest write and the
     clean-up deletes every other session. With ``max_ahead`` it is a dead letter with the reason,
