@@ -7,6 +7,7 @@ pure-core tests never import pyspark or pay the JVM start-up.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,14 @@ import pytest
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+# `make test` runs the tests in pytest-xdist workers, whose __main__ module has neither a spec nor a
+# file. pyspark.sql.connect (which great_expectations imports) takes such a __main__ for its own
+# doctest run and, without the Spark Connect client's packages, calls sys.exit(0) on import. A worker's
+# __main__ named like any script's keeps it from that.
+_main = sys.modules.get("__main__")
+if _main is not None and getattr(_main, "__spec__", None) is None and not hasattr(_main, "__file__"):
+    _main.__file__ = "<pytest-xdist worker>"
 
 # The tests' data is tiny: two shuffle partitions (one per core) instead of the default eight make a
 # Delta MERGE about a third cheaper, and every Spark test here is a chain of small MERGEs. Set in the
