@@ -99,8 +99,8 @@ def _asset_events(env, dag_id):
     return [(uri, task, json.loads(extra) if isinstance(extra, str) else extra) for uri, task, extra in rows]
 
 
-@pytest.mark.slow  # CI tier: the wheel's recover DAG dry run (test_wheel.py) and the params check
-# (test_provider.py: validate_params) run in CI; this is the same from a checkout
+@pytest.mark.slow  # CI tier: the params check (test_provider.py: validate_params); the wheel's recover DAG dry
+# run (test_wheel.py) is slow too; this is the same from a checkout
 def test_recover_dag_dry_run_and_bad_params_change_nothing(world):
     control = PipelineControl(world["warehouse"], "payments")
     epoch = control.store.epochs.current()

@@ -112,6 +112,8 @@ def _run(w, *argv: str, check: bool = True, timeout: float = 900) -> str:
     return out
 
 
+@pytest.mark.slow  # ~90 s with its wheel build; CI tier: the provider and DAGs from a checkout (test_provider.py,
+# test_dags_e2e.py)
 def test_the_wheel_installs_the_library_the_cli_and_the_provider(installed):
     """And a user's package installed beside it registers its pipeline everywhere."""
     w = installed

@@ -218,6 +218,8 @@ def test_a_target_with_more_nullable_columns_takes_the_rows_and_merge_schema_add
     assert got == [{"account": "a", "balance": 5, "note": "kept"}, {"account": "b", "balance": 7, "note": None}]
 
 
+@pytest.mark.slow  # ~45 s; CI tier: a RESTORE of a graph's source refused (test_graph_neighbours.py); the sinks'
+# table checks before any write in tests/spark/test_sink_configuration.py
 def test_a_sink_table_restored_by_someone_else_is_refused_and_our_own_rollback_is_not(spark, tmp_path):
     """A RESTORE keeps the commit stamps: after one back to checkpoint 1's version, the table says 3
     is committed while holding 1's rows. Committing 4 on top would lose 2 and 3 for good: refused,

@@ -146,6 +146,7 @@ def pipeline(batches) -> Pipeline:
     )
 
 
+@pytest.mark.slow  # ~40 s; CI tier: a kind's registration and refusal in this file's other tests
 def test_a_source_kind_and_a_sink_kind_made_in_one_file_run_exactly_once_through_a_recovery(spark, tmp_path):
     bad = (("x-1", None, 5, T0),)  # no account: a dead letter with its offset
     first = (batch("b0", 30), batch("b1", 20) + bad, batch("b2", 25))

@@ -56,6 +56,8 @@ def test_a_flush_writes_what_changed_not_the_whole_state(spark, tmp_path):
     assert tuple(pinned) == (KEYS * 10, KEYS)  # the version a snapshot pinned reads as it was
 
 
+@pytest.mark.slow  # ~35 s; CI tier: a graph's state compacted every fourth flush, killed and restored exactly once
+# (tests/spark/test_graph_cut_edges.py)
 def test_compaction_changes_no_row_of_any_version(spark, tmp_path):
     path = str(tmp_path / "state")
     table = _table(spark, path)
