@@ -362,12 +362,10 @@ class KeyedStage:
             deltas = deltas.withColumn(KEY_GROUP, key_group_column(p.key, p.max_parallelism))
         ctx.fence()
         ctx.reached("flush_merge")  # past its epoch check, the MERGE not yet committed
-        update = t.state.replace if p.state_update == "replace" else t.state.add
-        self.state_version = update(deltas, before_retry=ctx.fence, epoch=ctx.epoch, expire_before=expire_before)
-        if self.state_compact_every and self.flushes % self.state_compact_every == 0:
-            ctx.fence()
-            # same rows, fewer files: a snapshot of this flush may pin either version
-            self.state_version = t.state.compact(before_retry=ctx.fence)
+        self.state_version = t.state.apply(
+            deltas, replace=p.state_update == "replace", before_retry=ctx.fence, epoch=ctx.epoch,
+            expire_before=expire_before,
+            compact=bool(self.state_compact_every) and self.flushes % self.state_compact_every == 0)
 
     # channel state ----------------------------------------------------------------------------------
 

@@ -179,6 +179,19 @@ class KeyedStateTable:
 
         return self._merge(rows, "MERGE of a flush (replace)", before_retry, epoch, clauses)
 
+    def apply(self, deltas: DataFrame, *, replace: bool, before_retry: Callable[[], None], epoch: int | None,
+              expire_before: datetime | None = None, compact: bool = False) -> int:
+        """A flush's state rows: :meth:`replace` them (``replace``) or :meth:`add` them, then, with
+        ``compact``, an OPTIMIZE (:meth:`compact`, after ``before_retry``'s epoch check): the same
+        rows in fewer files, so a snapshot of this flush may pin either version. Returns the table
+        version after both. The one flush path of the linear keyed stage and every graph operator."""
+        update = self.replace if replace else self.add
+        version = update(deltas, before_retry=before_retry, epoch=epoch, expire_before=expire_before)
+        if compact:
+            before_retry()
+            version = self.compact(before_retry=before_retry)
+        return version
+
     def _operator_values(self) -> list[str]:
         return [n for n in self.values.fieldNames() if n != TTL_COLUMN]
 

@@ -157,12 +157,9 @@ class OperatorVertexRun:
         fewer files, so a flush's read and MERGE stay proportional to the state)."""
         if KEY_GROUP not in deltas.columns:
             deltas = deltas.withColumn(KEY_GROUP, key_group_column(self.key, self.max_parallelism))
-        update = self.state.replace if self.state_update == "replace" else self.state.add
-        self.state_version = update(deltas, before_retry=fence, epoch=epoch, expire_before=expire_before)
-        if self.compact_every and self.flushes % self.compact_every == 0:
-            fence()
-            # same rows, fewer files: a snapshot of this flush may pin either version
-            self.state_version = self.state.compact(before_retry=fence)
+        self.state_version = self.state.apply(
+            deltas, replace=self.state_update == "replace", before_retry=fence, epoch=epoch, expire_before=expire_before,
+            compact=bool(self.compact_every) and self.flushes % self.compact_every == 0)
 
     # snapshots -----------------------------------------------------------------------------------
 
