@@ -68,8 +68,7 @@ def _delete_channel_state(ctx: Context, spark: "SparkSession", path: Location) -
     if doomed and not ctx.dry_run:
         # a concurrent append of a new checkpoint's channel state is a blind append: Delta never
         # lets it conflict with (or be undone by) this DELETE; a conflict of ours is planned again
-        tables.retry_conflicts(lambda: tables.delete_where(spark, str(path), condition),
-                               f"maintenance: DELETE of old channel state in {path}")
+        tables.delete_where(spark, str(path), condition, what=f"maintenance: DELETE of old channel state in {path}")
 
 
 _VACUUM_SETTINGS = {

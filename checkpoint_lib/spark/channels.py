@@ -86,6 +86,10 @@ class ChannelEvent:
     rows: int = 0
 
 
+_EVENT_KEY = ("seq", "sender", "receiver", "kind", "checkpoint_id", "barrier_ts")
+"""What identifies one event on a channel log: :class:`ChannelEvent` without its row count."""
+
+
 class DeltaChannelLog:
     def __init__(self, spark: SparkSession, path: str, payload: T.StructType):
         self.spark = spark
@@ -180,19 +184,36 @@ class DeltaChannelLog:
         """Every event ``epoch`` wrote with position > ``after`` (for ``receivers``), in position
         order. After a recovery everything past the cut is rewritten by the new epoch, so rows of
         any other epoch there are a zombie's and are ignored."""
-        df = self.spark.read.format("delta").load(self.path).where((F.col("seq") > after) & (F.col("epoch") == epoch))
-        if receivers is not None:
-            df = df.where(F.col("receiver").isin(list(receivers)))
-        rows = (
-            df.groupBy("seq", "sender", "receiver", "kind", "checkpoint_id", "barrier_ts")
-            .agg(F.count(F.lit(1)).alias("rows"))
-            .collect()
-        )
+        rows = self._index_rows(epoch, receivers, after)
+        if rows is None:  # a table delta-rs cannot read as a dataset: one Spark job
+            df = self.spark.read.format("delta").load(self.path).where((F.col("seq") > after) & (F.col("epoch") == epoch))
+            if receivers is not None:
+                df = df.where(F.col("receiver").isin(list(receivers)))
+            rows = [tuple(r) for r in df.groupBy(*_EVENT_KEY).agg(F.count(F.lit(1)).alias("rows")).collect()]
         return sorted(
-            ChannelEvent(r.seq, r.sender, r.receiver, r.kind, r.checkpoint_id, r.barrier_ts,
-                         r.rows if r.kind == DATA else 0)
-            for r in rows
+            ChannelEvent(seq, sender, receiver, kind, cid, ts, rows if kind == DATA else 0)
+            for seq, sender, receiver, kind, cid, ts, rows in rows
         )
+
+    def _index_rows(self, epoch: int, receivers: Iterable[int] | None, after: int) -> list[tuple] | None:
+        """:meth:`index`'s rows, ``(*_EVENT_KEY, rows)``, read by delta-rs: only the control columns of
+        the files whose statistics may hold positions past ``after`` of ``epoch`` (no Spark job: an
+        index is a few columns of the step's files). None for a table with a reader feature pyarrow
+        datasets lack (deletion vectors a user turned on, say): Spark reads that one."""
+        import pyarrow.dataset as ds
+        from deltalake import DeltaTable
+        from deltalake.exceptions import DeltaProtocolError
+
+        try:
+            dataset = DeltaTable(self.path).to_pyarrow_dataset()
+        except DeltaProtocolError:
+            return None
+        where = (ds.field("seq") > after) & (ds.field("epoch") == epoch)
+        if receivers is not None:
+            where = where & ds.field("receiver").isin(list(receivers))
+        table = dataset.to_table(columns=list(_EVENT_KEY), filter=where)
+        counted = table.group_by(list(_EVENT_KEY), use_threads=False).aggregate([([], "count_all")])
+        return list(zip(*(counted.column(c).to_pylist() for c in (*_EVENT_KEY, "count_all"))))
 
     def index_past(self, epoch: int, after: int) -> list[ChannelEvent]:
         """:meth:`index` past ``after`` for its reader, without the Spark job when the log's Delta
@@ -233,16 +254,19 @@ class DeltaChannelLog:
         """Delete every event after position ``seq`` written by ``epoch`` or an older one (recovery:
         the senders will write them again). Never a newer epoch's: a stalled older attempt that
         wakes up cannot delete what the attempt that took over wrote."""
-        tables.delete_where(self.spark, self.path, (F.col("seq") > seq) & (F.col("epoch") <= epoch))
+        tables.delete_within(self.spark, self.path, {"seq": (seq + 1, None), "epoch": (None, epoch)},
+                             what=f"truncating the channel log {self.path} after position {seq}")
 
     def truncate_upto(self, seq: int, epoch: int) -> None:
         """Delete every event at or before ``seq`` written by ``epoch`` or an older one (no retained
         checkpoint needs them); never a newer epoch's (see :meth:`truncate_after`)."""
-        tables.delete_where(self.spark, self.path, (F.col("seq") <= seq) & (F.col("epoch") <= epoch))
+        tables.delete_within(self.spark, self.path, {"seq": (None, seq), "epoch": (None, epoch)},
+                             what=f"truncating the channel log {self.path} up to position {seq}")
 
     def clear(self, epoch: int) -> None:
         """Delete every event of ``epoch`` and older ones (never a newer epoch's)."""
-        tables.delete_where(self.spark, self.path, F.col("epoch") <= epoch)
+        tables.delete_within(self.spark, self.path, {"epoch": (None, epoch)},
+                             what=f"clearing the channel log {self.path} of epoch {epoch} and older ones")
 
 
 class ChannelStateTable:

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator, Mapping, TypeVar
 
 from pyspark.sql import Column, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..delta.log import clear_abandoned_creation, is_delta_table
@@ -281,13 +282,55 @@ def create_if_missing(
             raise
 
 
-def delete_where(spark: SparkSession, path: str, condition: Column) -> None:
-    """DELETE (idempotent: deleting what is gone deletes nothing). No-op on a missing table."""
+Bounds = Mapping[str, tuple[int | None, int | None]]
+"""Column -> closed range ``(lo, hi)`` of its values (``None``: unbounded on that side)."""
+
+
+def delete_where(spark: SparkSession, path: str, condition: Column, *, what: str) -> None:
+    """DELETE the rows matching ``condition`` (idempotent: deleting what is gone deletes nothing),
+    planned again after a Delta conflict (a user's OPTIMIZE of the table, say: :func:`retry_conflicts`,
+    which names ``what``). No-op on a missing table."""
     if not is_delta_table(path):
         return
     from delta.tables import DeltaTable
 
-    DeltaTable.forPath(spark, path).delete(condition)
+    retry_conflicts(lambda: DeltaTable.forPath(spark, path).delete(condition), what)
+
+
+def delete_within(spark: SparkSession, path: str, bounds: Bounds, *, what: str) -> None:
+    """:func:`delete_where` the rows whose every column of ``bounds`` lies in its range; with no
+    Spark job at all when the files' statistics show that none can (:func:`may_hold`): the DELETE
+    Delta would run on this snapshot deletes nothing then. A truncation with nothing to truncate (a
+    log at a first start, or already consumed) costs milliseconds instead of a Spark job."""
+    if not may_hold(path, bounds):
+        return
+    condition = None
+    for column, (lo, hi) in bounds.items():
+        for part in ((F.col(column) >= lo) if lo is not None else None, (F.col(column) <= hi) if hi is not None else None):
+            if part is not None:
+                condition = part if condition is None else condition & part
+    delete_where(spark, path, F.lit(True) if condition is None else condition, what=what)
+
+
+def may_hold(path: str, bounds: Bounds) -> bool:
+    """Whether a file of the Delta table at ``path`` may hold a row whose every column of ``bounds``
+    lies in its range, judged by the files' min/max statistics in the log (delta-rs: no Spark job).
+    A file without statistics for such a column may; a missing table holds nothing."""
+    if not is_delta_table(path):
+        return False
+    from deltalake import DeltaTable
+
+    actions = DeltaTable(path).get_add_actions(flatten=True)
+    names = set(actions.schema.names)
+    possible = [True] * actions.num_rows
+    for column, (lo, hi) in bounds.items():
+        for stat, bound, outside in (("max", lo, lambda v, b: v < b), ("min", hi, lambda v, b: v > b)):
+            if bound is None or f"{stat}.{column}" not in names:
+                continue
+            for i, value in enumerate(actions.column(f"{stat}.{column}").to_pylist()):
+                if value is not None and outside(value, bound):
+                    possible[i] = False
+    return any(possible)
 
 
 def version(spark: SparkSession, path: str) -> int:

@@ -148,3 +148,60 @@ def test_a_dead_letter_append_racing_another_attempt_filters_again_and_lands_eac
     assert tables.stamp_of(stage.t.dlq_path, f"{app_prefix('payments')}/dlq") == 2
     stage._write_dlq(bad, 2)  # a retry of the same step adds nothing
     assert len(read_delta(stage.t.dlq_path)) == 6
+
+
+def test_a_truncation_racing_a_users_optimize_is_planned_again_and_deletes_exactly_its_rows(spark, tmp_path):
+    """A channel log's truncation (a DELETE) while a user's OPTIMIZE compacts the same files: Delta
+    refuses our commit, which is planned again on the compacted snapshot (it raised before)."""
+    from pyspark.sql import functions as F
+
+    path = str(tmp_path / "log")
+    for seq in range(4):  # four small files: something for OPTIMIZE to compact
+        spark.createDataFrame([(seq, 1, f"r{seq}")], "seq long, epoch long, record string") \
+            .write.format("delta").mode("append").save(path)
+    marker = str(tmp_path / "optimized")
+
+    def compact_once(seq):
+        import os as _os
+
+        try:  # once, whichever task gets there first: after our DELETE took its snapshot
+            _os.close(_os.open(marker, _os.O_CREAT | _os.O_EXCL | _os.O_WRONLY))
+        except FileExistsError:
+            return seq
+        from deltalake import DeltaTable
+
+        DeltaTable(path).optimize.compact()
+        return seq
+
+    udf = F.udf(compact_once, "long", useArrow=False)  # an Arrow UDF in a filter hangs on Spark 4.2 here
+    retries = []
+    from unittest import mock
+
+    with mock.patch.object(tables.log, "warning", side_effect=retries.append):
+        tables.delete_where(spark, path, udf(F.col("seq")) <= 1, what="truncating the log")
+    assert sorted(r.seq for r in spark.read.format("delta").load(path).collect()) == [2, 3]
+    assert len(retries) == 1 and "truncating the log: conflict with a concurrent writer" in retries[0], retries
+    from deltalake import DeltaTable
+
+    ops = [h["operation"] for h in DeltaTable(path).history()]
+    assert ops[:2] == ["DELETE", "OPTIMIZE"], ops  # the compaction landed first, our DELETE after it
+
+
+def test_a_truncation_with_nothing_in_range_runs_no_spark_job(spark, tmp_path, monkeypatch):
+    """What the files' statistics rule out is not DELETEd at all (a log at a first start, or
+    consumed already); what they may hold is, and exactly that."""
+    path = str(tmp_path / "log")
+    for seq, epoch in ((0, 1), (1, 1), (2, 2)):
+        spark.createDataFrame([(seq, epoch)], "seq long, epoch long").write.format("delta").mode("append").save(path)
+    deletes = []
+    real = tables.delete_where
+    monkeypatch.setattr(tables, "delete_where", lambda *a, **k: (deletes.append(k["what"]), real(*a, **k)))
+    assert not tables.may_hold(str(tmp_path / "missing"), {"seq": (0, None)})
+    for what, bounds in (("past the end", {"seq": (3, None)}), ("an older epoch", {"epoch": (None, 0)}),
+                         ("below the start", {"seq": (None, -1), "epoch": (None, 2)}),
+                         ("empty range", {"seq": (1, 2), "epoch": (3, 3)})):
+        tables.delete_within(spark, path, bounds, what=what)
+    assert deletes == []
+    tables.delete_within(spark, path, {"seq": (1, None), "epoch": (None, 1)}, what="seq 1 of epoch 1")
+    assert deletes == ["seq 1 of epoch 1"]
+    assert sorted((r.seq, r.epoch) for r in spark.read.format("delta").load(path).collect()) == [(0, 1), (2, 2)]
