@@ -46,7 +46,7 @@ import dataclasses
 import time
 from collections import Counter
 from contextlib import nullcontext
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Mapping
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -85,6 +85,25 @@ STAGE = ALL
 """The session stage of a graph's one process: its process group (as the linear runner's ``stage="all"``)."""
 
 
+def _width(held: dict[str, list[tuple]]) -> int:
+    """The positions what lagging senders held back takes: its longest log's count of parts."""
+    return max((len(parts) for parts in held.values()), default=0)
+
+
+def _split(part: tuple, slow: frozenset[int] | None) -> tuple[tuple | None, tuple | None]:
+    """A log entry of a step (a segment, a barrier) as what its senders that keep pace write now and
+    what ``slow`` senders (None: all) write a step late; None where a side has nothing."""
+    if slow is None:
+        return None, part
+    if part[0] == DATA:
+        kind, seq, df = part
+        lag = F.col("sender").isin(sorted(slow))
+        return (kind, seq, df.where(~lag)), (kind, seq, df.where(lag))
+    kind, seq, *rest, senders, receivers = part
+    now, late = [s for s in senders if s not in slow], [s for s in senders if s in slow]
+    return ((kind, seq, *rest, now, receivers) if now else None), ((kind, seq, *rest, late, receivers) if late else None)
+
+
 class GraphRunner:
     def __init__(
         self,
@@ -102,6 +121,7 @@ class GraphRunner:
         recover: bool = False,
         poll_interval: float = 1.0,
         lagging: Any = (),
+        lagging_senders: Mapping[str, Iterable[int]] | None = None,
         alignment_timeout: float | None = None,
         processes: Any = None,
         group: str | None = None,
@@ -195,6 +215,9 @@ class GraphRunner:
         self.lags = frozenset(e.channel_log for e in self.job.cut
                               if CutReason.LAGGING in e.reasons and e.channel_log in self.sends)
         self.deferred: dict[str, list[tuple]] = {}  # a lagging edge's step, written with the next one
+        self.slow = self._slow_senders(lagging_senders or {})
+        """Per lagging edge, the sending subtasks that lag on it (None: all of them): theirs is a step
+        late, the others' keeps pace (as ``--lagging-sources`` makes slow source subtasks)."""
         self.schemas: dict[tuple[str, str], Any] = {}  # each vertex output's columns
         self.tasks = [sid for v in graph.vertices for sid in self._vertex(v.id).ids]
         self.tasks += [sid for vs in self.vertex_sinks.values() for ids in vs.ids.values() for sid in ids]
@@ -505,6 +528,8 @@ class GraphRunner:
         them (``barrier``), in one commit per log."""
         if self.parts:
             self.seq += 1  # past the step's segments
+        held, self.deferred = self.deferred, {}
+        at, self.seq = self.seq, self.seq + _width(held)  # the step before's, of the senders that lag: next
         if barrier is not None and self.sends:
             mark = (barrier.checkpoint_id, barrier.barrier.timestamp)
             for e in self.job.cut:
@@ -514,22 +539,52 @@ class GraphRunner:
                     self.parts.setdefault(e.channel_log, []).append(
                         (BARRIER, self.seq, mark, list(senders), list(receivers)))
             self.seq += 1
-        for name in self.lags:  # a lagging edge gets the step before's segment and barrier: one step late
-            now, held = self.parts.pop(name, None), self.deferred.pop(name, None)
+        for name in self.lags:  # a lagging sender's segment and barrier go with the next step: one step late
+            slow = self.slow.get(name)
+            now, later = [], []
+            for part in self.parts.pop(name, []):
+                keeps, lags = _split(part, slow)
+                now += [keeps] if keeps is not None else []
+                later += [lags] if lags is not None else []
             if now:
-                self.deferred[name] = now
-            if held:
-                self.parts[name] = held
+                self.parts[name] = now
+            if later:
+                self.deferred[name] = later
+        self._place(held, at)
         self._write_parts()
+
+    def _place(self, held: dict[str, list[tuple]], at: int) -> None:
+        """Put what lagging senders held back (each log's parts in their order) at positions from
+        ``at`` on (:func:`_width` of them): past everything a gate may have read on the log since,
+        as the senders that keep pace wrote on."""
+        for name, parts in held.items():
+            for i, part in enumerate(sorted(parts, key=lambda part: part[1])):
+                self.parts.setdefault(name, []).append((part[0], at + i, *part[2:]))
 
     def _catch_up(self) -> None:
         """What the lagging edges hold back reaches their logs (before a final checkpoint completes,
         and before a clean stop: a resume point's offsets are past it)."""
         if self.deferred:
-            for name, held in self.deferred.items():
-                self.parts.setdefault(name, []).extend(held)
-            self.deferred = {}
+            held, self.deferred = self.deferred, {}
+            at, self.seq = self.seq, self.seq + _width(held)
+            self._place(held, at)
             self._write_parts()
+
+    def _slow_senders(self, lagging_senders: Mapping[str, Iterable[int]]) -> dict[str, frozenset[int] | None]:
+        """``lagging_senders`` (vertex id -> its subtasks that lag) per lagging edge: an edge whose
+        sender is not named lags whole (None)."""
+        slow: dict[str, frozenset[int] | None] = {}
+        for vertex_id, subtasks in lagging_senders.items():
+            subtasks = frozenset(subtasks)
+            n = self.graph.vertex(vertex_id).parallelism
+            if not subtasks or not subtasks < frozenset(range(n)):
+                raise ValueError(f"the lagging subtasks of {vertex_id!r} must be some of 0..{n - 1} and not all of "
+                                 f"them (at least one keeps pace), got {sorted(subtasks)}")
+            edges = [e.channel_log for e in self.job.cut if e.sender == vertex_id and e.channel_log in self.lags]
+            if not edges:
+                raise ValueError(f"{vertex_id!r} sends on no lagging input (lag one of its receivers' inputs)")
+            slow.update({name: subtasks for name in edges})
+        return slow
 
     def _write_parts(self) -> None:
         if not self.parts:

@@ -128,6 +128,30 @@ def test_a_lagging_input_runs_exactly_once_and_unaligned_logs_it_in_flight(spark
         assert len(logged(w, late)) == len(logged(w, timely)) == 0
 
 
+@pytest.mark.slow  # CI tier: the gate kill below (a whole edge lagging); this is --lagging-sources' layout
+@pytest.mark.parametrize("mode", ["unaligned", "aligned"])
+def test_lagging_subtasks_of_a_sender_run_exactly_once_and_unaligned_log_only_their_records(spark, tmp_path, mode):
+    """One of the payments source's two subtasks lags (as ``--lagging-sources 1`` makes a linear
+    pipeline's last source subtask): its records and barrier of a step reach the gate with the next
+    step, after the other subtask's barrier on the same edge. Unaligned, what a checkpoint logs as
+    in flight is that subtask's records on that edge, and nothing else."""
+    w = str(tmp_path)
+    land(spark, w, range(3))
+    summary = lagging(spark, w, 1, mode, lagging_senders={"payments": [1]}).run()
+    assert len(summary.completed) >= 3 and not summary.aborted
+    check_tallies(w)
+    state = logged(w, "payments_tally")
+    assert len(logged(w, "accounts_tally")) == 0
+    if mode == "unaligned":
+        assert len(state) > 0 and set(state["sender"]) == {1}, state
+    else:
+        assert len(state) == 0
+    with pytest.raises(ValueError, match="at least one keeps pace"):
+        lagging(spark, w, 1, mode, lagging_senders={"payments": [0, 1]})
+    with pytest.raises(ValueError, match="sends on no lagging input"):
+        lagging(spark, w, 2, mode, lagging_senders={"payments": [1]})  # the accounts lag, not the payments
+
+
 @pytest.mark.slow  # CI tier: a graph's clean resume in tests/spark/test_graph_cli.py
 def test_a_lagging_graph_resumes_where_it_stopped_and_reports_its_metrics(spark, tmp_path, monkeypatch):
     from statsd import StatsdCollector
