@@ -152,7 +152,8 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-chaining", action="store_true",
                    help="with both stages in one process, still pass records through the persisted channel "
                         "log (as separate stage processes do) instead of chaining the source into the operator "
-                        "in one Spark plan (the default when nothing lags and there is no cycle)")
+                        "in one Spark plan (the default when nothing lags and there is no cycle); a graph's "
+                        "every edge through its channel log, as the per-vertex layout's processes have them")
     p.add_argument("--stage", type=stage_name, default="all", metavar="STAGE",
                    help="run one stage as its own process (source: landing table -> channel log; keyed: "
                         "channel log -> state and sinks), or both (all, the default); of a dataflow graph: all "

@@ -84,9 +84,6 @@ def graph_option_problems(args: argparse.Namespace, graph: Any = None, *, savepo
                         "restore at another parallelism splits keyed state by key group)")
     if getattr(args, "lagging_sources", 0):
         problems.append("--lagging-sources (a graph's lagging inputs are declared by its plan, not by source subtasks)")
-    if getattr(args, "no_chaining", False):
-        problems.append("--no-chaining (a graph chains what runs in one process; --stage <vertex id> runs a vertex as "
-                        "its own process, every edge into and out of it through a channel log)")
     return problems
 
 
@@ -118,13 +115,14 @@ def _graph_runner(args: argparse.Namespace, graph: Any, **kw: Any):
     layout = Layout.of_stage(stage)
     cycle = any(e.feedback for e in graph.edges)
     mode = args.mode or ("unaligned" if cycle else "aligned")
-    if mode != "aligned" and not plan(graph, layout).cut:
+    chaining = not getattr(args, "no_chaining", False)
+    if mode != "aligned" and not plan(graph, layout, chaining=chaining).cut:
         progress(f"graph {graph.name}: every edge is chained in this process, so every checkpoint is aligned at a "
                  f"step's end with nothing in flight (--mode {mode} changes nothing)")
     compact = getattr(args, "state_compact_every", None)
     return GraphRunner(graph, args.warehouse, context.spark_session(args), mode=mode,
                        rows_per_checkpoint=args.rows_per_checkpoint, config=_config(args), progress=progress,
-                       poll_interval=getattr(args, "poll", 1.0), processes=layout, group=stage,
+                       poll_interval=getattr(args, "poll", 1.0), processes=layout, group=stage, chaining=chaining,
                        alignment_timeout=getattr(args, "alignment_timeout", None),
                        state_compact_every=STATE_COMPACT_EVERY if compact is None else compact, **kw)
 

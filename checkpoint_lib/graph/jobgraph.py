@@ -112,6 +112,9 @@ class CutReason(StrEnum):
 
     PROCESSES = "processes"
     """Sender and receiver run in separate process groups."""
+    UNCHAINED = "unchained"
+    """Chaining is off (Flink's ``disableOperatorChaining``, ``ckpt run --no-chaining``): every edge
+    goes through a channel log, in one process as across processes (the Airflow layout's data path)."""
     CYCLE = "cycle"
     """A feedback edge (``iterate()``): its records come back after the barrier."""
     LAGGING = "lagging"
@@ -258,13 +261,15 @@ class PlanError(Problems):
 class JobGraph:
     """A :class:`~.model.StreamGraph` planned (:func:`plan`): ``processes`` (vertex id -> group, in
     declaration order), the ``lagging`` inputs, every edge as a :class:`JobEdge` (declaration
-    order) and the process ``groups`` (ordered by their first vertex, topologically)."""
+    order) and the process ``groups`` (ordered by their first vertex, topologically); ``chaining``
+    off cuts every edge."""
 
     graph: StreamGraph
     processes: Mapping[str, str]
     lagging: tuple[Input, ...]
     edges: tuple[JobEdge, ...]
     groups: tuple[ProcessGroup, ...]
+    chaining: bool = True
 
     def group(self, name: str) -> ProcessGroup:
         for g in self.groups:
@@ -318,10 +323,12 @@ class JobGraph:
             {"graph": "transfers",
              "processes": {"source": "source", "bank": "bank"},      # vertex -> group
              "lagging": [{"vertex": "bank", "input": 1}],
+             "chaining": true,                                      # false: every edge cut
              "edges": [   # in declaration order
                {"from": "source", "output": "records", "to": "bank", "input": 1, "feedback": false,
                 "chained": false, "reasons": ["processes", "lagging"], "channel_log": "source_bank"}, ...],
-                          # reasons: processes | cycle | lagging; channel_log: null when chained
+                          # reasons: processes | unchained | cycle | lagging | inputs | sender;
+                          # channel_log: null when chained
              "groups": [  # ordered by their first vertex
                {"name": "source", "vertices": ["source"], "sources": ["source"], "sinks": [],
                 "chains": [["source"]], "reads": [], "writes": ["source_bank"]}, ...]}
@@ -331,6 +338,7 @@ class JobGraph:
             "graph": self.graph.name,
             "processes": dict(self.processes),
             "lagging": [{"vertex": i.vertex, "input": i.input} for i in self.lagging],
+            "chaining": self.chaining,
             "edges": [{"from": e.sender, "output": e.output, "to": e.receiver, "input": e.input,
                        "feedback": e.feedback, "chained": e.chained, "reasons": [str(r) for r in e.reasons],
                        "channel_log": e.channel_log} for e in self.edges],
@@ -352,8 +360,9 @@ class JobGraph:
             lagging = [(i["vertex"], i["input"]) for i in doc["lagging"]]
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"the plan document of graph {graph.name!r} is malformed: {exc!r}") from None
-        job = plan(graph, processes, lagging=lagging)
-        if job.to_dict() != dict(doc):
+        doc = {**doc, "chaining": doc.get("chaining", True)}  # a document from before the key: chained
+        job = plan(graph, processes, lagging=lagging, chaining=bool(doc["chaining"]))
+        if job.to_dict() != doc:
             differ = [k for k, v in job.to_dict().items() if doc.get(k) != v]
             raise ValueError(f"the plan document does not match graph {graph.name!r} planned with its processes: "
                              f"its {', '.join(differ) or 'keys'} differ (was the graph changed since?)")
@@ -361,13 +370,14 @@ class JobGraph:
 
 
 def plan(graph: StreamGraph, processes: Mapping[str, str] | Layout | str | None = None, *,
-         lagging: Iterable[Input | tuple[str, int] | str] = ()) -> JobGraph:
+         lagging: Iterable[Input | tuple[str, int] | str] = (), chaining: bool = True) -> JobGraph:
     """``graph`` (validated first: :class:`~.validation.GraphError`) as the runtime executes it.
 
     ``processes``: vertex id -> process-group name (a :func:`~checkpoint_lib.layout.check_name`
     name) for every vertex, or a :class:`Layout` (or its name); None is :attr:`Layout.CHAINED`.
     ``lagging``: the inputs that lag, each an :class:`Input`, a ``(vertex, input)`` pair, or a
-    vertex id (all its inputs). A map naming an unknown vertex or leaving one out, a bad group
+    vertex id (all its inputs). ``chaining`` False cuts every edge (:attr:`CutReason.UNCHAINED`).
+    A map naming an unknown vertex or leaving one out, a bad group
     name, a lagging input the graph does not have: one :class:`PlanError` (a ``ValueError``)
     listing every problem."""
     validate(graph)
@@ -384,6 +394,7 @@ def plan(graph: StreamGraph, processes: Mapping[str, str] | Layout | str | None 
     for vertex_id in order:  # a sender is decided before its receivers (a feedback edge is cut anyway)
         into = [e for e in graph.edges if e.receiver == vertex_id]
         holds = {e: {CutReason.PROCESSES: assignment[e.sender] != assignment[e.receiver],
+                     CutReason.UNCHAINED: not chaining,
                      CutReason.CYCLE: e.feedback,
                      CutReason.LAGGING: Input(e.receiver, e.input) in lagging_inputs,
                      CutReason.SENDER: e.sender in logged} for e in into}
@@ -396,7 +407,7 @@ def plan(graph: StreamGraph, processes: Mapping[str, str] | Layout | str | None 
     edges = [JobEdge(e, reasons_of[e], names[e] if reasons_of[e] else None) for e in graph.edges]
     groups = tuple(_group(graph, name, [v for v in order if assignment[v] == name], edges)
                    for name in dict.fromkeys(assignment[v] for v in order))
-    return JobGraph(graph, assignment, lags, tuple(edges), groups)
+    return JobGraph(graph, assignment, lags, tuple(edges), groups, chaining)
 
 
 def _assignment(graph: StreamGraph, processes: Any) -> tuple[dict[str, str], list[str]]:

@@ -122,13 +122,14 @@ class GraphRunner:
         poll_interval: float = 1.0,
         lagging: Any = (),
         lagging_senders: Mapping[str, Iterable[int]] | None = None,
+        chaining: bool = True,
         alignment_timeout: float | None = None,
         processes: Any = None,
         group: str | None = None,
         state_compact_every: int = 32,
     ):
         self.graph = graph
-        self.job = plan(graph, processes, lagging=lagging)
+        self.job = plan(graph, processes, lagging=lagging, chaining=chaining)
         if group is None:
             if len(self.job.groups) > 1:
                 raise ValueError(f"graph {graph.name!r} is planned as {len(self.job.groups)} process groups "

@@ -265,7 +265,6 @@ def test_generate_checks_a_graphs_generator_options_before_spark(registered, no_
     (["--parallelism", "3"], "--parallelism (a graph declares each vertex's parallelism"),
     (["--source-parallelism", "2", "--parallelism", "3"], "--parallelism and --source-parallelism (a graph declares"),
     (["--lagging-sources", "1"], "--lagging-sources (a graph's lagging inputs are declared by its plan"),
-    (["--no-chaining"], "--no-chaining (a graph chains what runs in one process; --stage <vertex id>"),
 ])
 @pytest.mark.parametrize("command", ["run", "recover"])
 def test_run_and_recover_refuse_what_a_graph_does_not_take_before_spark_starts(registered, no_spark, capsys, command,
@@ -278,10 +277,10 @@ def test_run_and_recover_refuse_what_a_graph_does_not_take_before_spark_starts(r
 
 
 def test_every_refused_option_is_listed_at_once(registered, no_spark, capsys):
-    assert cli.main(["run", "joined", "--stage", "keyed", "--no-chaining", "--parallelism", "2"]) == cli.EXIT_USER_ERROR
+    assert cli.main(["run", "joined", "--stage", "keyed", "--lagging-sources", "1", "--parallelism", "2"]) == cli.EXIT_USER_ERROR
     err = capsys.readouterr().err
     assert "joined is a dataflow graph, which does not take these options:\n  - --stage keyed" in err
-    assert "\n  - --parallelism" in err and "\n  - --no-chaining" in err
+    assert "\n  - --parallelism" in err and "\n  - --lagging-sources" in err
 
 
 def test_the_options_a_graph_does_not_take_refuse_it_before_anything_is_opened(registered, no_spark, capsys):
@@ -335,7 +334,7 @@ def test_run_gives_a_graph_to_the_graph_runner_with_the_options_it_takes(registe
     assert made.kw.pop("progress") is not None
     assert made.kw == {"mode": "aligned", "rows_per_checkpoint": 7, "poll_interval": 0.5, "restore_checkpoint": 4,
                        "recover": False, "allow_non_restored_state": True, "processes": Layout.CHAINED, "group": "all",
-                       "alignment_timeout": None, "state_compact_every": 5}
+                       "chaining": True, "alignment_timeout": None, "state_compact_every": 5}
     assert made.run_kw == {"until_caught_up": False, "max_steps": 9, "handle_signals": True}
     assert json.loads(out) == {"pipeline": "joined", "epoch": 2, "restored": None, "rows_in": 30, "seconds": 1.5,
                                "rows_per_s": 20.0, "steps": 3, "completed": [5, 6], "aborted": [], "final": 6}
@@ -349,6 +348,15 @@ def test_run_of_one_vertex_runs_its_process_group_of_the_per_vertex_layout(regis
     assert (made.kw["processes"], made.kw["group"]) == (Layout.PER_VERTEX, "tag")
     assert (made.kw["mode"], made.kw["alignment_timeout"]) == ("unaligned", 2.0)
     assert "changes nothing" not in capsys.readouterr().err  # its inputs come through channel logs
+
+
+def test_run_without_chaining_cuts_every_edge_in_one_process(registered, runner, capsys):
+    """``--no-chaining``: every operator reads its inputs from channel logs, as in the Airflow layout,
+    so unaligned checkpoints can hold records in flight (the mode changes something)."""
+    assert cli.main(["run", "joined", "--warehouse", str(registered / "w"), "--no-chaining", "--mode", "unaligned"]) == 0
+    (made,) = runner
+    assert (made.kw["chaining"], made.kw["processes"], made.kw["group"]) == (False, Layout.CHAINED, "all")
+    assert "changes nothing" not in capsys.readouterr().out
 
 
 def test_run_says_the_same_summary_line_and_the_mode_changes_nothing(registered, runner, capsys):

@@ -135,7 +135,25 @@ def test_the_stages_layout_names_todays_stages_and_per_vertex_names_each_vertex(
     assert Layout.PER_VERTEX.processes(graph) == {"source": "source", "bank": "bank"}
     assert Layout.CHAINED.processes(graph) == {"source": "all", "bank": "all"}
     assert [str(x) for x in Layout] == ["chained", "stages", "per_vertex"]
-    assert [str(r) for r in CutReason] == ["processes", "cycle", "lagging", "inputs", "sender"]
+    assert [str(r) for r in CutReason] == ["processes", "unchained", "cycle", "lagging", "inputs", "sender"]
+
+
+def test_chaining_off_cuts_every_edge_in_one_process_as_the_airflow_layout_does():
+    """``ckpt run --no-chaining``: every operator a gate reading channel logs, in one process, the
+    logs named as the per-vertex layout names them; the JSON document says so and round-trips."""
+    for name in ("payments", "transfers"):
+        graph = from_pipeline(pipelines.get(name))
+        off = plan(graph, chaining=False)
+        assert [g.name for g in off.groups] == [ALL] and not off.chained
+        assert all(CutReason.UNCHAINED in e.reasons for e in off.edges)
+        apart = plan(graph, Layout.PER_VERTEX)
+        assert [e.channel_log for e in off.edges] == [e.channel_log for e in apart.edges]
+        assert off.gated == apart.gated and off.chaining is False and plan(graph).chaining is True
+        doc = json.loads(json.dumps(off.to_dict()))
+        assert doc["chaining"] is False and JobGraph.from_dict(graph, doc) == off
+    older = plan(from_pipeline(pipelines.get("payments"))).to_dict()
+    del older["chaining"]  # a document written before the key: chained
+    assert JobGraph.from_dict(from_pipeline(pipelines.get("payments")), older).chaining is True
 
 
 def test_a_lagging_input_is_cut_in_one_process_and_every_reason_is_named():
@@ -371,6 +389,7 @@ def test_the_json_document_of_transfers_apart():
         "graph": "transfers",
         "processes": {"source": "source", "bank": "bank"},
         "lagging": [{"vertex": "bank", "input": 1}],
+        "chaining": True,
         "edges": [
             {"from": "source", "output": "records", "to": "bank", "input": 1, "feedback": False, "chained": False,
              "reasons": ["processes", "lagging"], "channel_log": "source_bank"},

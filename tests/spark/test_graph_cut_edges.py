@@ -152,6 +152,20 @@ def test_lagging_subtasks_of_a_sender_run_exactly_once_and_unaligned_log_only_th
         lagging(spark, w, 2, mode, lagging_senders={"payments": [1]})  # the accounts lag, not the payments
 
 
+@pytest.mark.slow  # CI tier: the gate kill below (its gates read logs cut for a lagging input)
+def test_chaining_off_runs_every_operator_as_a_gate_in_one_process_exactly_once(spark, tmp_path):
+    """``ckpt run G --no-chaining``: the per-vertex layout's data path in one process (every edge a
+    channel log, every operator a gate), here the tally's two inputs, unaligned."""
+    w = str(tmp_path)
+    land(spark, w, range(3))
+    runner = GraphRunner(tally(), w, spark, rows_per_checkpoint=5, mode="unaligned", chaining=False)
+    assert runner.job.gated == ("tally",) and not runner.job.chained
+    summary = runner.run()
+    assert len(summary.completed) >= 3 and not summary.aborted
+    check_tallies(w)
+    assert log_positions(w, "accounts_tally") == log_positions(w, "payments_tally") == []  # consumed, truncated
+
+
 @pytest.mark.slow  # CI tier: a graph's clean resume in tests/spark/test_graph_cli.py
 def test_a_lagging_graph_resumes_where_it_stopped_and_reports_its_metrics(spark, tmp_path, monkeypatch):
     from statsd import StatsdCollector
