@@ -13,12 +13,16 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# uv installs the same pins as pip in half the time (parallel downloads and unpacking); pip
-	# is the fallback wherever uv cannot run or reach the index (pip's find-links, say).
-	$(PY) -m pip install -q -c constraints.txt uv && $(VENV)/bin/uv pip install --python $(PY) \
+	# is the fallback wherever uv cannot run or reach the index (pip's find-links, say). Both leave
+	# every module compiled (uv: --compile-bytecode), so no process compiles its imports again,
+	# even where PYTHONDONTWRITEBYTECODE keeps Python from caching what it compiles: without it an
+	# Airflow task or a `ckpt run` spent seconds compiling Airflow, GX, pandas and PySpark at each start.
+	$(PY) -m pip install -q -c constraints.txt uv && $(VENV)/bin/uv pip install --python $(PY) --compile-bytecode \
 		-c constraints.txt -e '.[all,dev]' || $(PY) -m pip install -c constraints.txt -e '.[all,dev]'
 	touch $@
 
 setup: $(STAMP)
+	$(PY) -m compileall -q checkpoint_lib plugins dags > /dev/null  # ours too (the editable install's source)
 	$(PY) -c "from checkpoint_lib.spark.jars import setup_main; raise SystemExit(setup_main())"
 	$(PY) -m pip check
 
