@@ -124,6 +124,12 @@ def session_conf(
         # as that checkpoint left them, which for a weekly pipeline is older than that. A version
         # whose files a VACUUM did delete still fails to read (missing file), so nothing is read wrong.
         "spark.databricks.delta.vacuum.enforceTimeTravelWithinDeletedFileRetentionDuration": "false",
+        # A Python UDF is Arrow-evaluated by default since Spark 4.0, and in pyspark 4.2.0 (the
+        # newest delta-spark 4.4 takes) the columnar Arrow runner, which evaluates a UDF over a file
+        # scan, hangs its task forever (SPARK-58241, fixed after 4.2.0): a user's map() filtering
+        # landing rows with a Python UDF would never finish. Pickled UDFs by default; a UDF declared
+        # with useArrow=True still chooses Arrow.
+        "spark.sql.execution.pythonUDF.arrow.enabled": "false",
     }
     if any(Path(jar).name.startswith("hadoop-aws-") for jar in jars):
         # s3:// paths through the S3A connector (as on EMR), so a warehouse URI is the same string

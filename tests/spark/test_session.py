@@ -208,6 +208,26 @@ def test_session_conf_rejects_bad_partition_count(monkeypatch: pytest.MonkeyPatc
 
 
 @pytest.mark.spark
+def test_a_python_udf_filtering_a_delta_table_finishes(spark, tmp_path: Path) -> None:
+    """A map() that filters landing rows with a Python UDF: Arrow-evaluated over a file scan it hung
+    its task forever on pyspark 4.2.0 (SPARK-58241); the session evaluates UDFs pickled by default."""
+    import threading
+
+    from pyspark.sql import functions as F
+
+    path = str(tmp_path / "t")
+    spark.range(4).write.format("delta").save(path)
+    keep = F.udf(lambda x: x, "long")  # useArrow left to the session, as users write it
+    counted: list[int] = []
+    job = threading.Thread(target=lambda: counted.append(
+        spark.read.format("delta").load(path).where(keep(F.col("id")) <= 1).count()), daemon=True)
+    job.start()
+    job.join(180)
+    assert counted == [2], "a Python UDF in a filter over a Delta scan did not finish in 180 s"
+    assert spark.conf.get("spark.sql.execution.pythonUDF.arrow.enabled") == "false"
+
+
+@pytest.mark.spark
 def test_delta_round_trip_and_history(spark, tmp_path: Path) -> None:
     path = str(tmp_path / "table")
     rows = [(1, "a"), (2, "b"), (3, "c")]
