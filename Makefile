@@ -28,7 +28,7 @@ setup: $(STAMP)
 
 # Two pytest workers (pytest-xdist), each with its own SparkSession, each file's tests on one worker
 # (its module fixtures built once): a small Spark job keeps about one core busy, so on 2 cores two
-# workers run the CI tier in about 25 minutes of pytest where one took 41 (fresh clones, 2026-12-02).
+# workers run the CI tier in about 21 minutes of pytest where one took 41 (fresh clones, 2026-12-02).
 # TEST_WORKERS=0 runs everything in this one process.
 TEST_WORKERS ?= 2
 
