@@ -205,3 +205,26 @@ def test_a_truncation_with_nothing_in_range_runs_no_spark_job(spark, tmp_path, m
     tables.delete_within(spark, path, {"seq": (1, None), "epoch": (None, 1)}, what="seq 1 of epoch 1")
     assert deletes == ["seq 1 of epoch 1"]
     assert sorted((r.seq, r.epoch) for r in spark.read.format("delta").load(path).collect()) == [(0, 1), (2, 2)]
+
+
+def test_a_channel_log_a_user_turned_deletion_vectors_on_is_indexed_by_spark_alike(spark, tmp_path):
+    """The index is read by delta-rs; a log with deletion vectors (a user's ALTER TABLE, then a
+    truncation that writes one) is read by Spark instead, and gives the same events."""
+    from pyspark.sql import types as T
+
+    from checkpoint_lib.spark.channels import DeltaChannelLog
+
+    payload = T.StructType([T.StructField("v", T.LongType())])
+    log = DeltaChannelLog(spark, str(tmp_path / "log"), payload)
+    log.create()
+    data = spark.createDataFrame([(0, r, v) for r in (0, 1) for v in range(3)], "sender int, receiver int, v long")
+    log.write([("data", 1, data), ("barrier", 2, (7, 1.5), [0], [0, 1])], epoch=1)
+    log.write([("data", 3, data)], epoch=1)
+    before = log.index(1)
+    assert [(e.seq, e.receiver, e.kind, e.rows) for e in before] == [
+        (1, 0, "data", 3), (1, 1, "data", 3), (2, 0, "barrier", 0), (2, 1, "barrier", 0), (3, 0, "data", 3), (3, 1, "data", 3)]
+    spark.sql(f"ALTER TABLE delta.`{log.path}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+    log.truncate_upto(1, 1)
+    assert log._index_rows(1, None, -1) is None  # delta-rs datasets refuse deletion vectors: Spark reads it
+    assert log.index(1) == before[2:]
+    assert log.index(1, after=2) == before[4:]
