@@ -77,18 +77,16 @@ from bench import results as results_log  # noqa: E402
 from bench import state_growth as state_bench  # noqa: E402
 from bench.floor import run_floor  # noqa: E402
 from bench.markdown import table  # noqa: E402
-from bench.ours import GRAPH, OFF, UNCHAINED, copy_landing, run_ours  # noqa: E402
+from bench.ours import OFF, UNCHAINED, copy_landing, run_ours  # noqa: E402
 from bench.outputs import FILES_PER_VERSION, check, generate_landing  # noqa: E402
 from bench.work import Work  # noqa: E402
 
-MODES = (OFF, "aligned", UNCHAINED, GRAPH, "unaligned", "at_least_once")
+MODES = (OFF, "aligned", UNCHAINED, "unaligned", "at_least_once")
 
 
 def label_of(mode: str) -> str:
     if mode == UNCHAINED:
         return "ours, aligned, stages unchained (channel log, as separate processes)"
-    if mode == GRAPH:
-        return "ours, aligned, as a graph of two vertices (the graph runner)"
     return "ours, checkpointing off" if mode == OFF else f"ours, {mode.replace('_', '-')}"
 
 

@@ -14,9 +14,6 @@ commit, so one checkpoint still comes at the first step and one at the end."""
 UNCHAINED = "aligned_unchained"
 """Aligned with the stages not chained (``--no-chaining``): every record goes through the persisted
 channel log, as when the source and keyed stages run as separate processes (the ``<p>_run`` DAG)."""
-GRAPH = "aligned_graph"
-"""Aligned, the pipeline lowered to its graph of two vertices (``graph.from_pipeline``) and run by the
-graph runner: what the linear runner would cost folded into it."""
 
 
 def copy_landing(src_warehouse: str, dst_warehouse: str) -> None:
@@ -38,7 +35,7 @@ def copy_landing(src_warehouse: str, dst_warehouse: str) -> None:
 def run_ours(spark: Any, warehouse: str, *, mode: str, rows_per_checkpoint: int, lagging_sources: int = 0,
              progress=None) -> dict:
     """Run ``payments`` in ``warehouse`` (its landing table already there) until caught up.
-    ``mode`` is a barrier mode, :data:`OFF`, :data:`UNCHAINED` or :data:`GRAPH`. Returns the run's figures."""
+    ``mode`` is a barrier mode, :data:`OFF` or :data:`UNCHAINED`. Returns the run's figures."""
     from checkpoint_lib.core.decider import CheckpointConfig
     from checkpoint_lib.delta.store import DeltaCheckpointStore
     from checkpoint_lib.layout import checkpoint_root
@@ -48,18 +45,11 @@ def run_ours(spark: Any, warehouse: str, *, mode: str, rows_per_checkpoint: int,
     interval = 1e9 if mode == OFF else 0.0
     config = CheckpointConfig(interval=interval, max_concurrent=1, timeout=3600, retained=5)
     started = time.monotonic()
-    if mode == GRAPH:
-        from checkpoint_lib.graph import from_pipeline
-        from checkpoint_lib.spark.graph_runner import GraphRunner
-
-        runner = GraphRunner(from_pipeline(get("payments")), warehouse, spark, config=config,
-                             rows_per_checkpoint=rows_per_checkpoint, progress=progress)
-    else:
-        runner = PipelineRunner(
-            get("payments"), warehouse, spark, mode="aligned" if mode in (OFF, UNCHAINED) else mode, config=config,
-            rows_per_checkpoint=rows_per_checkpoint, lagging_sources=lagging_sources, progress=progress,
-            chaining=mode != UNCHAINED,
-        )
+    runner = PipelineRunner(
+        get("payments"), warehouse, spark, mode="aligned" if mode in (OFF, UNCHAINED) else mode, config=config,
+        rows_per_checkpoint=rows_per_checkpoint, lagging_sources=lagging_sources, progress=progress,
+        chaining=mode != UNCHAINED,
+    )
     summary = runner.run()
     seconds = time.monotonic() - started
     history = DeltaCheckpointStore.open(checkpoint_root(warehouse, "payments")).checkpoints.history()

@@ -30,17 +30,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # (module, class, methods): what a step does, by role
 TIMED = [
-    ("checkpoint_lib.spark.source_stage", "SourceStage",
-     ["step", "_read_step", "_write_dlq", "_write_source_step", "_chained_step"]),
-    ("checkpoint_lib.spark.keyed_stage", "KeyedStage",
-     ["step", "apply", "_apply_outputs", "_snapshot", "_ack", "_write_channel_state", "_index"]),
-    ("checkpoint_lib.spark.completion", "Completion", ["_commit_up_to", "cleanup", "_validate_before_commit"]),
-    ("checkpoint_lib.spark.recovery", "Recovery", ["recover"]),
-    ("checkpoint_lib.spark.runner", "PipelineRunner", ["open", "close", "final_checkpoint"]),
+    ("checkpoint_lib.spark.runner", "PipelineRunner", ["open", "close", "final_checkpoint", "step"]),
+    ("checkpoint_lib.spark.graph_runner", "GraphRunner",
+     ["_flow", "_barrier", "_send", "_poll", "_on_effects", "_commit_up_to", "_validate_before_commit", "_truncate"]),
+    ("checkpoint_lib.spark.graph_recovery", "GraphRecovery", ["recover"]),
+    ("checkpoint_lib.spark.vertices.source", "SourceVertexRun", ["propose", "read"]),
+    ("checkpoint_lib.spark.vertices.operator", "OperatorVertexRun", ["step", "update_state", "acks"]),
+    ("checkpoint_lib.spark.vertices.sinks", "VertexSinks", ["stage", "acks"]),
+    ("checkpoint_lib.spark.vertices.gate", "Gate", ["poll", "apply", "_snapshot", "_ack", "_write_channel_state"]),
+    ("checkpoint_lib.spark.dead_letters", "DeadLetterTable", ["append"]),
     ("checkpoint_lib.spark.sinks", "DeltaTwoPhaseSink", ["stage", "commit", "_merge", "_add_files", "abort", "discard"]),
     ("checkpoint_lib.spark.state", "KeyedStateTable", ["add", "compact"]),
     ("checkpoint_lib.spark.channels", "DeltaChannelLog", ["write", "index", "read", "truncate_upto"]),
-    ("checkpoint_lib.delta.store", "DeltaCheckpointStore", ["record_pending", "record_acks", "add"]),
+    ("checkpoint_lib.delta.completed", "DeltaCompletedCheckpointStore", ["record_pending", "add"]),
 ]
 
 

@@ -17,6 +17,8 @@ from .layout import KEY_GROUP
 
 OFFSET_COLUMNS = ("src_version", "src_file", "src_row")
 """Every record's source offset: the landing version, file and row it came from."""
+OFFSET_FIELDS = tuple(zip(OFFSET_COLUMNS, ("long", "string", "long")))
+"""Every record's source offset (:data:`OFFSET_COLUMNS`) with its type."""
 SENDER, RECEIVER = "sender", "receiver"
 SINK_SUBTASK = "sink_subtask"
 """The column of a record naming the operator subtask that received it (read-only to operators)."""

@@ -125,23 +125,30 @@ class KeyedAckState:
     ``cursor``: the last channel-log position the subtask had read at its snapshot; ``pinned``:
     the keyed state it pinned (None: a stateless operator, nothing pinned); ``feedback_barrier_seq``:
     in a cycle, the feedback-log position of the barrier it forwarded (None: no cycle, or not
-    forwarded yet)."""
+    forwarded yet); ``barrier_seqs``: per input channel (numbered across the input edges), the
+    log position of the checkpoint's barrier the subtask received on it (the cut ``m`` of each
+    channel: every record it logged as channel state was before it; None in checkpoints stored
+    before gates recorded them)."""
 
     cursor: int
     pinned: PinnedState | None = None
     feedback_barrier_seq: int | None = None
+    barrier_seqs: Mapping[int, int] | None = None
 
     def to_state(self) -> dict[str, Any]:
         state: dict[str, Any] = self.pinned.to_state() if self.pinned is not None else {}
         state["cursor"] = self.cursor
         if self.feedback_barrier_seq is not None:
             state["feedback_barrier_seq"] = self.feedback_barrier_seq
+        if self.barrier_seqs is not None:
+            state["barrier_seqs"] = {str(c): int(p) for c, p in sorted(self.barrier_seqs.items())}
         return state
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> KeyedAckState:
-        fb = state.get("feedback_barrier_seq")
-        return cls(int(state["cursor"]), PinnedState.held_in(state), None if fb is None else int(fb))
+        fb, seqs = state.get("feedback_barrier_seq"), state.get("barrier_seqs")
+        return cls(int(state["cursor"]), PinnedState.held_in(state), None if fb is None else int(fb),
+                   None if seqs is None else {int(c): int(p) for c, p in seqs.items()})
 
 
 @dataclass(frozen=True)

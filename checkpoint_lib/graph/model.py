@@ -176,10 +176,13 @@ class VertexSink:
 
 @dataclass(frozen=True)
 class DeadLetters:
-    """The table ``vertex``'s bad rows go to (a warehouse-relative path)."""
+    """The table ``vertex``'s bad rows go to (a warehouse-relative path); ``stamp``: what its appends
+    are stamped as under the graph's app prefix (None: ``dlq/<vertex>``; a lowered linear
+    pipeline's source keeps ``dlq``, the stamp its tables already carry)."""
 
     vertex: str
     path: str
+    stamp: str | None = None
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,7 @@ def driver_sized(pipeline: Any, warehouse: Path) -> bool:
     sinks, dead letters and every operator's state) hold at most :data:`DRIVER_ROWS` rows together
     by their logs (delta-rs, no Spark): then every view is collected to the driver and the command
     is seconds of small Spark jobs. False when a table's size is unknown."""
-    from ..layout import channel_state_table, checkpoint_root, state_table
+    from ..layout import checkpoint_root, state_table
 
     root = checkpoint_root(warehouse, pipeline.name)
     if hasattr(pipeline, "vertices"):  # a dataflow graph (checkpoint_lib.graph.StreamGraph)
@@ -135,8 +135,10 @@ def driver_sized(pipeline: Any, warehouse: Path) -> bool:
         relative = [getattr(pipeline.source_spec, "path", None), pipeline.dlq_path,
                     *(spec.path for spec in pipeline.sinks.values())]
         paths = [str(inside(warehouse, r)) for r in relative if isinstance(r, str)]
-        paths += [str(channel_state_table(root))] + ([str(state_table(root, pipeline.operator_uid))]
-                                                     if pipeline.operator_uid else [])
+        from ..spark.channels import pipeline_channel_state_tables
+
+        paths += [path for path, _ in pipeline_channel_state_tables(str(root), pipeline)]
+        paths += [str(state_table(root, pipeline.operator_uid))] if pipeline.operator_uid else []
     total = 0
     for path in paths:
         if not delta_log.is_delta_table(path):

@@ -63,11 +63,10 @@ from ..delta import log as delta_log
 from ..delta.sessions import RESTORED
 from ..delta.store import DeltaCheckpointStore
 from ..files import files_at
-from ..layout import channel_state_table, checkpoint_root, control_table, state_table
+from ..layout import checkpoint_root, control_table, state_table
 from ..pipeline import DeltaSource
-from ..reserved import ERROR_COLUMN, KEY_GROUP, OFFSET_COLUMNS, SENDER
+from ..reserved import ERROR_COLUMN, KEY_GROUP, OFFSET_COLUMNS, OFFSET_FIELDS, SENDER
 from ..spark.tables import struct_type
-from ..spark.topology import OFFSET_FIELDS
 from .context import Context
 from .result import QualityCheckError
 
@@ -248,12 +247,13 @@ def snapshot_state(ctx: Context, acks: list[dict[str, Any]]) -> DataFrame:
 
 
 def channel_state_rows(ctx: Context, checkpoint_id: int, record: bool = True) -> DataFrame | None:
-    path = str(channel_state_table(ctx.root))
-    if not delta_log.is_delta_table(path):
-        return None
-    from ..spark.channels import read_channel_state
+    """The records in flight checkpoint ``checkpoint_id`` logged, channels numbered as a linear
+    pipeline's (:func:`~checkpoint_lib.spark.channels.read_pipeline_channel_state`); None: no table."""
+    from ..spark.channels import read_pipeline_channel_state
 
-    return read_channel_state(ctx.spark, path, checkpoint_id, record, table=ctx.table(path))
+    sources = sum(1 for a in ctx.store.checkpoints.acks(checkpoint_id) if a["operator"] == "source")
+    return read_pipeline_channel_state(ctx.spark, str(ctx.root), ctx.pipeline, checkpoint_id,
+                                       sources or ctx.pipeline.source_parallelism, record, load=ctx.table)
 
 
 def mapped(ctx: Context, valid: DataFrame) -> DataFrame:
@@ -638,11 +638,17 @@ def checkpoint_views(ctx: Context, facts: CheckpointFacts) -> dict[str, Any]:
     )
     barrier = F.lit(facts.barrier_seq if facts.barrier_seq is not None else -1).cast("long")
     barriers = dict(facts.barrier_seqs or {})
-    for a in facts.keyed_acks(p.operator_uid):  # a cycle: feedback channel S + i, i's forwarded barrier
-        forwarded = KeyedAckState.from_state(a["state"]).feedback_barrier_seq
-        if forwarded is not None:
-            barriers[S + int(a["index"])] = forwarded
-    if barriers:  # n >= m per channel: a segment must precede ITS sender's barrier
+    received: dict[str, int] = {}  # "receiver:channel" -> where the receiver got the barrier on it
+    for a in facts.keyed_acks(p.operator_uid):
+        keyed = KeyedAckState.from_state(a["state"])
+        if keyed.feedback_barrier_seq is not None:  # a cycle: feedback channel S + i, i's forwarded barrier
+            barriers[S + int(a["index"])] = keyed.feedback_barrier_seq
+        received.update({f"{int(a['index'])}:{c}": at for c, at in (keyed.barrier_seqs or {}).items()})
+    if received:  # the graph runtime's acks: each receiver's cut of each of its channels
+        positions = F.create_map(*[F.lit(x) for kv in sorted(received.items()) for x in kv])
+        at = positions[F.concat_ws(":", F.col("receiver").cast("string"), F.col("sender").cast("string"))]
+        barrier = F.coalesce(at.cast("long"), F.lit(-1).cast("long"))
+    elif barriers:  # n >= m per channel: a segment must precede ITS sender's barrier
         positions = F.create_map(*[F.lit(x) for kv in sorted(barriers.items()) for x in kv])
         barrier = F.coalesce(positions[F.col("sender")].cast("long"), F.lit(-1).cast("long"))
     views["channel_state"] = ctx.materialize(

@@ -23,7 +23,7 @@ the channel-state table alike (:class:`ChannelStateTable`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -339,3 +339,46 @@ def read_channel_state(spark: SparkSession, path: str, checkpoint_id: int, recor
     fields = df.schema[RECORD].dataType.fieldNames()
     ours = [F.col(c) for c in ("checkpoint_id", "receiver", "sender", "seq") if c not in fields]
     return df.select(*ours, *[F.col(f"{RECORD}.`{n}`").alias(n) for n in fields])
+
+
+def pipeline_channel_state_tables(root: str, pipeline: Any) -> list[tuple[str, bool]]:
+    """Every channel-state table a linear pipeline's checkpoints may have logged into, as ``(path,
+    feedback)``: the one table of checkpoints taken before the graph runtime ran linear pipelines
+    (``channel_state``, feedback channels already numbered from the source parallelism), then its
+    graph's per-edge tables: the source edge's (``source_<uid>``) and, with ``iterate()``, the
+    feedback edge's (``<uid>_<uid>``, ``feedback``: its senders are channels S + i)."""
+    from ..graph.lowering import SOURCE
+    from ..layout import channel_name, channel_state_table
+
+    uid = pipeline.operator_uid
+    paths = [(str(channel_state_table(root)), False), (str(channel_state_table(root, channel_name(SOURCE, uid))), False)]
+    if pipeline.feedback:
+        paths.append((str(channel_state_table(root, channel_name(uid, uid))), True))
+    return paths
+
+
+def read_pipeline_channel_state(spark: SparkSession, root: str, pipeline: Any, checkpoint_id: int, sources: int,
+                                record: bool = True, load: Callable[[str], DataFrame] | None = None
+                                ) -> DataFrame | None:
+    """The records in flight that checkpoint ``checkpoint_id`` of the linear ``pipeline`` logged,
+    as :func:`read_channel_state` gives them, whichever tables hold them
+    (:func:`pipeline_channel_state_tables`), the channels numbered as a linear pipeline's: a source
+    subtask ``i`` is channel ``i``, a feedback sender ``j`` channel ``sources + j`` (``sources``: the
+    checkpoint's source parallelism). None when no such table exists. ``load``: reads a table (a
+    caller that loads each table once)."""
+    from ..delta import log as delta_log
+
+    parts = []
+    for path, feedback in pipeline_channel_state_tables(root, pipeline):
+        if not delta_log.is_delta_table(path):
+            continue
+        df = read_channel_state(spark, path, checkpoint_id, record, table=None if load is None else load(path))
+        if feedback:
+            df = df.withColumn(SENDER, F.col(SENDER) + F.lit(int(sources)))
+        parts.append(df)
+    if not parts:
+        return None
+    out = parts[0]
+    for df in parts[1:]:
+        out = out.unionByName(df, allowMissingColumns=True)
+    return out

@@ -17,6 +17,7 @@ a recovery the next start completes.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from typing import Any
@@ -24,13 +25,13 @@ from typing import Any
 from pyspark.sql import types as T
 
 from ..core.acks import KeyedAckState, SourceAckState
-from ..core.errors import SnapshotIncompatibleError
+from ..core.errors import FailureReason, SnapshotIncompatibleError
 from ..core.recovery import RecoveryPlan, check_fits
+from ..core.twophase import Transaction
 from ..core.types import SubtaskId
 from ..delta import log as delta_log
 from ..delta.pending import PendingFilesLostError
 from ..delta.sessions import resume_of
-from .recovery import abort_stale_pending
 
 
 class GraphRecovery:
@@ -52,8 +53,7 @@ class GraphRecovery:
         point, self.resumes_after = resume.point, resume.after
         was = point.get("parallelism", r.parallelism)
         if was != r.parallelism:
-            r.progress(f"parallelism changed: graph {r.graph.name} stopped at {_shown(was)}, now "
-                       f"{_shown(r.parallelism)}: recovering to rescale the latest checkpoint")
+            r.progress(r.rescale_message(was, r.parallelism))
             return None
         for uid, op in r._members(r.operators):  # another group's tables move while it runs
             version = point["state_versions"].get(uid, -1)
@@ -77,16 +77,14 @@ class GraphRecovery:
         r.reached("fence")
         abort_stale_pending(r.store, r.epoch)
         open_txns = [t for w in r.writers.values() for t in w.open_transactions()]
+        for cid in r.store.checkpoints.unreadable():  # completed, so maybe committed, but not restorable
+            r.progress(f"checkpoint {cid} completed but its record is unreadable: it cannot be restored")
+        # (an owed rollback is one an earlier recovery began and a crash interrupted)
         plan = r.store.recovery_plan(r.restore_checkpoint, current_epoch=r.epoch - 1, open_transactions=open_txns)
+        plan = self._validated(plan, open_txns)
+        plan = self._committable(plan, open_txns)
         if plan.checkpoint is not None:
             self._check_compatible(plan)
-            for name, writer in r.writers.items():
-                owned = plan.recommit_of(name)
-                why = writer.lost(owned) if owned else None
-                if why:
-                    raise PendingFilesLostError(
-                        f"checkpoint {plan.checkpoint_id} cannot be restored: {why}. Nothing was written. Restore an "
-                        f"older checkpoint (ckpt recover {r.graph.name} --checkpoint N).")
         if plan.rollback_after is not None:  # refused here, before anything is discarded or restored
             for writer in r.writers.values():
                 writer.rollback_version(plan.rollback_after)
@@ -113,7 +111,7 @@ class GraphRecovery:
                                  max_parallelism=r.graph.max_parallelism, partitioning="hash",
                                  allow_non_restored_state=r.allow_non_restored_state)
         except SnapshotIncompatibleError as exc:
-            raise SnapshotIncompatibleError(str(exc).replace("the pipeline", f"graph {r.graph.name!r}", 1)) from None
+            raise SnapshotIncompatibleError(str(exc).replace("the pipeline", r.noun, 1)) from None
         problems = []
         for uid in keyed:
             pinned = self._pinned(plan, uid)
@@ -128,7 +126,7 @@ class GraphRecovery:
                                 f"declares {_shown(want)} (a changed key or state schema: give the operator a new "
                                 "uid to start it empty, with allow_non_restored_state to drop the old state)")
         if problems:
-            raise SnapshotIncompatibleError(f"checkpoint {plan.checkpoint_id} does not fit graph {r.graph.name!r}:\n  - "
+            raise SnapshotIncompatibleError(f"checkpoint {plan.checkpoint_id} does not fit {r.noun}:\n  - "
                                             + "\n  - ".join(problems))
         rescaled = [c for c in changes if "new operator" not in c]
         if rescaled:
@@ -140,21 +138,78 @@ class GraphRecovery:
         return [p for s, a in acks.items() if s.operator == uid
                 and (p := KeyedAckState.from_state(a.state).pinned) is not None]
 
+    def _validated(self, plan: RecoveryPlan, open_txns: list[Transaction]) -> RecoveryPlan:
+        """A validating pipeline restores and re-commits only a validated checkpoint. One that
+        completed but was never validated (its process died in between) is validated now, before
+        anything is written; if it fails it is discarded and the previous one is planned instead,
+        with a rollback of the sinks to what that one committed (a no-op unless a run without
+        validation committed the failed one). A checkpoint the user chose must pass."""
+        r = self.r
+        if not r.validate_checkpoints:
+            return plan
+        from ..quality import QualityCheckError, validate_before_commit
+
+        fell_back = False
+        while plan.checkpoint is not None and not r.store.verdicts.validated(plan.checkpoint_id):
+            r.progress(f"checkpoint {plan.checkpoint_id} completed but was never validated: validating it first")
+            try:
+                validate_before_commit(r.spark, r.graph.name, r.warehouse, r.store, plan.checkpoint_id, r.progress,
+                                       epoch=r.epoch)
+            except QualityCheckError:
+                if r.restore_checkpoint is not None:
+                    raise
+                plan = r.store.recovery_plan(None, current_epoch=r.epoch - 1, open_transactions=open_txns)
+                fell_back = True
+        if fell_back and plan.rollback_after is None:
+            plan = dataclasses.replace(plan, rollback_after=plan.checkpoint_id or 0)
+        return plan
+
+    def _committable(self, plan: RecoveryPlan, open_txns: list[Transaction]) -> RecoveryPlan:
+        """A checkpoint whose transactions can never be committed (a sink says what they wrote is
+        gone: a VACUUM with a retention shorter than the downtime after a crash between completion
+        and commit) is not restored: the newest older one is, with a rollback of every sink to what
+        it committed (:meth:`_rollback` then discards the lost one with the later ones), and the
+        replay writes the lost records again. A checkpoint the user chose is refused, naming why."""
+        r = self.r
+        while plan.checkpoint is not None:
+            why = next((w for name, writer in r.writers.items()
+                        if (owned := plan.recommit_of(name)) and (w := writer.lost(owned))), None)
+            if why is None:
+                return plan
+            cid = plan.checkpoint_id
+            if r.restore_checkpoint is not None:
+                raise PendingFilesLostError(f"checkpoint {cid} cannot be restored: {why}. Nothing was written. "
+                                            f"Restore an older checkpoint (ckpt recover {r.graph.name} --checkpoint N).")
+            older = [c.checkpoint_id for c in r.store.checkpoints.all() if c.checkpoint_id < cid]
+            r.progress(f"checkpoint {cid} can never be committed ({why}): restoring "
+                       + (f"checkpoint {max(older)}" if older else "from scratch") + " and replaying it")
+            if not older:
+                return RecoveryPlan(None, r.epoch, {}, (), orphans=tuple(sorted(set(open_txns))), rollback_after=0)
+            plan = r.store.recovery_plan(max(older), current_epoch=r.epoch - 1, open_transactions=open_txns)
+        return plan
+
     def _rollback(self, cid: int) -> None:
-        """Restoring ``cid``, older than the latest completed checkpoint: record the intent, discard
-        every later checkpoint, roll every sink back to what ``cid`` committed (idempotent; a kill
-        in between leaves the rollback owed to the next recovery)."""
+        """Restoring ``cid``, older than the latest completed checkpoint: what later checkpoints
+        committed would be committed again by the replay, so (1) record the intent, (2) discard
+        every later checkpoint (savepoints included: their commits are undone; unreadable records
+        too), (3) roll every sink back to what ``cid`` committed. A crash anywhere in between leaves
+        the rollback owed (no restored row yet): the next recovery completes it, and (3) is
+        idempotent until then."""
         r = self.r
         r.store.sessions.record_rollback(r.epoch, cid)
         later = [c for c in r.store.checkpoints.all() if c.checkpoint_id > cid]
+        why = f"rolled back to checkpoint {cid} by epoch {r.epoch}"
         if later:
-            r.store.checkpoints.mark_discarded(later, f"rolled back to checkpoint {cid} by epoch {r.epoch}",
-                                               epoch=r.epoch)
+            r.store.checkpoints.mark_discarded(later, why, epoch=r.epoch)
+        unreadable = [i for i in r.store.checkpoints.unreadable() if i > cid]
+        if unreadable:
+            r.store.checkpoints.discard_unreadable(unreadable, f"{why} (its record was unreadable)", epoch=r.epoch)
         r.reached("rollback")
         for name, writer in r.writers.items():
             version = writer.rollback_to(cid)
             if version is not None:
                 r.progress(f"sink {name}: rolled back to version {version} (what checkpoint {cid} committed)")
+        r.progress(f"discarded checkpoints {sorted([c.checkpoint_id for c in later] + unreadable)} (after {cid})")
 
     def _restore(self, plan: RecoveryPlan) -> None:
         """Carry the plan out on the data, vertex by vertex, and put every vertex at its position."""
@@ -194,6 +249,20 @@ class GraphRecovery:
         if plan.checkpoint is not None:
             for gate in r.gates.values():
                 gate.replay_channel_state(plan)
+
+
+def abort_stale_pending(store: Any, epoch: int) -> None:
+    """Pending checkpoints of epochs older than ``epoch`` can never complete (their writers are
+    fenced): recorded aborted (a recovery's, after its fences)."""
+    for row in store.checkpoints.pending():
+        if row["epoch"] < epoch:
+            try:
+                store.checkpoints.record_aborted(
+                    row["checkpoint_id"], FailureReason.TASK_FAILURE,
+                    f"epoch {row['epoch']} ended before it completed", row["epoch"], fence=epoch,
+                )
+            except ValueError:
+                pass  # completed meanwhile by its (now fenced) epoch: the completed row wins
 
 
 def _shown(columns: dict[str, Any]) -> str:

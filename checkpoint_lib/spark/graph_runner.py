@@ -36,8 +36,10 @@ their offsets: a full restart, whichever process group recovers (every vertex's 
 every gate's channel state; every channel log starts empty in the new epoch).
 
 Kill points (:mod:`checkpoint_lib.killpoints`): ``source_read``, ``dlq``, ``flush_stage``,
-``flush_merge``, ``channel_write``, ``snapshot``, ``ack``, ``channel_state``, ``complete``,
-``commit``, ``sink_commit``, and the recovery's ``fence``, ``recover``, ``restore``.
+``flush_merge``, ``channel_write`` (``feedback_write`` onto a feedback edge), ``snapshot``,
+``source_ack`` (a group with sources, just before ``ack``), ``ack``, ``channel_state``,
+``validate``, ``complete``, ``commit``, ``sink_commit``, and the recovery's ``fence``,
+``recover``, ``rollback``, ``restore``.
 """
 
 from __future__ import annotations
@@ -127,8 +129,12 @@ class GraphRunner:
         processes: Any = None,
         group: str | None = None,
         state_compact_every: int = 32,
+        validate_checkpoints: bool = False,
     ):
         self.graph = graph
+        self.validate_checkpoints = validate_checkpoints
+        """Every checkpoint passes the graph's per-checkpoint GX suite before anything commits it
+        (here, another process group's sync, a recovery)."""
         self.job = plan(graph, processes, lagging=lagging, chaining=chaining)
         if group is None:
             if len(self.job.groups) > 1:
@@ -223,6 +229,25 @@ class GraphRunner:
         self.tasks = [sid for v in graph.vertices for sid in self._vertex(v.id).ids]
         self.tasks += [sid for vs in self.vertex_sinks.values() for ids in vs.ids.values() for sid in ids]
         self.source_ids = [sid for s in self.sources.values() for sid in s.ids]
+
+    def legacy_channel_state(self, edge: Any, plan: Any, receivers: list[int], schema: Any) -> DataFrame | None:
+        """What checkpoint ``plan`` logged in flight on ``edge`` for ``receivers`` in a table of an
+        earlier layout (columns as ``schema``), or None: a graph has none (a linear pipeline's
+        checkpoints taken before the graph runtime ran it have, :class:`~.runner.PipelineRunner`)."""
+        return None
+
+    @property
+    def noun(self) -> str:
+        """What messages call what runs: ``graph 'name'`` (``pipeline 'name'`` for a linear one)."""
+        return f"graph {self.graph.name!r}"
+
+    def rescale_message(self, was: dict[str, int], now: dict[str, int]) -> str:
+        """Why a start rescales (each vertex's parallelism it stopped at, and now)."""
+        def shown(p: dict[str, int]) -> str:
+            return "(" + ", ".join(f"{k} {v}" for k, v in p.items()) + ")"
+
+        return (f"parallelism changed: graph {self.graph.name} stopped at {shown(was)}, now {shown(now)}: "
+                "recovering to rescale the latest checkpoint")
 
     def _vertex(self, vertex_id: str) -> SourceVertexRun | OperatorVertexRun:
         return self.sources.get(vertex_id) or self.operators[vertex_id]
@@ -388,7 +413,7 @@ class GraphRunner:
         ``final_kind``) and close. With ``handle_signals`` (the CLI), SIGTERM/SIGINT stop the loop
         cleanly (:meth:`request_stop`), as :meth:`PipelineRunner.run
         <checkpoint_lib.spark.runner.PipelineRunner.run>`."""
-        from .runner import stop_on_signals
+        from .signals import stop_on_signals
 
         started = time.monotonic()
         if not self._opened:
@@ -502,8 +527,8 @@ class GraphRunner:
                 if status == CheckpointStatus.ABORTED:
                     for gate in self.gates.values():
                         gate.abort(cid)
-        if owed and latest is not None:
-            self._commit_up_to(latest)
+        if owed and latest is not None and (not self.validate_checkpoints or self.store.verdicts.validated(latest)):
+            self._commit_up_to(latest)  # (validating: the process that completed it validates it first)
 
     def acknowledge(self, cid: int, acks: dict[SubtaskId, SubtaskAck]) -> None:
         """Subtasks of this process acknowledge checkpoint ``cid``: durable first (another process
@@ -714,6 +739,8 @@ class GraphRunner:
             # was done with the step (its reads, sink rows and MERGE), from the step's start
             done = (self._done_at.get(vertex_id, time.monotonic()) - self._step_started) * 1000
             acks.update({sid: dataclasses.replace(ack, duration_ms=round(done, 1)) for sid, ack in mine.items()})
+        if self.group.plans_steps:
+            self.reached("source_ack")  # the sources' offsets (with the chained vertices' acks) not durable yet
         self.reached("ack")
         self.store.acks.record(cid, acks, self.epoch)  # durable before the barrier enters a log
         self._send(trigger)
@@ -771,6 +798,8 @@ class GraphRunner:
                 self.progress(f"checkpoint {c.checkpoint_id} completed in {c.duration * 1000:.0f} ms "
                               f"(source versions: {offsets}; {self.summary.rows_in} rows read)")
             elif isinstance(e, NotifyCheckpointComplete):
+                if self.validate_checkpoints:
+                    self._validate_before_commit(e.checkpoint_id)
                 self._commit_up_to(e.checkpoint_id)
             elif isinstance(e, CheckpointAborted):
                 if not record_aborted(self.store, e, self.epoch):
@@ -782,6 +811,17 @@ class GraphRunner:
                     gate.abort(e.checkpoint_id)
             elif isinstance(e, FailJob):
                 raise too_many_failed(e)
+
+    def _validate_before_commit(self, cid: int) -> None:
+        """The per-checkpoint GX suite on ``cid`` (durable, not committed yet), and its verdict
+        recorded (:func:`~checkpoint_lib.quality.validate_before_commit`): nothing commits ``cid``
+        before it is validated. A failure (or a validation that cannot run) discards ``cid`` and
+        stops the run: its transactions never commit, the next start restores the last checkpoint
+        that passed. A verdict that lost to another attempt's follows theirs."""
+        from ..quality import validate_before_commit
+
+        validate_before_commit(self.spark, self.graph.name, self.warehouse, self.store, cid, self.progress,
+                               epoch=self.epoch, kill_point=self.reached)
 
     def _commit_up_to(self, cid: int) -> None:
         """Checkpoint ``cid`` is complete: every sink commits its transactions up to it (one Delta

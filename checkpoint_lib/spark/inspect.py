@@ -14,14 +14,17 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from ..core.acks import KeyedAckState
 from ..core.errors import NoCheckpointError
 from ..delta.inspect import checkpoint  # noqa: F401 - the named or latest completed checkpoint, re-exported
 from ..delta.inspect import sink_snapshots
-from ..layout import channel_state_table, checkpoint_root, state_table
+from ..layout import checkpoint_root, state_table
 from ..pipeline import Pipeline
-from .channels import read_channel_state
+from ..reserved import OFFSET_FIELDS
+from . import tables
+from .channels import ChannelStateTable, read_pipeline_channel_state
 from .state import KEY_GROUP
 
 
@@ -59,9 +62,14 @@ def operator_state(spark: SparkSession, warehouse: str, pipeline: Pipeline, chec
 def channel_state(spark: SparkSession, warehouse: str, pipeline: Pipeline, checkpoint_id: int | None = None) -> DataFrame:
     """The records in flight at the checkpoint (logged by unaligned snapshots), per receiver:
     the record's columns with ``checkpoint_id``, ``receiver``, ``sender`` and ``seq``
-    (:func:`~checkpoint_lib.spark.channels.read_channel_state`)."""
+    (:func:`~checkpoint_lib.spark.channels.read_pipeline_channel_state`)."""
     c = checkpoint(warehouse, pipeline, checkpoint_id)
-    return read_channel_state(spark, str(channel_state_table(_root(warehouse, pipeline))), c.checkpoint_id)
+    sources = sum(1 for s in c.acks if s.operator == "source") or pipeline.source_parallelism
+    found = read_pipeline_channel_state(spark, str(_root(warehouse, pipeline)), pipeline, c.checkpoint_id, sources)
+    if found is None:
+        record = tables.struct_type([*pipeline.record_schema.items(), (KEY_GROUP, "int"), *OFFSET_FIELDS])
+        return spark.createDataFrame([], T.StructType([*ChannelStateTable.OURS, *record.fields]))  # none logged, ever
+    return found
 
 
 def source_offsets(warehouse: str, pipeline: Pipeline, checkpoint_id: int | None = None) -> dict[str, Any]:

@@ -201,7 +201,7 @@ def test_validate_starts_one_session_for_both_suites(tmp_path, monkeypatch, caps
 def test_a_rescale_says_where_the_parallelism_comes_from_and_how_to_keep_the_earlier_one():
     """The stopped stage's parallelism comes back from JSON in any key order: the message names
     the sources first either way (the slow rescale test sees it through a real run)."""
-    from checkpoint_lib.spark.recovery import rescale_message
+    from checkpoint_lib.spark.runner import rescale_message
 
     said = rescale_message("source", {"operator": 5, "source": 3}, {"source": 2, "operator": 2}, "--parallelism 2")
     assert said == ("parallelism changed: the source stage stopped at source 3, operator 5, now source 2, operator 2 "

@@ -78,6 +78,14 @@ def test_keyed_state_in_a_cycle_has_its_feedback_barrier():
     assert KeyedAckState.from_state(stored(today)) == state
 
 
+def test_a_gate_subtask_acks_where_the_barrier_was_on_each_of_its_channels():
+    state = KeyedAckState(cursor=-1, pinned=PinnedState(9, KeyGroupRange(0, 42)), barrier_seqs={3: 12, 0: 7})
+    today = {"table_version": 9, "key_groups": [0, 42], "cursor": -1, "barrier_seqs": {"0": 7, "3": 12}}
+    assert state.to_state() == today  # JSON keys: the channel numbers as text, in order
+    assert KeyedAckState.from_state(stored(today)) == state
+    assert KeyedAckState.from_state({"cursor": 4}).barrier_seqs is None  # stored before gates recorded them
+
+
 def test_the_keyed_state_an_operator_subtask_pins():
     pinned = PinnedState(table_version=9, key_groups=KeyGroupRange(0, 42))
     assert pinned.to_state() == {"table_version": 9, "key_groups": [0, 42]}

@@ -118,7 +118,7 @@ def test_apart_every_edge_is_cut_into_the_channel_log_a_warehouse_already_holds(
     uid = pipeline.operator_uid
     assert [e.channel_log for e in job.edges] == TODAYS_LOGS[name]
     assert [e.reasons for e in job.edges] == [(PROCESSES,), (CYCLE,)][:len(job.edges)]
-    # the one definition of the path, as the runtime (spark/topology.py) spells it today
+    # the one definition of the path, as the runtime spells it
     assert job.edges[0].log(ROOT) == layout.channel_log(ROOT, "source", uid) == ROOT / "channels" / f"source_{uid}"
     if pipeline.feedback:
         assert job.edges[1].log(ROOT) == layout.channel_log(ROOT, uid, uid) == ROOT / "channels" / f"{uid}_{uid}"

@@ -94,7 +94,7 @@ def test_the_channel_name_rule_keeps_todays_names_and_qualifies_edges_that_would
         "s.records-j.1", "s.records-j.2", "t_j")
     assert layout.channel_names([("s", "records", "j", 2), ("s", "records", "j", 1)]) == (
         "s.records-j.2", "s.records-j.1")  # the order does not matter
-    # today's logs, as spark/topology.py asks for them: source -> operator, and a cycle's operator -> itself
+    # today's logs, as the runtime asks for them: source -> operator, and a cycle's operator -> itself
     assert layout.channel_log("/w/_checkpoints/p", "source", "balance") == Path("/w/_checkpoints/p/channels/"
                                                                                "source_balance")
     assert layout.channel_log("/w/_checkpoints/p", "bank", "bank") == Path("/w/_checkpoints/p/channels/bank_bank")

@@ -55,7 +55,7 @@ def test_payments_on_s3_killed_between_completion_and_commit_recovers_exactly_on
     assert check.bad_rows and check.dlq_rows == check.bad_rows  # the dead letters went to S3 too
     root = location(s3) / "_checkpoints" / "payments"
     on_s3 = files_at(root).names(root)
-    assert {"channels", "channel_state", "state", "_ids", "epochs"} <= set(on_s3), on_s3
+    assert {"channels", "edge_state", "state", "_ids", "epochs"} <= set(on_s3), on_s3
     assert not (tmp_path / "s3:").exists()
 
 

@@ -187,7 +187,10 @@ def _unaligned_snapshot(spark, w: Path) -> tuple[int, str]:
     per sender), exactly what an unaligned barrier overtaking them would have produced."""
     from pyspark.sql import functions as F
 
+    from pyspark.sql import types as T
+
     from checkpoint_lib.pipelines.payments import payment_errors
+    from checkpoint_lib.spark.channels import ChannelStateTable
     from checkpoint_lib.spark.state import key_group_column
 
     root = w / "_checkpoints" / "payments"
@@ -195,7 +198,7 @@ def _unaligned_snapshot(spark, w: Path) -> tuple[int, str]:
     base = store.checkpoints.latest()
     keyed, source = SubtaskId("balance", 0), SubtaskId("source", 0)
     lo, hi = base.acks[keyed].state["key_groups"]
-    offset, barrier = base.acks[source].state["version"], base.acks[source].state["barrier_seq"]
+    offset, barrier = base.acks[source].state["version"], 10  # where subtask 0 received the barrier on both channels
     records = (
         spark.read.format("delta").option("versionAsOf", offset).load(f"{w}/landing/payments")
         .where(payment_errors(None).isNull())
@@ -214,8 +217,9 @@ def _unaligned_snapshot(spark, w: Path) -> tuple[int, str]:
         .write.format("delta").mode("overwrite").save(state_path)
     )
     version = spark.sql(f"DESCRIBE HISTORY delta.`{state_path}` LIMIT 1").first()["version"]
-    cs_path = f"{root}/channel_state"
-    schema = spark.read.format("delta").load(cs_path).schema
+    cs_path = f"{root}/edge_state/source_balance"  # the source edge's channel-state table
+    payload = records.drop("key_group").schema
+    schema = T.StructType(list(ChannelStateTable.OURS) + [T.StructField("record", payload)])
     rows = (
         records.withColumn("checkpoint_id", F.lit(cid)).withColumn("receiver", F.lit(0))
         .withColumn("src_row", F.monotonically_increasing_id()).withColumn("sender", F.col("src_row") % 2)
@@ -225,7 +229,8 @@ def _unaligned_snapshot(spark, w: Path) -> tuple[int, str]:
     rows.select(*[F.col(f.name).cast(f.dataType) for f in schema]).write.format("delta").mode("append").save(cs_path)
     acks = dict(base.acks)
     acks[keyed] = dataclasses.replace(
-        base.acks[keyed], state={**base.acks[keyed].state, "table_version": int(version)},
+        base.acks[keyed], state={**base.acks[keyed].state, "table_version": int(version),
+                                 "barrier_seqs": {"0": barrier, "1": barrier}},
         channel_state_rows=int(moved["n"]), channel_state_bytes=int(moved["n"]) * 64, unaligned=True,
     )
     store.checkpoints.add(dataclasses.replace(base, checkpoint_id=cid, acks=acks))
@@ -330,12 +335,19 @@ def test_one_command_loads_each_table_once_and_builds_the_data_docs_once(spark, 
     """``ckpt validate`` (both suites): the channel-state table four views read and the source both
     suites read are loaded once (by Spark or, being small, by delta-rs), and the Data Docs are built
     once, with both suites' pages."""
+    from pyspark.sql import types as T
     from pyspark.sql.readwriter import DataFrameReader
 
     from checkpoint_lib.layout import channel_state_table, checkpoint_root
     from checkpoint_lib.quality.gx_project import GxProject
+    from checkpoint_lib.spark.channels import ChannelStateTable
 
     w = _copy(healthy, tmp_path)
+    records = T.StructType([T.StructField(c, T.StringType() if c in ("event_id", "account", "src_file") else
+                                          T.TimestampType() if c == "ts" else T.LongType())
+                            for c in ("event_id", "account", "amount_cents", "ts", "src_version", "src_file", "src_row")])
+    ChannelStateTable(spark, str(channel_state_table(checkpoint_root(w, "payments"), "source_balance")),
+                      records).create()  # empty, as an unchained run leaves it
     loads, builds = [], []
     load, build = DataFrameReader.load, GxProject.build_docs
 
@@ -361,7 +373,7 @@ def test_one_command_loads_each_table_once_and_builds_the_data_docs_once(spark, 
     with contextlib.redirect_stdout(out):
         assert cli.main(["validate", "payments", "--warehouse", str(w), "-o", "json"]) == 0
     assert [r["suite"] for r in json.loads(out.getvalue())] == ["restore", "checkpoint"]
-    assert loads.count(str(channel_state_table(checkpoint_root(w.resolve(), "payments")))) == 1
+    assert loads.count(str(channel_state_table(checkpoint_root(w.resolve(), "payments"), "source_balance"))) == 1
     assert loads.count(str(w.resolve() / get("payments").source_spec.path)) == 1
     assert len(builds) == 1 and any("after_restore" in d for d in builds[0]) and any("per_checkpoint" in d for d in builds[0])
     docs = data_docs_index(w, "payments").parent

@@ -267,3 +267,35 @@ def test_an_optimize_of_one_source_neither_moves_the_cut_of_the_other_nor_stalls
     assert run.sources["payments"].offset == delta_log.latest_version(payments(w))
     assert run.sources["accounts"].offset == delta_log.latest_version(accounts(w))
     exactly_once(w)
+
+
+# -- a sink table VACUUMed under a completed checkpoint ---------------------------------------------
+
+@pytest.mark.slow  # CI tier: the RESTORE case above; the linear pipeline's case in test_lakehouse.py
+def test_a_vacuum_that_deleted_a_completed_checkpoints_uncommitted_files_is_repaired_by_replaying_it(spark, tmp_path):
+    """Killed between checkpoint 2's completion and its commit, then the tagged ledger VACUUMed with
+    a retention shorter than the downtime: checkpoint 2's transaction files are gone, so it can
+    never be committed. The next start restores checkpoint 1 instead (rolling back whatever a sink
+    committed of 2, discarding 2) and replays it: exactly once, no dead end, as a linear pipeline."""
+    from checkpoint_lib.delta.store import DeltaCheckpointStore
+    from checkpoint_lib.spark.tables import session_confs
+
+    w = str(tmp_path)
+    land(w, 1, rounds=3)
+    first = runner(spark, w)
+    first.kills.reached = raise_at("commit", 2)
+    with pytest.raises(RuntimeError, match="killed"):
+        first.run()
+    ledger = tmp_path / TAGGED_PATH
+    staged = set((ledger / "ckpt").rglob("*.parquet"))
+    with session_confs(spark, {"spark.databricks.delta.retentionDurationCheck.enabled": "false"}):
+        spark.sql(f"VACUUM delta.`{ledger}` RETAIN 0 HOURS")
+    assert staged - set((ledger / "ckpt").rglob("*.parquet")), "the VACUUM deleted no uncommitted file"
+
+    done = runner(spark, w).run()
+
+    assert done.restored == 1
+    store = DeltaCheckpointStore.open(f"{w}/_checkpoints/enrichment")
+    row = store.checkpoints.status(2)
+    assert row["status"] == "discarded" and "rolled back to checkpoint 1" in row["message"], row
+    exactly_once(w)

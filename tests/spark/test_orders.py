@@ -32,7 +32,7 @@ def test_orders_exactly_once_across_a_crash_and_rescaled_3_to_5_to_2(spark, tmp_
         generate(spark, w, ROWS, bad_fraction=0.04, customers=12, repeat_fraction=0.2, seed=seed)
 
     at3 = PipelineRunner(get("orders"), w, spark, rows_per_checkpoint=ROWS)
-    assert at3.topology.P == 3
+    assert at3.operator.P == 3
 
     at3.ctx.kills.reached = raise_at("commit", 2)  # completed, not committed
     with pytest.raises(RuntimeError, match="killed"):

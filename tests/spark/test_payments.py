@@ -136,9 +136,9 @@ def test_dead_letters_have_reason_and_offset(healthy):
 @pytest.mark.race
 def test_zombie_of_an_older_epoch_is_fenced_and_its_writes_ignored(spark, tmp_path):
     generate(spark, str(tmp_path), ROWS, accounts=10, seed=5)
-    zombie = runner(spark, tmp_path)
+    zombie = runner(spark, tmp_path, chaining=False)  # unchained: the source edge is a channel log
     zombie.open()
-    winner = runner(spark, tmp_path)
+    winner = runner(spark, tmp_path, chaining=False)
     winner.open()  # a newer epoch: fences the zombie
     assert winner.epoch > zombie.epoch
     with pytest.raises(FencedError, match="zombie"):
@@ -202,6 +202,7 @@ def test_restore_checks_the_snapshot_fits_the_pipeline(spark, tmp_path):
     from checkpoint_lib.core.recovery import plan_recovery
     from checkpoint_lib.core.types import SubtaskAck, SubtaskId
     from checkpoint_lib.core.errors import SnapshotIncompatibleError
+    from checkpoint_lib.spark.graph_recovery import GraphRecovery
 
     r = runner(spark, tmp_path)
     acks = {SubtaskId("source", i): SubtaskAck() for i in range(2)}
@@ -209,7 +210,7 @@ def test_restore_checks_the_snapshot_fits_the_pipeline(spark, tmp_path):
     acks[SubtaskId("dedup", 0)] = SubtaskAck()  # an operator the pipeline no longer has
     plan = plan_recovery([CompletedCheckpoint(4, CheckpointKind.CHECKPOINT, 0.0, 1.0, acks)], current_epoch=0)
     with pytest.raises(SnapshotIncompatibleError) as err:
-        r.recovery._check_compatible(plan)
+        GraphRecovery(r)._check_compatible(plan)
     message = str(err.value)
     assert "parallelism" not in message  # 5 -> 3 is a rescale, not an incompatibility
     assert "removed operators ['dedup']: pass --allow-non-restored-state" in message
@@ -243,18 +244,19 @@ def test_stages_run_as_separate_processes_resume_where_they_stopped(spark, tmp_p
     rows = store.sessions.of_epoch(src.epoch)
     ended = sorted((r["stage"], r["session"]) for r in rows if r["event"] == "end")
     assert ended == [("keyed", 1), ("keyed", 2), ("source", 1), ("source", 2)]
-    # nothing new: a keyed run stops at once, and an 'all' run joins both stages
+    # nothing new: a keyed run stops at once; an 'all' run is another layout (one process, the edge
+    # chained), so it restores the latest checkpoint, which holds everything
     assert runner(spark, tmp_path, stage="keyed").run().steps == 1
     both = runner(spark, tmp_path).run()
-    assert both.epoch == src.epoch and both.rows_in == 0 and check_payments(str(tmp_path)).ok
+    assert both.epoch == src.epoch + 1 and both.rows_in == 0 and check_payments(str(tmp_path)).ok
 
     # A polling keyed stage runs no Spark job while the channel log's Delta version stands still,
     # and sees the next source run's records at once.
     keyed = runner(spark, tmp_path, stage="keyed")
     keyed.open()
     calls = []
-    index = keyed.channel.index
-    keyed.channel.index = lambda *a, **kw: calls.append(a) or index(*a, **kw)
+    index = keyed.channel.index_past
+    keyed.channel.index_past = lambda *a, **kw: calls.append(a) or index(*a, **kw)
     assert keyed.keyed_step() is False and keyed.keyed_step() is False and keyed.keyed_step() is False
     assert len(calls) == 1
     generate(spark, str(tmp_path), ROWS, bad_fraction=0.05, accounts=25, seed=24)

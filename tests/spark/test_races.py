@@ -124,7 +124,7 @@ def test_a_dead_letter_append_racing_another_attempt_filters_again_and_lands_eac
 
     runner = PipelineRunner(get("payments"), str(tmp_path), spark, stage="source")
     runner.open()
-    stage = runner.source_stage
+    dead_letters = runner.sources["source"].dead_letters
     bad = spark.createDataFrame(
         [(f"e{v}-{i}", None, 5, None, "null or empty account", v, f"part-{v}.parquet", i) for v in range(3) for i in range(2)],
         "event_id string, account string, amount_cents long, ts timestamp, _ckpt_error string, src_version long, "
@@ -136,18 +136,18 @@ def test_a_dead_letter_append_racing_another_attempt_filters_again_and_lands_eac
         if not raced:
             raced.append(path)
             monkeypatch.setattr(tables, "stamped_commit", real)
-            stage._write_dlq(bad.where("src_version <= 1"), 1)  # the other attempt, a shorter step
+            dead_letters.append(bad.where("src_version <= 1"), 1, runner.epoch)  # the other attempt, a shorter step
             monkeypatch.setattr(tables, "stamped_commit", other_attempt_first)
         return real(path, *a, **kw)
 
     monkeypatch.setattr(tables, "stamped_commit", other_attempt_first)
-    stage._write_dlq(bad, 2)
+    dead_letters.append(bad, 2, runner.epoch)
     assert raced
-    got = read_delta(stage.t.dlq_path)
+    got = read_delta(dead_letters.path)
     assert sorted(zip(got["src_version"], got["src_row"])) == [(v, i) for v in range(3) for i in range(2)]
-    assert tables.stamp_of(stage.t.dlq_path, f"{app_prefix('payments')}/dlq") == 2
-    stage._write_dlq(bad, 2)  # a retry of the same step adds nothing
-    assert len(read_delta(stage.t.dlq_path)) == 6
+    assert tables.stamp_of(dead_letters.path, f"{app_prefix('payments')}/dlq") == 2
+    dead_letters.append(bad, 2, runner.epoch)  # a retry of the same step adds nothing
+    assert len(read_delta(dead_letters.path)) == 6
 
 
 def test_a_truncation_racing_a_users_optimize_is_planned_again_and_deletes_exactly_its_rows(spark, tmp_path):

@@ -15,7 +15,6 @@ from checkpoint_lib.pipeline import FEEDBACK, DeltaSink, DeltaSource, Pipeline
 from checkpoint_lib.reserved import RECORD, ReservedColumnError
 from checkpoint_lib.spark import inspect, tables
 from checkpoint_lib.spark.runner import PipelineRunner
-from checkpoint_lib.spark.topology import Topology
 from checkpoint_lib.verify import read_delta
 
 pytestmark = pytest.mark.spark
@@ -165,27 +164,34 @@ PLAIN = {c: t for c, t in SOURCE.items() if c in ("id", "account", "other", "amo
 
 @pytest.mark.slow  # CI tier: two runs more; CI runs the current layout's restore above and the refusals in tests/core
 def test_tables_an_earlier_version_wrote_flat_keep_their_layout_and_restore(spark, tmp_path):
-    """The channel log, the channel-state table and the dead letters created the way earlier
-    versions did (the records' columns beside ours): written in that layout, a checkpoint's channel
-    state restored from it; a record column named like one of their own is refused, naming it."""
+    """The channel log and the dead letters created the way earlier versions did (the records'
+    columns beside ours): written in that layout, a checkpoint with channel state restored; a
+    record column named like one of their own is refused, naming it."""
+    from pyspark.sql import types as T
+
+    from checkpoint_lib.layout import channel_log
+    from checkpoint_lib.spark.channels import CONTROL_COLUMNS, DeltaChannelLog
+    from checkpoint_lib.spark.vertices.gate import payload_of
+
     w, name = str(tmp_path), "flat"
     land(spark, w, name, source=PLAIN)
     p = pipeline(name, PLAIN)
-    t = Topology(p, w, spark)
-    for flat in (t.channel.schema, t.channel_state.schema, t.dlq_schema()):  # before anything exists: ours
-        assert RECORD in flat.fieldNames()
-    payload = list(t.payload.fields)
-    from checkpoint_lib.spark.channels import CONTROL_COLUMNS, ChannelStateTable
-    from pyspark.sql import types as T
-
-    tables.create_if_missing(spark, t.channel.path, T.StructType(CONTROL_COLUMNS + payload), partition_by=["receiver"])
-    tables.create_if_missing(spark, t.channel_state_path, T.StructType(list(ChannelStateTable.OURS) + payload))
-    tables.create_if_missing(spark, t.dlq_path, T.StructType(
-        [T.StructField(c, T.StringType()) for c in PLAIN] + [f for f in t.dlq_schema().fields if f.name != RECORD]))
+    r = PipelineRunner(p, w, spark)
+    r._wire_state()  # every output's columns, from the plans on empty inputs (nothing written)
+    payload = payload_of(r.schemas[("source", "records")])
+    log_path = str(channel_log(r.root, "source", p.operator_uid))
+    dead_letters = r.sources["source"].dead_letters
+    for flat in (DeltaChannelLog(spark, log_path, payload).schema, dead_letters.table_schema()):
+        assert RECORD in flat.fieldNames()  # before anything exists: ours
+    tables.create_if_missing(spark, log_path, T.StructType(CONTROL_COLUMNS + list(payload.fields)),
+                             partition_by=["receiver"])
+    tables.create_if_missing(spark, dead_letters.path, T.StructType(
+        [T.StructField(c, T.StringType()) for c in PLAIN] +
+        [f for f in dead_letters.table_schema().fields if f.name != RECORD]))
 
     kw = dict(rows_per_checkpoint=10, mode="unaligned", lagging_sources=1, chaining=False)
     PipelineRunner(p, w, spark, **kw).run()
-    for path in (t.channel.path, t.channel_state_path, t.dlq_path):
+    for path in (log_path, dead_letters.path):
         assert RECORD not in tables.columns_of(path) and "amount" in tables.columns_of(path), path
     check_outputs(w, name, PLAIN)
     logged = [cid for cid, rows in channel_state_rows(w, name).items() if rows]
@@ -197,6 +203,6 @@ def test_tables_an_earlier_version_wrote_flat_keep_their_layout_and_restore(spar
     renamed = pipeline(name, {**PLAIN, "kind": "string"})
     with pytest.raises(ReservedColumnError, match="column 'kind'.*channel log|channel log.*'kind'"):
         PipelineRunner(renamed, w, spark, **kw).open()
-    dlq = Topology(pipeline(name, {**PLAIN, "error": "string"}), w, spark)
+    dlq = PipelineRunner(pipeline(name, {**PLAIN, "error": "string"}), w, spark).sources["source"].dead_letters
     with pytest.raises(ReservedColumnError, match="dead-letter table.*'error'.*Start a new dead-letter table"):
-        dlq.dlq_schema()
+        dlq.table_schema()

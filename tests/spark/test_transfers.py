@@ -81,7 +81,7 @@ def test_unaligned_checkpoints_of_the_cycle_conserve_money_exactly(spark, banked
     for c in completed:
         bank = [a for s, a in c.acks.items() if s.operator == "bank"]
         assert len(bank) == 3 and all(a.unaligned for a in bank)
-        assert all("feedback_barrier_seq" in a.state for a in bank)
+        assert all(a.state.get("barrier_seqs") for a in bank)  # where each channel's barrier was: the cut
 
 
 # slow: ~5 min; CI rescales payments with channel state (test_inflight) and without (test_payments)
@@ -149,8 +149,11 @@ def die_before_validating(runner, w, spark, *, at: int, tamper: bool):
         if phase == "validate":
             validating.append(phase)
             if len(validating) == at:
-                if tamper:
-                    spark.sql(f"DELETE FROM delta.`{w}/_checkpoints/transfers/channel_state` WHERE checkpoint_id = {at}")
+                if tamper:  # every edge's channel state of the checkpoint
+                    logged = sorted((Path(w) / "_checkpoints" / "transfers" / "edge_state").iterdir())
+                    assert logged, "no channel-state table"
+                    for table in logged:
+                        spark.sql(f"DELETE FROM delta.`{table}` WHERE checkpoint_id = {at}")
                 raise Died()
 
     runner.ctx.kills.reached = kill_point
@@ -217,3 +220,31 @@ def test_restoring_each_older_checkpoint_of_the_cycle_ends_exact(spark, tmp_path
         assert check.ok, f"after restoring checkpoint {cid} ({mode}): {check.summary()}"
         for c in store(tmp_path).checkpoints.all():
             conserved(spark, tmp_path, c.checkpoint_id)
+
+
+@pytest.mark.slow  # CI tier: the per-edge channel state of the runs above; this is the upgrade path
+def test_a_checkpoint_taken_before_the_graph_runtime_restores_its_channel_state_from_the_old_table(spark, tmp_path):
+    """The linear runtime kept every channel's in-flight records in one table, ``channel_state``
+    (the feedback channels numbered from the source parallelism), where the graph runtime keeps one
+    per edge. A checkpoint of that layout (made here by moving a checkpoint's channel state there)
+    is read back and restored from it: its credits in flight are replayed, exactly once."""
+    from checkpoint_lib.layout import channel_state_table
+
+    landing(spark, tmp_path, seed=7)
+    first = run(spark, tmp_path)
+    logged = [c for c in first.completed if c != first.final and conserved(spark, tmp_path, c) > 0]
+    assert logged, "no checkpoint with credits in flight"
+    cid = logged[0]
+    root = f"{tmp_path}/_checkpoints/transfers"
+    sources = sum(1 for s in store(tmp_path).checkpoints.get(cid).acks if s.operator == "source")
+    for edge, first_channel in (("source_bank", 0), ("bank_bank", sources)):
+        path = str(channel_state_table(root, edge))
+        rows = spark.read.format("delta").load(path).where(F.col("checkpoint_id") == cid)
+        rows.withColumn("sender", (F.col("sender") + F.lit(first_channel)).cast("int")).write.format("delta") \
+            .mode("append").option("mergeSchema", "true").save(str(channel_state_table(root)))
+        spark.sql(f"DELETE FROM delta.`{path}` WHERE checkpoint_id = {cid}")
+    assert conserved(spark, tmp_path, cid) > 0  # read back from the old table alone
+    again = run(spark, tmp_path, restore_checkpoint=cid)
+    assert again.restored == cid
+    check = check_transfers(str(tmp_path))
+    assert check.ok, check.summary()

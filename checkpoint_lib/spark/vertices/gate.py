@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pyspark.sql import DataFrame
@@ -124,6 +124,9 @@ class Gate:
         self.pending: dict[int, list[tuple[int, ChannelEvent]]] = defaultdict(list)  # delivered, not applied
         self.logged: dict[tuple[int, int], list[tuple[int, ChannelEvent]]] = defaultdict(list)  # channel state
         self.snapshots: dict[tuple[int, int], _Snapshot] = {}
+        self.barrier_seqs: dict[tuple[int, int], dict[int, int]] = defaultdict(dict)
+        """Per (checkpoint, subtask): the log position of the checkpoint's barrier on each input
+        channel it arrived on (acknowledged with the snapshot: the cut of every channel)."""
         self.truncated = {e.channel_log: -1 for e in self.inputs}  # each input log's last truncation
 
     def create(self) -> None:
@@ -173,6 +176,7 @@ class Gate:
                 effects[e.receiver] += h.on_record(channel, (i, e))
             elif e.kind == BARRIER:
                 self.r.adopt(int(e.checkpoint_id))
+                self.barrier_seqs[(int(e.checkpoint_id), e.receiver)][channel] = e.seq
                 effects[e.receiver] += h.on_barrier(channel, Barrier(int(e.checkpoint_id), float(e.barrier_ts or 0.0)))
             elif e.kind == END:
                 effects[e.receiver] += h.on_end_of_channel(channel)
@@ -205,6 +209,8 @@ class Gate:
     def abort(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` was aborted: every subtask drops it."""
         self.snapshots = {k: v for k, v in self.snapshots.items() if k[0] != checkpoint_id}
+        for key in [k for k in self.barrier_seqs if k[0] == checkpoint_id]:
+            del self.barrier_seqs[key]
         self.execute({r: h.on_checkpoint_aborted(checkpoint_id) for r, h in enumerate(self.handlers)})
 
     def execute(self, effects: dict[int, list]) -> None:
@@ -236,7 +242,8 @@ class Gate:
         """Append what waits for each output log (segments and barriers) in one commit per log."""
         if not any(self.parts.values()):
             return
-        self.r.reached("channel_write")
+        cycle = any(e.feedback for e in self.outputs if self.parts.get(e.channel_log))
+        self.r.reached("feedback_write" if cycle else "channel_write")  # (a cycle's: onto its feedback edge)
         self.r.fence()
         for name, parts in self.parts.items():
             if parts:
@@ -324,8 +331,10 @@ class Gate:
         if rows:
             run.reached("channel_state")  # channel state written, the ack not yet durable
         own = snap.acks[op.ids[r]]
+        state = KeyedAckState.from_state(own.state)
+        state = replace(state, barrier_seqs=self.barrier_seqs.pop((cid, r), {})).to_state()
         acks = dict(snap.acks)
-        acks[op.ids[r]] = SubtaskAck(state=own.state, alignment_ms=snap.alignment_ms, unaligned=snap.unaligned,
+        acks[op.ids[r]] = SubtaskAck(state=state, alignment_ms=snap.alignment_ms, unaligned=snap.unaligned,
                                      duration_ms=(time.monotonic() - snap.started) * 1000, channel_state_rows=rows,
                                      channel_state_bytes=size, state_size_bytes=own.state_size_bytes)
         run.acknowledge(cid, acks)  # durable first, then the coordinator has them
@@ -355,6 +364,9 @@ class Gate:
         for i, edge in enumerate(self.inputs):
             name = edge.channel_log
             df = self.channel_state[name].records(plan.checkpoint_id, old)
+            legacy = self.r.legacy_channel_state(edge, plan, old, df.schema)
+            if legacy is not None:
+                df = df.unionByName(legacy)
             frames[i] = segment(df.drop("receiver"), edge, self.op.P, sender="sender", key=edge.edge.key,
                                 max_parallelism=self.r.graph.max_parallelism)
         self.apply(frames, list(range(self.op.P)))

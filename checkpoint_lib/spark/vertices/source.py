@@ -44,7 +44,7 @@ class SourceVertexRun:
                             if e.partitioning is Partitioning.HASH and e.key in self.schema})
         dlq = graph.dead_letters_of(vertex.name)
         self.dead_letters = (DeadLetterTable(spark, f"{warehouse}/{dlq[0].path}", self.schema,
-                                             f"{app_prefix(graph.name)}/dlq/{vertex.name}") if dlq else None)
+                                             f"{app_prefix(graph.name)}/{dlq[0].stamp or f'dlq/{vertex.name}'}") if dlq else None)
         self.offset = -1
         self._times: dict[int, int] = {}
 
