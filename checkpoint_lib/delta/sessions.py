@@ -158,7 +158,9 @@ class Resume:
     after: int = 0
     why: str = ""
     """``unfinished``: the epoch's recovery never finished; ``unclean``: a session of the stage
-    started and never ended (its process died)."""
+    started and never ended (its process died); ``layout``: the epoch was restored for other
+    process groups (a pipeline run in another layout: ``--stage all`` after separate stages, or
+    the other way round), so there is no point to resume this one from."""
 
 
 def resume_of(rows: Sequence[Mapping[str, Any]], stage: str, restored_key: str | None = None) -> Resume:
@@ -176,7 +178,10 @@ def resume_of(rows: Sequence[Mapping[str, Any]], stage: str, restored_key: str |
         return Resume(None, why="unclean")
     if ended:
         return Resume(json.loads(ended[max(ended)]["resume_json"]), max(ended))
-    return Resume(json.loads(restored[0]["resume_json"])[restored_key or stage], 0)
+    points = json.loads(restored[0]["resume_json"])
+    if (restored_key or stage) not in points:
+        return Resume(None, why="layout")
+    return Resume(points[restored_key or stage], 0)
 
 
 def owed_rollback_of(rows: Sequence[Mapping[str, Any]]) -> CheckpointId | None:

@@ -48,7 +48,13 @@ class GraphRecovery:
         if resume.why == "unclean":
             r.progress(f"the last process of graph {r.graph.name} ({r._what}) in epoch {epoch} did not stop cleanly: "
                        "recovering")
+        if resume.why == "layout":
+            r.progress(f"{r.noun} ran in another layout in epoch {epoch} (no point for {r._what}): recovering")
         if resume.point is None:
+            return None
+        if not {"offsets", "state_versions", "flushes", "sinks"} <= set(resume.point):
+            r.progress(f"the last process of {r.noun} ({r._what}) in epoch {epoch} stopped before the graph runtime "
+                       "ran it (another resume point): recovering")
             return None
         point, self.resumes_after = resume.point, resume.after
         was = point.get("parallelism", r.parallelism)

@@ -710,6 +710,22 @@ def test_sessions_start_once_end_with_a_resume_point_and_are_fenced(root):
         store.sessions.end(epoch, "source", 2, {})
 
 
+def test_a_process_group_the_restore_gave_no_point_must_recover(root):
+    """An epoch restored for the chained layout's one group (``all``) has no point for the stages
+    layout's groups (``source``, ``keyed``), and the other way round: those recover (a new layout),
+    never read another group's point or fail on a missing one."""
+    from checkpoint_lib.delta.sessions import resume_of
+
+    store = DeltaCheckpointStore.open(root)
+    epoch = store.epochs.begin("a")
+    store.sessions.record_restored(epoch, 2, {"all": {"offsets": {"source": 4}}})
+    rows = store.sessions.of_epoch(epoch)
+    assert resume_of(rows, "all").point == {"offsets": {"source": 4}}
+    for group in ("source", "keyed"):
+        resume = resume_of(rows, group)
+        assert resume.point is None and resume.why == "layout"
+
+
 def test_a_rollback_is_owed_until_an_epoch_at_or_after_it_finishes_restoring(root):
     store = DeltaCheckpointStore.open(root)
     first = store.epochs.begin("a")

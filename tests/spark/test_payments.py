@@ -451,3 +451,25 @@ def test_rescaling_3_to_5_to_2_restores_state_by_key_group_and_recommits_every_o
     balance = sorted((s.index, tuple(a.state["key_groups"])) for s, a in latest.acks.items() if s.operator == "balance")
     assert balance == [(i, tuple(range_for_subtask(i, 2).to_list())) for i in range(2)]
     assert sorted(s.index for s in latest.acks if s.operator == "source") == [0, 1]
+
+
+def test_a_resume_point_the_linear_runtime_wrote_makes_the_next_start_recover(tmp_path):
+    """After the upgrade to the graph runtime, a stage whose last session ended with the linear
+    runtime's resume point (offset and channel positions, no per-vertex keys) recovers from the latest
+    checkpoint instead of reading it (no Spark: the recovery's choice alone)."""
+    from types import SimpleNamespace
+
+    from checkpoint_lib.spark.graph_recovery import GraphRecovery
+
+    store = DeltaCheckpointStore.open(str(tmp_path))
+    epoch = store.epochs.begin("linear")
+    store.sessions.record_restored(epoch, None, {"source": {"version": -1, "next_seq": 0}, "keyed": {"cursor": -1}})
+    number = store.sessions.begin(epoch, "source")
+    store.sessions.end(epoch, "source", number, {"version": 3, "next_seq": 7, "parallelism": {"source": 2}})
+    said = []
+    runner = SimpleNamespace(store=store, stage="source", progress=said.append, noun="pipeline 'payments'",
+                             _what="process group source", parallelism={"source": 2, "balance": 3})
+    assert GraphRecovery(runner).resume_point(epoch) is None
+    assert "stopped before the graph runtime ran it" in said[-1]
+    runner.stage = "all"  # a layout the linear runtime's restore gave no point to
+    assert GraphRecovery(runner).resume_point(epoch) is None and "another layout" in said[-1]
