@@ -72,8 +72,10 @@ def test_exactly_once_across_runs_and_appends(spark, tmp_path, monkeypatch):
     r = runner(spark, tmp_path)
     writes = channel_writes(r)
     third = r.run()
-    assert writes == [] and third.epoch == first.epoch and third.rows_in == ROWS
-    assert source.final in third.completed  # the barrier the source process left, completed from the log
+    # one process for both stages is another layout than the source process's: it restores the latest
+    # checkpoint (the barrier the source process left never completes) and reads the source's rows again
+    assert writes == [] and third.epoch > first.epoch and third.restored == again.final
+    assert third.rows_in == 2 * ROWS and source.final not in third.completed
     check = check_payments(str(tmp_path))
     assert check.ok, check.summary()
     assert check.ledger_rows == check.valid_rows
@@ -255,8 +257,8 @@ def test_stages_run_as_separate_processes_resume_where_they_stopped(spark, tmp_p
     keyed = runner(spark, tmp_path, stage="keyed")
     keyed.open()
     calls = []
-    index = keyed.channel.index_past
-    keyed.channel.index_past = lambda *a, **kw: calls.append(a) or index(*a, **kw)
+    index = keyed.channel.index
+    keyed.channel.index = lambda *a, **kw: calls.append(a) or index(*a, **kw)
     assert keyed.keyed_step() is False and keyed.keyed_step() is False and keyed.keyed_step() is False
     assert len(calls) == 1
     generate(spark, str(tmp_path), ROWS, bad_fraction=0.05, accounts=25, seed=24)
@@ -284,7 +286,7 @@ def test_the_state_table_is_compacted_every_n_flushes_and_resume_and_restore_sti
     # the keyed stage stopped at the compaction's version: the next run resumes, it does not recover
     generate(spark, str(tmp_path), small, bad_fraction=0.05, accounts=400, seed=35)
     again = runner(spark, tmp_path, rows_per_checkpoint=small, state_compact_every=2).run()
-    assert again.restored is None and again.epoch == first.epoch and again.rows_in == small
+    assert again.restored is None and again.epoch == third.epoch and again.rows_in == small
     check = check_payments(str(tmp_path))
     assert check.ok, check.summary()
 
@@ -305,9 +307,10 @@ def test_a_stage_whose_last_process_died_recovers_the_pipeline(spark, tmp_path):
     first = runner(spark, tmp_path).run()
     generate(spark, str(tmp_path), ROWS, accounts=25, seed=32)
     dead = runner(spark, tmp_path, stage="keyed")
-    dead.open()  # ... and the process dies here: its session never ends
+    dead.open()  # another layout: it restores (for the stages' processes); then the process dies: its session never ends
+    assert dead.epoch > first.epoch
     src = runner(spark, tmp_path, stage="source").run()  # the source's own sessions are clean: joins
-    assert src.epoch == first.epoch and src.rows_in == ROWS
+    assert src.epoch == dead.epoch and src.rows_in == ROWS
     keyed = runner(spark, tmp_path, stage="keyed").run()
     assert keyed.epoch > first.epoch and keyed.restored == first.completed[-1]
     # the recovery cut the channel back to the restored checkpoint: the source re-reads
@@ -421,7 +424,7 @@ def test_rescaling_3_to_5_to_2_restores_state_by_key_group_and_recommits_every_o
     for seed in (51, 52, 53):
         generate(spark, str(tmp_path), ROWS // 2, bad_fraction=0.02, accounts=30, seed=seed)
     at3 = runner(spark, tmp_path, rows_per_checkpoint=ROWS // 2)
-    assert at3.topology.P == 3
+    assert at3.operator.P == 3
 
     at3.ctx.kills.reached = raise_at("commit", 2)  # completed, not committed
     with pytest.raises(RuntimeError, match="killed"):
@@ -441,7 +444,7 @@ def test_rescaling_3_to_5_to_2_restores_state_by_key_group_and_recommits_every_o
     at2 = PipelineRunner(narrow, str(tmp_path), spark, rows_per_checkpoint=ROWS // 2, progress=said.append).run()
     assert at2.restored == at5.completed[-1] and at2.rows_in == ROWS // 2
     # the rescale says where each parallelism comes from and how to keep the earlier one
-    assert ("parallelism changed: the source stage stopped at source 3, operator 5, now source 2, operator 2 "
+    assert ("parallelism changed: the pipeline stopped at source 3, operator 5, now source 2, operator 2 "
             "(from --parallelism 2); recovering to rescale the latest checkpoint (to keep the earlier "
             "parallelism, run with --source-parallelism 3 --parallelism 5)") in said, said
     check = check_payments(str(tmp_path))
