@@ -119,9 +119,9 @@ def test_a_checkpoint_failing_validation_is_discarded_never_committed_and_the_ne
     def tamper(phase):
         if phase == "validate":
             validating.append(phase)
-            if len(validating) == 2:  # checkpoint 2: lose its in-flight credits
-                cs = f"{tmp_path}/_checkpoints/transfers/channel_state"
-                spark.sql(f"DELETE FROM delta.`{cs}` WHERE checkpoint_id = 2")
+            if len(validating) == 2:  # checkpoint 2: lose its in-flight credits (every edge's channel state)
+                for cs in sorted((tmp_path / "_checkpoints" / "transfers" / "edge_state").iterdir()):
+                    spark.sql(f"DELETE FROM delta.`{cs}` WHERE checkpoint_id = 2")
 
     runner.ctx.kills.reached = tamper
     with pytest.raises(QualityCheckFailed, match="conservation"):
