@@ -128,8 +128,8 @@ class GraphRecovery:
             have = {f.name: f.dataType.simpleString() for f in snapshotted.fields}
             want = {f.name: f.dataType.simpleString() for f in state.schema.fields}
             if have != want:
-                problems.append(f"operator {uid!r}: its state was snapshotted as {_shown(have)}, the graph now "
-                                f"declares {_shown(want)} (a changed key or state schema: give the operator a new "
+                problems.append(f"operator {uid!r}: its state was snapshotted as {shown(have)}, the graph now "
+                                f"declares {shown(want)} (a changed key or state schema: give the operator a new "
                                 "uid to start it empty, with allow_non_restored_state to drop the old state)")
         if problems:
             raise SnapshotIncompatibleError(f"checkpoint {plan.checkpoint_id} does not fit {r.noun}:\n  - "
@@ -271,5 +271,6 @@ def abort_stale_pending(store: Any, epoch: int) -> None:
                 pass  # completed meanwhile by its (now fenced) epoch: the completed row wins
 
 
-def _shown(columns: dict[str, Any]) -> str:
+def shown(columns: dict[str, Any]) -> str:
+    """``columns`` (name -> a type, or a vertex -> its parallelism) as ``(a x, b y)``, for messages."""
     return "(" + ", ".join(f"{k} {v}" for k, v in columns.items()) + ")"

@@ -243,8 +243,7 @@ class GraphRunner:
 
     def rescale_message(self, was: dict[str, int], now: dict[str, int]) -> str:
         """Why a start rescales (each vertex's parallelism it stopped at, and now)."""
-        def shown(p: dict[str, int]) -> str:
-            return "(" + ", ".join(f"{k} {v}" for k, v in p.items()) + ")"
+        from .graph_recovery import shown
 
         return (f"parallelism changed: graph {self.graph.name} stopped at {shown(was)}, now {shown(now)}: "
                 "recovering to rescale the latest checkpoint")
