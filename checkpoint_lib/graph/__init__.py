@@ -4,9 +4,10 @@ Graphviz dot, JSON). Pure: imports no engine.
 
 A graph declares what a pipeline of several operators is: named sources, operators with stable
 uids (stateless, keyed, or two-input keyed), edges with a partitioning, sinks and dead letters at
-any vertex, cycles only through ``iterate()``. **The runtime does not run graphs yet**: it runs
-linear :class:`~checkpoint_lib.pipeline.Pipeline` s, each of which is a graph of two vertices
-(:func:`from_pipeline`); ``ckpt graph P`` draws it.
+any vertex, cycles only through ``iterate()``. The Spark runtime
+(:class:`checkpoint_lib.spark.graph_runner.GraphRunner`) runs graphs; a linear
+:class:`~checkpoint_lib.pipeline.Pipeline` is a graph of two vertices (:func:`from_pipeline`) and
+runs the same way; ``ckpt graph P`` draws either.
 
 One role a module: ``model.py`` (the immutable :class:`StreamGraph` and its parts),
 ``builder.py`` (:class:`Graph`, the fluent builder, and its streams), ``validation.py``
@@ -22,12 +23,12 @@ from .builder import ConnectedStreams, Graph, KeyedStream, PartitionedStream, St
 from .jobgraph import (ALL, KEYED_STAGE, SOURCE_STAGE, SOURCES, Chain, ChannelMap, CutReason, Input, JobEdge, JobGraph, Layout, PlanError,
                        ProcessGroup, plan)
 from .lowering import SOURCE, from_pipeline
-from .model import (MAIN, RECORDS, DeadLetters, Edge, MapStep, OperatorKind, OperatorVertex, Partitioning,
+from .model import (MAIN, RECORDS, AheadBound, DeadLetters, Edge, MapStep, OperatorKind, OperatorVertex, Partitioning,
                     SourceVertex, StreamGraph, Vertex, VertexSink)
 from .render import shape, to_dict, to_dot, to_svg, to_text
 from .validation import GraphError, problems, validate
 
-__all__ = ["ALL", "SOURCES", "Chain", "ChannelMap", "ConnectedStreams", "CutReason", "DeadLetters", "Edge", "Graph", "GraphError", "Input",
+__all__ = ["ALL", "AheadBound", "SOURCES", "Chain", "ChannelMap", "ConnectedStreams", "CutReason", "DeadLetters", "Edge", "Graph", "GraphError", "Input",
            "JobEdge", "JobGraph", "KEYED_STAGE", "KeyedStream", "Layout", "MAIN", "MapStep", "OperatorKind",
            "OperatorVertex", "PartitionedStream", "Partitioning", "PlanError", "ProcessGroup", "RECORDS", "SOURCE",
            "SOURCE_STAGE", "SourceVertex", "Stream", "StreamGraph", "Vertex", "VertexSink", "from_pipeline", "plan",

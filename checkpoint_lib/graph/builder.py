@@ -41,7 +41,7 @@ from typing import Any, Callable, Mapping
 
 from ..core.keygroups import DEFAULT_MAX_PARALLELISM
 from ..schema import columns
-from .model import (MAIN, RECORDS, DeadLetters, Edge, MapStep, OperatorKind, OperatorVertex, Partitioning,
+from .model import (MAIN, RECORDS, AheadBound, DeadLetters, Edge, MapStep, OperatorKind, OperatorVertex, Partitioning,
                     SourceVertex, StreamGraph, Vertex, VertexSink)
 from .validation import validate
 
@@ -67,11 +67,13 @@ class Graph:
         self._generator_fn: Callable[..., int] | None = None
         self._quality: Any = None
 
-    def source(self, name: str, spec: Any, parallelism: int = 1, bootstrap: Any = None) -> "Stream":
+    def source(self, name: str, spec: Any, parallelism: int = 1, bootstrap: Any = None,
+               ahead: AheadBound | None = None) -> "Stream":
         """A source vertex ``name`` reading ``spec`` with ``parallelism`` subtasks; ``bootstrap``
         (a :class:`~checkpoint_lib.pipeline.Bootstrap`) is read once when the pipeline starts from
-        scratch. Returns the stream of its records."""
-        self._vertices.append(SourceVertex(name, spec, parallelism, bootstrap=bootstrap))
+        scratch; ``ahead`` (an :class:`~.model.AheadBound`) makes rows stamped too far in the
+        future dead letters. Returns the stream of its records."""
+        self._vertices.append(SourceVertex(name, spec, parallelism, bootstrap=bootstrap, ahead=ahead))
         return Stream(self, (_Outlet(len(self._vertices) - 1, RECORDS),))
 
     def generator(self, fn: Callable[..., int]) -> "Graph":

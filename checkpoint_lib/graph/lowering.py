@@ -1,6 +1,6 @@
 """Today's linear :class:`~checkpoint_lib.pipeline.Pipeline` as a dataflow graph of two vertices:
 the source vertex (its ``map()`` steps fused into it, as the runtime fuses them; its bootstrap;
-the dead letters) -> one edge with the pipeline's partitioning and key -> the operator vertex and
+the dead letters; a state TTL's ``max_ahead`` as its :class:`~.model.AheadBound`) -> one edge with the pipeline's partitioning and key -> the operator vertex and
 its sinks, plus, for ``iterate()`` (``transfers``), the feedback edge of the operator's
 :data:`~checkpoint_lib.pipeline.FEEDBACK` output back into itself, keyed like its input.
 
@@ -13,7 +13,7 @@ import dataclasses
 
 from ..pipeline import FEEDBACK, Pipeline
 from .builder import Graph, PartitionedStream, Stream
-from .model import StreamGraph
+from .model import AheadBound, StreamGraph
 
 SOURCE = "source"
 """The source vertex of a linear pipeline: the operator id its snapshots give the source subtasks."""
@@ -33,8 +33,10 @@ def from_pipeline(pipeline: Pipeline) -> StreamGraph:
     :class:`~.model.StreamGraph`."""
     pipeline.validate()
     g = Graph(pipeline.name, max_parallelism=pipeline.max_parallelism)
+    ttl = pipeline.state_ttl
+    ahead = AheadBound(ttl.time_column, ttl.max_ahead) if ttl is not None and ttl.max_ahead is not None else None
     records = g.source(SOURCE, pipeline.source_spec, parallelism=pipeline.source_parallelism,
-                       bootstrap=pipeline.bootstrap_spec)
+                       bootstrap=pipeline.bootstrap_spec, ahead=ahead)
     for fn, schema in pipeline.transforms:
         records.map(fn, schema)
     operator = _partitioned(records, pipeline).process(pipeline.operator, uid=pipeline.operator_uid)

@@ -16,13 +16,15 @@ the sinks and dead letters attached to vertices. Pure, immutable data: building 
   sink's name: the operator contract, one DataFrame per sink); **dead letters** are a vertex's bad
   rows.
 
-Nothing here runs: the runtime runs linear :class:`~checkpoint_lib.pipeline.Pipeline` s, which
-lower to a graph of two vertices (:func:`checkpoint_lib.graph.from_pipeline`).
+Nothing here runs: :class:`checkpoint_lib.spark.graph_runner.GraphRunner` runs a graph, and a
+linear :class:`~checkpoint_lib.pipeline.Pipeline` as the graph of two vertices it lowers to
+(:func:`checkpoint_lib.graph.from_pipeline`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 from enum import StrEnum
 from typing import Any, Callable
 
@@ -77,16 +79,30 @@ class MapStep:
 
 
 @dataclass(frozen=True)
+class AheadBound:
+    """How far ahead of its stream a source row's event time may be (a keyed state TTL's guard,
+    ``StateTtl.max_ahead``): a row whose ``time_column`` is more than ``max_ahead`` after the
+    reference (the newest step median of the source's good rows so far) is a dead letter, so one
+    timestamp far in the future never makes a TTL clean-up expire every other key. The reference
+    is in the source's acks: a replay after a restore decides as the first attempt did."""
+
+    time_column: str
+    max_ahead: timedelta
+
+
+@dataclass(frozen=True)
 class SourceVertex:
     """A source: ``name`` (its vertex id; the linear pipeline's is ``"source"``), what it reads
-    (``spec``), its subtasks, its fused ``maps`` and an optional
-    :class:`~checkpoint_lib.pipeline.Bootstrap` read once when the pipeline starts from scratch."""
+    (``spec``), its subtasks, its fused ``maps``, an optional
+    :class:`~checkpoint_lib.pipeline.Bootstrap` read once when the pipeline starts from scratch,
+    and an optional :class:`AheadBound` on its rows' event time (checked before the maps)."""
 
     name: str
     spec: Any
     parallelism: int = 1
     maps: tuple[MapStep, ...] = ()
     bootstrap: Any = None
+    ahead: AheadBound | None = None
 
     @property
     def id(self) -> str:

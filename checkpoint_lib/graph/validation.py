@@ -7,6 +7,7 @@ at once in one :class:`GraphError` (a ``ValueError``), one line each.
   no sink name twice (a snapshot finds state and transactions by them);
 - **parallelism** within ``1..max_parallelism`` (:func:`~checkpoint_lib.core.keygroups.check_parallelism`),
   the same on both sides of a ``forward`` edge;
+- **a source's ahead bound** (:class:`~.model.AheadBound`) on one of its timestamp columns, positive;
 - **edges** between declared vertices, each once (one channel log an edge), none into a source, into an input the receiver has, a key
   exactly on ``hash`` edges, a key that is a column of a source's records (when they are known);
 - **operators**: every input fed by a non-feedback edge; a keyed operator's inputs all ``hash`` by
@@ -21,6 +22,7 @@ at once in one :class:`GraphError` (a ``ValueError``), one line each.
 from __future__ import annotations
 
 from collections import Counter
+from datetime import timedelta
 from typing import Iterable
 
 from ..core.keygroups import check_parallelism
@@ -28,7 +30,7 @@ from ..layout import check_name
 from ..pipeline import check_relative_path, same_table
 from ..reserved import SINK_COLUMNS, check_columns
 from ..schema import columns
-from .model import RECORDS, Edge, OperatorKind, OperatorVertex, Partitioning, SourceVertex, StreamGraph, Vertex
+from .model import RECORDS, AheadBound, Edge, OperatorKind, OperatorVertex, Partitioning, SourceVertex, StreamGraph, Vertex
 
 _TYPE_ALIASES = {"bigint": "long", "integer": "int", "smallint": "short", "tinyint": "byte", "real": "float",
                  "dec": "decimal", "numeric": "decimal"}
@@ -70,8 +72,26 @@ def problems(graph: StreamGraph) -> list[str]:
     for v in graph.vertices:
         by_id.setdefault(v.id, v)
     edges = [e for e in graph.edges if e.sender in by_id and e.receiver in by_id]
-    return [*_names(graph), *_parallelism(graph), *_edges(graph, by_id), *_operators(graph, by_id, edges),
-            *_cycles(graph, by_id, edges), *_outputs(graph, by_id, edges)]
+    return [*_names(graph), *_parallelism(graph), *_ahead(graph), *_edges(graph, by_id),
+            *_operators(graph, by_id, edges), *_cycles(graph, by_id, edges), *_outputs(graph, by_id, edges)]
+
+
+def _ahead(graph: StreamGraph) -> list[str]:
+    """A source's :class:`~.model.AheadBound`: a positive bound on a timestamp column it reads."""
+    found = []
+    for v in graph.sources:
+        if v.ahead is None:
+            continue
+        if not isinstance(v.ahead, AheadBound):
+            found.append(f"{_what(v)}: ahead must be an AheadBound, got {v.ahead!r}")
+            continue
+        kind = dict(getattr(v.spec, "schema", None) or {}).get(v.ahead.time_column)
+        if kind not in ("timestamp", "timestamp_ntz"):
+            found.append(f"{_what(v)}: ahead's time_column {v.ahead.time_column!r} must be a timestamp column of "
+                         f"the source, got {kind!r}")
+        if not isinstance(v.ahead.max_ahead, timedelta) or v.ahead.max_ahead <= timedelta(0):
+            found.append(f"{_what(v)}: ahead's max_ahead must be a positive timedelta, got {v.ahead.max_ahead!r}")
+    return found
 
 
 def _what(v: Vertex) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 
 from pyspark.sql import types as T
 
-from ..core.acks import KeyedAckState, SourceAckState
+from ..core.acks import KeyedAckState, SourceAckState, SourcePosition
 from ..core.errors import FailureReason, SnapshotIncompatibleError
 from ..core.recovery import RecoveryPlan, check_fits
 from ..core.twophase import Transaction
@@ -223,7 +223,8 @@ class GraphRecovery:
         acks = plan.checkpoint.acks if plan.checkpoint else {}
         for name, source in r.sources.items():
             first = SubtaskId(name, 0)  # every subtask of a source acks the same offset
-            source.offset = SourceAckState.from_state(acks[first].state).version if first in acks else -1
+            position = SourceAckState.from_state(acks[first].state).position if first in acks else SourcePosition()
+            source.offset, source.time_reference = position.offset, position.time_reference
         for uid, op in r.operators.items():
             op.flushes = 0
             if op.state is None:

@@ -362,6 +362,8 @@ class GraphRunner:
         return {
             "parallelism": self.parallelism,
             "offsets": {name: s.offset for name, s in self.sources.items() if name in members},
+            "time_references": {name: s.time_reference for name, s in self.sources.items()
+                                if name in members and s.time_reference is not None},
             "state_versions": {uid: op.state_version for uid, op in self.operators.items() if uid in members},
             "flushes": {uid: op.flushes for uid, op in self.operators.items() if uid in members},
             "sinks": {vid: vs.resume_state() for vid, vs in self.vertex_sinks.items() if vs and vid in members},
@@ -373,6 +375,7 @@ class GraphRunner:
     def resume(self, point: dict[str, Any]) -> None:
         for name, source in self._members(self.sources):
             source.offset = int(point["offsets"].get(name, -1))
+            source.time_reference = point.get("time_references", {}).get(name)
         for uid, op in self._members(self.operators):
             op.state_version = int(point["state_versions"].get(uid, -1))
             op.flushes = int(point["flushes"].get(uid, 0))

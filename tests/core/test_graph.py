@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import timedelta
 
 import pytest
 
 from checkpoint_lib import pipelines
-from checkpoint_lib.graph import (MAIN, RECORDS, DeadLetters, Edge, Graph, GraphError, OperatorKind, OperatorVertex,
+from checkpoint_lib.graph import (MAIN, RECORDS, AheadBound, DeadLetters, Edge, Graph, GraphError, OperatorKind, OperatorVertex,
                                   Partitioning, SourceVertex, StreamGraph, VertexSink, from_pipeline, problems, shape,
                                   to_dict, to_dot, to_svg, to_text, validate)
-from checkpoint_lib.pipeline import FEEDBACK, PARTITIONINGS, DeltaSink, DeltaSource, Pipeline
+from checkpoint_lib.pipeline import FEEDBACK, PARTITIONINGS, DeltaSink, DeltaSource, Pipeline, StateTtl
 
 MOVES = {"account": "string", "cents": "long", "region": "string"}
 
@@ -395,6 +396,30 @@ def test_a_stateless_pipeline_lowers_with_its_partitioning_and_parallelism(how):
     assert graph.vertices[1].kind is OperatorKind.STATELESS
     assert graph.vertices[1].parallelism == (2 if how == "forward" else 5)
     assert graph.edges == (Edge("source", "copy", how),)
+
+
+def test_a_state_ttls_max_ahead_lowers_to_its_sources_ahead_bound_which_is_checked():
+    class Sessions(Keyed):
+        state_schema = "n long, last timestamp"
+        state_ttl = StateTtl(timedelta(minutes=30), "ts", max_ahead=timedelta(hours=6))
+
+    clicks = {"user": "string", "ts": "timestamp"}
+    p = Pipeline("clicks").source(DeltaSource("landing/clicks", clicks)).key_by("user").process(Sessions(), uid="s")
+    graph = from_pipeline(p.sink("out", table("gold/out")).dead_letters("dlq/clicks"))
+    assert graph.sources[0].ahead == AheadBound("ts", timedelta(hours=6))
+
+    def bounded(ahead):
+        g = Graph("g")
+        g.source("a", DeltaSource("landing/a", {**clicks, "n": "long"}), ahead=ahead).key_by("user").process(
+            Keyed(), uid="k").sink("out", table("gold/out"))
+        return g.build()
+
+    assert bounded(AheadBound("ts", timedelta(days=1))).sources[0].ahead.time_column == "ts"
+    assert "source 'a': ahead's time_column 'n' must be a timestamp column of the source, got 'long'" in error_of(
+        lambda: bounded(AheadBound("n", timedelta(days=1))))
+    assert "ahead's max_ahead must be a positive timedelta, got datetime.timedelta(0)" in error_of(
+        lambda: bounded(AheadBound("ts", timedelta(0))))
+    assert "ahead must be an AheadBound, got 3600" in error_of(lambda: bounded(3600))
 
 
 def test_an_incomplete_pipeline_says_what_it_misses():

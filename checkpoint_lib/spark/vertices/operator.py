@@ -63,11 +63,11 @@ class OperatorVertexRun:
                 raise ValueError(f"operator {self.uid!r} state_update must be one of {STATE_UPDATES}, "
                                  f"got {self.state_update!r}")
             self.ttl = check_state_ttl(getattr(self.operator, "state_ttl", None), self.uid, self.state_columns)
-            if self.ttl is not None and self.ttl.max_ahead is not None:
-                raise ValueError(f"operator {self.uid!r}: StateTtl.max_ahead is not supported in a graph (it makes "
-                                 "a source's far-ahead rows dead letters, and an operator of a graph may read several "
-                                 "sources, through other operators): drop it, and refuse such rows with the source's "
-                                 "validate() instead")
+            if self.ttl is not None and self.ttl.max_ahead is not None and not any(
+                    source.ahead is not None for source in graph.sources):
+                raise ValueError(f"operator {self.uid!r}: StateTtl.max_ahead makes a source's far-ahead rows dead "
+                                 "letters, and an operator of a graph may read several sources: declare the bound "
+                                 "on its sources instead, source(..., ahead=AheadBound(time_column, max_ahead))")
         self.compact_every = compact_every  # its state table is compacted every that many flushes (0: never)
         self.state_version = -1
         self._sized: tuple[int, int] | None = None  # (state version, its table's bytes)

@@ -6,11 +6,14 @@ Each step the graph runner asks every source for its next whole versions
 (:meth:`SourceVertex.read`): the good rows with their source offset and sending subtask, after the
 source's ``map()`` steps; the bad ones (unparsable, refused by the source's ``validate``, or
 without a key an edge out of it hashes by) are appended to its dead-letter table, stamped by the
-version read up to, so a replay adds nothing twice. Its acknowledgement is its offset.
+version read up to, so a replay adds nothing twice; with an
+:class:`~checkpoint_lib.graph.model.AheadBound`, so are rows stamped too far in the future. Its
+acknowledgement is its offset (and the bound's reference event time).
 """
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
 from pyspark.sql import DataFrame
@@ -20,6 +23,7 @@ from ...core.acks import SourceAckState
 from ...core.types import SubtaskAck, SubtaskId
 from ...delta.log import AddedFile
 from ...graph.steps import Proposal
+from ...graph.lowering import SOURCE
 from ...graph.model import Partitioning, SourceVertex
 from ...layout import app_prefix
 from ...reserved import ERROR_COLUMN, OFFSET_COLUMNS
@@ -34,7 +38,7 @@ class SourceVertexRun:
     def __init__(self, vertex: SourceVertex, graph: Any, *, spark, warehouse: str, root: str,
                  progress) -> None:
         self.vertex, self.spark, self.warehouse, self.progress = vertex, spark, warehouse, progress
-        self.name, self.P = vertex.name, vertex.parallelism
+        self.name, self.P, self.graph_name = vertex.name, vertex.parallelism, graph.name
         self.ids = [SubtaskId(vertex.name, i) for i in range(self.P)]
         self.schema = dict(vertex.spec.schema)
         self.reader = source_reader(vertex.spec, SourceSite(spark, f"{warehouse}/{vertex.spec.path}", root,
@@ -46,6 +50,7 @@ class SourceVertexRun:
         self.dead_letters = (DeadLetterTable(spark, f"{warehouse}/{dlq[0].path}", self.schema,
                                              f"{app_prefix(graph.name)}/{dlq[0].stamp or f'dlq/{vertex.name}'}") if dlq else None)
         self.offset = -1
+        self.time_reference: float | None = None  # its AheadBound's reference event time (s), in its acks
         self._times: dict[int, int] = {}
 
     def create(self) -> None:
@@ -91,6 +96,7 @@ class SourceVertexRun:
         for key in self.keys:
             df = df.withColumn(ERROR_COLUMN, F.coalesce(
                 F.col(ERROR_COLUMN), F.when(F.col(key).isNull(), F.lit(f"null key {key}"))))
+        df = self._bound_event_time(df)
         if self.dead_letters is not None:
             reached("dlq")
             self.dead_letters.append(df.where(F.col(ERROR_COLUMN).isNotNull()), end, epoch)
@@ -111,6 +117,26 @@ class SourceVertexRun:
             return boot.select(*records).unionByName(df.select(*records))
         return df.select(*records)
 
+    def _bound_event_time(self, df: DataFrame) -> DataFrame:
+        """With an :class:`~checkpoint_lib.graph.model.AheadBound`: rows whose event time is more
+        than its bound after the reference (the newest step median of the good rows so far, this
+        step's included: one Spark job) are bad. The reference goes into the acks, so a replay
+        after a restore decides exactly as the first attempt did."""
+        ahead = self.vertex.ahead
+        if ahead is None:
+            return df
+        seconds = F.col(ahead.time_column).cast("double")
+        median = df.where(F.col(ERROR_COLUMN).isNull()).select(F.median(seconds)).first()[0]
+        if median is None:
+            return df
+        reference = median if self.time_reference is None else max(self.time_reference, median)
+        self.time_reference = reference
+        why = (f" is more than {ahead.max_ahead} after the reference event time "
+               f"{datetime.fromtimestamp(reference, timezone.utc):%Y-%m-%d %H:%M:%S} UTC (StateTtl.max_ahead)")
+        reason = F.concat(F.lit(f"{ahead.time_column} "), F.col(ahead.time_column).cast("string"), F.lit(why))
+        limit = reference + ahead.max_ahead.total_seconds()
+        return df.withColumn(ERROR_COLUMN, F.coalesce(F.col(ERROR_COLUMN), F.when(seconds > limit, reason)))
+
     def columns(self) -> list[str]:
         """The records' columns (after the maps), in order."""
         return list(self.vertex.record_schema or self.schema)
@@ -127,14 +153,19 @@ class SourceVertexRun:
         if not gone:
             return None
         versions = sorted({f.version for f in step})
+        name = self.graph_name
+        which = "source" if self.name == SOURCE else f"source {self.name!r}"  # a linear pipeline's has one
         return SourceFilesLostError(
-            f"source {self.name!r}: versions {versions[0]}..{versions[-1]} (read next, after version {self.offset}) "
-            f"reference {len(gone)} files that are gone (e.g. {gone[0]}). Nothing of this step was committed. "
-            "Restore a checkpoint taken after them, or land those rows again.")
+            f"pipeline {name!r}: {which} versions {versions[0]}..{versions[-1]} (read next, after version "
+            f"{self.offset}) reference {len(gone)} files that are gone (e.g. {gone[0]}): the source was VACUUMed "
+            "after an OPTIMIZE or a rewrite while the pipeline lagged behind it. Nothing of this step was committed. "
+            f"Restore a checkpoint taken after version {versions[-1]} (ckpt checkpoints list {name}; ckpt recover "
+            f"{name} --checkpoint N), or append those rows to the source again and restore one after them.")
 
     # acknowledging ----------------------------------------------------------------------------
 
     def acks(self) -> dict[SubtaskId, SubtaskAck]:
         """Every subtask's acknowledgement of a checkpoint at the end of this step: the offset."""
-        state = SourceAckState(version=self.offset, next_seq=0, barrier_seq=-1).to_state()
+        state = SourceAckState(version=self.offset, next_seq=0, barrier_seq=-1,
+                               event_time_reference=self.time_reference).to_state()
         return {sid: SubtaskAck(state=state) for sid in self.ids}
