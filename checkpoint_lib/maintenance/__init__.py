@@ -42,9 +42,10 @@ The rules (each says in the report what it kept, what it deleted, or why it skip
   protected (runs without a checkpoint id: older than ``result_days``), never the newest run of a
   suite's view. The Data Docs index drops the links at the next validation (GX rebuilds it from
   the results that remain).
-- ``channel_state`` rows of ids below the floor that are not protected (a Spark DELETE; a
-  concurrent append is a blind append, which Delta never conflicts with).
-- VACUUM of the channel logs, the staging tables and ``channel_state``: files removed more than
+- channel-state rows of ids below the floor that are not protected, in every channel-state table
+  (each cut edge's ``edge_state/<edge>`` and the one-table ``channel_state`` of before the graph
+  runtime; a Spark DELETE; a concurrent append is a blind append, which Delta never conflicts with).
+- VACUUM of the channel logs, the staging tables and the channel-state tables: files removed more than
   ``file_retention_hours`` ago (restores rewrite the channel logs from the cut and read only the
   latest staging and channel state, so no older version is needed; the window protects readers
   and writers in flight). The state tables: Delta VACUUM goes by time, so the window reaches back to

@@ -1,5 +1,6 @@
-"""The data plane (Spark): the channel state of checkpoints nothing needs (a DELETE), and the VACUUM
-of the channel logs, the staging tables, the channel state and the state tables, whose window reaches
+"""The data plane (Spark): the channel state of checkpoints nothing needs (a DELETE in every
+channel-state table: the old one-table ``channel_state`` and each cut edge's ``edge_state/<edge>``),
+and the VACUUM of the channel logs, the staging tables, the channel-state tables and the state tables, whose window reaches
 back to what the protected and pending checkpoints pin."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from urllib.parse import unquote
 from ..core.acks import PinnedState
 from ..core.retention import Needs
 from ..files import FileStat, Files, Location, files_at
-from ..layout import channel_state_table, location
+from ..layout import CHANNELS, EDGE_STATE, channel_state_table, location
 from ..objectstore import is_remote
 from .context import Context, delta_tables, relative_parts
 from .report import FILES, ROWS, RuleOutcome
@@ -26,20 +27,20 @@ if TYPE_CHECKING:
 
 def data_plane(ctx: Context, spark: "SparkSession | None") -> None:
     files = ctx.files
-    channel_state = channel_state_table(ctx.root)
-    logs = delta_tables(files, ctx.root / "channels")
+    logs = delta_tables(files, ctx.root / CHANNELS)
     staging = delta_tables(files, ctx.root / "staging")
     states = delta_tables(files, ctx.root / "state")
-    has_channel_state = files.is_dir(channel_state / "_delta_log")
-    others = [*logs, *staging, *([channel_state] if has_channel_state else [])]
+    channel_state = channel_state_tables(ctx)
+    others = [*logs, *staging, *channel_state]
     if spark is None:
         why = "no Spark session: the data-plane rules need one (ckpt maintain without --no-spark)"
-        ctx.add(RuleOutcome("channel_state rows", ctx.rel(channel_state), ROWS, skipped=why))
+        for table in channel_state or [channel_state_table(ctx.root)]:
+            ctx.add(RuleOutcome("channel_state rows", ctx.rel(table), ROWS, skipped=why))
         for table in [*others, *states]:
             ctx.add(RuleOutcome("vacuum", ctx.rel(table), FILES, skipped=why))
         return
-    if has_channel_state:
-        _delete_channel_state(ctx, spark, channel_state)
+    for table in channel_state:
+        _delete_channel_state(ctx, spark, table)
     cutoff = ctx.file_cutoff
     for table in others:
         _vacuum_spark(ctx, spark, table, ctx.hours_back_to(cutoff),
@@ -47,6 +48,14 @@ def data_plane(ctx: Context, spark: "SparkSession | None") -> None:
                       "version only)")
     for table in states:
         _vacuum_state(ctx, spark, table, cutoff)
+
+
+def channel_state_tables(ctx: Context) -> list[Location]:
+    """Every channel-state table under the checkpoint root: a linear pipeline's one-table
+    ``channel_state`` of before the graph runtime, and one per cut edge (``edge_state/<edge>``)."""
+    legacy = channel_state_table(ctx.root)
+    return [*([legacy] if ctx.files.is_dir(legacy / "_delta_log") else []),
+            *delta_tables(ctx.files, ctx.root / EDGE_STATE)]
 
 
 def _delete_channel_state(ctx: Context, spark: "SparkSession", path: Location) -> None:

@@ -79,7 +79,7 @@ def test_after_maintenance_the_oldest_retained_checkpoint_still_restores_exactly
     retained = [c.checkpoint_id for c in store.checkpoints.all()]
     assert retained[0] == savepoint and len(retained) == 3, retained
     assert len(first.completed) + len(second.completed) >= 5
-    cs = root / "channel_state"
+    cs = root / "edge_state" / "source_balance"  # the channel state of the edge source -> balance
     in_flight = {r.checkpoint_id for r in spark.read.format("delta").load(str(cs)).select("checkpoint_id").distinct().collect()}
     assert in_flight - set(retained), "the runs logged channel state of checkpoints no longer retained"
 
@@ -97,7 +97,8 @@ def test_after_maintenance_the_oldest_retained_checkpoint_still_restores_exactly
     dry = maintain(w, "payments", spark, dry_run=True, policy=EAGER)
     assert files(w) == before
     state = "_checkpoints/payments/state/balance"
-    assert dry.rule("vacuum", state).deleted > 0 and dry.rule("channel_state rows").deleted > 0
+    edge_state = "_checkpoints/payments/edge_state/source_balance"
+    assert dry.rule("vacuum", state).deleted > 0 and dry.rule("channel_state rows", edge_state).deleted > 0
     assert dry.rule("checkpoints rows").deleted > 0 and dry.rule("id markers").deleted > 0
 
     report = maintain(w, "payments", spark, policy=EAGER)
@@ -105,11 +106,13 @@ def test_after_maintenance_the_oldest_retained_checkpoint_still_restores_exactly
     needs = report.needs
     assert needs.retained == retained and needs.floor == retained[1]
     for rule, target in [("vacuum", state), ("vacuum", "_checkpoints/payments/channels/source_balance"),
-                         ("channel_state rows", None),
+                         ("channel_state rows", edge_state),
                          ("checkpoints rows", None), ("id markers", None), ("requests", None)]:
         assert report.rule(rule, target).deleted == dry.rule(rule, target).deleted, (rule, target)
     # the one rule that skips: age() dropped the state table's log checkpoints, so its log has no
     # start below the pinned version to truncate to (the rule itself: the object-store test below)
+    # the files the DELETE of old channel state removed go in the same run (a dry run deletes no row)
+    assert report.rule("vacuum", edge_state).deleted > 0 == dry.rule("vacuum", edge_state).deleted
     assert [(r.rule, r.target) for r in report.rules if r.skipped] == [("delta log", f"{state}/_delta_log")]
     assert f"no log checkpoint at or before version {pinned}" in report.rule("delta log", f"{state}/_delta_log").skipped
     pin = report.oldest_pinned_state["balance"]
@@ -179,7 +182,9 @@ def test_the_data_plane_rules_on_an_object_store_warehouse(spark, s3, tmp_path, 
             DeltaTable(str(state)).create_checkpoint()
     for v in range(3):
         spark.createDataFrame([(v, "x")], "seq long, payload string").write.format("delta").mode("overwrite").save(str(log))
-    write_deltalake(str(cs), pa.table({"checkpoint_id": pa.array([1, 2, 3, 4, 5, 5], pa.int64())}))
+    edge_state = root / "edge_state" / "source_balance"  # a cut edge's channel state (the old table: cs)
+    for table in (cs, edge_state):
+        write_deltalake(str(table), pa.table({"checkpoint_id": pa.array([1, 2, 3, 4, 5, 5], pa.int64())}))
     files = files_at(root)
 
     def everything() -> dict[str, tuple[int, int]]:
@@ -195,9 +200,11 @@ def test_the_data_plane_rules_on_an_object_store_warehouse(spark, s3, tmp_path, 
     assert report.rule("vacuum", channels).deleted == dry.rule("vacuum", channels).deleted > 0
     assert {n for n in files.names(log) if n.endswith(".parquet")} == \
         {u.rsplit("/", 1)[-1] for u in DeltaTable(str(log)).file_uris()}
-    assert report.rule("channel_state rows").deleted == dry.rule("channel_state rows").deleted == 3
-    left = spark.read.format("delta").load(str(cs)).select("checkpoint_id").collect()
-    assert sorted(r.checkpoint_id for r in left) == [4, 5, 5]
+    for table, target in [(cs, "_checkpoints/payments/channel_state"),
+                          (edge_state, "_checkpoints/payments/edge_state/source_balance")]:
+        assert report.rule("channel_state rows", target).deleted == dry.rule("channel_state rows", target).deleted == 3
+        left = spark.read.format("delta").load(str(table)).select("checkpoint_id").collect()
+        assert sorted(r.checkpoint_id for r in left) == [4, 5, 5]
     pin = report.oldest_pinned_state["balance"]
     assert (pin["pinned_by"], pin["oldest_version"]) == (4, 4) and pin["retain_hours"] < 0.5
     assert report.rule("vacuum", "_checkpoints/payments/state/balance").deleted == 0  # all removed within the window
