@@ -249,11 +249,12 @@ def snapshot_state(ctx: Context, acks: list[dict[str, Any]]) -> DataFrame:
 def channel_state_rows(ctx: Context, checkpoint_id: int, record: bool = True) -> DataFrame | None:
     """The records in flight checkpoint ``checkpoint_id`` logged, channels numbered as a linear
     pipeline's (:func:`~checkpoint_lib.spark.channels.read_pipeline_channel_state`); None: no table."""
-    from ..spark.channels import read_pipeline_channel_state
+    from ..spark.channels import read_pipeline_channel_state, source_senders
 
-    sources = sum(1 for a in ctx.store.checkpoints.acks(checkpoint_id) if a["operator"] == "source")
-    return read_pipeline_channel_state(ctx.spark, str(ctx.root), ctx.pipeline, checkpoint_id,
-                                       sources or ctx.pipeline.source_parallelism, record, load=ctx.table)
+    sources = source_senders((a["operator"] for a in ctx.store.checkpoints.acks(checkpoint_id)),
+                             ctx.pipeline.source_parallelism)
+    return read_pipeline_channel_state(ctx.spark, str(ctx.root), ctx.pipeline, checkpoint_id, sources, record,
+                                       load=ctx.table)
 
 
 def mapped(ctx: Context, valid: DataFrame) -> DataFrame:

@@ -357,6 +357,15 @@ def pipeline_channel_state_tables(root: str, pipeline: Any) -> list[tuple[str, b
     return paths
 
 
+def source_senders(operators: Iterable[str], declared: int) -> int:
+    """How many source subtasks a linear pipeline's checkpoint had (its channels ``0..S-1``; the
+    feedback channels are numbered from S): the source acks among ``operators`` (each ack's
+    operator id), or ``declared`` (the pipeline's source parallelism) when it holds none."""
+    from ..graph.lowering import SOURCE
+
+    return sum(1 for operator in operators if operator == SOURCE) or declared
+
+
 def read_pipeline_channel_state(spark: SparkSession, root: str, pipeline: Any, checkpoint_id: int, sources: int,
                                 record: bool = True, load: Callable[[str], DataFrame] | None = None
                                 ) -> DataFrame | None:

@@ -24,7 +24,7 @@ from ..layout import checkpoint_root, state_table
 from ..pipeline import Pipeline
 from ..reserved import OFFSET_FIELDS
 from . import tables
-from .channels import ChannelStateTable, read_pipeline_channel_state
+from .channels import ChannelStateTable, read_pipeline_channel_state, source_senders
 from .state import KEY_GROUP
 
 
@@ -64,7 +64,7 @@ def channel_state(spark: SparkSession, warehouse: str, pipeline: Pipeline, check
     the record's columns with ``checkpoint_id``, ``receiver``, ``sender`` and ``seq``
     (:func:`~checkpoint_lib.spark.channels.read_pipeline_channel_state`)."""
     c = checkpoint(warehouse, pipeline, checkpoint_id)
-    sources = sum(1 for s in c.acks if s.operator == "source") or pipeline.source_parallelism
+    sources = source_senders((s.operator for s in c.acks), pipeline.source_parallelism)
     found = read_pipeline_channel_state(spark, str(_root(warehouse, pipeline)), pipeline, c.checkpoint_id, sources)
     if found is None:
         record = tables.struct_type([*pipeline.record_schema.items(), (KEY_GROUP, "int"), *OFFSET_FIELDS])

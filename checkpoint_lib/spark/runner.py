@@ -43,7 +43,7 @@ from ..graph.jobgraph import ALL, Layout
 from ..graph.lowering import SOURCE, from_pipeline
 from ..layout import channel_state_table
 from ..pipeline import Pipeline
-from .channels import read_channel_state
+from .channels import read_channel_state, source_senders
 from .context import RunSummary
 from .graph_runner import GraphRunner
 from .sources import SchemaMismatchError
@@ -172,7 +172,7 @@ class PipelineRunner(GraphRunner):
         path = str(channel_state_table(self.root))
         if not delta_log.is_delta_table(path):
             return None
-        sources = sum(1 for s in plan.checkpoint.acks if s.operator == SOURCE)
+        sources = source_senders((s.operator for s in plan.checkpoint.acks), self.pipeline.source_parallelism)
         df = read_channel_state(self.spark, path, plan.checkpoint_id).where(F.col("receiver").isin(receivers))
         feedback = edge.sender != SOURCE
         df = df.where(F.col("sender") >= sources) if feedback else df.where(F.col("sender") < sources)
