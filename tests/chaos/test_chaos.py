@@ -34,7 +34,7 @@ def test_killed_between_two_sinks_commits_then_again_inside_the_restore(spark, t
     outcome = run_scenario(spark, tmp_path, s)
     assert outcome.survived, outcome.mismatch
     assert outcome.kills == ["sink_commit", "restore"] and not outcome.not_reached, outcome
-    channel_state = read_delta(f"{tmp_path}/_checkpoints/payments/channel_state")
+    channel_state = read_delta(f"{tmp_path}/_checkpoints/payments/edge_state/source_balance")
     assert (channel_state["checkpoint_id"] == 2).sum() > 0, "checkpoint 2 should hold records in flight"
 
 

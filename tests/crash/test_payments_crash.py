@@ -25,7 +25,7 @@ from checkpoint_lib.verify import check_payments, read_delta
 
 
 def channel_state_rows(warehouse, checkpoint_id: int) -> int:
-    table = read_delta(f"{warehouse}/_checkpoints/payments/channel_state")
+    table = read_delta(f"{warehouse}/_checkpoints/payments/edge_state/source_balance")  # the source edge's
     return int((table["checkpoint_id"] == checkpoint_id).sum())
 
 pytestmark = [pytest.mark.crash, pytest.mark.spark]

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from checkpoint_lib.graph import Graph
+from checkpoint_lib.graph import AheadBound, Graph
 from checkpoint_lib.pipeline import DeltaSink, DeltaSource, StateTtl
 from checkpoint_lib.pipelines.enrichment import MAIN
 from checkpoint_lib.spark.graph_runner import GraphRunner
@@ -37,10 +37,10 @@ class Activity:
         return step, {MAIN: total}
 
 
-def graph(parallelism: int = 2, operator=None):
+def graph(parallelism: int = 2, operator=None, ahead=None):
     g = Graph("ttl")
-    clicks = g.source("clicks", DeltaSource("landing/clicks", EVENTS))
-    views = g.source("views", DeltaSource("landing/views", EVENTS))
+    clicks = g.source("clicks", DeltaSource("landing/clicks", EVENTS), ahead=ahead)
+    views = g.source("views", DeltaSource("landing/views", EVENTS), ahead=ahead)
     counts = (clicks.key_by("user", parallelism=parallelism).connect(views.key_by("user"))
               .process(operator or Activity(), uid="activity"))
     counts.output(MAIN).sink("counts", DeltaSink("out/counts", (("user", "string"), ("n", "long")), mode="upsert",
@@ -98,8 +98,11 @@ class FarAhead(Activity):
 
 
 def test_a_ttl_a_graph_cannot_run_is_refused_naming_the_operator(spark, tmp_path):
-    with pytest.raises(ValueError, match="operator 'activity'.*max_ahead.*validate"):
+    with pytest.raises(ValueError, match=r"operator 'activity': StateTtl.max_ahead .* declare the bound on its "
+                                         r"sources instead, source\(\.\.\., ahead=AheadBound"):
         GraphRunner(graph(operator=FarAhead()), str(tmp_path), spark)
+    bounded = graph(operator=FarAhead(), ahead=AheadBound("ts", timedelta(days=1)))
+    assert GraphRunner(bounded, str(tmp_path), spark).sources["views"].vertex.ahead.max_ahead == timedelta(days=1)
     with pytest.raises(ValueError, match="operator 'activity' state_ttl time_column 'at' must be a timestamp column "
                                          "of the records of its input 1, got None"):
         GraphRunner(graph(operator=NoTimeColumn()), str(tmp_path), spark).open()
