@@ -246,13 +246,16 @@ def snapshot_state(ctx: Context, acks: list[dict[str, Any]]) -> DataFrame:
     return df
 
 
-def channel_state_rows(ctx: Context, checkpoint_id: int, record: bool = True) -> DataFrame | None:
+def channel_state_rows(ctx: Context, checkpoint_id: int, record: bool = True,
+                       acks: list[dict[str, Any]] | None = None) -> DataFrame | None:
     """The records in flight checkpoint ``checkpoint_id`` logged, channels numbered as a linear
-    pipeline's (:func:`~checkpoint_lib.spark.channels.read_pipeline_channel_state`); None: no table."""
+    pipeline's (:func:`~checkpoint_lib.spark.channels.read_pipeline_channel_state`); None: no table.
+    ``acks``: the checkpoint's acks when the caller has them (else read from the store)."""
     from ..spark.channels import read_pipeline_channel_state, source_senders
 
-    sources = source_senders((a["operator"] for a in ctx.store.checkpoints.acks(checkpoint_id)),
-                             ctx.pipeline.source_parallelism)
+    if acks is None:
+        acks = ctx.store.checkpoints.acks(checkpoint_id)
+    sources = source_senders((a["operator"] for a in acks), ctx.pipeline.source_parallelism)
     return read_pipeline_channel_state(ctx.spark, str(ctx.root), ctx.pipeline, checkpoint_id, sources, record,
                                        load=ctx.table)
 
@@ -432,7 +435,7 @@ def restore_views(ctx: Context, facts: CheckpointFacts, restore: RestoreFacts | 
             copies.alias("source_copies"), *[F.first(c).alias(f"source_{c}") for c in cols])
         # records in flight at the checkpoint reach the event sink after it: they count as there
         # (with distinct events, an id in flight that the sink already holds is a repeat, not a copy)
-        channel = channel_state_rows(ctx, facts.checkpoint_id)
+        channel = channel_state_rows(ctx, facts.checkpoint_id, acks=facts.acks)
         landed = event_rows.select("event_id", *cols, F.lit(True).alias("in_sink"))
         if channel is not None:
             landed = landed.unionByName(channel.select(F.col(spec.event_id).alias("event_id"), *cols,
@@ -623,7 +626,7 @@ def checkpoint_views(ctx: Context, facts: CheckpointFacts) -> dict[str, Any]:
     meta = ctx.spark.createDataFrame(
         rows, "subtask string, operator string, subtask_index int, acked boolean, sizes_recorded boolean, key_groups_ok boolean, "
               "channel_state_rows_recorded long")
-    channel = channel_state_rows(ctx, facts.checkpoint_id, record=False)  # where each record was: ours only
+    channel = channel_state_rows(ctx, facts.checkpoint_id, record=False, acks=facts.acks)  # where each record was: ours only
     views: dict[str, Any] = {}
     if channel is None:
         found = ctx.spark.createDataFrame([], "receiver int, channel_state_rows_found long")
@@ -665,7 +668,7 @@ def checkpoint_views(ctx: Context, facts: CheckpointFacts) -> dict[str, Any]:
         if channel is None:
             chan = ctx.spark.range(1).select(*[F.lit(0).cast("long").alias(f"channel_{c}") for c in aggs])
         else:
-            chan = channel_records(ctx, channel_state_rows(ctx, facts.checkpoint_id), True).agg(*[agg().alias(f"channel_{c}") for c, agg in aggs.items()])
+            chan = channel_records(ctx, channel_state_rows(ctx, facts.checkpoint_id, acks=facts.acks), True).agg(*[agg().alias(f"channel_{c}") for c, agg in aggs.items()])
         one = source.crossJoin(state).crossJoin(chan)
         per_quantity = [
             one.select(
