@@ -189,19 +189,16 @@ class PipelineControl:
         return any(START in ev and END not in ev for ev in events.values())
 
     def stepping_stages(self) -> set[str]:
-        """The session stages whose processes plan source steps (and so answer requests): a
-        linear pipeline's ``source`` (a one-process run records it too), a dataflow graph's process
-        group holding its sources in either layout it runs in (:func:`checkpoint_lib.graph.plan`:
-        ``all``, one process; or the per-vertex layout's sources' group)."""
+        """The session stages whose processes plan source steps (and so answer requests): the
+        process group holding the sources in each layout the pipeline runs in
+        (:func:`checkpoint_lib.graph.plan`): ``all`` (one process), then a linear pipeline's
+        ``source`` stage (it is its lowered graph) or a graph's per-vertex sources' group."""
+        from .graph import Layout, from_pipeline, plan
         from .pipelines import declared, is_graph
 
         found = declared(self.pipeline_name)
-        if not is_graph(found):
-            return {"source"}
-        from .graph import Layout, plan
-
-        return {g.name for layout in (Layout.CHAINED, Layout.PER_VERTEX) for g in plan(found, layout).groups
-                if g.plans_steps}
+        graph, other = (found, Layout.PER_VERTEX) if is_graph(found) else (from_pipeline(found), Layout.STAGES)
+        return {g.name for layout in (Layout.CHAINED, other) for g in plan(graph, layout).groups if g.plans_steps}
 
     def savepoint_from_running(
         self, request_id: str, *, timeout: float, poll: float = 0.5, requested_by: str = "",

@@ -414,6 +414,8 @@ def test_a_running_graph_is_seen_by_the_process_group_that_plans_its_steps(tmp_p
     what a savepoint request asks (a session of the linear ``source`` stage would be another's)."""
     control = PipelineControl(tmp_path / "w", "enrichment")
     assert control.stepping_stages() == {"all", "sources"}  # one process, or the per-vertex layout's sources
+    # a linear pipeline runs on the graph runtime: one process records ``all``, separate stages ``source``
+    assert PipelineControl(tmp_path / "w", "payments").stepping_stages() == {"all", "source"}
     store = control.store
     epoch = store.epochs.begin()
     store.sessions.record_restored(epoch, None, {})
