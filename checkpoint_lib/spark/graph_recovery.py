@@ -46,7 +46,7 @@ class GraphRecovery:
             return None
         resume = resume_of(r.store.sessions.of_epoch(epoch), r.stage)  # this process's group
         if resume.why == "unclean":
-            r.progress(f"the last process of graph {r.graph.name} ({r._what}) in epoch {epoch} did not stop cleanly: "
+            r.progress(f"the last process of {r.noun} ({r._what}) in epoch {epoch} did not stop cleanly: "
                        "recovering")
         if resume.why == "layout":
             r.progress(f"{r.noun} ran in another layout in epoch {epoch} (no point for {r._what}): recovering")

@@ -64,6 +64,7 @@ from ..core.twophase import TransactionIdPool
 from ..core.types import BarrierMode, CheckpointKind, CheckpointStatus, SubtaskAck, SubtaskId
 from ..delta.store import DeltaCheckpointStore
 from ..graph.jobgraph import ALL, CutReason, plan
+from ..graph.lowering import SOURCE
 from ..graph.steps import plan_step
 from ..graph.model import RECORDS, OperatorKind, StreamGraph
 from ..killpoints import KillPoints
@@ -301,7 +302,7 @@ class GraphRunner:
             self.epoch = epoch
         self.session = self.store.sessions.begin(self.epoch, self.stage, after=recovery.resumes_after)
         if self.session is None:
-            raise CheckpointError(f"another process of graph {self.graph.name!r} ({self._what}) started at the "
+            raise CheckpointError(f"another process of {self.noun} ({self._what}) started at the "
                                   f"same instant in epoch {self.epoch}: run one process per process group")
         self.resume(point)
         self.coordinator = CheckpointCoordinator(self.config, self.tasks, self.source_ids, self.store.ids,
@@ -310,7 +311,7 @@ class GraphRunner:
         self.summary.epoch = self.epoch
         self._opened = True
         if recovery_plan is None:
-            self.progress(f"graph {self.graph.name} ({self._what}) joined epoch {self.epoch} (session {self.session})")
+            self.progress(f"{self.noun} ({self._what}) joined epoch {self.epoch} (session {self.session})")
         self._sync()  # commit this group's sinks up to what other processes completed since it stopped
         return recovery_plan
 
@@ -796,9 +797,12 @@ class GraphRunner:
                 c = e.checkpoint
                 self.metrics.checkpoint_completed(c)
                 self.summary.completed.append(c.checkpoint_id)
-                offsets = ", ".join(f"{n} {s.offset}" for n, s in self.sources.items())
+                if list(self.sources) == [SOURCE]:  # a linear pipeline's one source
+                    offsets = f"source version {self.sources[SOURCE].offset}, "
+                else:
+                    offsets = "source versions: " + ", ".join(f"{n} {s.offset}" for n, s in self.sources.items()) + "; "
                 self.progress(f"checkpoint {c.checkpoint_id} completed in {c.duration * 1000:.0f} ms "
-                              f"(source versions: {offsets}; {self.summary.rows_in} rows read)")
+                              f"({offsets}{self.summary.rows_in} rows read)")
             elif isinstance(e, NotifyCheckpointComplete):
                 if self.validate_checkpoints:
                     self._validate_before_commit(e.checkpoint_id)
