@@ -440,6 +440,11 @@ class GraphRunner:
         return self.summary
 
     def request_stop(self) -> None:
+        """Stop the run loop after its current step, then finish as a normal end (final
+        checkpoint, clean session end). SIGTERM and Ctrl-C do this during :meth:`run` (a second
+        one interrupts at once; the next start then recovers). Safe to call from another thread."""
+        if not self._stop_requested:
+            self.progress("stop requested: finishing the current step, then stopping cleanly")
         self._stop_requested = True
 
     def backlog_rows(self) -> int:
