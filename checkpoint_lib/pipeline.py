@@ -283,9 +283,15 @@ def stored_state_columns(state: Sequence[tuple[str, str]], ttl: StateTtl | None)
     return tuple(state) + (((TTL_COLUMN, "timestamp"),) if ttl is not None else ())
 
 
+def is_timestamp(kind: str | None) -> bool:
+    """Whether a declared column type ``kind`` (None: no such column) is a timestamp: what an event
+    time column (a state TTL's, a source's :class:`~checkpoint_lib.graph.model.AheadBound`) must be."""
+    return kind is not None and kind.lower() in ("timestamp", "timestamp_ntz")
+
+
 def check_ttl_time_column(ttl: StateTtl, uid: str, kind: str | None, where: str) -> None:
     """``kind`` (the type of ``ttl.time_column`` in ``where``; None: no such column) must be a timestamp."""
-    if kind is None or kind.lower() not in ("timestamp", "timestamp_ntz"):
+    if not is_timestamp(kind):
         raise ValueError(f"operator {uid!r} state_ttl time_column {ttl.time_column!r} must be a timestamp "
                          f"column of {where}, got {kind!r}")
 

@@ -27,7 +27,7 @@ from typing import Iterable
 
 from ..core.keygroups import check_parallelism
 from ..layout import check_name
-from ..pipeline import check_relative_path, same_table
+from ..pipeline import check_relative_path, is_timestamp, same_table
 from ..reserved import SINK_COLUMNS, check_columns
 from ..schema import columns
 from .model import RECORDS, AheadBound, Edge, OperatorKind, OperatorVertex, Partitioning, SourceVertex, StreamGraph, Vertex
@@ -86,7 +86,7 @@ def _ahead(graph: StreamGraph) -> list[str]:
             found.append(f"{_what(v)}: ahead must be an AheadBound, got {v.ahead!r}")
             continue
         kind = dict(getattr(v.spec, "schema", None) or {}).get(v.ahead.time_column)
-        if kind not in ("timestamp", "timestamp_ntz"):
+        if not is_timestamp(kind):
             found.append(f"{_what(v)}: ahead's time_column {v.ahead.time_column!r} must be a timestamp column of "
                          f"the source, got {kind!r}")
         if not isinstance(v.ahead.max_ahead, timedelta) or v.ahead.max_ahead <= timedelta(0):

@@ -64,7 +64,6 @@ from ..core.twophase import TransactionIdPool
 from ..core.types import BarrierMode, CheckpointKind, CheckpointStatus, SubtaskAck, SubtaskId
 from ..delta.store import DeltaCheckpointStore
 from ..graph.jobgraph import ALL, CutReason, plan
-from ..graph.lowering import SOURCE
 from ..graph.steps import plan_step
 from ..graph.model import RECORDS, OperatorKind, StreamGraph
 from ..killpoints import KillPoints
@@ -802,8 +801,8 @@ class GraphRunner:
                 c = e.checkpoint
                 self.metrics.checkpoint_completed(c)
                 self.summary.completed.append(c.checkpoint_id)
-                if list(self.sources) == [SOURCE]:  # a linear pipeline's one source
-                    offsets = f"source version {self.sources[SOURCE].offset}, "
+                if len(self.sources) == 1:  # one source (a linear pipeline's): no name needed
+                    offsets = f"source version {next(iter(self.sources.values())).offset}, "
                 else:
                     offsets = "source versions: " + ", ".join(f"{n} {s.offset}" for n, s in self.sources.items()) + "; "
                 self.progress(f"checkpoint {c.checkpoint_id} completed in {c.duration * 1000:.0f} ms "

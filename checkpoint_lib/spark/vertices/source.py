@@ -23,7 +23,6 @@ from ...core.acks import SourceAckState
 from ...core.types import SubtaskAck, SubtaskId
 from ...delta.log import AddedFile
 from ...graph.steps import Proposal
-from ...graph.lowering import SOURCE
 from ...graph.model import Partitioning, SourceVertex
 from ...layout import app_prefix
 from ...reserved import ERROR_COLUMN, OFFSET_COLUMNS
@@ -39,6 +38,8 @@ class SourceVertexRun:
                  progress) -> None:
         self.vertex, self.spark, self.warehouse, self.progress = vertex, spark, warehouse, progress
         self.name, self.P, self.graph_name = vertex.name, vertex.parallelism, graph.name
+        # how messages call it: its name only where the graph has several sources
+        self.called = f"source {vertex.name!r}" if len(graph.sources) > 1 else "source"
         self.ids = [SubtaskId(vertex.name, i) for i in range(self.P)]
         self.schema = dict(vertex.spec.schema)
         self.reader = source_reader(vertex.spec, SourceSite(spark, f"{warehouse}/{vertex.spec.path}", root,
@@ -154,9 +155,8 @@ class SourceVertexRun:
             return None
         versions = sorted({f.version for f in step})
         name = self.graph_name
-        which = "source" if self.name == SOURCE else f"source {self.name!r}"  # a linear pipeline's has one
         return SourceFilesLostError(
-            f"pipeline {name!r}: {which} versions {versions[0]}..{versions[-1]} (read next, after version "
+            f"pipeline {name!r}: {self.called} versions {versions[0]}..{versions[-1]} (read next, after version "
             f"{self.offset}) reference {len(gone)} files that are gone (e.g. {gone[0]}): the source was VACUUMed "
             "after an OPTIMIZE or a rewrite while the pipeline lagged behind it. Nothing of this step was committed. "
             f"Restore a checkpoint taken after version {versions[-1]} (ckpt checkpoints list {name}; ckpt recover "
