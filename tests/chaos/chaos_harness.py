@@ -85,6 +85,10 @@ FIRST_KILLS = {
     "snapshot": 8, "channel_state": 1, "ack": 8, "complete": 3, "commit": 3, "sink_commit": 4,
     "feedback_write": 3,
 }
+CHAINED_KILLS = {"snapshot": 4, "ack": 4}
+"""Lower counts where the source and the keyed operator run chained in one plan (see
+:attr:`Scenario.chained`): the operator snapshots and acknowledges once per checkpoint there, not
+once per keyed subtask (a 3-version run: 4 of each chained, 12 unchained with a lagging source)."""
 # During a recovery that follows a kill (the recovery's own phases, then its first steps).
 RECOVERY_KILLS = {"recover": 1, "restore": 2, "flush_merge": 1, "snapshot": 2, "commit": 1, "sink_commit": 1}
 EXTERNAL = "external"  # a SIGKILL from outside at a random instant
@@ -181,7 +185,8 @@ def scenario(seed: int) -> Scenario:
         first = Kill(EXTERNAL, after_s=round(rng.uniform(20, 80), 1))
     else:
         phase = phases[seed % len(phases)] if seed < 2 * len(phases) else rng.choice(phases)
-        first = Kill(phase, rng.randint(1, FIRST_KILLS[phase]))
+        chained = Scenario(seed, pipeline, mode, lagging, Kill(phase)).chained
+        first = Kill(phase, rng.randint(1, (CHAINED_KILLS if chained else FIRST_KILLS).get(phase, FIRST_KILLS[phase])))
     return Scenario(seed, pipeline, mode, lagging, first, _recovery_kills(rng))
 
 

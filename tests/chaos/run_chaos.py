@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--orders-runs", type=int, default=6,
                     help=f"orders scenarios too (seeds {harness.ORDERS_SEEDS}..), default 6")
+    ap.add_argument("--orders-first-seed", type=int, default=harness.ORDERS_SEEDS)
     ap.add_argument("--enrichment-runs", type=int, default=6,
                     help=f"enrichment (graph) scenarios too (seeds {harness.ENRICHMENT_SEEDS}..), default 6")
     ap.add_argument("--enrichment-first-seed", type=int, default=harness.ENRICHMENT_SEEDS)
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.fresh:
         results.unlink(missing_ok=True)
     seeds = [*range(args.first_seed, args.first_seed + args.runs),
-             *range(harness.ORDERS_SEEDS, harness.ORDERS_SEEDS + args.orders_runs),
+             *range(args.orders_first_seed, args.orders_first_seed + args.orders_runs),
              *range(args.enrichment_first_seed, args.enrichment_first_seed + args.enrichment_runs),
              *range(harness.ENRICHMENT_GROUPS_SEEDS, harness.ENRICHMENT_GROUPS_SEEDS + args.enrichment_groups_runs)]
     done = {o.seed for o in harness.load(results)}
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         # the orders and enrichment scenarios interleaved with the others: a run stopped early has some of each
         parts = ([s for s in part if s not in done] for part in (
             range(args.first_seed, args.first_seed + args.runs),
-            range(harness.ORDERS_SEEDS, harness.ORDERS_SEEDS + args.orders_runs),
+            range(args.orders_first_seed, args.orders_first_seed + args.orders_runs),
             range(args.enrichment_first_seed, args.enrichment_first_seed + args.enrichment_runs),
             range(harness.ENRICHMENT_GROUPS_SEEDS, harness.ENRICHMENT_GROUPS_SEEDS + args.enrichment_groups_runs)))
         todo = [s for group in zip_longest(*parts) for s in group if s is not None]
@@ -143,7 +144,9 @@ def command_of(args: argparse.Namespace) -> str:
     scenarios at once (``--jobs``: what the invocation's minutes depend on)."""
     given = [f"--runs {args.runs}"]
     given += [f"--first-seed {args.first_seed}"] if args.first_seed else []
-    given += [f"--orders-runs {args.orders_runs}", f"--enrichment-runs {args.enrichment_runs}"]
+    given += [f"--orders-runs {args.orders_runs}"]
+    given += [f"--orders-first-seed {args.orders_first_seed}"] if args.orders_first_seed != harness.ORDERS_SEEDS else []
+    given += [f"--enrichment-runs {args.enrichment_runs}"]
     given += [f"--enrichment-first-seed {args.enrichment_first_seed}"] if (
         args.enrichment_first_seed != harness.ENRICHMENT_SEEDS) else []
     given += [f"--enrichment-groups-runs {args.enrichment_groups_runs}", f"--jobs {args.jobs}"]

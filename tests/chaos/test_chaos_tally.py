@@ -32,9 +32,9 @@ def test_the_generated_page_names_the_whole_command_and_the_scenarios_run_before
 
     from run_chaos import command_of, generated
 
-    from chaos_harness import ENRICHMENT_SEEDS
+    from chaos_harness import ENRICHMENT_SEEDS, ORDERS_SEEDS
 
-    args = argparse.Namespace(runs=41, first_seed=0, orders_runs=41, jobs=2, skip_hostile=False, skip_races=False,
+    args = argparse.Namespace(runs=41, first_seed=0, orders_runs=41, orders_first_seed=ORDERS_SEEDS, jobs=2, skip_hostile=False, skip_races=False,
                               enrichment_runs=40, enrichment_first_seed=ENRICHMENT_SEEDS, enrichment_groups_runs=8,
                               results="tests/chaos/results.jsonl")
     assert command_of(args) == ('make chaos CHAOS_ARGS="--runs 41 --orders-runs 41 --enrichment-runs 40 '
@@ -60,3 +60,16 @@ def test_per_vertex_scenarios_kill_each_process_group_and_recoveries_in_the_firs
         assert all(g == "sources" for k, g in zip(s.then, s.groups[1:]) if k.phase in ("recover", "restore"))
         assert s.label.startswith(f"#{s.seed} enrichment/{s.mode}, a process per vertex: {s.kills[0]}")
         assert all("@" in k for k in s.kills)
+
+
+def test_a_first_kill_is_drawn_within_the_hits_its_layout_reaches():
+    """Chained, the keyed operator snapshots and acknowledges once per checkpoint (4 times in a
+    3-version run, traced with CKPT_PHASE_TRACE), not once per keyed subtask (12 unchained): a
+    chained `snapshot:8` was never reached and counted nothing."""
+    from chaos_harness import CHAINED_KILLS, FIRST_KILLS, ORDERS_SEEDS
+
+    drawn = [scenario(seed) for seed in (*range(400), *range(ORDERS_SEEDS, ORDERS_SEEDS + 200))]
+    chained = [s for s in drawn if s.chained and s.first.phase in CHAINED_KILLS]
+    assert chained and all(s.first.n <= CHAINED_KILLS[s.first.phase] for s in chained)
+    unchained = [s.first.n for s in drawn if not s.chained and s.first.phase == "snapshot"]
+    assert max(unchained) > CHAINED_KILLS["snapshot"] and max(unchained) <= FIRST_KILLS["snapshot"]
