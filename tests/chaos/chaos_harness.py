@@ -185,8 +185,10 @@ def scenario(seed: int) -> Scenario:
         first = Kill(EXTERNAL, after_s=round(rng.uniform(20, 80), 1))
     else:
         phase = phases[seed % len(phases)] if seed < 2 * len(phases) else rng.choice(phases)
-        chained = Scenario(seed, pipeline, mode, lagging, Kill(phase)).chained
-        first = Kill(phase, rng.randint(1, (CHAINED_KILLS if chained else FIRST_KILLS).get(phase, FIRST_KILLS[phase])))
+        hits = FIRST_KILLS[phase]
+        if Scenario(seed, pipeline, mode, lagging, Kill(phase)).chained:
+            hits = CHAINED_KILLS.get(phase, hits)
+        first = Kill(phase, rng.randint(1, hits))
     return Scenario(seed, pipeline, mode, lagging, first, _recovery_kills(rng))
 
 

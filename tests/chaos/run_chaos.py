@@ -69,10 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     results.parent.mkdir(parents=True, exist_ok=True)
     if args.fresh:
         results.unlink(missing_ok=True)
-    seeds = [*range(args.first_seed, args.first_seed + args.runs),
-             *range(args.orders_first_seed, args.orders_first_seed + args.orders_runs),
-             *range(args.enrichment_first_seed, args.enrichment_first_seed + args.enrichment_runs),
-             *range(harness.ENRICHMENT_GROUPS_SEEDS, harness.ENRICHMENT_GROUPS_SEEDS + args.enrichment_groups_runs)]
+    kinds = (range(args.first_seed, args.first_seed + args.runs),  # the seeds of each kind of scenario
+             range(args.orders_first_seed, args.orders_first_seed + args.orders_runs),
+             range(args.enrichment_first_seed, args.enrichment_first_seed + args.enrichment_runs),
+             range(harness.ENRICHMENT_GROUPS_SEEDS, harness.ENRICHMENT_GROUPS_SEEDS + args.enrichment_groups_runs))
+    seeds = [s for kind in kinds for s in kind]
     done = {o.seed for o in harness.load(results)}
     spark = get_spark(master="local[2]", ui=False)
     started = time.monotonic()
@@ -94,11 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                       f" -> {verdict} ({outcome.seconds:.0f} s)", flush=True)
 
         # the orders and enrichment scenarios interleaved with the others: a run stopped early has some of each
-        parts = ([s for s in part if s not in done] for part in (
-            range(args.first_seed, args.first_seed + args.runs),
-            range(args.orders_first_seed, args.orders_first_seed + args.orders_runs),
-            range(args.enrichment_first_seed, args.enrichment_first_seed + args.enrichment_runs),
-            range(harness.ENRICHMENT_GROUPS_SEEDS, harness.ENRICHMENT_GROUPS_SEEDS + args.enrichment_groups_runs)))
+        parts = ([s for s in kind if s not in done] for kind in kinds)
         todo = [s for group in zip_longest(*parts) for s in group if s is not None]
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
             for f in [pool.submit(one, seed) for seed in todo]:
