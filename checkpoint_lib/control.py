@@ -245,8 +245,12 @@ class PipelineControl:
 
         Idempotent per ``request_id``: a retry returns the existing request whatever the policy
         says now. Otherwise the core's decider is asked with ``min_pause`` (seconds since the last
-        checkpoint of the pipeline ended, whoever triggered it) and ``max_concurrent`` (pending
-        checkpoints of the current epoch plus open requests). Postponed: nothing is written.
+        checkpoint of the pipeline ended, whoever triggered it) and ``max_concurrent`` (requests
+        waiting for a barrier). A checkpoint in flight does not postpone a request: the request
+        waits behind it and the next source step's barrier answers it, as Flink queues a trigger
+        request while its maximum of concurrent checkpoints is in flight (a run that ends every
+        run with a checkpoint, as the run DAG's does, would otherwise starve the snapshot DAG).
+        Postponed: nothing is written.
         """
         validate_request_id(request_id)
         existing = self.requests.get(request_id)
@@ -254,10 +258,9 @@ class PipelineControl:
             return RequestOutcome(existing, created=False)
         when = time.time() if now is None else now
         config = CheckpointConfig(interval=0.0, min_pause=min_pause, max_concurrent=max_concurrent)
-        in_flight, last_end = self._in_flight_and_last_end()
         decision = decide(
-            config, when, forced=False, all_tasks_running=True, pending_periodic=in_flight,
-            last_trigger_time=None, last_completion_time=last_end,
+            config, when, forced=False, all_tasks_running=True, pending_periodic=len(self.requests.open()),
+            last_trigger_time=None, last_completion_time=self._last_end(),
         )
         if decision.verdict is not Verdict.EXECUTE:
             reason = decision.reason.value if decision.reason else "postponed"
@@ -265,14 +268,11 @@ class PipelineControl:
         request, created = self.requests.create(request_id, requested_by, now=when)
         return RequestOutcome(request, created=created)
 
-    def _in_flight_and_last_end(self) -> tuple[int, float | None]:
-        """(pending checkpoints of the current epoch + open requests, when the last one ended)."""
-        epoch = self.store.epochs.current()
-        history = self.store.checkpoints.history()
-        pending = [r for r in history if r["status"] == CheckpointStatus.PENDING and r["epoch"] >= epoch]
-        ends = [r["completion_time"] or r["recorded_at"] for r in history
+    def _last_end(self) -> float | None:
+        """When the pipeline's last checkpoint ended (completed or aborted), None before any."""
+        ends = [r["completion_time"] or r["recorded_at"] for r in self.store.checkpoints.history()
                 if r["status"] in (CheckpointStatus.COMPLETED, CheckpointStatus.ABORTED)]
-        return len(pending) + len(self.requests.open()), max(ends, default=None)
+        return max(ends, default=None)
 
     # --- watching one ---------------------------------------------------------------------------
 

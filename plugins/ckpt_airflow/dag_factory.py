@@ -86,7 +86,7 @@ DEFAULTS: dict[str, Any] = {
     "run_every_s": 600,          # <pipeline>_run schedule
     "snapshot_every_s": 900,     # <pipeline>_snapshot schedule
     "min_pause_s": 60,           # after the end of the last checkpoint, before a requested one
-    "max_concurrent": 1,         # checkpoints in flight (pending + requested)
+    "max_concurrent": 1,         # requests waiting for a barrier (one made while a checkpoint is in flight waits behind it)
     "ack_timeout_s": 900,        # a requested checkpoint not completed by then is aborted
     "poll_s": 10,                # how often the trigger reads the store
     "mode": "aligned",

@@ -86,7 +86,8 @@ class RunStageOperator(CheckpointBaseOperator):
 class TriggerCheckpointOperator(CheckpointBaseOperator):
     """Ask for a checkpoint: a durable request the pipeline's next source step honours. Admitted
     or postponed by the checkpoint policy (``min_pause`` seconds after the last checkpoint ended,
-    at most ``max_concurrent`` in flight); postponed skips the rest of the run. Idempotent per DAG
+    at most ``max_concurrent`` requests waiting; one made while a checkpoint is in flight waits behind
+    it); postponed skips the rest of the run. Idempotent per DAG
     run: a retry finds the request it already made. Returns the request id."""
 
     def __init__(self, *, min_pause: float = 0.0, max_concurrent: int = 1, **kwargs: Any):

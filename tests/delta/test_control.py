@@ -153,13 +153,15 @@ def test_request_policy_min_pause_and_max_concurrent(control):
     store.epochs.begin()
     cid = store.ids.get_and_increment()
     store.checkpoints.record_pending(cid, trigger_time=100.0, epoch=1)
-    # one pending checkpoint of the current epoch: max_concurrent=1 postpones, 2 admits
-    out = control.request_checkpoint("a", max_concurrent=1, now=200.0)
+    # one pending checkpoint of the current epoch: a request waits behind it (as Flink queues a trigger
+    # request), so a run that ends with a checkpoint never starves the snapshot DAG
+    assert control.request_checkpoint("a", max_concurrent=1, now=200.0).created
+    # a request waiting already: max_concurrent=1 postpones (nothing written), 2 admits
+    out = control.request_checkpoint("b", max_concurrent=1, now=200.0)
     assert out.request is None and out.postponed == "too_many_concurrent_checkpoints"
-    assert not (control.root / "requests").exists()  # postponed: nothing written
-    assert control.request_checkpoint("a", max_concurrent=2, now=200.0).created
-    # open request + pending = 2 in flight
-    assert control.request_checkpoint("b", max_concurrent=2, now=200.0).postponed == "too_many_concurrent_checkpoints"
+    assert control.requests.get("b") is None
+    assert control.request_checkpoint("b", max_concurrent=2, now=200.0).created
+    assert control.request_checkpoint("d", max_concurrent=2, now=200.0).postponed == "too_many_concurrent_checkpoints"
     # complete the pending one (its end at 300): min pause 60 postpones until 360
     store.checkpoints.add(_completed(cid, 300.0), epoch=1)
     honour_requests(control.root, 42, 1)
