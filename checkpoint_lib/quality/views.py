@@ -66,6 +66,7 @@ from ..files import files_at
 from ..layout import checkpoint_root, control_table, state_table
 from ..pipeline import DeltaSource
 from ..reserved import ERROR_COLUMN, KEY_GROUP, OFFSET_COLUMNS, OFFSET_FIELDS, SENDER
+from ..spark.state import live
 from ..spark.tables import struct_type
 from .context import Context
 from .result import QualityCheckError
@@ -212,7 +213,7 @@ def dead_letters(ctx: Context, version: int, source: str | None = None) -> DataF
 
 def pinned_state(ctx: Context, acks: list[dict[str, Any]], uid: str, columns: list[str]) -> DataFrame | None:
     """The keyed state of operator ``uid`` a checkpoint pinned (each subtask's key groups at its
-    state table's version), its ``columns``; None when nothing of it is pinned."""
+    state table's version), its ``columns`` (the key first); None when nothing of it is pinned."""
     path = str(state_table(ctx.root, uid))
     ranges: dict[int, list[tuple[int, int]]] = {}  # table version -> the key groups pinned at it
     for a in sorted(acks, key=lambda a: a["index"]):
@@ -226,7 +227,7 @@ def pinned_state(ctx: Context, acks: list[dict[str, Any]], uid: str, columns: li
         pinned = F.lit(False)
         for lo, hi in groups:
             pinned = pinned | F.col(KEY_GROUP).between(lo, hi)
-        parts.append(ctx.table(path, version).where(pinned).select(*columns))
+        parts.append(live(ctx.table(path, version), columns[0]).where(pinned).select(*columns))
     if not parts:
         return None
     df = parts[0]
@@ -536,7 +537,7 @@ def restored_state_view(ctx: Context, restore: RestoreFacts) -> DataFrame:
     version = state_version_at(path, restore.recorded_at)
     if version is None:
         raise QualityCheckError(f"the state table has no version from before the restore of epoch {restore.epoch}")
-    restored = ctx.table(path, version)
+    restored = live(ctx.table(path, version), key)
     if not aggs:
         return _restored_state_any(ctx, restore, restored)
     if restore.checkpoint_id is None:

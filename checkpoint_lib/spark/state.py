@@ -1,14 +1,27 @@
-"""Keyed state in a Delta table, by key group.
+"""Keyed state in a Delta table, by key group, kept as appended runs.
 
-The table holds one row per key with its ``key_group``; a subtask's state is the rows of the key
-groups it owns. Updates are MERGEs (one Delta commit each) of the keys a flush changed: added to
-(:meth:`KeyedStateTable.add`, additive state) or replaced and deleted (:meth:`KeyedStateTable.replace`). A snapshot costs nothing: it is the
-table version after the subtask's last update before its barrier, plus its key-group range
-(:class:`~checkpoint_lib.core.acks.PinnedState`, in the subtask's ack). Restore rebuilds the table from those
-versions (time travel): nothing to do when every subtask snapshotted one version and no commit
-since changed a row (a kill before the next flush), otherwise each subtask's key groups at its own
-version, written by one stamped overwrite (a RESTORE outside a recovery, when one version covers all). The snapshot is never a copy; old versions
-stay readable until the table is vacuumed, which must therefore keep what retained checkpoints pin.
+A subtask's state is the keys of the key groups it owns. A flush appends one **run**: the new row
+of every key it changed (added to, :meth:`KeyedStateTable.add`; or replaced, and deleted by a
+tombstone, :meth:`KeyedStateTable.replace`), each row stamped with the run's number
+(:data:`~checkpoint_lib.reserved.STATE_RUN`, the table version the run is meant to land at), in
+one Delta commit fenced by the epoch. A key's state is the row of its newest run unless that is a
+tombstone (:func:`live`), so a flush writes what changed, never the rest of the state, and reads
+only its own keys' rows (:meth:`KeyedStateTable.read_keys`). Once the runs since the last
+compaction hold as many rows as the table held then, a compaction folds them (one row per key,
+each keeping its run; an overwrite that changes no state, fenced like a flush), so reading stays
+within twice the state and each changed row costs O(1) on average.
+
+A snapshot costs nothing: it is the table version after the subtask's last flush before its
+barrier, plus its key-group range (:class:`~checkpoint_lib.core.acks.PinnedState`, in the
+subtask's ack). Restore rebuilds the table from those versions (time travel): nothing to do when
+every subtask snapshotted one version and no commit since changed the state (a kill before the
+next flush; a compaction changes none), otherwise each subtask's key groups of the state at its
+own version, written by one stamped overwrite (a RESTORE outside a recovery, when one version
+covers all). The snapshot is never a copy; old versions stay readable until the table is vacuumed,
+which must therefore keep what retained checkpoints pin.
+
+State with a TTL (:class:`~checkpoint_lib.pipeline.StateTtl`) is still MERGEd in place (one row
+per key; its cleanup deletes in the same MERGE), and its flushes read the whole state.
 """
 
 from __future__ import annotations
@@ -26,7 +39,7 @@ from ..core.acks import PinnedState
 from ..core.keygroups import DEFAULT_MAX_PARALLELISM
 from ..layout import KEY_GROUP
 from ..pipeline import DELETE, TTL_COLUMN, StateTtl
-from ..reserved import temporary
+from ..reserved import STATE_GONE, STATE_RUN, temporary
 from . import tables
 
 FIRST_RECORD = temporary("ttl_first")
@@ -107,22 +120,49 @@ class KeyedStateTable:
         epoch fenced the table (:meth:`fence`)."""
         self.key = key
         self.values = values
+        self.runs = ttl is None
+        """Kept as appended runs (:func:`live`): a flush appends its keys' new rows; else MERGEd in place."""
         self.schema = T.StructType(
             [T.StructField(KEY_GROUP, T.IntegerType(), False), T.StructField(key, key_type or T.StringType(), False)]
             + list(values.fields)
+            + ([T.StructField(STATE_RUN, T.LongType(), True), T.StructField(STATE_GONE, T.BooleanType(), True)]
+               if self.runs else [])
         )
+        self._appended = 0  # rows appended since the table was last compacted, restored or opened
+        self._base: int | None = None  # rows the table held then (None: count them when asked)
 
     def create(self) -> None:
         tables.create_if_missing(self.spark, self.path, self.schema, properties=STATE_TABLE_PROPERTIES)
+        self.upgrade()
 
     def version(self) -> int:
         return tables.version(self.spark, self.path)
 
-    def read(self, version: int | None = None) -> DataFrame:
+    def stored(self, version: int | None = None) -> DataFrame:
+        """The table's rows as stored (every run's, tombstones included)."""
         reader = self.spark.read.format("delta")
         if version is not None:
             reader = reader.option("versionAsOf", version)
         return reader.load(self.path)
+
+    def read(self, version: int | None = None) -> DataFrame:
+        """The keyed state at ``version`` (None: the latest): one row per key (its key group, the
+        key and the values)."""
+        return live(self.stored(version), self.key)
+
+    def read_keys(self, keys: DataFrame, version: int | None = None) -> DataFrame:
+        """The state of the keys in ``keys`` (a DataFrame with the key column) at ``version``: what
+        a flush of those keys reads (a keyed function sees its keys' state only, as in Flink)."""
+        if not self.runs:
+            return self.stored(version).join(keys.select(self.key).distinct(), self.key, "left_semi")
+        return live(self.stored(version).join(keys.select(self.key).distinct(), self.key, "left_semi"), self.key)
+
+    def upgrade(self) -> None:
+        """A table of runs created before runs existed: add the run columns (its rows are the
+        oldest run). Idempotent; a metadata-only commit, once."""
+        if not self.runs or STATE_RUN in self.stored().columns:
+            return
+        self.spark.sql(f"ALTER TABLE delta.`{self.path}` ADD COLUMNS (`{STATE_RUN}` BIGINT, `{STATE_GONE}` BOOLEAN)")
 
     def _stamp(self, epoch: int | None):
         """The fence of a write by ``epoch`` (nothing without an epoch or an application id)."""
@@ -142,12 +182,15 @@ class KeyedStateTable:
         tables.raise_fence(self.spark, self.path, self.app_id, epoch, self.version() + 1)
 
     def add(self, deltas: DataFrame, before_retry: Callable[[], None] | None = None, *, epoch: int | None = None,
-            expire_before: datetime | None = None) -> int:
+            expire_before: datetime | None = None, current: DataFrame | None = None) -> int:
         """Add ``deltas`` (key, key_group and one column per value) to the state; new keys are
-        inserted. Returns the table version after the MERGE. With ``epoch``, the MERGE is fenced
+        inserted. Returns the table version after the write. With ``epoch``, the write is fenced
         inside its commit (FencedError after it if a newer epoch fenced the table: nothing landed).
+        ``current``: the state of (at least) the deltas' keys as the flush read it (else read here).
         With a TTL, an expired key's state is replaced by its deltas, and ``expire_before`` deletes
         the rows of other keys written before it (cleanup)."""
+        if self.runs:
+            return self._add_run(deltas, current, before_retry, epoch)
         reset = self._expired()
 
         def value(n: str) -> F.Column:
@@ -167,6 +210,9 @@ class KeyedStateTable:
         key) hold that row; a row whose ``_delete`` column is true removes its key. Keys not in
         ``rows`` keep their state (with a TTL, unless written before ``expire_before``). Returns the
         table version after the MERGE; fenced like :meth:`add`."""
+        if self.runs:
+            gone = F.coalesce(F.col(DELETE), F.lit(False)) if DELETE in rows.columns else F.lit(False)
+            return self._append(rows.withColumn(STATE_GONE, gone), before_retry, epoch)
         deleting = DELETE in rows.columns
         drop = F.coalesce(F.col(f"d.{DELETE}"), F.lit(False))
 
@@ -180,16 +226,79 @@ class KeyedStateTable:
         return self._merge(rows, "MERGE of a flush (replace)", before_retry, epoch, clauses)
 
     def apply(self, deltas: DataFrame, *, replace: bool, before_retry: Callable[[], None], epoch: int | None,
-              expire_before: datetime | None = None, compact: bool = False) -> int:
-        """A flush's state rows: :meth:`replace` them (``replace``) or :meth:`add` them, then, with
-        ``compact``, an OPTIMIZE (:meth:`compact`, after ``before_retry``'s epoch check): the same
-        rows in fewer files, so a snapshot of this flush may pin either version. Returns the table
-        version after both. The one flush path of the linear keyed stage and every graph operator."""
-        update = self.replace if replace else self.add
-        version = update(deltas, before_retry=before_retry, epoch=epoch, expire_before=expire_before)
-        if compact:
+              expire_before: datetime | None = None, compact: bool = False, current: DataFrame | None = None) -> int:
+        """A flush's state rows: :meth:`replace` them (``replace``) or :meth:`add` them (to
+        ``current``, the state the flush read), then, with ``compact`` or once the runs appended
+        since the last compaction hold as many rows as the table held then (:meth:`due`), a
+        compaction (:meth:`compact`, after ``before_retry``'s epoch check): the same state in fewer
+        rows and files, so a snapshot of this flush may pin either version. Returns the table
+        version after both. The one flush path of every keyed operator."""
+        if replace:
+            version = self.replace(deltas, before_retry=before_retry, epoch=epoch, expire_before=expire_before)
+        else:
+            version = self.add(deltas, before_retry=before_retry, epoch=epoch, expire_before=expire_before,
+                               current=current)
+        if compact or self.due():
             before_retry()
-            version = self.compact(before_retry=before_retry)
+            version = self.compact(before_retry=before_retry, epoch=epoch)
+        return version
+
+    def due(self) -> bool:
+        """Whether the runs appended since the table was last compacted (or restored, or this
+        process opened it) hold as many rows as it held then: folding them now keeps a flush's read
+        within twice the state, and costs each appended row O(1) on average."""
+        if not self.runs or self._appended <= COMPACT_AT_LEAST:
+            return False
+        if self._base is None:
+            self._base = self._rows() - self._appended
+        return self._appended > self._base
+
+    def _rows(self) -> int:
+        """The rows of the table's latest version (its files' statistics: no Spark job)."""
+        from deltalake import DeltaTable
+
+        actions = DeltaTable(self.path).get_add_actions(flatten=True)
+        return int(sum(n or 0 for n in actions.column("num_records").to_pylist())) if actions.num_rows else 0
+
+    def _rewritten(self) -> None:
+        """The table was just rewritten (compacted, restored, cleared): count the runs from here."""
+        self._base, self._appended = None, 0
+
+    def _add_run(self, deltas: DataFrame, current: DataFrame | None, before_retry, epoch: int | None) -> int:
+        """:meth:`add` as a run: each key's new values (its current ones plus the deltas) appended."""
+        if current is None:
+            current = self.read_keys(deltas)
+        names = self._operator_values()
+        present = temporary("present")
+        s = current.select(self.key, *names).withColumn(present, F.lit(True))
+        joined = deltas.alias("d").join(s.alias("s"), self.key, "left")
+        matched = F.col(f"s.{present}").isNotNull()
+        rows = joined.select(
+            F.col(f"d.{KEY_GROUP}").alias(KEY_GROUP), F.col(self.key),
+            *[F.when(matched, F.col(f"s.{n}") + F.col(f"d.{n}")).otherwise(F.col(f"d.{n}")).alias(n)
+              for n in names],
+            F.lit(False).alias(STATE_GONE))
+        return self._append(rows, before_retry, epoch)
+
+    def _append(self, rows: DataFrame, before_retry, epoch: int | None) -> int:
+        """One run: ``rows`` (key group, key, values, :data:`STATE_GONE`) appended, each with the
+        run's number (the table version it is meant to land at: above every run before it), in
+        one commit fenced like a MERGE's. Returns the table version after it."""
+
+        def append() -> None:
+            run = self.version() + 1
+            out = rows.withColumn(STATE_RUN, F.lit(run).cast("long")).select(*self.schema.fieldNames())
+            writer = out.write.format("delta").mode("append")
+            if epoch is not None and self.app_id is not None:
+                writer = writer.option("txnAppId", self.app_id).option(
+                    "txnVersion", str(tables.fenced_version(epoch, run)))
+            writer.save(self.path)
+
+        # a conflicting append committed nothing, so appending the rows again appends them once
+        tables.retry_conflicts(append, f"state {self.path}: a flush's run", before_retry=before_retry)
+        self._fenced(epoch)
+        version = self.version()
+        self._appended += _rows_added(self.path, version)
         return version
 
     def _operator_values(self) -> list[str]:
@@ -235,18 +344,29 @@ class KeyedStateTable:
         self._fenced(epoch)
         return self.version()
 
-    def compact(self, before_retry: Callable[[], None] | None = None) -> int:
-        """OPTIMIZE: bin-pack the small files the flushes added, and rewrite the files whose rows
-        were mostly replaced (deletion vectors), so reading the state stays proportional to it.
-        The commit changes no row (``dataChange=false``): every version a snapshot pinned reads the
-        same, and a kill before, during or after it leaves a table with the same rows. Returns the
-        table version after it."""
+    def compact(self, before_retry: Callable[[], None] | None = None, epoch: int | None = None) -> int:
+        """Fold the runs: the table rewritten as its state (:func:`live`: one row per key, each
+        keeping its run; tombstones and replaced rows gone), so reading the state stays
+        proportional to it. The state does not change (``dataChange=false``: every version a
+        snapshot pinned reads the same state, and a kill before, during or after it leaves the same
+        state); the overwrite is fenced like a flush (an older epoch's is refused inside its
+        commit). A table MERGEd in place (a TTL) is OPTIMIZEd: the same rows in fewer files.
+        Returns the table version after it."""
         from delta.tables import DeltaTable
 
-        def optimize() -> None:
-            DeltaTable.forPath(self.spark, self.path).optimize().executeCompaction()
+        if not self.runs:
+            def optimize() -> None:
+                DeltaTable.forPath(self.spark, self.path).optimize().executeCompaction()
 
-        tables.retry_conflicts(optimize, f"state {self.path}: OPTIMIZE", before_retry=before_retry)
+            tables.retry_conflicts(optimize, f"state {self.path}: OPTIMIZE", before_retry=before_retry)
+            return self.version()
+
+        def fold() -> None:
+            version = self.version()
+            self._overwrite(live(self.stored(version), self.key, keep_run=True), epoch, data_change=False)
+
+        tables.retry_conflicts(fold, f"state {self.path}: compaction", before_retry=before_retry)
+        self._rewritten()
         return self.version()
 
     def restore(self, snapshots: Sequence[PinnedState], *, epoch: int | None = None) -> None:
@@ -277,7 +397,8 @@ class KeyedStateTable:
                 DeltaTable.forPath(self.spark, self.path).restoreToVersion(version)
                 return
         parts = [
-            self.read(s.table_version).where(F.col(KEY_GROUP).between(s.key_groups.start, s.key_groups.end))
+            live(self.stored(s.table_version), self.key, keep_run=True)
+            .where(F.col(KEY_GROUP).between(s.key_groups.start, s.key_groups.end))
             for s in snapshots
         ]
         df = parts[0]
@@ -295,13 +416,18 @@ class KeyedStateTable:
             return
         self._overwrite(self.spark.createDataFrame([], self.schema), epoch)
 
-    def _overwrite(self, df: DataFrame, epoch: int | None) -> None:
+    def _overwrite(self, df: DataFrame, epoch: int | None, data_change: bool = True) -> None:
+        if self.runs:
+            df = df.select(*self.schema.fieldNames())
         writer = df.write.format("delta").mode("overwrite")
+        if not data_change:
+            writer = writer.option("dataChange", "false")
         if epoch is not None and self.app_id is not None:
             writer = writer.option("txnAppId", self.app_id).option(
                 "txnVersion", str(tables.fenced_version(epoch, self.version() + 1)))
         writer.save(self.path)
         self._fenced(epoch)
+        self._rewritten()
 
 
 def _covers_all(ranges: list[tuple[int, int]]) -> bool:
@@ -312,3 +438,36 @@ def _covers_all(ranges: list[tuple[int, int]]) -> bool:
         expected = end + 1
     return expected == DEFAULT_MAX_PARALLELISM
 
+
+
+def _rows_added(path: str, version: int) -> int:
+    """The rows commit ``version`` of table ``path`` added (its files' statistics; 0 without them)."""
+    import json
+
+    from ..delta.log import commit_actions
+
+    rows = 0
+    for action in commit_actions(path, version):
+        stats = (action.get("add") or {}).get("stats")
+        rows += int(json.loads(stats).get("numRecords", 0)) if stats else 0
+    return rows
+
+
+COMPACT_AT_LEAST = 100_000
+"""A table of runs is compacted once its runs since the last compaction hold more rows than it
+held then, and more than this many (a small table is cheap to read as it is)."""
+
+
+def live(stored: DataFrame, key: str, *, keep_run: bool = False) -> DataFrame:
+    """The keyed state a state table's ``stored`` rows hold: per key, the row of the newest run,
+    unless it is a tombstone (one aggregation; a table written before runs, or MERGEd in place,
+    is its state as it is). ``keep_run``: with the run column (what a rewrite keeps)."""
+    if STATE_RUN not in stored.columns:
+        return stored
+    others = [c for c in stored.columns if c != key]
+    newest = (stored.groupBy(key)
+              .agg(F.max_by(F.struct(*[F.col(f"`{c}`") for c in others]),
+                            F.coalesce(F.col(STATE_RUN), F.lit(-1))).alias("s"))
+              .select(key, *[F.col(f"s.`{c}`").alias(c) for c in others]))
+    newest = newest.where(~F.coalesce(F.col(STATE_GONE), F.lit(False)))
+    return newest.select(*stored.columns) if keep_run else newest.drop(STATE_RUN, STATE_GONE)

@@ -36,43 +36,73 @@ def _history(spark, path: str, version: int):
 
 
 def test_a_flush_writes_what_changed_not_the_whole_state(spark, tmp_path):
+    """A flush appends one run: the new rows of the keys it changed, nothing of the others; the
+    state is each key's newest row, and a pinned version reads as it was."""
     from pyspark.sql import functions as F
 
     path = str(tmp_path / "state")
     table = _table(spark, path)
     first = table.add(_deltas(spark, (0, KEYS)))  # 4,000 keys, spread over several files
     second = table.add(_deltas(spark, (0, KEYS, KEYS // 20)))  # 20 keys, one in every 200: they touch every file
-    full, flush = (
-        {k: int(v) for k, v in _history(spark, path, v)["operationMetrics"].items()} for v in (first, second)
-    )
-    assert full["numTargetRowsInserted"] == KEYS and flush["numTargetRowsUpdated"] == 20
-    # the replaced rows are marked deleted, not rewritten with their files' other 3,980 rows
-    assert flush["numTargetDeletionVectorsAdded"] > 0, flush
-    assert flush["numTargetBytesAdded"] < full["numTargetBytesAdded"] / 5, (flush, full)
+    full, flush = (_history(spark, path, v) for v in (first, second))
+    assert (full["operation"], flush["operation"]) == ("WRITE", "WRITE")  # appends: no MERGE, no file rewritten
+    assert int(full["operationMetrics"]["numOutputRows"]) == KEYS
+    assert int(flush["operationMetrics"]["numOutputRows"]) == 20
+    assert table.stored().count() == KEYS + 20
 
     now = table.read().agg(F.sum("balance_cents"), F.sum("event_count"), F.count("*")).first()
     assert tuple(now) == (KEYS * 10 + 20 * 10, KEYS + 20, KEYS)
     pinned = table.read(first).agg(F.sum("balance_cents"), F.count("*")).first()
     assert tuple(pinned) == (KEYS * 10, KEYS)  # the version a snapshot pinned reads as it was
+    keys = spark.createDataFrame([("acct-00000",), ("acct-00001",), ("nobody",)], "account string")
+    assert {r.account: r.balance_cents for r in table.read_keys(keys).collect()} == {"acct-00000": 20,
+                                                                                   "acct-00001": 10}
 
 
-@pytest.mark.slow  # ~35 s; CI tier: a graph's state compacted every fourth flush, killed and restored exactly once
-# (tests/spark/test_graph_cut_edges.py)
-def test_compaction_changes_no_row_of_any_version(spark, tmp_path):
+def test_compaction_folds_the_runs_and_changes_no_state_of_any_version(spark, tmp_path):
+    from checkpoint_lib.reserved import STATE_RUN
+
     path = str(tmp_path / "state")
     table = _table(spark, path)
-    # 300 accounts, then three flushes of 100 updates each: small files and deletion vectors pile up
+    # 300 accounts, then three flushes of 100 updates each, then a deleted key: runs pile up
     versions = [table.add(_deltas(spark, (0, 300) if i == 0 else (i * 50, i * 50 + 100))) for i in range(4)]
+    gone = spark.createDataFrame([("acct-00007", 0, 0, True)], "account string, balance_cents long, "
+                                 "event_count long, _delete boolean").withColumn("key_group", key_group_column("account"))
+    versions.append(table.replace(gone))
     rows = lambda v: sorted(map(tuple, table.read(v).collect()))  # noqa: E731
     before = {v: rows(v) for v in versions}
-    files = lambda: spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()["numFiles"]  # noqa: E731
-    piled = files()
+    assert len(before[versions[-1]]) == 299 and table.stored().count() == 300 + 3 * 100 + 1
     compacted = table.compact()
-    assert compacted > versions[-1] and files() < piled, (piled, files())
-    assert _history(spark, path, compacted)["operation"] == "OPTIMIZE"
-    assert rows(compacted) == before[versions[-1]]  # same rows, fewer files
+    assert compacted == versions[-1] + 1
+    commit = _history(spark, path, compacted)
+    assert commit["operation"] == "WRITE" and commit["operationParameters"]["mode"] == "Overwrite"
+    assert table.stored().count() == 299  # one row per key: replaced rows and the tombstone gone
+    assert rows(compacted) == before[versions[-1]]  # the same state
     assert {v: rows(v) for v in versions} == before  # every version a snapshot may pin reads the same
+    from checkpoint_lib.delta.log import rows_unchanged_since
 
+    assert rows_unchanged_since(path, versions[-1])  # a restore of the last flush's version has nothing to write
+    # each row keeps its run: a flush after the compaction still wins over it
+    assert table.stored().where("account = 'acct-00100'").first()[STATE_RUN] == versions[2]
+    table.add(_deltas(spark, (100, 101)))
+    assert table.read().where("account = 'acct-00100'").first()["balance_cents"] == 40
+
+
+def test_a_table_written_before_runs_is_upgraded_in_place_and_its_rows_are_the_oldest_run(spark, tmp_path):
+    """A state table of an earlier release (one row per key, no run columns): opening it adds the
+    columns (a metadata commit), its rows read as they were, and flushes after it win."""
+    from pyspark.sql import functions as F
+
+    path = str(tmp_path / "state")
+    old = _deltas(spark, (0, 10))
+    old.write.format("delta").save(path)
+    table = _table(spark, path)  # create(): the table exists, so it is upgraded
+    assert tuple(table.read().agg(F.sum("balance_cents"), F.count("*")).first()) == (100, 10)
+    table.add(_deltas(spark, (0, 2)))
+    now = {r.account: r.balance_cents for r in table.read().collect()}
+    assert now["acct-00000"] == 20 and now["acct-00005"] == 10 and len(now) == 10
+    table.compact()
+    assert table.stored().count() == 10 and {r.account: r.balance_cents for r in table.read().collect()} == now
 
 
 def _age(log_dir, days: float) -> None:

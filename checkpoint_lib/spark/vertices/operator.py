@@ -17,6 +17,7 @@ inputs' records of the step (either may be empty), keyed by the same column, and
 
 from __future__ import annotations
 
+from functools import reduce
 from typing import Any, Callable
 
 from pyspark.sql import DataFrame
@@ -150,16 +151,29 @@ class OperatorVertexRun:
             out[name] = df
         return out
 
-    def update_state(self, deltas: DataFrame, fence: Callable[[], None], epoch: int, expire_before: Any = None) -> None:
-        """MERGE the state rows the operator returned (its ``state_update``: add or replace); with
-        a TTL, the rows written before ``expire_before`` are cleaned up in the same MERGE. Every
-        ``compact_every`` flushes the table is compacted after it (an OPTIMIZE: the same rows in
-        fewer files, so a flush's read and MERGE stay proportional to the state)."""
+    def read_state(self, inputs: dict[int, DataFrame]) -> DataFrame:
+        """The state a step of ``inputs`` reads (the key and the state columns, lazily): the state
+        of the keys in its records (a keyed function sees its keys' state, as in Flink), as of the
+        operator's last flush. State that expires (a TTL) is read whole: its cleanup needs the
+        newest write of every key."""
+        version = self.state_version if self.state_version >= 0 else None
+        if not self.state.runs:
+            return self.state.read(version).drop(KEY_GROUP)
+        keys = reduce(DataFrame.unionByName, [df.select(self.key) for _, df in sorted(inputs.items())])
+        return self.state.read_keys(keys, version).drop(KEY_GROUP)
+
+    def update_state(self, deltas: DataFrame, fence: Callable[[], None], epoch: int, expire_before: Any = None,
+                     current: DataFrame | None = None) -> None:
+        """Write the state rows the operator returned (its ``state_update``: add to ``current``,
+        the state the step read, or replace): one run appended; with a TTL, a MERGE that also
+        cleans up the rows written before ``expire_before``. The table is compacted every
+        ``compact_every`` flushes and whenever its runs have grown as large as it was
+        (:meth:`~checkpoint_lib.spark.state.KeyedStateTable.due`)."""
         if KEY_GROUP not in deltas.columns:
             deltas = deltas.withColumn(KEY_GROUP, key_group_column(self.key, self.max_parallelism))
         self.state_version = self.state.apply(
             deltas, replace=self.state_update == "replace", before_retry=fence, epoch=epoch, expire_before=expire_before,
-            compact=bool(self.compact_every) and self.flushes % self.compact_every == 0)
+            compact=bool(self.compact_every) and self.flushes % self.compact_every == 0, current=current)
 
     # snapshots -----------------------------------------------------------------------------------
 
