@@ -678,7 +678,7 @@ class GraphRunner:
             state = None
             if op.state is not None:
                 state = self.cached(op.read_state(inputs))
-            deltas, outputs, expire_before = op.step(inputs, state, self.cached)
+            deltas, outputs, newest = op.step(inputs, state, self.cached)
             # an output read more than once (by sinks and edges) is computed once; caching one read
             # once would cost more (planning the cache) than it saves
             outputs = {name: self.cached(df) if self.readers[(vertex_id, name)] > 1 else df
@@ -690,7 +690,7 @@ class GraphRunner:
             if deltas is not None:
                 self.fence()
                 self.reached("flush_merge")  # past its epoch check, the MERGE not yet committed
-                op.update_state(deltas, self.fence, self.epoch, expire_before, current=state)
+                op.update_state(deltas, self.fence, self.epoch, newest, current=state)
             frames.update({(vertex_id, name): df for name, df in outputs.items()})
             for name, df in outputs.items():
                 self._segments(vertex_id, name, df, SINK_SUBTASK)

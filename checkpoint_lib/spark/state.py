@@ -26,7 +26,8 @@ per key; its cleanup deletes in the same MERGE), and its flushes read the whole 
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+import json
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import reduce
 from typing import Any, Callable, Sequence
@@ -54,16 +55,18 @@ def expired(written: F.Column, first_record: F.Column, ttl: StateTtl) -> F.Colum
     return F.coalesce(late, F.lit(False))
 
 def apply_with_ttl(apply: Callable[[DataFrame], tuple[Any, Any]], records: Sequence[DataFrame], stored: DataFrame,
-                   key: str, ttl: StateTtl, cached: Callable[[DataFrame], DataFrame]) -> tuple[Any, Any, datetime | None]:
+                   key: str, ttl: StateTtl, cached: Callable[[DataFrame], DataFrame],
+                   newest_before: datetime | None = None) -> tuple[Any, Any, datetime | None]:
     """Run a keyed operator (``apply(visible state) -> (state rows, outputs)``) on state that
     expires in event time (:class:`~checkpoint_lib.pipeline.StateTtl`), over the flush's
-    ``records`` (one DataFrame per input: a two-input operator's both) and the ``stored`` state
-    (key, state columns and :data:`TTL_COLUMN`). The operator sees no state for a key written more
-    than the TTL before the key's earliest record here; the state rows it returns carry the write
-    time (the key's newest record) and that earliest record (:data:`FIRST_RECORD`) for the MERGE;
-    and the third value is ``expire_before``: the rows written ``ttl + cleanup_lateness`` before the
-    operator's newest write are cleaned up by the MERGE (one Spark job computes it). The one
-    definition of TTL in a flush, for the linear keyed stage and every keyed vertex of a graph."""
+    ``records`` (one DataFrame per input: a two-input operator's both) and the ``stored`` state of
+    their keys (key, state columns and :data:`TTL_COLUMN`). The operator sees no state for a key
+    written more than the TTL before the key's earliest record here; the state rows it returns
+    carry the write time (the key's newest record) and that earliest record (:data:`FIRST_RECORD`)
+    for the flush's write; and the third value is the operator's newest write after this flush
+    (``newest_before``, the one before it, and this flush's records: one Spark job over the
+    flush's keys), from which the cleanup follows (:class:`TtlMarks`). The one definition of TTL
+    in a flush, for every keyed vertex of a graph."""
     times = reduce(DataFrame.unionByName, [r.select(key, ttl.time_column) for r in records])
     times = cached(times.groupBy(key).agg(F.min(ttl.time_column).alias(FIRST_RECORD),
                                           F.max(ttl.time_column).alias(TTL_COLUMN)))
@@ -71,9 +74,40 @@ def apply_with_ttl(apply: Callable[[DataFrame], tuple[Any, Any]], records: Seque
                .where(~expired(F.col(TTL_COLUMN), F.col(FIRST_RECORD), ttl))
                .drop(FIRST_RECORD, TTL_COLUMN))
     deltas, outputs = apply(visible)
-    newest = stored.select(TTL_COLUMN).unionByName(times.select(TTL_COLUMN)).agg(F.max(TTL_COLUMN)).first()[0]
-    expire_before = None if newest is None else newest - timedelta(seconds=ttl.cleanup_seconds)
-    return deltas.join(times, key, "left"), outputs, expire_before
+    here = times.agg(F.max(TTL_COLUMN)).first()[0]
+    newest = max((t for t in (newest_before, here) if t is not None), default=None)
+    return deltas.join(times, key, "left"), outputs, newest
+
+
+@dataclass(frozen=True)
+class TtlMarks:
+    """Where the cleanup of state with a TTL stands after a flush: the operator's ``newest``
+    write so far and the ``run`` of that flush. A key's row from a run before it, written
+    ``ttl + cleanup_lateness`` before ``newest``, is cleaned up: no later flush sees it (what a
+    MERGE deleting the keys its flush did not touch left), and a compaction drops it. Kept in
+    the commit of the flush (and of every rewrite after it) as its user metadata, so the state
+    at any pinned version knows its own."""
+
+    newest: datetime | None = None
+    run: int = -1
+
+    def expire_before(self, ttl: StateTtl) -> datetime | None:
+        return None if self.newest is None else self.newest - timedelta(seconds=ttl.cleanup_seconds)
+
+    def to_json(self) -> str:
+        return json.dumps({"ttl_newest": None if self.newest is None else self.newest.isoformat(),
+                           "ttl_run": self.run})
+
+    @classmethod
+    def from_json(cls, text: str | None) -> TtlMarks | None:
+        try:
+            held = json.loads(text) if text else None
+        except ValueError:
+            return None
+        if not isinstance(held, dict) or "ttl_run" not in held:
+            return None
+        newest = held.get("ttl_newest")
+        return cls(None if newest is None else datetime.fromisoformat(newest), int(held["ttl_run"]))
 
 
 # A flush's MERGE touches keys spread over every file of the table. Without deletion vectors Delta
@@ -112,24 +146,23 @@ class KeyedStateTable:
         self.spark = spark
         self.path = path
         self.ttl = ttl
-        """With a TTL, ``values`` ends with :data:`TTL_COLUMN` and the rows a flush MERGEs carry
-        :data:`FIRST_RECORD`: expired state is reset, not added to (see :class:`StateTtl`)."""
+        """With a TTL, ``values`` ends with :data:`TTL_COLUMN`, the rows a flush writes carry
+        :data:`FIRST_RECORD` (expired state is reset, not added to: see :class:`StateTtl`), and
+        every flush's commit its :class:`TtlMarks`."""
         self.app_id = app_id
         """Delta idempotent-write application id of the fence: with it, every write by an epoch is
         stamped ``epoch << 32 | next table version`` and refused inside its commit once a newer
         epoch fenced the table (:meth:`fence`)."""
         self.key = key
         self.values = values
-        self.runs = ttl is None
-        """Kept as appended runs (:func:`live`): a flush appends its keys' new rows; else MERGEd in place."""
         self.schema = T.StructType(
             [T.StructField(KEY_GROUP, T.IntegerType(), False), T.StructField(key, key_type or T.StringType(), False)]
             + list(values.fields)
-            + ([T.StructField(STATE_RUN, T.LongType(), True), T.StructField(STATE_GONE, T.BooleanType(), True)]
-               if self.runs else [])
+            + [T.StructField(STATE_RUN, T.LongType(), True), T.StructField(STATE_GONE, T.BooleanType(), True)]
         )
         self._appended = 0  # rows appended since the table was last compacted, restored or opened
         self._base: int | None = None  # rows the table held then (None: count them when asked)
+        self._marks: dict[int, TtlMarks] = {}  # table version -> its TTL marks, as read or written
 
     def create(self) -> None:
         tables.create_if_missing(self.spark, self.path, self.schema, properties=STATE_TABLE_PROPERTIES)
@@ -137,6 +170,8 @@ class KeyedStateTable:
 
     def version(self) -> int:
         return tables.version(self.spark, self.path)
+
+    # reading -------------------------------------------------------------------------------------
 
     def stored(self, version: int | None = None) -> DataFrame:
         """The table's rows as stored (every run's, tombstones included)."""
@@ -148,27 +183,59 @@ class KeyedStateTable:
     def read(self, version: int | None = None) -> DataFrame:
         """The keyed state at ``version`` (None: the latest): one row per key (its key group, the
         key and the values)."""
-        return live(self.stored(version), self.key)
+        return self._visible(live(self.stored(version), self.key, keep_run=True), version)
 
     def read_keys(self, keys: DataFrame, version: int | None = None) -> DataFrame:
         """The state of the keys in ``keys`` (a DataFrame with the key column) at ``version``: what
         a flush of those keys reads (a keyed function sees its keys' state only, as in Flink)."""
-        if not self.runs:
-            return self.stored(version).join(keys.select(self.key).distinct(), self.key, "left_semi")
-        return live(self.stored(version).join(keys.select(self.key).distinct(), self.key, "left_semi"), self.key)
+        mine = self.stored(version).join(keys.select(self.key).distinct(), self.key, "left_semi")
+        return self._visible(live(mine, self.key, keep_run=True), version)
+
+    def _visible(self, state: DataFrame, version: int | None, keep_run: bool = False) -> DataFrame:
+        """``state`` (:func:`live` rows, with the run when ``keep_run``) without what the TTL's
+        cleanup took as of ``version`` (:class:`TtlMarks`)."""
+        if self.ttl is not None:
+            cut = self.marks(self.version() if version is None else version).expire_before(self.ttl)
+            if cut is not None and STATE_RUN in state.columns:
+                run = self.marks(self.version() if version is None else version).run
+                state = state.where(~((F.coalesce(F.col(STATE_RUN), F.lit(-1)) < run) & (F.col(TTL_COLUMN) < F.lit(cut))))
+        return state if keep_run else state.drop(STATE_RUN, STATE_GONE)
+
+    def marks(self, version: int) -> TtlMarks:
+        """The TTL marks of the state at ``version`` (-1: none written): those of the newest commit
+        at or before it that has them (a fence's commit has none); a table MERGEd before runs
+        existed has none: its newest write is then read from its rows (one Spark job)."""
+        if version < 0:
+            return TtlMarks()
+        if version not in self._marks:
+            from ..delta.log import MissingLogError, commit_actions
+
+            found = None
+            try:  # back past commits that changed no row (fences, a user's OPTIMIZE, the upgrade)
+                for v in range(version, -1, -1):
+                    actions = list(commit_actions(self.path, v))
+                    info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+                    found = TtlMarks.from_json(info.get("userMetadata"))
+                    if found is not None or any((a.get("add") or a.get("remove") or {}).get("dataChange", False)
+                                                for a in actions):
+                        break
+            except MissingLogError:
+                found = None
+            if found is None:
+                newest = (self.stored(version).agg(F.max(TTL_COLUMN)).first()[0]
+                          if self.ttl is not None and TTL_COLUMN in self.stored(version).columns else None)
+                found = TtlMarks(newest, -1)
+            self._marks[version] = found
+        return self._marks[version]
 
     def upgrade(self) -> None:
-        """A table of runs created before runs existed: add the run columns (its rows are the
-        oldest run). Idempotent; a metadata-only commit, once."""
-        if not self.runs or STATE_RUN in self.stored().columns:
+        """A state table created before runs existed (one row per key, MERGEd in place): add the
+        run columns (its rows are then the oldest run). Idempotent; one metadata commit, once."""
+        if STATE_RUN in self.stored().columns:
             return
         self.spark.sql(f"ALTER TABLE delta.`{self.path}` ADD COLUMNS (`{STATE_RUN}` BIGINT, `{STATE_GONE}` BOOLEAN)")
 
-    def _stamp(self, epoch: int | None):
-        """The fence of a write by ``epoch`` (nothing without an epoch or an application id)."""
-        if epoch is None or self.app_id is None:
-            return nullcontext()
-        return tables.stamped(self.spark, self.app_id, tables.fenced_version(epoch, self.version() + 1))
+    # fences --------------------------------------------------------------------------------------
 
     def _fenced(self, epoch: int | None) -> None:
         if epoch is not None and self.app_id is not None:
@@ -181,73 +248,110 @@ class KeyedStateTable:
         assert self.app_id is not None, "a fenced state table needs an application id"
         tables.raise_fence(self.spark, self.path, self.app_id, epoch, self.version() + 1)
 
+    # a flush -------------------------------------------------------------------------------------
+
     def add(self, deltas: DataFrame, before_retry: Callable[[], None] | None = None, *, epoch: int | None = None,
-            expire_before: datetime | None = None, current: DataFrame | None = None) -> int:
-        """Add ``deltas`` (key, key_group and one column per value) to the state; new keys are
-        inserted. Returns the table version after the write. With ``epoch``, the write is fenced
-        inside its commit (FencedError after it if a newer epoch fenced the table: nothing landed).
-        ``current``: the state of (at least) the deltas' keys as the flush read it (else read here).
-        With a TTL, an expired key's state is replaced by its deltas, and ``expire_before`` deletes
-        the rows of other keys written before it (cleanup)."""
-        if self.runs:
-            return self._add_run(deltas, current, before_retry, epoch)
-        reset = self._expired()
-
-        def value(n: str) -> F.Column:
-            added = F.col(f"s.{n}") + F.col(f"d.{n}")
-            return added if reset is None else F.when(reset, F.col(f"d.{n}")).otherwise(added)
-
-        return self._merge(
-            deltas, "MERGE of a flush", before_retry, epoch,
-            lambda m: self._cleanup(
-                m.whenMatchedUpdate(set={**{n: value(n) for n in self._operator_values()}, **self._written()})
-                .whenNotMatchedInsert(values=self._insert_values()), expire_before),
-        )
+            current: DataFrame | None = None, newest: datetime | None = None) -> int:
+        """Add ``deltas`` (key, key_group and one column per value) to the state (new keys start
+        from them): one run appended. Returns the table version after it. With ``epoch``, the
+        write is fenced inside its commit (FencedError after it if a newer epoch fenced the
+        table: nothing landed). ``current``: the state of (at least) the deltas' keys as the flush
+        read it (else read here). With a TTL, an expired key's state is replaced by its deltas,
+        and ``newest`` is the operator's newest write after this flush (its cleanup)."""
+        return self._flush(deltas, additive=True, before_retry=before_retry, epoch=epoch, current=current,
+                           newest=newest)
 
     def replace(self, rows: DataFrame, before_retry: Callable[[], None] | None = None, *,
-                epoch: int | None = None, expire_before: datetime | None = None) -> int:
+                epoch: int | None = None, current: DataFrame | None = None, newest: datetime | None = None) -> int:
         """Make each key of ``rows`` (key, key_group and one column per value, at most one row per
         key) hold that row; a row whose ``_delete`` column is true removes its key. Keys not in
-        ``rows`` keep their state (with a TTL, unless written before ``expire_before``). Returns the
-        table version after the MERGE; fenced like :meth:`add`."""
-        if self.runs:
-            gone = F.coalesce(F.col(DELETE), F.lit(False)) if DELETE in rows.columns else F.lit(False)
-            return self._append(rows.withColumn(STATE_GONE, gone), before_retry, epoch)
-        deleting = DELETE in rows.columns
-        drop = F.coalesce(F.col(f"d.{DELETE}"), F.lit(False))
-
-        def clauses(m):
-            if deleting:
-                m = m.whenMatchedDelete(condition=drop)
-            m = m.whenMatchedUpdate(set={**{n: F.col(f"d.{n}") for n in self._operator_values()}, **self._written()})
-            insert = ~drop if deleting else None
-            return self._cleanup(m.whenNotMatchedInsert(condition=insert, values=self._insert_values()), expire_before)
-
-        return self._merge(rows, "MERGE of a flush (replace)", before_retry, epoch, clauses)
+        ``rows`` keep their state (with a TTL, unless cleaned up). One run appended, as :meth:`add`."""
+        return self._flush(rows, additive=False, before_retry=before_retry, epoch=epoch, current=current,
+                           newest=newest)
 
     def apply(self, deltas: DataFrame, *, replace: bool, before_retry: Callable[[], None], epoch: int | None,
-              expire_before: datetime | None = None, compact: bool = False, current: DataFrame | None = None) -> int:
+              compact: bool = False, current: DataFrame | None = None, newest: datetime | None = None) -> int:
         """A flush's state rows: :meth:`replace` them (``replace``) or :meth:`add` them (to
         ``current``, the state the flush read), then, with ``compact`` or once the runs appended
         since the last compaction hold as many rows as the table held then (:meth:`due`), a
         compaction (:meth:`compact`, after ``before_retry``'s epoch check): the same state in fewer
         rows and files, so a snapshot of this flush may pin either version. Returns the table
         version after both. The one flush path of every keyed operator."""
-        if replace:
-            version = self.replace(deltas, before_retry=before_retry, epoch=epoch, expire_before=expire_before)
-        else:
-            version = self.add(deltas, before_retry=before_retry, epoch=epoch, expire_before=expire_before,
-                               current=current)
+        version = self._flush(deltas, additive=not replace, before_retry=before_retry, epoch=epoch, current=current,
+                              newest=newest)
         if compact or self.due():
             before_retry()
             version = self.compact(before_retry=before_retry, epoch=epoch)
         return version
 
+    def _flush(self, rows: DataFrame, *, additive: bool, before_retry, epoch: int | None, current: DataFrame | None,
+               newest: datetime | None) -> int:
+        """One run: each key's new row (its current values plus the deltas when ``additive``,
+        else the row; a tombstone for ``_delete``; with a TTL, reset when expired and stamped
+        with its write time) appended."""
+        names = self._operator_values()
+        gone = F.coalesce(F.col(f"d.{DELETE}"), F.lit(False)) if DELETE in rows.columns else F.lit(False)
+        if not additive and self.ttl is None:  # the rows are the new state: nothing to read
+            out = rows.alias("d").select(F.col(f"d.{KEY_GROUP}"), F.col(f"d.{self.key}"),
+                                         *[F.col(f"d.{n}") for n in names], gone.alias(STATE_GONE))
+            return self._append(out, before_retry, epoch, None)
+        if current is None:
+            current = self.read_keys(rows)
+        present = temporary("present")
+        kept = [*names, TTL_COLUMN] if self.ttl is not None else names
+        s = current.select(self.key, *kept).withColumn(present, F.lit(True))
+        joined = rows.alias("d").join(s.alias("s"), self.key, "left")
+        keep = F.col(f"s.{present}").isNotNull()
+        if self.ttl is not None:
+            keep = keep & ~expired(F.col(f"s.{TTL_COLUMN}"), F.col(f"d.{FIRST_RECORD}"), self.ttl)
+        values = [(F.when(keep, F.col(f"s.{n}") + F.col(f"d.{n}")).otherwise(F.col(f"d.{n}")) if additive
+                   else F.col(f"d.{n}")).alias(n) for n in names]
+        if self.ttl is not None:
+            values.append(F.when(keep, F.greatest(F.col(f"s.{TTL_COLUMN}"), F.col(f"d.{TTL_COLUMN}")))
+                          .otherwise(F.col(f"d.{TTL_COLUMN}")).alias(TTL_COLUMN))
+        out = joined.select(F.col(f"d.{KEY_GROUP}").alias(KEY_GROUP), F.col(self.key), *values, gone.alias(STATE_GONE))
+        return self._append(out, before_retry, epoch, newest)
+
+    def _append(self, rows: DataFrame, before_retry, epoch: int | None, newest: datetime | None) -> int:
+        """``rows`` (key group, key, values, :data:`STATE_GONE`) appended as one run, each with the
+        run's number (the table version it is meant to land at: above every run before it), in
+        one commit fenced by ``epoch`` and carrying the TTL marks. Returns the table version."""
+        marks: list[TtlMarks] = []
+
+        def append() -> None:
+            run = self.version() + 1
+            out = rows.withColumn(STATE_RUN, F.lit(run).cast("long")).select(*self.schema.fieldNames())
+            writer = out.write.format("delta").mode("append")
+            if self.ttl is not None:
+                marks[:] = [TtlMarks(newest, run)]
+                writer = writer.option("userMetadata", marks[0].to_json())
+            self._save(writer, epoch, run)
+
+        # a conflicting append committed nothing, so appending the rows again appends them once
+        tables.retry_conflicts(append, f"state {self.path}: a flush's run", before_retry=before_retry)
+        self._fenced(epoch)
+        version = self.version()
+        if marks:
+            self._marks[version] = marks[0]
+        self._appended += _rows_added(self.path, version)
+        return version
+
+    def _save(self, writer, epoch: int | None, sequence: int) -> None:
+        if epoch is not None and self.app_id is not None:
+            writer = writer.option("txnAppId", self.app_id).option(
+                "txnVersion", str(tables.fenced_version(epoch, sequence)))
+        writer.save(self.path)
+
+    def _operator_values(self) -> list[str]:
+        return [n for n in self.values.fieldNames() if n != TTL_COLUMN]
+
+    # compaction ----------------------------------------------------------------------------------
+
     def due(self) -> bool:
         """Whether the runs appended since the table was last compacted (or restored, or this
         process opened it) hold as many rows as it held then: folding them now keeps a flush's read
         within twice the state, and costs each appended row O(1) on average."""
-        if not self.runs or self._appended <= COMPACT_AT_LEAST:
+        if self._appended <= COMPACT_AT_LEAST:
             return False
         if self._base is None:
             self._base = self._rows() - self._appended
@@ -264,118 +368,31 @@ class KeyedStateTable:
         """The table was just rewritten (compacted, restored, cleared): count the runs from here."""
         self._base, self._appended = None, 0
 
-    def _add_run(self, deltas: DataFrame, current: DataFrame | None, before_retry, epoch: int | None) -> int:
-        """:meth:`add` as a run: each key's new values (its current ones plus the deltas) appended."""
-        if current is None:
-            current = self.read_keys(deltas)
-        names = self._operator_values()
-        present = temporary("present")
-        s = current.select(self.key, *names).withColumn(present, F.lit(True))
-        joined = deltas.alias("d").join(s.alias("s"), self.key, "left")
-        matched = F.col(f"s.{present}").isNotNull()
-        rows = joined.select(
-            F.col(f"d.{KEY_GROUP}").alias(KEY_GROUP), F.col(self.key),
-            *[F.when(matched, F.col(f"s.{n}") + F.col(f"d.{n}")).otherwise(F.col(f"d.{n}")).alias(n)
-              for n in names],
-            F.lit(False).alias(STATE_GONE))
-        return self._append(rows, before_retry, epoch)
-
-    def _append(self, rows: DataFrame, before_retry, epoch: int | None) -> int:
-        """One run: ``rows`` (key group, key, values, :data:`STATE_GONE`) appended, each with the
-        run's number (the table version it is meant to land at: above every run before it), in
-        one commit fenced like a MERGE's. Returns the table version after it."""
-
-        def append() -> None:
-            run = self.version() + 1
-            out = rows.withColumn(STATE_RUN, F.lit(run).cast("long")).select(*self.schema.fieldNames())
-            writer = out.write.format("delta").mode("append")
-            if epoch is not None and self.app_id is not None:
-                writer = writer.option("txnAppId", self.app_id).option(
-                    "txnVersion", str(tables.fenced_version(epoch, run)))
-            writer.save(self.path)
-
-        # a conflicting append committed nothing, so appending the rows again appends them once
-        tables.retry_conflicts(append, f"state {self.path}: a flush's run", before_retry=before_retry)
-        self._fenced(epoch)
-        version = self.version()
-        self._appended += _rows_added(self.path, version)
-        return version
-
-    def _operator_values(self) -> list[str]:
-        return [n for n in self.values.fieldNames() if n != TTL_COLUMN]
-
-    def _expired(self) -> F.Column | None:
-        """In a MERGE with a TTL: the stored row is expired for the flush's records of its key."""
-        if self.ttl is None:
-            return None
-        return expired(F.col(f"s.{TTL_COLUMN}"), F.col(f"d.{FIRST_RECORD}"), self.ttl)
-
-    def _written(self) -> dict[str, F.Column]:
-        """With a TTL, the write time a matched key keeps: the newest of its records (its stored
-        one too, unless that expired)."""
-        reset = self._expired()
-        if reset is None:
-            return {}
-        newest = F.greatest(F.col(f"s.{TTL_COLUMN}"), F.col(f"d.{TTL_COLUMN}"))
-        return {TTL_COLUMN: F.when(reset, F.col(f"d.{TTL_COLUMN}")).otherwise(newest)}
-
-    def _cleanup(self, merge, expire_before: datetime | None):
-        if self.ttl is None or expire_before is None:
-            return merge
-        return merge.whenNotMatchedBySourceDelete(condition=F.col(f"s.{TTL_COLUMN}") < F.lit(expire_before))
-
-    def _insert_values(self) -> dict:
-        return {KEY_GROUP: F.col(f"d.{KEY_GROUP}"), self.key: F.col(f"d.{self.key}"),
-                **{n: F.col(f"d.{n}") for n in self.values.fieldNames()}}
-
-    def _merge(self, rows: DataFrame, what: str, before_retry: Callable[[], None] | None, epoch: int | None,
-               clauses: Callable) -> int:
-        from delta.tables import DeltaTable
-
-        def merge() -> None:
-            with self._stamp(epoch):
-                clauses(
-                    DeltaTable.forPath(self.spark, self.path).alias("s")
-                    .merge(rows.alias("d"), f"s.`{self.key}` = d.`{self.key}`")
-                ).execute()
-
-        # a conflicting MERGE committed nothing, so applying the rows again applies them once
-        tables.retry_conflicts(merge, f"state {self.path}: {what}", before_retry=before_retry)
-        self._fenced(epoch)
-        return self.version()
-
     def compact(self, before_retry: Callable[[], None] | None = None, epoch: int | None = None) -> int:
         """Fold the runs: the table rewritten as its state (:func:`live`: one row per key, each
-        keeping its run; tombstones and replaced rows gone), so reading the state stays
-        proportional to it. The state does not change (``dataChange=false``: every version a
-        snapshot pinned reads the same state, and a kill before, during or after it leaves the same
-        state); the overwrite is fenced like a flush (an older epoch's is refused inside its
-        commit). A table MERGEd in place (a TTL) is OPTIMIZEd: the same rows in fewer files.
-        Returns the table version after it."""
-        from delta.tables import DeltaTable
-
-        if not self.runs:
-            def optimize() -> None:
-                DeltaTable.forPath(self.spark, self.path).optimize().executeCompaction()
-
-            tables.retry_conflicts(optimize, f"state {self.path}: OPTIMIZE", before_retry=before_retry)
-            return self.version()
+        keeping its run; tombstones, replaced rows and what the TTL cleaned up gone), so reading
+        the state stays proportional to it. The state does not change (``dataChange=false``: every
+        version a snapshot pinned reads the same state, and a kill before, during or after it
+        leaves the same state); the overwrite is fenced like a flush (an older epoch's is refused
+        inside its commit) and carries the TTL marks on. Returns the table version after it."""
 
         def fold() -> None:
             version = self.version()
-            self._overwrite(live(self.stored(version), self.key, keep_run=True), epoch, data_change=False)
+            state = self._visible(live(self.stored(version), self.key, keep_run=True), version, keep_run=True)
+            self._overwrite(state, epoch, data_change=False, marks=self.marks(version) if self.ttl else None)
 
         tables.retry_conflicts(fold, f"state {self.path}: compaction", before_retry=before_retry)
-        self._rewritten()
         return self.version()
+
+    # restore -------------------------------------------------------------------------------------
 
     def restore(self, snapshots: Sequence[PinnedState], *, epoch: int | None = None) -> None:
         """Make the table hold, for every snapshot (its ``table_version`` and ``key_groups``), exactly
         its key groups as of its version. Idempotent: running it twice gives the same table.
 
-        When one snapshot covers every key group and no commit since its version changed a row,
-        nothing is written. Otherwise, with ``epoch`` (a recovery, after :meth:`fence`) the rows
-        are rewritten by one stamped overwrite, so a stalled older recovery's restore landing later
+        When one snapshot covers every key group and no commit since its version changed the state,
+        nothing is written. Otherwise, with ``epoch`` (a recovery, after :meth:`fence`) the state
+        is rewritten by one stamped overwrite, so a stalled older recovery's restore landing later
         is refused inside its commit; a Delta RESTORE cannot carry the stamp. Without, a RESTORE
         when one snapshot covers every key group (no data rewritten)."""
         from delta.tables import DeltaTable
@@ -395,16 +412,20 @@ class KeyedStateTable:
                 return
             if epoch is None:
                 DeltaTable.forPath(self.spark, self.path).restoreToVersion(version)
+                self._rewritten()
                 return
         parts = [
-            live(self.stored(s.table_version), self.key, keep_run=True)
+            self._visible(live(self.stored(s.table_version), self.key, keep_run=True), s.table_version, keep_run=True)
             .where(F.col(KEY_GROUP).between(s.key_groups.start, s.key_groups.end))
             for s in snapshots
         ]
-        df = parts[0]
-        for p in parts[1:]:
-            df = df.unionByName(p)
-        self._overwrite(df, epoch)
+        df = reduce(DataFrame.unionByName, parts)
+        marks = None
+        if self.ttl is not None:  # the newest of the snapshots' marks (one vertex: one cleanup)
+            held = [self.marks(s.table_version) for s in snapshots]
+            marks = TtlMarks(max((m.newest for m in held if m.newest is not None), default=None),
+                             max(m.run for m in held))
+        self._overwrite(df, epoch, marks=marks)
 
     def clear(self, *, epoch: int | None = None) -> None:
         """Empty the table (an operator new to the restored snapshot starts empty); fenced like
@@ -414,19 +435,19 @@ class KeyedStateTable:
 
         if DeltaTable(self.path).get_add_actions(flatten=False).num_rows == 0:
             return
-        self._overwrite(self.spark.createDataFrame([], self.schema), epoch)
+        self._overwrite(self.spark.createDataFrame([], self.schema), epoch, marks=TtlMarks() if self.ttl else None)
 
-    def _overwrite(self, df: DataFrame, epoch: int | None, data_change: bool = True) -> None:
-        if self.runs:
-            df = df.select(*self.schema.fieldNames())
-        writer = df.write.format("delta").mode("overwrite")
+    def _overwrite(self, df: DataFrame, epoch: int | None, data_change: bool = True,
+                   marks: TtlMarks | None = None) -> None:
+        writer = df.select(*self.schema.fieldNames()).write.format("delta").mode("overwrite")
         if not data_change:
             writer = writer.option("dataChange", "false")
-        if epoch is not None and self.app_id is not None:
-            writer = writer.option("txnAppId", self.app_id).option(
-                "txnVersion", str(tables.fenced_version(epoch, self.version() + 1)))
-        writer.save(self.path)
+        if marks is not None:
+            writer = writer.option("userMetadata", marks.to_json())
+        self._save(writer, epoch, self.version() + 1)
         self._fenced(epoch)
+        if marks is not None:
+            self._marks[self.version()] = marks
         self._rewritten()
 
 
@@ -438,6 +459,14 @@ def _covers_all(ranges: list[tuple[int, int]]) -> bool:
         expected = end + 1
     return expected == DEFAULT_MAX_PARALLELISM
 
+
+
+def state_of(spark: SparkSession, path: str, key: str, ttl: StateTtl | None = None,
+             version: int | None = None) -> DataFrame:
+    """The keyed state the state table at ``path`` holds at ``version`` (None: the latest), as the
+    operator's flushes read it (:meth:`KeyedStateTable.read`): for readers that have the key and
+    the operator's TTL but not its state table."""
+    return KeyedStateTable(spark, path, key, T.StructType([]), ttl=ttl).read(version)
 
 
 def _rows_added(path: str, version: int) -> int:

@@ -286,7 +286,7 @@ class Gate:
             state = None
             if op.state is not None:
                 state = r.cached(op.read_state(inputs))
-            deltas, outputs, expire_before = op.step(inputs, state, r.cached)
+            deltas, outputs, newest = op.step(inputs, state, r.cached)
             outputs = {name: r.cached(df) if r.readers[(op.uid, name)] > 1 else df for name, df in outputs.items()}
             op.flushes += 1
             r.reached("flush_stage")
@@ -295,7 +295,7 @@ class Gate:
             if deltas is not None:
                 r.fence()
                 r.reached("flush_merge")  # past its epoch check, the MERGE not yet committed
-                op.update_state(deltas, r.fence, r.epoch, expire_before, current=state)
+                op.update_state(deltas, r.fence, r.epoch, newest, current=state)
             for edge in self.outputs:
                 name = edge.channel_log
                 routed = segment(outputs[edge.output], edge, self.receivers[name], sender=SINK_SUBTASK,
