@@ -20,8 +20,11 @@ own version, written by one stamped overwrite (a RESTORE outside a recovery, whe
 covers all). The snapshot is never a copy; old versions stay readable until the table is vacuumed,
 which must therefore keep what retained checkpoints pin.
 
-State with a TTL (:class:`~checkpoint_lib.pipeline.StateTtl`) is still MERGEd in place (one row
-per key; its cleanup deletes in the same MERGE), and its flushes read the whole state.
+State with a TTL (:class:`~checkpoint_lib.pipeline.StateTtl`): each row keeps its write time, and
+each flush's commit its :class:`TtlMarks` (the operator's newest write and the flush's run), so
+the rows its cleanup drops are hidden from every later flush at once and dropped by the next
+compaction, whatever the flushes and compactions in between: a replay cleans up what the
+failure-free run did.
 """
 
 from __future__ import annotations
