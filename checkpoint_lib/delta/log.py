@@ -145,6 +145,23 @@ def _changes_metadata(action: Mapping[str, Any]) -> bool:
     return "metaData" in action or "protocol" in action
 
 
+def user_metadata_at(table: str | os.PathLike, version: int) -> str | None:
+    """The user metadata of the newest commit at or before ``version`` that changed rows or has
+    some, walking back past commits that changed no row (a fence's stamp, an OPTIMIZE, a schema
+    change); None if the first such commit has none, or a commit file it needs is gone."""
+    try:
+        for v in range(version, -1, -1):
+            actions = list(commit_actions(table, v))
+            info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+            if info.get("userMetadata"):
+                return str(info["userMetadata"])
+            if any((a.get("add") or a.get("remove") or {}).get("dataChange", False) for a in actions):
+                return None
+    except MissingLogError:
+        return None
+    return None
+
+
 def rows_unchanged_since(table: str | os.PathLike, version: int) -> bool:
     """Whether every commit after ``version`` left the table's rows as ``version`` had them: no file
     added or removed with a data change and no schema, property or protocol change (a fence's

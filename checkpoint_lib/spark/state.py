@@ -29,9 +29,7 @@ failure-free run did.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from functools import reduce
 from typing import Any, Callable, Sequence
 
@@ -41,6 +39,7 @@ from pyspark.sql import types as T
 
 from ..core.acks import PinnedState
 from ..core.keygroups import DEFAULT_MAX_PARALLELISM
+from ..delta.ttl_marks import TtlMarks, marks_at
 from ..layout import KEY_GROUP
 from ..pipeline import DELETE, TTL_COLUMN, StateTtl
 from ..reserved import STATE_GONE, STATE_RUN, temporary
@@ -80,37 +79,6 @@ def apply_with_ttl(apply: Callable[[DataFrame], tuple[Any, Any]], records: Seque
     here = times.agg(F.max(TTL_COLUMN)).first()[0]
     newest = max((t for t in (newest_before, here) if t is not None), default=None)
     return deltas.join(times, key, "left"), outputs, newest
-
-
-@dataclass(frozen=True)
-class TtlMarks:
-    """Where the cleanup of state with a TTL stands after a flush: the operator's ``newest``
-    write so far and the ``run`` of that flush. A key's row from a run before it, written
-    ``ttl + cleanup_lateness`` before ``newest``, is cleaned up: no later flush sees it (what a
-    MERGE deleting the keys its flush did not touch left), and a compaction drops it. Kept in
-    the commit of the flush (and of every rewrite after it) as its user metadata, so the state
-    at any pinned version knows its own."""
-
-    newest: datetime | None = None
-    run: int = -1
-
-    def expire_before(self, ttl: StateTtl) -> datetime | None:
-        return None if self.newest is None else self.newest - timedelta(seconds=ttl.cleanup_seconds)
-
-    def to_json(self) -> str:
-        return json.dumps({"ttl_newest": None if self.newest is None else self.newest.isoformat(),
-                           "ttl_run": self.run})
-
-    @classmethod
-    def from_json(cls, text: str | None) -> TtlMarks | None:
-        try:
-            held = json.loads(text) if text else None
-        except ValueError:
-            return None
-        if not isinstance(held, dict) or "ttl_run" not in held:
-            return None
-        newest = held.get("ttl_newest")
-        return cls(None if newest is None else datetime.fromisoformat(newest), int(held["ttl_run"]))
 
 
 # A flush's MERGE touches keys spread over every file of the table. Without deletion vectors Delta
@@ -211,19 +179,7 @@ class KeyedStateTable:
         if version < 0:
             return TtlMarks()
         if version not in self._marks:
-            from ..delta.log import MissingLogError, commit_actions
-
-            found = None
-            try:  # back past commits that changed no row (fences, a user's OPTIMIZE, the upgrade)
-                for v in range(version, -1, -1):
-                    actions = list(commit_actions(self.path, v))
-                    info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
-                    found = TtlMarks.from_json(info.get("userMetadata"))
-                    if found is not None or any((a.get("add") or a.get("remove") or {}).get("dataChange", False)
-                                                for a in actions):
-                        break
-            except MissingLogError:
-                found = None
+            found = marks_at(self.path, version)
             if found is None:
                 newest = (self.stored(version).agg(F.max(TTL_COLUMN)).first()[0]
                           if self.ttl is not None and TTL_COLUMN in self.stored(version).columns else None)

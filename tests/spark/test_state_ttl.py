@@ -98,6 +98,12 @@ def test_state_expires_in_event_time_and_idle_keys_are_cleaned_up(spark, tmp_pat
     assert table(spark, f"{w}/gold/sessions", "user", "clicks") == {"u1": (1,), "u2": (2,), "u3": (1,)}
     assert state(spark, path, "clicks", TTL_COLUMN) == {
         "u1": (1, T0 + timedelta(minutes=120)), "u2": (2, T0 + timedelta(minutes=45))}
+    # `ckpt state` (delta-rs, no Spark) shows the state the operator sees: u3 cleaned up, though
+    # its row stays in the table until a compaction
+    from checkpoint_lib.delta.inspect import operator_state
+
+    shown = operator_state(w, sessions(), uid="session_clicks")
+    assert sorted(r["user"] for r in shown["rows"]) == ["u1", "u2"] and shown["keys"] == 2
 
 
 class BoundedSessionClicks(SessionClicks):
