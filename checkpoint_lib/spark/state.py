@@ -166,10 +166,7 @@ class KeyedStateTable:
         """``state`` (:func:`live` rows, with the run when ``keep_run``) without what the TTL's
         cleanup took as of ``version`` (:class:`TtlMarks`)."""
         if self.ttl is not None:
-            cut = self.marks(self.version() if version is None else version).expire_before(self.ttl)
-            if cut is not None and STATE_RUN in state.columns:
-                run = self.marks(self.version() if version is None else version).run
-                state = state.where(~((F.coalesce(F.col(STATE_RUN), F.lit(-1)) < run) & (F.col(TTL_COLUMN) < F.lit(cut))))
+            state = without_cleaned(state, self.ttl, self.marks(self.version() if version is None else version))
         return state if keep_run else state.drop(STATE_RUN, STATE_GONE)
 
     def marks(self, version: int) -> TtlMarks:
@@ -418,6 +415,16 @@ def _covers_all(ranges: list[tuple[int, int]]) -> bool:
         expected = end + 1
     return expected == DEFAULT_MAX_PARALLELISM
 
+
+
+def without_cleaned(state: DataFrame, ttl: StateTtl | None, marks: TtlMarks | None) -> DataFrame:
+    """``state`` (:func:`live` rows with their run) without the rows a TTL's cleanup took by the
+    flush of ``marks``: from a run before it, written ``ttl + cleanup_lateness`` before its newest
+    write (the one definition; ``delta/inspect.py::_live`` says the same in SQL)."""
+    cut = None if ttl is None or marks is None else marks.expire_before(ttl)
+    if cut is None or STATE_RUN not in state.columns:
+        return state
+    return state.where(~((F.coalesce(F.col(STATE_RUN), F.lit(-1)) < marks.run) & (F.col(TTL_COLUMN) < F.lit(cut))))
 
 
 def state_of(spark: SparkSession, path: str, key: str, ttl: StateTtl | None = None,
