@@ -689,7 +689,7 @@ class GraphRunner:
             op.sinks.stage(outputs, op.flushes, f"operator {vertex_id!r}")
             if deltas is not None:
                 self.fence()
-                self.reached("flush_merge")  # past its epoch check, the MERGE not yet committed
+                self.reached("flush_merge")  # past its epoch check, the state's run not yet committed
                 op.update_state(deltas, self.fence, self.epoch, newest, current=state)
             frames.update({(vertex_id, name): df for name, df in outputs.items()})
             for name, df in outputs.items():

@@ -294,7 +294,7 @@ class Gate:
             op.sinks.stage(outputs, op.flushes, f"operator {op.uid!r}", subtasks)
             if deltas is not None:
                 r.fence()
-                r.reached("flush_merge")  # past its epoch check, the MERGE not yet committed
+                r.reached("flush_merge")  # past its epoch check, the state's run not yet committed
                 op.update_state(deltas, r.fence, r.epoch, newest, current=state)
             for edge in self.outputs:
                 name = edge.channel_log
