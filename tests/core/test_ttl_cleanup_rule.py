@@ -19,17 +19,24 @@ flush = st.dictionaries(st.sampled_from("abcdef"), st.tuples(st.integers(1, 3), 
                         min_size=1, max_size=4)  # key -> (records, first record's time, spread to the last)
 
 
+def _flush(f, state, newest):
+    """One flush of ``f`` on ``state`` (key -> (value, written, ...)), the same in both models:
+    what the operator sees per key, each key's new (value, written), and the newest write after."""
+    view, written = {}, {}
+    for k, (n, first, spread) in f.items():
+        row = state.get(k)
+        alive = row is not None and not row[1] + TTL < first  # expired: the key starts again
+        view[k] = row[0] if alive else None
+        last = first + spread
+        written[k] = (row[0] + n, max(row[1], last)) if alive else (n, last)
+    return view, written, max([t for t in [newest] + [a + s for _, a, s in f.values()] if t is not None])
+
+
 def _merge_model(flushes):
     state, newest, seen = {}, None, []
     for f in flushes:
-        view = {}
-        for k, (n, first, spread) in f.items():
-            row = state.get(k)
-            alive = row is not None and not row[1] + TTL < first
-            view[k] = row[0] if alive else None
-            last = first + spread
-            state[k] = (row[0] + n, max(row[1], last)) if alive else (n, last)
-        newest = max([t for t in [newest] + [a + s for _, a, s in f.values()] if t is not None])
+        view, written, newest = _flush(f, state, newest)
+        state.update(written)
         state = {k: r for k, r in state.items() if k in f or not r[1] < newest - CLEANUP}
         seen.append(view)
     return seen, state
@@ -47,15 +54,8 @@ def _runs_model(flushes, compact_after):
         return {k: r for k, r in latest.items() if not (cut is not None and r[2] < last and r[1] < cut)}
 
     for run, f in enumerate(flushes):
-        state = visible()
-        view = {}
-        for k, (n, first, spread) in f.items():
-            row = state.get(k)
-            alive = row is not None and not row[1] + TTL < first
-            view[k] = row[0] if alive else None
-            last = first + spread
-            rows.append((k, row[0] + n, max(row[1], last), run) if alive else (k, n, last, run))
-        newest = max([t for t in [marks[0]] + [a + s for _, a, s in f.values()] if t is not None])
+        view, written, newest = _flush(f, visible(), marks[0])
+        rows += [(k, v, w, run) for k, (v, w) in written.items()]
         marks = (newest, run)
         if run in compact_after:  # a fold: the visible state, each row keeping its run
             rows = [(k, v, w, r) for k, (v, w, r) in sorted(visible().items(), key=lambda i: i[1][2])]
