@@ -187,15 +187,15 @@ def operator_state(warehouse: str, pipeline: Declared, checkpoint_id: int | None
     path = state_table(checkpoint_root(warehouse, pipeline.name), vertex.uid)
     match = "true" if key is None else f"cast({_quote(key_column)} as varchar) = {_literal(key)}"
     subtasks, rows, total = [], [], 0
-    tables: dict[int, DeltaTable | None] = {}
+    ttl = getattr(vertex.operator, "state_ttl", None)
+    tables: dict[int, tuple[DeltaTable | None, tuple[int, datetime] | None]] = {}  # per version: table, cleanup
     for sid, pinned in acks:
         version = pinned.table_version
         if version not in tables:
-            tables[version] = _pinned(path, version, c)
-        dt = tables[version]
+            tables[version] = (_pinned(path, version, c), _cleaned(path, version, ttl))
+        dt, cleaned = tables[version]
         lo, hi = pinned.key_groups.start, pinned.key_groups.end
         where = f"{KEY_GROUP} between {lo} and {hi} and {match}"
-        cleaned = _cleaned(path, version, getattr(vertex.operator, "state_ttl", None))
         n = _count(dt, where, state_key=key_column, cleaned=cleaned)
         subtasks.append({"subtask": sid.index, "key_groups": [lo, hi], "table_version": version, "keys": n})
         total += n
@@ -447,10 +447,11 @@ def _operator_preview(warehouse: str, graph: StreamGraph, uid: str, c: Completed
     keys, tables = 0, {}
     for _sid, pinned in acks:
         version = pinned.table_version
-        if version not in tables:
-            tables[version] = _pinned(path, version, c)
-        keys += _count(tables[version], f"{KEY_GROUP} between {pinned.key_groups.start} and {pinned.key_groups.end}",
-                       state_key=key, cleaned=_cleaned(path, version, ttl))
+        if version not in tables:  # per version: the table and its cleanup, read once
+            tables[version] = (_pinned(path, version, c), _cleaned(path, version, ttl))
+        dt, cleaned = tables[version]
+        keys += _count(dt, f"{KEY_GROUP} between {pinned.key_groups.start} and {pinned.key_groups.end}",
+                       state_key=key, cleaned=cleaned)
     spans = [(pinned.key_groups.start, pinned.key_groups.end) for _s, pinned in acks]
     return OperatorPreview(
         uid, str(path), latest_version(path), tuple(sorted(tables)),
