@@ -36,7 +36,8 @@ their offsets: a full restart, whichever process group recovers (every vertex's 
 every gate's channel state; every channel log starts empty in the new epoch).
 
 Kill points (:mod:`checkpoint_lib.killpoints`): ``source_read``, ``dlq``, ``flush_stage``,
-``flush_merge``, ``channel_write`` (``feedback_write`` onto a feedback edge), ``snapshot``,
+``flush_merge``, ``state_compact`` (a flush's run committed, the compaction after it not yet),
+``channel_write`` (``feedback_write`` onto a feedback edge), ``snapshot``,
 ``source_ack`` (a group with sources, just before ``ack``), ``ack``, ``channel_state``,
 ``validate``, ``complete``, ``commit``, ``sink_commit``, and the recovery's ``fence``,
 ``recover``, ``rollback``, ``restore``.
@@ -690,7 +691,7 @@ class GraphRunner:
             if deltas is not None:
                 self.fence()
                 self.reached("flush_merge")  # past its epoch check, the state's run not yet committed
-                op.update_state(deltas, self.fence, self.epoch, newest, current=state)
+                op.update_state(deltas, self.fence, self.epoch, newest, current=state, reached=self.reached)
             frames.update({(vertex_id, name): df for name, df in outputs.items()})
             for name, df in outputs.items():
                 self._segments(vertex_id, name, df, SINK_SUBTASK)

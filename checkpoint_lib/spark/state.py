@@ -226,17 +226,21 @@ class KeyedStateTable:
                            newest=newest)
 
     def apply(self, deltas: DataFrame, *, replace: bool, before_retry: Callable[[], None], epoch: int | None,
-              compact: bool = False, current: DataFrame | None = None, newest: datetime | None = None) -> int:
+              compact: bool = False, current: DataFrame | None = None, newest: datetime | None = None,
+              reached: Callable[[str], None] | None = None) -> int:
         """A flush's state rows: :meth:`replace` them (``replace``) or :meth:`add` them (to
         ``current``, the state the flush read), then, with ``compact`` or once the runs appended
         since the last compaction hold as many rows as the table held then (:meth:`due`), a
         compaction (:meth:`compact`, after ``before_retry``'s epoch check): the same state in fewer
         rows and files, so a snapshot of this flush may pin either version. Returns the table
-        version after both. The one flush path of every keyed operator."""
+        version after both. The one flush path of every keyed operator. ``reached``: the
+        process's kill points (``state_compact``: the run committed, the compaction not yet)."""
         version = self._flush(deltas, additive=not replace, before_retry=before_retry, epoch=epoch, current=current,
                               newest=newest)
         if compact or self.due():
             before_retry()
+            if reached is not None:
+                reached("state_compact")
             version = self.compact(before_retry=before_retry, epoch=epoch)
         return version
 

@@ -88,6 +88,22 @@ def test_compaction_folds_the_runs_and_changes_no_state_of_any_version(spark, tm
     assert table.read().where("account = 'acct-00100'").first()["balance_cents"] == 40
 
 
+def test_the_state_compact_kill_point_is_between_a_flushs_run_and_its_fold(spark, tmp_path):
+    """``state_compact`` (the chaos runs' kill inside a fold) is reached once the flush's run has
+    committed and before the fold's overwrite: a kill there leaves the run, unfolded."""
+    path = str(tmp_path / "state")
+    table = _table(spark, path)
+    first = table.add(_deltas(spark, (0, 10)))
+    seen: list[tuple[str, int]] = []
+    version = table.apply(_deltas(spark, (5, 15)), replace=False, before_retry=lambda: None, epoch=None,
+                          compact=True, reached=lambda phase: seen.append((phase, table.version())))
+    assert seen == [("state_compact", first + 1)]  # the run landed, the fold had not
+    assert version == first + 2 and table.stored().count() == 15
+    table.apply(_deltas(spark, (0, 1)), replace=False, before_retry=lambda: None, epoch=None,
+                reached=lambda phase: seen.append((phase, table.version())))
+    assert len(seen) == 1  # no fold due: not reached
+
+
 def test_a_table_written_before_runs_is_upgraded_in_place_and_its_rows_are_the_oldest_run(spark, tmp_path):
     """A state table of an earlier release (one row per key, no run columns): opening it adds the
     columns (a metadata commit), its rows read as they were, and flushes after it win."""

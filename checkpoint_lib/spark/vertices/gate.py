@@ -295,7 +295,7 @@ class Gate:
             if deltas is not None:
                 r.fence()
                 r.reached("flush_merge")  # past its epoch check, the state's run not yet committed
-                op.update_state(deltas, r.fence, r.epoch, newest, current=state)
+                op.update_state(deltas, r.fence, r.epoch, newest, current=state, reached=r.reached)
             for edge in self.outputs:
                 name = edge.channel_log
                 routed = segment(outputs[edge.output], edge, self.receivers[name], sender=SINK_SUBTASK,

@@ -160,7 +160,7 @@ class OperatorVertexRun:
         return self.state.read_keys(keys, version).drop(KEY_GROUP)
 
     def update_state(self, deltas: DataFrame, fence: Callable[[], None], epoch: int, newest: Any = None,
-                     current: DataFrame | None = None) -> None:
+                     current: DataFrame | None = None, reached: Callable[[str], None] | None = None) -> None:
         """Write the state rows the operator returned (its ``state_update``: add to ``current``,
         the state the step read, or replace): one run appended (with a TTL, ``newest``: the
         operator's newest write after this step, from which its cleanup follows). The table is
@@ -170,7 +170,8 @@ class OperatorVertexRun:
             deltas = deltas.withColumn(KEY_GROUP, key_group_column(self.key, self.max_parallelism))
         self.state_version = self.state.apply(
             deltas, replace=self.state_update == "replace", before_retry=fence, epoch=epoch, newest=newest,
-            compact=bool(self.compact_every) and self.flushes % self.compact_every == 0, current=current)
+            compact=bool(self.compact_every) and self.flushes % self.compact_every == 0, current=current,
+            reached=reached)
 
     # snapshots -----------------------------------------------------------------------------------
 
