@@ -132,7 +132,7 @@ class KeyedStateTable:
             + [T.StructField(STATE_RUN, T.LongType(), True), T.StructField(STATE_GONE, T.BooleanType(), True)]
         )
         self._appended = 0  # rows appended since the table was last compacted, restored or opened
-        self._base: int | None = None  # rows the table held then (None: count them when asked)
+        self._base: int | None = None  # rows the table held then (None: counted before the next run)
         self._marks: dict[int, TtlMarks] = {}  # table version -> its TTL marks, as read or written
 
     def create(self) -> None:
@@ -277,6 +277,8 @@ class KeyedStateTable:
         run's number (the table version it is meant to land at: above every run before it), in
         one commit fenced by ``epoch`` and carrying the TTL marks. Returns the table version."""
         marks: list[TtlMarks] = []
+        if self._base is None:  # the first run since the table was opened, folded or rewritten
+            self._base = self._rows()
 
         def append() -> None:
             run = self.version() + 1
@@ -293,7 +295,11 @@ class KeyedStateTable:
         version = self.version()
         if marks:
             self._marks[version] = marks[0]
-        self._appended += _rows_added(self.path, version)
+        added = _rows_added(self.path, version)
+        if self._base == 0 and self._appended == 0:
+            self._base = added  # a run into an empty table replaces nothing: as good as folded
+        else:
+            self._appended += added
         return version
 
     def _save(self, writer, epoch: int | None, sequence: int) -> None:
@@ -309,12 +315,11 @@ class KeyedStateTable:
 
     def due(self) -> bool:
         """Whether the runs appended since the table was last compacted (or restored, or this
-        process opened it) hold as many rows as it held then: folding them now keeps a flush's read
-        within twice the state, and costs each appended row O(1) on average."""
-        if self._appended <= COMPACT_AT_LEAST:
+        process opened it) hold more rows than it held then: folding them now keeps a flush's read
+        within twice the state, and costs each appended row O(1) on average. A run into an empty
+        table (a pipeline's first step) counts as the table's first fold: it replaces nothing."""
+        if self._base is None or self._appended <= COMPACT_AT_LEAST:
             return False
-        if self._base is None:
-            self._base = self._rows() - self._appended
         return self._appended > self._base
 
     def _rows(self) -> int:

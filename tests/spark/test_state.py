@@ -104,6 +104,30 @@ def test_the_state_compact_kill_point_is_between_a_flushs_run_and_its_fold(spark
     assert len(seen) == 1  # no fold due: not reached
 
 
+def test_a_fold_is_due_once_the_runs_outgrow_the_state_and_a_first_run_into_an_empty_table_is_not_one(
+        spark, tmp_path, monkeypatch):
+    """The runs are folded once the rows appended since the last fold (or since the table was
+    opened) outnumber the rows it held then: each appended row is folded O(1) times. A run into an
+    empty table replaces nothing (a pipeline's first step, its bootstrap): it is no reason to fold."""
+    from checkpoint_lib.spark import state
+
+    monkeypatch.setattr(state, "COMPACT_AT_LEAST", 5)
+    table = _table(spark, str(tmp_path / "state"))
+    table.add(_deltas(spark, (0, 20)))
+    assert not table.due()  # 20 rows into an empty table: nothing to fold
+    table.add(_deltas(spark, (0, 10)))
+    assert not table.due()  # 10 appended on a table of 20
+    table.add(_deltas(spark, (10, 25)))
+    assert table.due()  # 25 appended on a table of 20
+    table.compact()
+    assert not table.due() and table.stored().count() == 25
+    reopened = _table(spark, str(tmp_path / "state"))
+    reopened.add(_deltas(spark, (0, 24)))
+    assert not reopened.due()  # 24 appended on a table of 25
+    reopened.add(_deltas(spark, (0, 2)))
+    assert reopened.due()
+
+
 def test_a_table_written_before_runs_is_upgraded_in_place_and_its_rows_are_the_oldest_run(spark, tmp_path):
     """A state table of an earlier release (one row per key, no run columns): opening it adds the
     columns (a metadata commit), its rows read as they were, and flushes after it win."""
