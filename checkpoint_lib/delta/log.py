@@ -182,6 +182,28 @@ def rows_unchanged_since(table: str | os.PathLike, version: int) -> bool:
     return True
 
 
+def data_changes_since(table: str | os.PathLike, version: int, ours: str | None = None) -> list[tuple[int, str]]:
+    """The commits after ``version`` that changed the table's rows (a file added or removed with a
+    data change: an append, a RESTORE, a DELETE, an overwrite; not an OPTIMIZE, a fence's stamp or a
+    schema change), as (version, operation), leaving out those stamped by application id ``ours``
+    (a ``txn`` action of it). A commit file that is gone counts as a change (``"unknown"``)."""
+    latest = latest_version(table)
+    found: list[tuple[int, str]] = []
+    for v in range(version + 1, (latest if latest is not None else version) + 1):
+        try:
+            actions = list(commit_actions(table, v))
+        except MissingLogError:
+            found.append((v, "unknown"))
+            continue
+        if ours is not None and any((a.get("txn") or {}).get("appId") == ours for a in actions):
+            continue
+        if any((a.get("add") or a.get("remove") or {}).get("dataChange", True)
+               for a in actions if "add" in a or "remove" in a):
+            info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+            found.append((v, str(info.get("operation", "a commit"))))
+    return found
+
+
 class StepPlanner:
     """The next source step of an append-only landing table, planned incrementally: each commit of
     the log is parsed once (then kept until the offset passes it), and a step stops parsing once it

@@ -50,6 +50,20 @@ FIRST_RECORD = temporary("ttl_first")
 record in the flush (what decides whether its stored state expired)."""
 
 
+class StateTableChangedError(RuntimeError):
+    """Another writer changed a keyed state table's rows (a RESTORE, an append, a DELETE or an
+    overwrite of the table under the checkpoint root) after the version a flush read: the flush's
+    run would mix the two. Raised before the run is appended when seen then (nothing written), or
+    just after it when the change raced it; either way the next run finds the table moved past where
+    it stopped and recovers: the latest completed checkpoint's state version is restored (it is
+    still in the table's history) and what came after it is replayed."""
+
+
+class StateFilesLostError(RuntimeError):
+    """The files of a keyed state version a checkpoint's snapshot pins are gone (a VACUUM below the
+    state table's retention, after an OPTIMIZE or a fold rewrote them): that state cannot be restored."""
+
+
 def expired(written: F.Column, first_record: F.Column, ttl: StateTtl) -> F.Column:
     """Whether state written at ``written`` is expired for a flush whose earliest record of the
     key is at ``first_record`` (false when either is unknown): the one definition of expiry."""
@@ -227,16 +241,18 @@ class KeyedStateTable:
 
     def apply(self, deltas: DataFrame, *, replace: bool, before_retry: Callable[[], None], epoch: int | None,
               compact: bool = False, current: DataFrame | None = None, newest: datetime | None = None,
-              reached: Callable[[str], None] | None = None) -> int:
+              reached: Callable[[str], None] | None = None, read_at: int | None = None) -> int:
         """A flush's state rows: :meth:`replace` them (``replace``) or :meth:`add` them (to
         ``current``, the state the flush read), then, with ``compact`` or once the runs appended
         since the last compaction hold as many rows as the table held then (:meth:`due`), a
         compaction (:meth:`compact`, after ``before_retry``'s epoch check): the same state in fewer
         rows and files, so a snapshot of this flush may pin either version. Returns the table
         version after both. The one flush path of every keyed operator. ``reached``: the
-        process's kill points (``state_compact``: the run committed, the compaction not yet)."""
+        process's kill points (``state_compact``: the run committed, the compaction not yet).
+        ``read_at``: the table version the flush read its state at (the operator's last write); a
+        change of the table's rows by anyone else since is refused (:class:`StateTableChangedError`)."""
         version = self._flush(deltas, additive=not replace, before_retry=before_retry, epoch=epoch, current=current,
-                              newest=newest)
+                              newest=newest, read_at=read_at)
         if compact or self.due():
             before_retry()
             if reached is not None:
@@ -245,7 +261,7 @@ class KeyedStateTable:
         return version
 
     def _flush(self, rows: DataFrame, *, additive: bool, before_retry, epoch: int | None, current: DataFrame | None,
-               newest: datetime | None) -> int:
+               newest: datetime | None, read_at: int | None = None) -> int:
         """One run: each key's new row (its current values plus the deltas when ``additive``,
         else the row; a tombstone for ``_delete``; with a TTL, reset when expired and stamped
         with its write time) appended."""
@@ -254,7 +270,7 @@ class KeyedStateTable:
         if not additive and self.ttl is None:  # the rows are the new state: nothing to read
             out = rows.alias("d").select(F.col(f"d.{KEY_GROUP}"), F.col(f"d.{self.key}"),
                                          *[F.col(f"d.{n}") for n in names], gone.alias(STATE_GONE))
-            return self._append(out, before_retry, epoch, None)
+            return self._append(out, before_retry, epoch, None, read_at)
         if current is None:
             current = self.read_keys(rows)
         present = temporary("present")
@@ -270,12 +286,35 @@ class KeyedStateTable:
             values.append(F.when(keep, F.greatest(F.col(f"s.{TTL_COLUMN}"), F.col(f"d.{TTL_COLUMN}")))
                           .otherwise(F.col(f"d.{TTL_COLUMN}")).alias(TTL_COLUMN))
         out = joined.select(F.col(f"d.{KEY_GROUP}").alias(KEY_GROUP), F.col(self.key), *values, gone.alias(STATE_GONE))
-        return self._append(out, before_retry, epoch, newest)
+        return self._append(out, before_retry, epoch, newest, read_at)
 
-    def _append(self, rows: DataFrame, before_retry, epoch: int | None, newest: datetime | None) -> int:
+    def _unchanged_since(self, read_at: int | None, ours: str | None, landed: bool) -> None:
+        """Refuse (:class:`StateTableChangedError`) a run on a table whose rows someone else changed
+        after ``read_at``, the version the flush read (its own commits, stamped ``ours``, aside)."""
+        if read_at is None or read_at < 0:
+            return
+        from ..delta.log import data_changes_since
+
+        changes = data_changes_since(self.path, read_at, ours)
+        if changes:
+            what = ", ".join(f"{operation} at version {v}" for v, operation in changes[:3])
+            done = ("this flush's run landed after it and is discarded by the recovery" if landed
+                    else "this flush's run was not written")
+            raise StateTableChangedError(
+                f"state table {self.path}: its rows were changed by another writer after version {read_at}, the "
+                f"state this flush read ({what}); {done}. A keyed state table is written by its pipeline alone. "
+                "The next run recovers: it restores the latest completed checkpoint's state version and replays "
+                "what came after it")
+
+    def _append(self, rows: DataFrame, before_retry, epoch: int | None, newest: datetime | None,
+                read_at: int | None = None) -> int:
         """``rows`` (key group, key, values, :data:`STATE_GONE`) appended as one run, each with the
         run's number (the table version it is meant to land at: above every run before it), in
-        one commit fenced by ``epoch`` and carrying the TTL marks. Returns the table version."""
+        one commit fenced by ``epoch`` and carrying the TTL marks. Returns the table version. The
+        table's rows must not have been changed by anyone else since ``read_at``, the version the
+        flush read (checked before the commit, and after it where the commit carries the fence's
+        stamp, for a change that raced it)."""
+        self._unchanged_since(read_at, None, landed=False)
         marks: list[TtlMarks] = []
         if self._base is None:  # the first run since the table was opened, folded or rewritten
             self._base = self._rows()
@@ -292,6 +331,8 @@ class KeyedStateTable:
         # a conflicting append committed nothing, so appending the rows again appends them once
         tables.retry_conflicts(append, f"state {self.path}: a flush's run", before_retry=before_retry)
         self._fenced(epoch)
+        if epoch is not None and self.app_id is not None:
+            self._unchanged_since(read_at, self.app_id, landed=True)
         version = self.version()
         if marks:
             self._marks[version] = marks[0]
@@ -375,10 +416,11 @@ class KeyedStateTable:
                 # fence no older epoch can change that; a newer epoch's fence is checked as a write's.
                 self._fenced(epoch)
                 return
-            if epoch is None:
-                DeltaTable.forPath(self.spark, self.path).restoreToVersion(version)
-                self._rewritten()
-                return
+        self._check_whole(sorted(versions))
+        if full and epoch is None:
+            DeltaTable.forPath(self.spark, self.path).restoreToVersion(min(versions))
+            self._rewritten()
+            return
         parts = [
             self._visible(live(self.stored(s.table_version), self.key, keep_run=True), s.table_version, keep_run=True)
             .where(F.col(KEY_GROUP).between(s.key_groups.start, s.key_groups.end))
@@ -391,6 +433,31 @@ class KeyedStateTable:
             marks = TtlMarks(max((m.newest for m in held if m.newest is not None), default=None),
                              max(m.run for m in held))
         self._overwrite(df, epoch, marks=marks)
+
+    def _check_whole(self, versions: Sequence[int]) -> None:
+        """Refuse (:class:`StateFilesLostError`) to restore ``versions`` when files they hold are
+        gone, before reading them (Spark would fail on the first missing file, saying less)."""
+        from urllib.parse import unquote
+
+        from deltalake import DeltaTable
+
+        from ..files import files_at
+        from ..layout import location
+
+        root = location(self.path)
+        files = files_at(root)
+        for version in versions:
+            held = DeltaTable(self.path, version=version).get_add_actions(flatten=True).column("path").to_pylist()
+            gone = [p for p in held if not files.exists(root / unquote(p))]
+            if gone:
+                raise StateFilesLostError(
+                    f"state table {self.path}: {len(gone)} of the {len(held)} files of version {version}, the state a "
+                    f"snapshot being restored pins, are gone (e.g. {unquote(gone[0])}): a VACUUM with a retention below "
+                    "the table's deleted them after an OPTIMIZE rewrote them (RETAIN 0 HOURS with Delta's safety check "
+                    "off). That state cannot be restored. Restore an older checkpoint whose state is whole "
+                    "(`ckpt recover <pipeline> --checkpoint N`; `ckpt checkpoints <pipeline>` lists them), or start "
+                    "the pipeline over in a new warehouse. A state table keeps every version a retained checkpoint "
+                    "pins: VACUUM it with its own retention (the default), never below")
 
     def clear(self, *, epoch: int | None = None) -> None:
         """Empty the table (an operator new to the restored snapshot starts empty); fenced like

@@ -236,3 +236,81 @@ def test_replace_sets_deletes_and_leaves_untouched_keys_alone(spark, tmp_path):
     again = table.replace(spark.createDataFrame([("acct-00001", 1, 1)], "account string, balance_cents long, "
                                                 "event_count long").withColumn("key_group", key_group_column("account")))
     assert {r.account: r.balance_cents for r in table.read(again).collect()}["acct-00001"] == 1
+
+
+@pytest.mark.parametrize("change", ["restore", "append", "optimize"])
+def test_a_flush_refuses_a_run_on_rows_another_writer_changed_since_it_read_them(spark, tmp_path, change):
+    """A keyed state table is written by its pipeline alone: a RESTORE or an append by someone else
+    after the version a flush read would leave the flush's run on top of other rows (the keys it
+    did not touch wrong from then on). The flush refuses before writing; the next run recovers from
+    its checkpoint. An OPTIMIZE (no row changed) is no reason to refuse."""
+    from checkpoint_lib.spark.state import StateTableChangedError
+
+    path = str(tmp_path / "state")
+    table = _table(spark, path)
+    table.add(_deltas(spark, (0, 100)))
+    read_at = table.add(_deltas(spark, (0, 50)))
+    if change == "restore":
+        spark.sql(f"RESTORE TABLE delta.`{path}` TO VERSION AS OF {read_at - 1}").collect()
+    elif change == "append":
+        _deltas(spark, (0, 5), "ext-%d").withColumnRenamed("key_group", "key_group").write.format("delta") \
+            .mode("append").save(path)
+    else:
+        spark.sql(f"OPTIMIZE delta.`{path}`").collect()
+    before = table.version()
+
+    def flush():
+        return table.apply(_deltas(spark, (50, 60)), replace=False, before_retry=lambda: None, epoch=None,
+                           read_at=read_at)
+
+    if change == "optimize":
+        assert flush() == before + 1
+        return
+    with pytest.raises(StateTableChangedError, match=rf"after version {read_at}.*not written.*recovers"):
+        flush()
+    assert table.version() == before  # nothing written
+
+
+def test_a_foreign_change_racing_a_flushs_run_is_refused_just_after_it(spark, tmp_path, monkeypatch):
+    """A RESTORE landing between the flush's check and its commit: the run lands (its commit carries
+    the fence's stamp, so it is told from the foreign one), then the flush refuses, saying so."""
+    from checkpoint_lib.spark.state import StateTableChangedError
+
+    path = str(tmp_path / "state")
+    table = _table(spark, path)
+    table.app_id = "ckpt-test-state"
+    table.add(_deltas(spark, (0, 100)), epoch=1)
+    read_at = table.add(_deltas(spark, (0, 50)), epoch=1)
+    save = KeyedStateTable._save
+
+    def racing(self, writer, epoch, sequence):
+        spark.sql(f"RESTORE TABLE delta.`{path}` TO VERSION AS OF {read_at - 1}").collect()
+        monkeypatch.setattr(KeyedStateTable, "_save", save)
+        return save(self, writer, epoch, sequence)
+
+    monkeypatch.setattr(KeyedStateTable, "_save", racing)
+    with pytest.raises(StateTableChangedError, match=r"RESTORE at version .*landed after it"):
+        table.apply(_deltas(spark, (50, 60)), replace=False, before_retry=lambda: None, epoch=1, read_at=read_at)
+    assert table.version() == read_at + 2  # the RESTORE, then the run
+
+
+def test_restoring_a_version_whose_files_a_vacuum_deleted_is_refused_clearly(spark, tmp_path):
+    """After an OPTIMIZE and a VACUUM RETAIN 0 HOURS (Delta's safety check off), an older
+    version's files are gone: restoring it is refused with what happened and what to do, before
+    Spark reads a file."""
+    from checkpoint_lib.core.acks import PinnedState
+    from checkpoint_lib.core.keygroups import KeyGroupRange
+    from checkpoint_lib.spark.state import StateFilesLostError
+
+    path = str(tmp_path / "state")
+    table = _table(spark, path)
+    pinned = table.add(_deltas(spark, (0, 100)))
+    table.add(_deltas(spark, (0, 50)))
+    spark.sql(f"OPTIMIZE delta.`{path}`").collect()
+    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    try:
+        spark.sql(f"VACUUM delta.`{path}` RETAIN 0 HOURS").collect()
+    finally:
+        spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "true")
+    with pytest.raises(StateFilesLostError, match=rf"files of version {pinned}.*are gone.*--checkpoint N"):
+        table.restore([PinnedState(pinned, KeyGroupRange(0, 127))])

@@ -171,7 +171,7 @@ class OperatorVertexRun:
         self.state_version = self.state.apply(
             deltas, replace=self.state_update == "replace", before_retry=fence, epoch=epoch, newest=newest,
             compact=bool(self.compact_every) and self.flushes % self.compact_every == 0, current=current,
-            reached=reached)
+            reached=reached, read_at=self.state_version)
 
     # snapshots -----------------------------------------------------------------------------------
 
