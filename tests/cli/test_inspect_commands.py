@@ -183,7 +183,7 @@ def test_recover_dry_run_is_a_plan_a_person_reads(warehouse, capsys):
     assert (source["offset"], source["version_now"], source["rows_to_replay"]) == (0, 1, 200)
     assert "landing/payments  after version 0 up to version 1: 200 rows to replay" in text
     (operator,) = plan["operators"]
-    assert operator["keys"] > 0 and f"balance  restores state table version" in text
+    assert operator["keys"] > 0 and "balance  restores state table version" in text
 
 
 def _reporting_commands() -> set[str]:
