@@ -176,6 +176,44 @@ class DeltaSink:
 
 
 @dataclass(frozen=True)
+class PostgresSink:
+    """A two-phase-commit sink into a PostgreSQL table ``table`` (``name`` or ``schema.name``) of
+    ``schema`` (:mod:`checkpoint_lib.schema` notation), created if missing: each subtask's rows of
+    a checkpoint are written in one transaction and ``PREPARE TRANSACTION``-ed at the barrier, and
+    ``COMMIT PREPARED`` once the checkpoint completes (the writer: ``spark/postgres_sink.py``). An
+    ``append`` sink inserts them; an ``upsert`` sink inserts or updates by ``keys`` (a later row of
+    a key replaces an earlier one), the table's primary key or a unique index on them.
+
+    The server and the credentials are never in the pipeline: ``connection`` names them, as an
+    Airflow connection id (the environment variable ``AIRFLOW_CONN_<ID>``, a ``postgresql://`` URI,
+    as Airflow reads it). The server needs ``max_prepared_transactions`` of at least the sink's
+    parallelism times the checkpoints that may be pending at once, plus one."""
+
+    table: str
+    schema: tuple[tuple[str, str], ...]
+    mode: str = "append"
+    keys: tuple[str, ...] = ()
+    connection: str = "ckpt_postgres"
+
+    def __post_init__(self) -> None:
+        parts = self.table.split(".")
+        if len(parts) > 2 or not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", p) for p in parts):
+            raise ValueError(f"a PostgreSQL sink's table is 'name' or 'schema.name' (letters, digits and _), "
+                             f"got {self.table!r}")
+        if self.mode not in ("append", "upsert"):
+            raise ValueError(f"sink mode must be 'append' or 'upsert', got {self.mode!r}")
+        if self.mode == "upsert" and not self.keys:
+            raise ValueError("an upsert sink needs keys, e.g. keys=('account',)")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.connection):
+            raise ValueError(f"a connection id is a word (letters, digits and _), got {self.connection!r}")
+        object.__setattr__(self, "schema", columns(self.schema, f"sink {self.table}"))
+        object.__setattr__(self, "keys", tuple(self.keys))
+        missing = [k for k in self.keys if k not in dict(self.schema)]
+        if missing:
+            raise ValueError(f"sink {self.table}: keys {missing} are not among its columns")
+
+
+@dataclass(frozen=True)
 class Bootstrap:
     """Records read once, before anything else, when a pipeline starts from scratch (no completed
     checkpoint): e.g. opening balances. The table's latest version is read in the first source

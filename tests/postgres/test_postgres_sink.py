@@ -1,0 +1,250 @@
+"""The PostgreSQL sink's two-phase commit against a real server (tests/pg_server.py): prepare,
+commit, recovery, the fence and a zombie, a server restart between prepare and commit, a killed
+writer, refusals. No Spark: the tasks' write (:func:`prepare`) is called directly, as a Spark task
+calls it; tests/spark/test_postgres_stage.py runs the same through a DataFrame."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+
+import psycopg2
+import pytest
+
+from checkpoint_lib.core.errors import FencedError
+from checkpoint_lib.core.twophase import Transaction, TransactionIdPool
+from checkpoint_lib.pipeline import PostgresSink
+from checkpoint_lib.spark import postgres_sink as pg
+from checkpoint_lib.spark.sinks import RollbackUnavailableError
+
+SCHEMA = "account string, amount long"
+
+
+@pytest.fixture
+def table(request) -> str:
+    return f"t_{request.node.name.split('[')[0][-40:]}".lower()
+
+
+def writer(server, table: str, mode: str = "append", *, name: str = "out") -> pg.PostgresTwoPhaseSink:
+    """The sink ``name`` of a pipeline named like the test's table (the server is shared)."""
+    decl = PostgresSink(table, SCHEMA, mode=mode, keys=("account",) if mode == "upsert" else ())
+    sink = pg.PostgresTwoPhaseSink(None, name, decl, table.removesuffix("_u"), uri=server.uri)
+    sink.create()
+    return sink
+
+
+def txn(sink: pg.PostgresTwoPhaseSink, subtask: int, seq: int, epoch: int, checkpoint: int | None = None) -> Transaction:
+    pool = TransactionIdPool(sink.pool_prefix, subtask)
+    return Transaction(seq, pool.acquire(seq, ()), epoch, checkpoint)
+
+
+def write(sink, t: Transaction, flush: int, rows) -> str:
+    """What a flush's Spark task does for one subtask, then what the driver records."""
+    g, _ = pg.prepare(sink._spec(), t, flush, iter(rows))
+    sink._record({0: t}, flush, {0: g})
+    return g
+
+
+def rows(server, table: str) -> list[tuple]:
+    out = server.psql(f"SELECT account, amount FROM {table} ORDER BY account, amount")
+    return [tuple(line.split("|")) for line in out.splitlines() if line]
+
+
+def prepared(server, table: str) -> list[str]:
+    """The prepared ids of the test's pipeline (``pay``-like: named after its table)."""
+    return [g for g in server.psql("SELECT gid FROM pg_prepared_xacts ORDER BY gid").split()
+            if g.startswith(f"{pg.GID_PREFIX}{table}.")]
+
+
+def test_prepared_rows_are_invisible_until_the_commit_which_is_idempotent(postgres_server, table):
+    sink = writer(postgres_server, table)
+    t = txn(sink, 0, 0, epoch=1)
+    g = write(sink, t, 1, [("a", 1), ("b", 2)])
+    assert g in prepared(postgres_server, table) and rows(postgres_server, table) == []
+    done = replace(t, 1)
+    assert sink.uncommitted([done]) == [done]
+    assert sink.commit([done], 1, 1) == [done]
+    assert rows(postgres_server, table) == [("a", "1"), ("b", "2")]
+    assert sink.uncommitted([done]) == [] and sink.is_committed(done)
+    assert sink.commit([done], 1, 1) == []  # a repeated commit (a retry, a recovery) is a no-op
+    sink.discard([done])
+    assert sink.commit([done], 1, 1) == [] and sink.is_committed(done)  # forgotten: its marker proves it
+    assert rows(postgres_server, table) == [("a", "1"), ("b", "2")] and g not in prepared(postgres_server, table)
+
+
+def replace(t: Transaction, checkpoint: int) -> Transaction:
+    return Transaction(t.seq, t.txn_id, t.epoch, checkpoint)
+
+
+def _prepare_then_die(uri: str, table: str, handle: tuple, flush: int) -> None:
+    decl = PostgresSink(table, SCHEMA)
+    sink = pg.PostgresTwoPhaseSink(None, "out", decl, table, uri=uri)
+    t = Transaction(*handle)
+    g, _ = pg.prepare(sink._spec(), t, flush, iter([("k", 7)]))
+    sink._record({0: t}, flush, {0: g})
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_writer_killed_between_prepare_and_commit_is_committed_by_the_recovery_once(postgres_server, table):
+    sink = writer(postgres_server, table)
+    t = txn(sink, 0, 3, epoch=1)
+    p = multiprocessing.get_context("spawn").Process(
+        target=_prepare_then_die, args=(postgres_server.uri, table, (t.seq, t.txn_id, t.epoch), 4))
+    p.start()
+    p.join(60)
+    assert p.exitcode == -signal.SIGKILL
+    assert rows(postgres_server, table) == [] and len(prepared(postgres_server, table)) == 1
+    # the recovery (epoch 2) restores a checkpoint that owns t: fence, then re-commit it
+    recovery = writer(postgres_server, table)
+    recovery.fence(2)
+    assert [o.handle for o in recovery.open_transactions()] == [t.handle]
+    recovery.commit([replace(t, 4)], 4, 2)
+    recovery.commit([replace(t, 4)], 4, 2)
+    assert rows(postgres_server, table) == [("k", "7")] and prepared(postgres_server, table) == []
+
+
+@pytest.mark.parametrize("how", ["fast", "crash"])
+def test_prepared_transactions_survive_a_server_restart_between_prepare_and_commit(how, table):
+    from pg_server import PostgresServer
+
+    server = PostgresServer().start()
+    try:
+        sink = writer(server, table)
+        t = txn(sink, 0, 0, epoch=1)
+        write(sink, t, 1, [("a", 1)])
+        server.restart(fast=how == "fast")
+        assert len(prepared(server, table)) == 1 and rows(server, table) == []
+        sink.commit([replace(t, 1)], 1, 1)
+        assert rows(server, table) == [("a", "1")] and prepared(server, table) == []
+    finally:
+        server.close()
+
+
+def test_a_fenced_epoch_writes_nothing_and_a_zombie_prepare_after_the_fence_never_commits(postgres_server, table):
+    sink = writer(postgres_server, table)
+    owned = txn(sink, 0, 0, epoch=1)
+    write(sink, owned, 1, [("a", 1)])
+    sink.fence(2)
+    with pytest.raises(FencedError):
+        pg.prepare(sink._spec(), txn(sink, 0, 1, epoch=1), 2, iter([("z", 1)]))
+    # a zombie that read the fence before it moved prepares after it (simulated: its transaction as it lands)
+    zombie = txn(sink, 1, 1, epoch=1)
+    with psycopg2.connect(postgres_server.uri) as conn, conn.cursor() as cur:
+        cur.execute(f"INSERT INTO {table} VALUES ('zombie', 99)")
+        cur.execute("PREPARE TRANSACTION %s", (pg.gid(zombie, 2),))
+    conn.close()
+    with pytest.raises(FencedError):
+        sink.fence(1)
+    # epoch 2 re-commits what its restored checkpoint owns; the zombie's prepare is rolled back
+    sink.commit([replace(owned, 1)], 1, 2)
+    assert rows(postgres_server, table) == [("a", "1")] and prepared(postgres_server, table) == []
+    with pytest.raises(FencedError):  # the zombie's own commit of a later checkpoint is refused
+        sink.commit([replace(zombie, 2)], 2, 1)
+
+
+def test_recovery_aborts_what_the_restored_checkpoint_does_not_own(postgres_server, table):
+    sink = writer(postgres_server, table)
+    owned, later = txn(sink, 0, 0, epoch=1), txn(sink, 0, 1, epoch=1)
+    write(sink, owned, 1, [("a", 1)])
+    write(sink, later, 2, [("b", 2)])
+    recovery = writer(postgres_server, table)
+    recovery.fence(2)
+    assert {t.handle for t in recovery.open_transactions()} == {owned.handle, later.handle}
+    recovery.commit([replace(owned, 1)], 1, 2)
+    recovery.abort([later])
+    recovery.abort([later])
+    assert rows(postgres_server, table) == [("a", "1")] and prepared(postgres_server, table) == []
+    assert {t.handle for t in recovery.open_transactions()} == {owned.handle}
+    recovery.discard([owned])
+    assert recovery.open_transactions() == []
+
+
+def test_upsert_the_latest_row_of_a_key_wins_and_an_interrupted_apply_finishes(postgres_server, table):
+    sink = writer(postgres_server, table, "upsert")
+    first, second = txn(sink, 0, 0, epoch=1), txn(sink, 0, 1, epoch=1)
+    write(sink, first, 1, [("a", 1), ("b", 1)])
+    write(sink, first, 2, [("a", 2)])  # a second flush of the same transaction: its rows win
+    write(sink, second, 3, [("b", 3)])  # prepared while the first is not committed: no lock waited on
+    sink.commit([replace(first, 1)], 1, 1)
+    assert rows(postgres_server, table) == [("a", "2"), ("b", "1")]
+    sink._commit_prepared([replace(second, 2)])  # killed between the COMMIT PREPARED and the apply
+    assert rows(postgres_server, table) == [("a", "2"), ("b", "1")] and sink.uncommitted([replace(second, 2)])
+    sink.commit([replace(second, 2)], 2, 1)
+    sink.commit([replace(second, 2)], 2, 1)
+    assert rows(postgres_server, table) == [("a", "2"), ("b", "3")]
+    assert postgres_server.psql(f"SELECT count(*) FROM {table}{pg.STAGED_SUFFIX}") == "0"
+    third = txn(sink, 0, 2, epoch=1)
+    write(sink, third, 4, [("c", 4)])
+    sink._commit_prepared([replace(third, 3)])
+    sink.discard([replace(third, 3)])  # forgotten before its rows were applied: its markers still say so
+    assert sink.uncommitted([replace(third, 3)])
+    sink.commit([replace(third, 3)], 3, 1)
+    assert rows(postgres_server, table) == [("a", "2"), ("b", "3"), ("c", "4")]
+
+
+def test_a_prepared_transaction_rolled_back_by_hand_fails_the_commit_clearly(postgres_server, table):
+    sink = writer(postgres_server, table)
+    t = txn(sink, 0, 0, epoch=1)
+    g = write(sink, t, 1, [("a", 1)])
+    postgres_server.psql(f"ROLLBACK PREPARED '{g}'")
+    assert "gone before their commit" in sink.lost([replace(t, 1)])
+    with pytest.raises(pg.PreparedTransactionLostError, match="neither prepared nor committed"):
+        sink.commit([replace(t, 1)], 1, 1)
+
+
+def test_a_row_the_table_rejects_fails_the_write_with_the_database_message_and_prepares_nothing(postgres_server, table):
+    sink = writer(postgres_server, table)
+    postgres_server.psql(f"ALTER TABLE {table} ADD CONSTRAINT positive CHECK (amount > 0)")
+    with pytest.raises(psycopg2.errors.CheckViolation, match="positive"):
+        pg.prepare(sink._spec(), txn(sink, 0, 0, epoch=1), 1, iter([("a", 1), ("b", -5)]))
+    assert prepared(postgres_server, table) == [] and rows(postgres_server, table) == []
+
+
+def test_rolling_back_below_a_committed_checkpoint_is_refused(postgres_server, table):
+    sink = writer(postgres_server, table)
+    t = txn(sink, 0, 0, epoch=1)
+    write(sink, t, 1, [("a", 1)])
+    assert sink.rollback_version(0) is None  # nothing committed yet
+    sink.commit([replace(t, 3)], 3, 1)
+    assert sink.rollback_version(3) is None
+    with pytest.raises(RollbackUnavailableError, match="checkpoint 3 committed to it since"):
+        sink.rollback_to(2)
+
+
+def test_configuration_refusals_are_one_clear_line(postgres_server, table, monkeypatch):
+    wrong = postgres_server.uri.replace(postgres_server.password, "not-the-password")
+    with pytest.raises(pg.PostgresConfigurationError) as exc:
+        pg.PostgresTwoPhaseSink(None, "out", PostgresSink(table, SCHEMA), table, uri=wrong).create()
+    assert "password authentication failed" in str(exc.value) and "not-the-password" not in str(exc.value)
+    assert "\n" not in str(exc.value)
+    monkeypatch.delenv("AIRFLOW_CONN_NOWHERE", raising=False)
+    with pytest.raises(pg.PostgresConfigurationError, match="AIRFLOW_CONN_NOWHERE"):
+        pg.connection_uri("nowhere", "out")
+    monkeypatch.setenv("AIRFLOW_CONN_SOMEWHERE", postgres_server.uri.replace("postgresql://", "postgres://"))
+    assert pg.connection_uri("somewhere", "out") == postgres_server.uri
+    postgres_server.psql(f"CREATE TABLE {table} (account text, amount text)")
+    with pytest.raises(pg.PostgresConfigurationError, match="'amount' is text, the sink's is bigint"):
+        writer(postgres_server, table)
+    postgres_server.psql(f"CREATE TABLE {table}_u (account text, amount bigint)")
+    with pytest.raises(pg.PostgresConfigurationError, match="no primary key or unique index"):
+        writer(postgres_server, f"{table}_u", "upsert")
+
+
+def test_a_server_without_prepared_transactions_is_refused_naming_the_setting(table):
+    from pg_server import PostgresServer
+
+    server = PostgresServer(max_prepared=0).start()
+    try:
+        with pytest.raises(pg.PostgresConfigurationError, match="max_prepared_transactions"):
+            writer(server, table)
+    finally:
+        server.close()
+
+
+def test_ids_round_trip_and_belong_to_one_sink():
+    t = Transaction(12, TransactionIdPool("pay.out", 3).acquire(12, ()), 7)
+    parsed = pg.parse_gid(pg.gid(t, 5))
+    assert parsed.txn == t and parsed.flush == 5
+    assert pg.of_pool(parsed, "pay.out") and not pg.of_pool(parsed, "pay.ou") and not pg.of_pool(parsed, "ay.out")
+    assert pg.parse_gid("something else") is None
