@@ -318,14 +318,25 @@ class PostgresTwoPhaseSink:
         self.table = tuple(declaration.table.split("."))
         self.staged = (*self.table[:-1], self.table[-1] + STAGED_SUFFIX)
         self.pool_prefix = f"{pipeline}.{name}"
-        self.uri = uri if uri is not None else connection_uri(declaration.connection, name)
-        self.shown = where(self.uri, declaration.connection)
+        self._uri = uri
         self.check_epoch = check_epoch
         if len(GID_PREFIX) + len(self.pool_prefix) + 64 >= _MAX_GID:
             raise PostgresConfigurationError(f"sink {name}: pipeline and sink names too long for PostgreSQL's "
                                              f"transaction ids ({_MAX_GID} bytes)")
 
     # plumbing ---------------------------------------------------------------------------------
+
+    @property
+    def uri(self) -> str:
+        """The connection string, read from the environment when first needed (a command that
+        reads only the control plane never needs it)."""
+        if self._uri is None:
+            self._uri = connection_uri(self.declaration.connection, self.name)
+        return self._uri
+
+    @property
+    def shown(self) -> str:
+        return where(self.uri, self.declaration.connection)
 
     def _session(self, autocommit: bool = False):
         return session(self.uri, self.shown, autocommit=autocommit)
@@ -483,17 +494,23 @@ class PostgresTwoPhaseSink:
                 out[handle][g] = applied
         return out
 
-    def _done(self, marked: dict[str, bool], gids: list[str]) -> bool:
-        """Whether every id of ``gids`` is committed (and, for an upsert sink, applied); a
-        transaction forgotten after its commit has no ids recorded, only its markers."""
+    def _done(self, txn: Transaction, marked: dict[str, bool], gids: list[str], bound: int) -> bool:
+        """Whether every id of ``gids`` is committed (and, for an upsert sink, applied). A
+        transaction forgotten after its commit has no ids recorded, only its markers; one that
+        was never written to (no flush before its barrier) has neither, and is committed once the
+        sink's commit bound reached its checkpoint."""
+        if not gids and not marked:
+            return txn.checkpoint_id is not None and txn.checkpoint_id <= bound
         if not gids:
-            return bool(marked) and (self.mode == "append" or all(marked.values()))
+            return self.mode == "append" or all(marked.values())
         return all(g in marked and (self.mode == "append" or marked[g]) for g in gids)
 
     def uncommitted(self, txns: Iterable[Transaction]) -> list[Transaction]:
         txns = list(txns)
-        recorded, markers = self._recorded(txns), self._markers(t.handle for t in txns)
-        return [t for t in txns if not self._done(markers[t.handle], recorded[t.handle])]
+        if not txns:
+            return []
+        recorded, markers, bound = self._recorded(txns), self._markers(t.handle for t in txns), self.committed_checkpoint()
+        return [t for t in txns if not self._done(t, markers[t.handle], recorded[t.handle], bound)]
 
     def is_committed(self, txn: Transaction) -> bool:
         return txn.checkpoint_id is not None and not self.uncommitted([txn])
@@ -568,11 +585,7 @@ class PostgresTwoPhaseSink:
 
         recorded, markers = self._recorded(txns), self._markers(t.handle for t in txns)
         with self._session(autocommit=True) as cur:
-            for t in txns:
-                if not recorded[t.handle] and not markers[t.handle]:
-                    raise PreparedTransactionLostError(
-                        f"sink {self.name}: transaction {t.handle} of checkpoint {t.checkpoint_id} recorded no "
-                        "prepared id: nothing to commit")
+            for t in txns:  # (one never written to recorded no id: nothing to commit)
                 for g in recorded[t.handle]:
                     if g in markers[t.handle]:
                         continue

@@ -52,7 +52,7 @@ from ..files import files_at
 from ..reserved import FLUSH, HANDLE_COLUMN, SINK_SUBTASK, TXN_SEQ, temporary
 from ..kinds import Kinds
 from ..layout import PENDING_FOLDER, app_prefix, pipeline_of, sink_transactions, stamp_prefix  # noqa: F401 - re-exported
-from ..pipeline import DeltaSink, Pipeline, check_relative_path
+from ..pipeline import DeltaSink, Pipeline, check_relative_path, sink_target
 from . import tables
 
 _ORDER_COLUMNS = [T.StructField(TXN_SEQ, T.LongType(), False), T.StructField(FLUSH, T.LongType(), False)]
@@ -155,10 +155,17 @@ def pipeline_sinks(
     :class:`~checkpoint_lib.control.PipelineControl`. With ``spark=None`` only the control-plane
     reads work (the commit stamps, the rollback version)."""
     return {
-        name: sink_writer(s, SinkSite(spark, name, f"{warehouse}/{check_relative_path(s.path)}",
-                                      str(sink_transactions(root, name)), app_prefix(pipeline.name), check_epoch))
+        name: sink_writer(s, SinkSite(spark, name, _location(warehouse, s), str(sink_transactions(root, name)),
+                                      app_prefix(pipeline.name), check_epoch))
         for name, s in declared_sinks(pipeline).items()
     }
+
+
+def _location(warehouse: str, declaration: Any) -> str:
+    """A sink's table in the warehouse (a Delta sink's, or a user's kind with a ``path``); a sink
+    outside it (PostgreSQL) by what it writes."""
+    path = getattr(declaration, "path", None)
+    return f"{warehouse}/{check_relative_path(path)}" if path is not None else sink_target(declaration)
 
 
 def _delta_sink(s: DeltaSink, site: SinkSite) -> "DeltaTwoPhaseSink":
@@ -676,3 +683,5 @@ class DeltaTwoPhaseSink:
 
 
 register_sink(DeltaSink, _delta_sink)
+
+from . import postgres_sink  # noqa: E402,F401 - registers the PostgreSQL sink (it imports this module's names)

@@ -248,3 +248,12 @@ def test_ids_round_trip_and_belong_to_one_sink():
     assert parsed.txn == t and parsed.flush == 5
     assert pg.of_pool(parsed, "pay.out") and not pg.of_pool(parsed, "pay.ou") and not pg.of_pool(parsed, "ay.out")
     assert pg.parse_gid("something else") is None
+
+
+def test_a_transaction_never_written_to_commits_as_nothing_once_its_checkpoint_commits(postgres_server, table):
+    sink = writer(postgres_server, table)
+    empty = replace(txn(sink, 0, 5, epoch=1), 4)  # no flush before its barrier: nothing prepared, nothing recorded
+    assert sink.uncommitted([empty]) == [empty]
+    assert sink.commit([empty], 4, 1) == [empty]
+    assert sink.uncommitted([empty]) == [] and sink.commit([empty], 4, 1) == []
+    assert rows(postgres_server, table) == []
