@@ -191,8 +191,8 @@ class PostgresSink:
 
     The server and the credentials are never in the pipeline: ``connection`` names them, as an
     Airflow connection id (the environment variable ``AIRFLOW_CONN_<ID>``, a ``postgresql://`` URI,
-    as Airflow reads it). The server needs ``max_prepared_transactions`` of at least the sink's
-    parallelism times the checkpoints that may be pending at once, plus one."""
+    as Airflow reads it). The server needs ``max_prepared_transactions`` of at least twice the sink's
+    parallelism (each subtask: a checkpoint's transaction prepared while the next one's is written)."""
 
     table: str
     schema: tuple[tuple[str, str], ...]

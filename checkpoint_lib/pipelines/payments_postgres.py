@@ -7,7 +7,7 @@ It reads and writes the warehouse tables ``payments`` does (``landing/payments``
 checks it), plus the PostgreSQL table ``balances`` of the connection ``ckpt_postgres``::
 
     export AIRFLOW_CONN_CKPT_POSTGRES='postgresql://user:password@host:5432/database'
-    ckpt run checkpoint_lib.pipelines.payments_postgres:pipeline ./warehouse
+    ckpt run checkpoint_lib.pipelines.payments_postgres:pipeline --warehouse ./warehouse
 
 Not registered by name: it needs a server, which the built-in pipelines do not.
 """

@@ -307,7 +307,7 @@ class PostgresTwoPhaseSink:
     :class:`~checkpoint_lib.spark.sinks.SinkWriter` of a :class:`~checkpoint_lib.pipeline.PostgresSink`."""
 
     def __init__(self, spark: Any, name: str, declaration: PostgresSink, pipeline: str, *, uri: str | None = None,
-                 check_epoch=None):
+                 check_epoch=None, parallelism: int = 1):
         self.spark = spark
         self.name = name
         self.declaration = declaration
@@ -320,6 +320,7 @@ class PostgresTwoPhaseSink:
         self.pool_prefix = f"{pipeline}.{name}"
         self._uri = uri
         self.check_epoch = check_epoch
+        self.parallelism = parallelism
         if len(GID_PREFIX) + len(self.pool_prefix) + 64 >= _MAX_GID:
             raise PostgresConfigurationError(f"sink {name}: pipeline and sink names too long for PostgreSQL's "
                                              f"transaction ids ({_MAX_GID} bytes)")
@@ -401,14 +402,16 @@ class PostgresTwoPhaseSink:
         ``max_prepared_transactions = 0`` (no two-phase commit); a target lacking a declared column
         or typing it otherwise; an upsert target without a primary key or unique index on exactly
         ``keys``."""
+        needed = 2 * self.parallelism  # each subtask: a checkpoint's transaction pending, the next one's written
         with self._session(autocommit=True) as cur:
             cur.execute("SHOW max_prepared_transactions")
-            if int(cur.fetchone()[0]) < 1:
+            have = int(cur.fetchone()[0])
+            if have < needed:
                 raise PostgresConfigurationError(
-                    f"sink {self.name}: the PostgreSQL server at {self.shown} has max_prepared_transactions = 0, "
-                    "so it cannot prepare transactions. Set max_prepared_transactions (postgresql.conf, or "
-                    "`postgres -c max_prepared_transactions=N`) to at least the sink's parallelism times the "
-                    "checkpoints pending at once, plus one, and restart the server")
+                    f"sink {self.name}: the PostgreSQL server at {self.shown} has max_prepared_transactions = {have}, "
+                    f"and the sink's {self.parallelism} subtasks need at least {needed} (each: a checkpoint's "
+                    "transaction prepared while the next one's is written). Set max_prepared_transactions "
+                    "(postgresql.conf, or `postgres -c max_prepared_transactions=N`) and restart the server")
             schema = self.table[0] if len(self.table) == 2 else None
             cur.execute("SELECT column_name, data_type, numeric_precision, numeric_scale FROM information_schema.columns "
                         "WHERE table_name = %s AND table_schema = COALESCE(%s, current_schema())",
@@ -740,7 +743,7 @@ def _same_type(have: tuple[str, Any, Any], want: str) -> bool:
 
 def _postgres_sink(declaration: PostgresSink, site: SinkSite) -> PostgresTwoPhaseSink:
     return PostgresTwoPhaseSink(site.spark, site.name, declaration, pipeline_of(site.app_prefix),
-                                check_epoch=site.check_epoch)
+                                check_epoch=site.check_epoch, parallelism=site.parallelism or 1)
 
 
 register_sink(PostgresSink, _postgres_sink)

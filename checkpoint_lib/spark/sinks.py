@@ -127,6 +127,7 @@ class SinkSite:
     transactions: str  # the sink's bookkeeping folder under the checkpoint root
     app_prefix: str  # what the pipeline's Delta application ids start with
     check_epoch: Callable[[int], None] | None = None
+    parallelism: int | None = None  # the sink's subtasks (its vertex's)
 
 
 _KINDS: Kinds[SinkWriter] = Kinds("sink", "writer", "checkpoint_lib.spark.sinks.register_sink")
@@ -156,9 +157,16 @@ def pipeline_sinks(
     reads work (the commit stamps, the rollback version)."""
     return {
         name: sink_writer(s, SinkSite(spark, name, _location(warehouse, s), str(sink_transactions(root, name)),
-                                      app_prefix(pipeline.name), check_epoch))
+                                      app_prefix(pipeline.name), check_epoch, _parallelism(pipeline, name)))
         for name, s in declared_sinks(pipeline).items()
     }
+
+
+def _parallelism(pipeline: Any, sink: str) -> int:
+    """The subtasks of sink ``sink``: its operator's (a linear pipeline's keyed operator, a graph's vertex)."""
+    if isinstance(pipeline, Pipeline):
+        return pipeline.keyed_parallelism
+    return next(pipeline.vertex(s.vertex).parallelism for s in pipeline.sinks if s.name == sink)
 
 
 def _location(warehouse: str, declaration: Any) -> str:

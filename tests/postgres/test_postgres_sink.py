@@ -231,13 +231,16 @@ def test_configuration_refusals_are_one_clear_line(postgres_server, table, monke
         writer(postgres_server, f"{table}_u", "upsert")
 
 
-def test_a_server_without_prepared_transactions_is_refused_naming_the_setting(table):
+def test_a_server_with_too_few_prepared_transactions_for_the_parallelism_is_refused_naming_the_setting(table):
     from pg_server import PostgresServer
 
-    server = PostgresServer(max_prepared=0).start()
+    server = PostgresServer(max_prepared=4).start()
     try:
-        with pytest.raises(pg.PostgresConfigurationError, match="max_prepared_transactions"):
-            writer(server, table)
+        decl = PostgresSink(table, SCHEMA)
+        pg.PostgresTwoPhaseSink(None, "out", decl, table, uri=server.uri, parallelism=2).create()  # 2 x 2: enough
+        with pytest.raises(pg.PostgresConfigurationError, match="max_prepared_transactions = 4, and the sink's 3 "
+                                                                "subtasks need at least 6"):
+            pg.PostgresTwoPhaseSink(None, "out", decl, table, uri=server.uri, parallelism=3).create()
     finally:
         server.close()
 
