@@ -186,6 +186,51 @@ def airflow() -> Check:
     return Check("airflow", True, f"apache-airflow {airflow_version}; AIRFLOW_HOME {home} {state}")
 
 
+STALE_PREPARED_S = 600
+"""A prepared transaction of a PostgreSQL sink older than this is reported: it holds its locks
+until a run of its pipeline commits or rolls it back."""
+
+
+def postgres(environ: dict[str, str] | None = None, now: float | None = None) -> Check | None:
+    """The PostgreSQL connections of the environment (``AIRFLOW_CONN_<ID>``, as PostgreSQL sinks
+    read them): each reachable, and no sink's prepared transaction older than
+    :data:`STALE_PREPARED_S` (a pipeline stopped between a prepare and its commit holds the rows'
+    locks). None when no such connection is configured."""
+    env = os.environ if environ is None else environ
+    connections = {k[len("AIRFLOW_CONN_"):].lower(): v for k, v in env.items()
+                   if k.startswith("AIRFLOW_CONN_") and v.strip().startswith(("postgres://", "postgresql://"))}
+    if not connections:
+        return None
+    from .spark.postgres_sink import GID_PREFIX, PostgresConfigurationError, session, where
+
+    stale, problems = [], []
+    for name, uri in sorted(connections.items()):
+        shown = where(uri, name)
+        try:
+            with session(uri, shown, autocommit=True) as cur:
+                cur.execute("SELECT gid, extract(epoch from prepared), database FROM pg_prepared_xacts "
+                            "WHERE gid LIKE %s ORDER BY prepared", (GID_PREFIX + "%",))
+                rows = cur.fetchall()
+        except PostgresConfigurationError as exc:
+            problems.append(str(exc))
+            continue
+        limit = (time.time() if now is None else now) - STALE_PREPARED_S
+        stale += [(shown, gid, float(at), db) for gid, at, db in rows if float(at) < limit]
+    if problems:
+        return Check("postgres", False, "; ".join(problems), "check the connection's host, port, user and password")
+    if stale:
+        shown, gid, at, db = stale[0]
+        pipelines = sorted({g.removeprefix(GID_PREFIX).split(".")[0] for _, g, _, _ in stale})
+        return Check("postgres", False,
+                     f"{len(stale)} prepared transactions of PostgreSQL sinks hold their locks for more than "
+                     f"{STALE_PREPARED_S // 60} min (oldest: {gid} in {db} at {shown}, "
+                     f"{(time.time() if now is None else now) - at:.0f} s)",
+                     f"run pipeline(s) {', '.join(pipelines)} (a run's recovery commits what its checkpoint owns "
+                     "and rolls back the rest)")
+    return Check("postgres", True, f"{len(connections)} PostgreSQL connection(s) reachable, no stale prepared "
+                                   "transaction")
+
+
 def diagnose(warehouse_path: str, master_url: str, *, with_spark: bool = True,
              progress: Callable[[Check], None] | None = None) -> list[Check]:
     """Every check, in order; Spark is started only when Java and the jars are fine."""
@@ -206,6 +251,9 @@ def diagnose(warehouse_path: str, master_url: str, *, with_spark: bool = True,
         else:
             run(Check("spark", False, "not started: a check above failed", "fix the checks above first"))
     run(airflow())
+    database = postgres()
+    if database is not None:
+        run(database)
     return checks
 
 

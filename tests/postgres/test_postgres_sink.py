@@ -260,3 +260,18 @@ def test_a_transaction_never_written_to_commits_as_nothing_once_its_checkpoint_c
     assert sink.commit([empty], 4, 1) == [empty]
     assert sink.uncommitted([empty]) == [] and sink.commit([empty], 4, 1) == []
     assert rows(postgres_server, table) == []
+
+
+def test_doctor_reports_a_sinks_prepared_transaction_left_for_long(postgres_server, table):
+    from checkpoint_lib import doctor
+
+    assert doctor.postgres({}) is None  # no PostgreSQL connection configured: no line
+    sink = writer(postgres_server, table)
+    g = write(sink, txn(sink, 0, 0, epoch=1), 1, [("a", 1)])
+    env = postgres_server.env()
+    assert doctor.postgres(env).ok  # prepared just now: a checkpoint in progress
+    later = doctor.postgres(env, now=__import__("time").time() + doctor.STALE_PREPARED_S + 60)
+    assert not later.ok and g in later.detail and table in later.fix
+    wrong = doctor.postgres({"AIRFLOW_CONN_X": postgres_server.uri.replace(postgres_server.password, "nope")})
+    assert not wrong.ok and "password authentication failed" in wrong.detail and "nope" not in wrong.detail
+    sink.abort([txn(sink, 0, 0, epoch=1)])
