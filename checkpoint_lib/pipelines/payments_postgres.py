@@ -24,22 +24,34 @@ TABLE = "balances"
 
 
 class RunningBalanceEverywhere(RunningBalance):
-    """:class:`~checkpoint_lib.pipelines.payments.RunningBalance`, its balances also for the
-    PostgreSQL sink (the same rows, computed once)."""
+    """:class:`~checkpoint_lib.pipelines.payments.RunningBalance`, its outputs ``also`` (names) also
+    for the PostgreSQL sinks ``<name>_pg`` (the same rows, computed once)."""
+
+    def __init__(self, also: tuple[str, ...] = ("balances",)):
+        self.also = tuple(also)
 
     def apply(self, records: Any, state: Any, key: str) -> tuple[Any, Mapping[str, Any]]:
         deltas, outputs = super().apply(records, state, key)
-        return deltas, {**outputs, "balances_pg": outputs["balances"]}
+        return deltas, {**outputs, **{f"{name}_pg": outputs[name] for name in self.also}}
 
 
-pipeline = (
-    Pipeline("payments_pg")
-    .source(DeltaSource("landing/payments", SOURCE_SCHEMA, validate=payment_errors), parallelism=2)
-    .key_by("account", parallelism=3)
-    .process(RunningBalanceEverywhere(), uid="balance")
-    .sink("ledger", DeltaSink("gold/ledger", LEDGER_SCHEMA))
-    .sink("balances", DeltaSink("gold/balances", BALANCES_SCHEMA, mode="upsert", keys=("account",)))
-    .sink("balances_pg", PostgresSink(TABLE, BALANCES_SCHEMA, mode="upsert", keys=("account",)))
-    .dead_letters("dlq/payments")
-    .generator(generate)
-)
+def build(*, ledger_table: str | None = None) -> Pipeline:
+    """``payments_pg``; with ``ledger_table``, the ledger is also appended to that PostgreSQL table
+    (sink ``ledger_pg``: an append, where a row committed twice would show)."""
+    p = (
+        Pipeline("payments_pg")
+        .source(DeltaSource("landing/payments", SOURCE_SCHEMA, validate=payment_errors), parallelism=2)
+        .key_by("account", parallelism=3)
+        .process(RunningBalanceEverywhere(("balances", "ledger") if ledger_table else ("balances",)), uid="balance")
+        .sink("ledger", DeltaSink("gold/ledger", LEDGER_SCHEMA))
+        .sink("balances", DeltaSink("gold/balances", BALANCES_SCHEMA, mode="upsert", keys=("account",)))
+        .sink("balances_pg", PostgresSink(TABLE, BALANCES_SCHEMA, mode="upsert", keys=("account",)))
+        .dead_letters("dlq/payments")
+        .generator(generate)
+    )
+    if ledger_table:
+        p = p.sink("ledger_pg", PostgresSink(ledger_table, LEDGER_SCHEMA))
+    return p
+
+
+pipeline = build()
