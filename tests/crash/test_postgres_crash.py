@@ -46,7 +46,7 @@ def _table(server, query: str, columns: list[str]) -> pd.DataFrame:
 
 
 @pytest.mark.parametrize("then", [None, pytest.param("sink_commit:2", marks=pytest.mark.slow)],
-                         ids=["recovered", "killed-again-inside-the-recovery's-re-commit"])
+                         ids=["recovered", "killed-again-in-the-recovery"])
 def test_killed_between_prepare_and_commit_the_database_holds_every_row_once(spark, tmp_path, postgres_server, then):
     from checkpoint_lib.pipelines.payments_postgres import build
 
