@@ -186,45 +186,30 @@ def airflow() -> Check:
     return Check("airflow", True, f"apache-airflow {airflow_version}; AIRFLOW_HOME {home} {state}")
 
 
-STALE_PREPARED_S = 600
-"""A prepared transaction of a PostgreSQL sink older than this is reported: it holds its locks
-until a run of its pipeline commits or rolls it back."""
-
-
 def postgres(environ: dict[str, str] | None = None, now: float | None = None) -> Check | None:
     """The PostgreSQL connections of the environment (``AIRFLOW_CONN_<ID>``, as PostgreSQL sinks
     read them): each reachable, and no sink's prepared transaction older than
-    :data:`STALE_PREPARED_S` (a pipeline stopped between a prepare and its commit holds the rows'
-    locks). None when no such connection is configured."""
+    :data:`~checkpoint_lib.spark.postgres_sink.STALE_PREPARED_S` (a pipeline stopped between a
+    prepare and its commit holds the rows' locks). None when no such connection is configured."""
     env = os.environ if environ is None else environ
     connections = {k[len("AIRFLOW_CONN_"):].lower(): v for k, v in env.items()
                    if k.startswith("AIRFLOW_CONN_") and v.strip().startswith(("postgres://", "postgresql://"))}
     if not connections:
         return None
-    from .spark.postgres_sink import GID_PREFIX, PostgresConfigurationError, session, where
+    from .spark.postgres_sink import PostgresConfigurationError, held_message, held_prepares, where
 
-    stale, problems = [], []
+    held, problems = [], []
     for name, uri in sorted(connections.items()):
-        shown = where(uri, name)
         try:
-            with session(uri, shown, autocommit=True) as cur:
-                cur.execute("SELECT gid, extract(epoch from prepared), database FROM pg_prepared_xacts "
-                            "WHERE gid LIKE %s ORDER BY prepared", (GID_PREFIX + "%",))
-                rows = cur.fetchall()
+            held += held_prepares(uri, where(uri, name), now=now)
         except PostgresConfigurationError as exc:
             problems.append(str(exc))
-            continue
-        limit = (time.time() if now is None else now) - STALE_PREPARED_S
-        stale += [(shown, gid, float(at), db) for gid, at, db in rows if float(at) < limit]
     if problems:
         return Check("postgres", False, "; ".join(problems), "check the connection's host, port, user and password")
-    if stale:
-        shown, gid, at, db = stale[0]
-        pipelines = sorted({g.removeprefix(GID_PREFIX).split(".")[0] for _, g, _, _ in stale})
-        return Check("postgres", False,
-                     f"{len(stale)} prepared transactions of PostgreSQL sinks hold their locks for more than "
-                     f"{STALE_PREPARED_S // 60} min (oldest: {gid} in {db} at {shown}, "
-                     f"{(time.time() if now is None else now) - at:.0f} s)",
+    if held:
+        held.sort(key=lambda h: -h.age_s)
+        pipelines = sorted({h.pipeline for h in held})
+        return Check("postgres", False, held_message(held),
                      f"run pipeline(s) {', '.join(pipelines)} (a run's recovery commits what its checkpoint owns "
                      "and rolls back the rest)")
     return Check("postgres", True, f"{len(connections)} PostgreSQL connection(s) reachable, no stale prepared "

@@ -193,7 +193,7 @@ class GraphRunner:
         self._completions = 0  # checkpoints this process committed: every few, the gates truncate their logs
         self._truncation_due = False
 
-        self.writers = pipeline_sinks(spark, graph, self.warehouse, self.root, self.store.epochs.check)
+        self.writers = pipeline_sinks(spark, graph, self.warehouse, self.root, self.store.epochs.check, self.kills)
         self.sources = {v.name: SourceVertexRun(v, graph, spark=spark, warehouse=self.warehouse, root=self.root,
                                                 progress=self.progress) for v in graph.sources}
         self.vertex_sinks = {v.id: VertexSinks({s.name: (self.writers[s.name], s.output) for s in graph.sinks_of(v.id)},

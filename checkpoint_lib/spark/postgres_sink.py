@@ -39,6 +39,7 @@ connection) and is never logged: errors name the host, the port and the connecti
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -51,6 +52,7 @@ from urllib.parse import urlsplit
 
 from ..core.errors import FencedError
 from ..core.twophase import Transaction
+from ..killpoints import KillPoints, act
 from ..pipeline import PostgresSink
 from ..reserved import SINK_SUBTASK
 from .sinks import RollbackUnavailableError, SinkConfigurationError, SinkSite, pipeline_of, register_sink
@@ -184,6 +186,46 @@ def connect(uri: str, shown: str, *, autocommit: bool = False):
     return conn
 
 
+STALE_PREPARED_S = 600
+"""A sink's prepared transaction older than this is reported (``ckpt doctor``, the Checkpoints
+page): it holds its rows' locks until a run of its pipeline commits or rolls it back."""
+
+
+@dataclass(frozen=True)
+class HeldPrepare:
+    gid: str
+    pipeline: str
+    age_s: float
+    database: str
+    shown: str  # the server, as :func:`where` shows it
+
+
+def held_prepares(uri: str, shown: str, *, older_than_s: float | None = None, now: float | None = None,
+                  pipelines: Iterable[str] | None = None) -> list[HeldPrepare]:
+    """The sinks' prepared transactions on the server of ``uri`` (of any database) prepared more
+    than ``older_than_s`` (default :data:`STALE_PREPARED_S`) ago, oldest first; of ``pipelines`` only, when given. A refused
+    connection raises :class:`PostgresConfigurationError` (one line)."""
+    import time
+
+    with session(uri, shown, autocommit=True) as cur:
+        cur.execute("SELECT gid, extract(epoch from prepared), database FROM pg_prepared_xacts "
+                    "WHERE gid LIKE %s ORDER BY prepared", (GID_PREFIX + "%",))
+        rows = cur.fetchall()
+    now = time.time() if now is None else now
+    older_than_s = STALE_PREPARED_S if older_than_s is None else older_than_s
+    wanted = None if pipelines is None else set(pipelines)
+    held = [HeldPrepare(g, g.removeprefix(GID_PREFIX).split(".")[0], now - float(at), db, shown) for g, at, db in rows]
+    return [h for h in held if h.age_s > older_than_s and (wanted is None or h.pipeline in wanted)]
+
+
+def held_message(held: list[HeldPrepare]) -> str:
+    """What a report says of ``held`` (not empty): how many, the oldest."""
+    oldest = held[0]
+    return (f"{len(held)} prepared transaction(s) of PostgreSQL sinks hold their locks for more than "
+            f"{STALE_PREPARED_S // 60} min (oldest: {oldest.gid} in {oldest.database} at {oldest.shown}, "
+            f"{oldest.age_s:.0f} s)")
+
+
 # the write (runs in Spark tasks) ---------------------------------------------------------------
 
 
@@ -199,6 +241,7 @@ class WriteSpec:
     table: tuple[str, ...]  # the COPY target: the table, or an upsert sink's staging table
     columns: tuple[str, ...]
     extra: tuple[str, ...]  # staging columns after them (upsert: the id, the sequence, the flush)
+    fault: int | None = None  # a kill point's signal for the task, after it read the fence (tests, chaos)
 
 
 def _encode(value: Any) -> str:
@@ -256,6 +299,7 @@ def prepare(spec: WriteSpec, txn: Transaction, flush: int, rows: Iterable[tuple]
             if fence is not None and fence[0] > txn.epoch:
                 raise FencedError(f"sink {spec.sink}: epoch {txn.epoch} is fenced by epoch {fence[0]}: "
                                   f"{g} not written")
+            act(spec.fault)  # (CKPT_PAUSE_AT=prepare:n: a zombie past its fence check)
             if spec.extra:
                 rows = (row + (g, txn.seq, flush) for row in rows)
             count = _copy_rows(cur, spec, rows)
@@ -307,7 +351,8 @@ class PostgresTwoPhaseSink:
     :class:`~checkpoint_lib.spark.sinks.SinkWriter` of a :class:`~checkpoint_lib.pipeline.PostgresSink`."""
 
     def __init__(self, spark: Any, name: str, declaration: PostgresSink, pipeline: str, *, uri: str | None = None,
-                 check_epoch=None, parallelism: int = 1):
+                 check_epoch=None, parallelism: int = 1,
+                 kill_points: KillPoints | None = None):
         self.spark = spark
         self.name = name
         self.declaration = declaration
@@ -321,6 +366,7 @@ class PostgresTwoPhaseSink:
         self._uri = uri
         self.check_epoch = check_epoch
         self.parallelism = parallelism
+        self.kills = kill_points or KillPoints({})
         if len(GID_PREFIX) + len(self.pool_prefix) + 64 >= _MAX_GID:
             raise PostgresConfigurationError(f"sink {name}: pipeline and sink names too long for PostgreSQL's "
                                              f"transaction ids ({_MAX_GID} bytes)")
@@ -447,7 +493,7 @@ class PostgresTwoPhaseSink:
         if missing:
             raise ValueError(f"sink {self.name}: the operator's rows lack columns {missing}")
         width = max(handles) + 1
-        spec = self._spec()
+        spec = dataclasses.replace(self._spec(), fault=self.kills.due("prepare"))
         keyed = rows.select(SINK_SUBTASK, *self.columns).rdd.map(lambda r: (int(r[0]), tuple(r[1:])))
         written = (keyed.partitionBy(width, lambda subtask: subtask)
                    .mapPartitionsWithIndex(_write_partition(spec, dict(handles), flush)).collect())
@@ -594,6 +640,7 @@ class PostgresTwoPhaseSink:
                         continue
                     try:
                         cur.execute("COMMIT PREPARED %s", (g,))
+                        self.kills.reached("prepared_commit")  # this one committed, the next ones not yet
                     except psycopg2.errors.UndefinedObject:  # not prepared (any more): committed, or lost
                         if g not in self._markers([t.handle])[t.handle]:
                             raise PreparedTransactionLostError(
@@ -648,7 +695,8 @@ class PostgresTwoPhaseSink:
                 try:
                     cur.execute("ROLLBACK PREPARED %s", (g,))
                 except psycopg2.errors.UndefinedObject:
-                    pass  # rolled back (or committed) already
+                    continue  # rolled back (or committed) already
+                self.kills.reached("prepared_rollback")  # this one rolled back, the next ones not yet
 
     # aborting, forgetting, recovery ------------------------------------------------------------
 
@@ -743,7 +791,8 @@ def _same_type(have: tuple[str, Any, Any], want: str) -> bool:
 
 def _postgres_sink(declaration: PostgresSink, site: SinkSite) -> PostgresTwoPhaseSink:
     return PostgresTwoPhaseSink(site.spark, site.name, declaration, pipeline_of(site.app_prefix),
-                                check_epoch=site.check_epoch, parallelism=site.parallelism or 1)
+                                check_epoch=site.check_epoch, parallelism=site.parallelism or 1,
+                                kill_points=site.kill_points)
 
 
 register_sink(PostgresSink, _postgres_sink)

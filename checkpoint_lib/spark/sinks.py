@@ -50,6 +50,7 @@ from ..delta.log import files_added_since_epoch, is_delta_table
 from ..delta.pending import PendingFiles, add_actions
 from ..files import files_at
 from ..reserved import FLUSH, HANDLE_COLUMN, SINK_SUBTASK, TXN_SEQ, temporary
+from ..killpoints import KillPoints
 from ..kinds import Kinds
 from ..layout import PENDING_FOLDER, app_prefix, pipeline_of, sink_transactions, stamp_prefix  # noqa: F401 - re-exported
 from ..pipeline import DeltaSink, Pipeline, check_relative_path, sink_target
@@ -128,6 +129,7 @@ class SinkSite:
     app_prefix: str  # what the pipeline's Delta application ids start with
     check_epoch: Callable[[int], None] | None = None
     parallelism: int | None = None  # the sink's subtasks (its vertex's)
+    kill_points: KillPoints | None = None  # the process's (checkpoint_lib.killpoints)
 
 
 _KINDS: Kinds[SinkWriter] = Kinds("sink", "writer", "checkpoint_lib.spark.sinks.register_sink")
@@ -149,7 +151,7 @@ def declared_sinks(pipeline: Any) -> dict[str, Any]:
 
 def pipeline_sinks(
     spark: SparkSession | None, pipeline: Any, warehouse: str, root: str,
-    check_epoch: Callable[[int], None] | None = None,
+    check_epoch: Callable[[int], None] | None = None, kill_points: KillPoints | None = None,
 ) -> dict[str, SinkWriter]:
     """The sinks of ``pipeline`` (a linear pipeline or a dataflow graph; warehouse ``warehouse``,
     checkpoint root ``root``): the one construction, for both runners and for
@@ -157,7 +159,8 @@ def pipeline_sinks(
     reads work (the commit stamps, the rollback version)."""
     return {
         name: sink_writer(s, SinkSite(spark, name, _location(warehouse, s), str(sink_transactions(root, name)),
-                                      app_prefix(pipeline.name), check_epoch, _parallelism(pipeline, name)))
+                                      app_prefix(pipeline.name), check_epoch, _parallelism(pipeline, name),
+                                      kill_points))
         for name, s in declared_sinks(pipeline).items()
     }
 

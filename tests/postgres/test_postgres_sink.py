@@ -104,6 +104,64 @@ def test_a_writer_killed_between_prepare_and_commit_is_committed_by_the_recovery
     assert rows(postgres_server, table) == [("k", "7")] and prepared(postgres_server, table) == []
 
 
+def _commit_or_abort_then_die(uri: str, table: str, handles: list[tuple], action: str, kill_at: str) -> None:
+    """A process that commits (or aborts) ``handles`` as checkpoint 1 of epoch 2, SIGKILLed by its
+    kill point ``kill_at`` part-way (between two of its prepared transactions)."""
+    from checkpoint_lib.killpoints import KillPoints
+
+    decl = PostgresSink(table, SCHEMA)
+    points = KillPoints({"CKPT_KILL_AT": kill_at})
+    sink = pg.PostgresTwoPhaseSink(None, "out", decl, table, uri=uri, kill_points=points)
+    txns = [Transaction(*h) for h in handles]
+    if action == "commit":
+        sink.commit(txns, 1, 2)
+    else:
+        sink.abort(txns)
+    raise SystemExit("the kill point was never reached")
+
+
+def _killed(uri: str, table: str, txns: list[Transaction], action: str, kill_at: str) -> None:
+    p = multiprocessing.get_context("spawn").Process(target=_commit_or_abort_then_die, args=(
+        uri, table, [(t.seq, t.txn_id, t.epoch, t.checkpoint_id) for t in txns], action, kill_at))
+    p.start()
+    p.join(60)
+    assert p.exitcode == -signal.SIGKILL
+
+
+def test_killed_between_two_subtasks_commits_the_recovery_commits_the_rest_once(postgres_server, table):
+    sink = writer(postgres_server, table)
+    txns = [replace(txn(sink, s, 0, epoch=1), 1) for s in range(3)]
+    for s, t in enumerate(txns):
+        write(sink, t, 1, [(f"k{s}", s)])
+    sink.fence(2)
+    _killed(postgres_server.uri, table, txns, "commit", "prepared_commit:1")
+    assert len(rows(postgres_server, table)) == 1 and len(prepared(postgres_server, table)) == 2  # one of three
+    recovery = writer(postgres_server, table)  # epoch 3 restores checkpoint 1, which owns all three
+    recovery.fence(3)
+    assert {t.handle for t in recovery.open_transactions()} == {t.handle for t in txns}
+    assert len(recovery.commit(txns, 1, 3)) == 2  # the one committed before the kill is proved by its marker
+    assert rows(postgres_server, table) == [("k0", "0"), ("k1", "1"), ("k2", "2")]
+    assert prepared(postgres_server, table) == []
+
+
+def test_killed_during_the_recoverys_rollbacks_the_next_recovery_finishes_them(postgres_server, table):
+    sink = writer(postgres_server, table)
+    owned = replace(txn(sink, 0, 0, epoch=1), 1)
+    write(sink, owned, 1, [("a", 1)])
+    later = [txn(sink, s, 1, epoch=1) for s in range(3)]  # checkpoint 2's, never completed
+    for s, t in enumerate(later):
+        write(sink, t, 2, [(f"late{s}", s)])
+    sink.fence(2)
+    _killed(postgres_server.uri, table, later, "abort", "prepared_rollback:1")
+    assert len(prepared(postgres_server, table)) == 3  # owned, and two of the three not rolled back yet
+    recovery = writer(postgres_server, table)
+    recovery.fence(3)
+    assert {t.handle for t in recovery.open_transactions()} == {owned.handle} | {t.handle for t in later}
+    recovery.commit([owned], 1, 3)
+    recovery.abort(later)
+    assert rows(postgres_server, table) == [("a", "1")] and prepared(postgres_server, table) == []
+
+
 @pytest.mark.parametrize("how", ["fast", "crash"])
 def test_prepared_transactions_survive_a_server_restart_between_prepare_and_commit(how, table):
     from pg_server import PostgresServer
@@ -270,7 +328,7 @@ def test_doctor_reports_a_sinks_prepared_transaction_left_for_long(postgres_serv
     g = write(sink, txn(sink, 0, 0, epoch=1), 1, [("a", 1)])
     env = postgres_server.env()
     assert doctor.postgres(env).ok  # prepared just now: a checkpoint in progress
-    later = doctor.postgres(env, now=__import__("time").time() + doctor.STALE_PREPARED_S + 60)
+    later = doctor.postgres(env, now=__import__("time").time() + pg.STALE_PREPARED_S + 60)
     assert not later.ok and g in later.detail and table in later.fix
     wrong = doctor.postgres({"AIRFLOW_CONN_X": postgres_server.uri.replace(postgres_server.password, "nope")})
     assert not wrong.ok and "password authentication failed" in wrong.detail and "nope" not in wrong.detail
