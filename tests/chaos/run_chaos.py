@@ -30,6 +30,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # tests/: pg_server
+# this checkout's checkpoint_lib, not the one a shared virtualenv's editable install points at (another
+# worktree's): the results name this checkout's commit, and the ckpt processes run the code imported here
+sys.path.insert(2, str(Path(__file__).resolve().parents[2]))
 
 import chaos_harness as harness  # noqa: E402
 import hostile  # noqa: E402
