@@ -685,8 +685,8 @@ def render(outcomes: list[Outcome]) -> str:
         inside = sum(1 for o in pg for phase in o.kills if phase in PG_SINK_PHASES)
         lines += ["", f"PostgreSQL sink (`{PG_PIPELINE}`, seeds {PG_SEEDS}+: balances and ledger also written to a "
                       "real PostgreSQL server by two-phase commit, the database's tables checked too): "
-                      f"{p.runs} runs, {p.kills} kills ({inside} inside the sink: "
-                      f"{', '.join(PG_SINK_PHASES)}), {p.mismatches} mismatches."]
+                      f"{p.runs} runs, {p.kills} kills ({inside} of them inside the sink's write or commit: "
+                      f"{', '.join(f'`{phase}`' for phase in PG_SINK_PHASES)}), {p.mismatches} mismatches."]
     operations = Counter(m.split()[0] for o in outcomes for m in o.maintenance)
     if operations:
         with_ops = [o for o in outcomes if o.maintenance]

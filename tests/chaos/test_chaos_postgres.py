@@ -50,7 +50,8 @@ def test_the_report_counts_the_postgresql_runs_and_their_kills_inside_the_sink()
     assert t.by_phase["prepared_rollback"]["recovery"] == 1 and t.by_phase["prepare"]["external"] == 1
     assert t.by_config[f"{PG_PIPELINE} / aligned"]["kills"] == 2
     text = render(outcomes)
-    assert "2 runs, 4 kills (3 inside the sink: prepare, prepared_commit, prepared_rollback), 1 mismatches." in text
+    assert ("2 runs, 4 kills (3 of them inside the sink's write or commit: `prepare`, `prepared_commit`, "
+            "`prepared_rollback`), 1 mismatches.") in text
     assert f"| {PG_PIPELINE} / unaligned | 1 | 2 | 0 | 1 | 0 |" in text
     assert "PostgreSQL sink" not in render(outcomes[2:])
 
