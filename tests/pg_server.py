@@ -2,7 +2,10 @@
 fresh data folder, like the S3 server (tests/s3server.py): PostgreSQL 16 from PyPI's ``pgserver``
 package (the dev extra: only its binaries are used), else a system install (``initdb`` on the PATH
 or Debian's ``/usr/lib/postgresql/<v>/bin``). Password authentication (scram) on TCP, so a wrong
-password is refused as it would be in production, and ``max_prepared_transactions`` set.
+password is refused as it would be in production, and ``max_prepared_transactions`` set. The tests'
+server skips fsync and full-page writes (a crash test kills the postmaster, not the machine); the
+benchmark's (``bench/postgres.py``: ``durable=True``) keeps PostgreSQL's defaults, so every commit
+and prepare flushes the WAL as a production server does.
 
 PostgreSQL refuses to run as root: as root, the server runs as the unprivileged ``nobody`` user,
 which owns its data folder, in a fresh folder under the system's temporary folder (``nobody``
@@ -50,13 +53,14 @@ class PostgresServer:
     ``ckpt``, a random password, database ``sinks``), :meth:`env` what a process needs to use it as
     the Airflow connection ``connection``."""
 
-    def __init__(self, *, max_prepared: int = 64):
+    def __init__(self, *, max_prepared: int = 64, durable: bool = False):
         self.bin = bin_dir()
         self.root = Path(tempfile.mkdtemp(prefix="ckpt-pg-"))  # (not under pytest's 0700 folders: see above)
         self.data = self.root / "data"
         self.port = _free_port()
         self.password = secrets.token_hex(12)
         self.max_prepared = max_prepared
+        self.durable = durable  # fsync and full-page writes on, as PostgreSQL's defaults (the benchmark's server)
         self.proc: subprocess.Popen | None = None
         self._user = "nobody" if os.geteuid() == 0 else None
 
@@ -89,7 +93,7 @@ class PostgresServer:
         self.proc = subprocess.Popen(
             [str(self.bin / "postgres"), "-D", str(self.data), "-p", str(self.port), "-c", "listen_addresses=127.0.0.1",
              "-c", f"unix_socket_directories={self.data}", "-c", f"max_prepared_transactions={self.max_prepared}",
-             "-c", "fsync=off", "-c", "full_page_writes=off"],
+             *(() if self.durable else ("-c", "fsync=off", "-c", "full_page_writes=off"))],
             stdout=subprocess.DEVNULL, stderr=open(self.root / "server.log", "ab"), user=self._user)
         deadline = time.monotonic() + 60
         while True:
