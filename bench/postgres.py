@@ -399,8 +399,8 @@ def postgres(spark: Any, base: str, args: argparse.Namespace, log) -> list[dict]
             for contender, figures in measured.items():
                 sittings[contender].append(figures)
             ours, jdbc, copy = (measured[c]["seconds"] for c in ORDER)
-            log(f"  postgres, sitting {sitting}: ours {ours:.1f} s (in its PostgreSQL sinks "
-                f"{measured[OURS]['sink_stage_seconds'] + measured[OURS]['sink_commit_seconds']:.1f} s), "
+            log(f"  postgres, sitting {sitting}: ours {ours:.1f} s (in its PostgreSQL sinks: staging "
+                f"{measured[OURS]['sink_stage_seconds']:.1f} s, committing {measured[OURS]['sink_commit_seconds']:.1f} s), "
                 f"Spark JDBC {jdbc:.1f} s, COPY {copy:.1f} s; tables equal; ours / JDBC {ours / jdbc:.2f}, "
                 f"ours / COPY {ours / copy:.2f}")
     finally:
