@@ -22,8 +22,9 @@ KILL_PHASES = (
     # inside a transactional database sink's commit: after one prepared transaction is committed
     # (the next subtask's not yet), after one is rolled back (the next not yet)
     "prepared_commit", "prepared_rollback",
-    # inside a database sink's subtask write (a Spark task), after it read the fence and before it
-    # prepares: counted by the driver per flush, acted on by the task's process (pause: a zombie)
+    # inside a database sink's subtask write, after it read the fence and before it stages or
+    # prepares: counted by the driver per flush (acted on by the Spark task's process) and per
+    # transaction it prepares itself at a barrier (pause: a zombie)
     "prepare",
 )
 KILL_AT, PAUSE_AT, PHASE_TRACE = "CKPT_KILL_AT", "CKPT_PAUSE_AT", "CKPT_PHASE_TRACE"

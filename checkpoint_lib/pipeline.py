@@ -184,15 +184,18 @@ class DeltaSink:
 class PostgresSink:
     """A two-phase-commit sink into a PostgreSQL table ``table`` (``name`` or ``schema.name``) of
     ``schema`` (:mod:`checkpoint_lib.schema` notation), created if missing: each subtask's rows of
-    a checkpoint are written in one transaction and ``PREPARE TRANSACTION``-ed at the barrier, and
+    a checkpoint are written in one transaction and ``PREPARE TRANSACTION``-ed at the barrier (rows
+    of the checkpoint's earlier flushes wait in a staging table, invisible to readers), and
     ``COMMIT PREPARED`` once the checkpoint completes (the writer: ``spark/postgres_sink.py``). An
     ``append`` sink inserts them; an ``upsert`` sink inserts or updates by ``keys`` (a later row of
     a key replaces an earlier one), the table's primary key or a unique index on them.
 
     The server and the credentials are never in the pipeline: ``connection`` names them, as an
     Airflow connection id (the environment variable ``AIRFLOW_CONN_<ID>``, a ``postgresql://`` URI,
-    as Airflow reads it). The server needs ``max_prepared_transactions`` of at least twice the sink's
-    parallelism (each subtask: a checkpoint's transaction prepared while the next one's is written)."""
+    as Airflow reads it). The server needs ``max_prepared_transactions`` of at least the subtasks of
+    the pipeline's PostgreSQL sinks on it times (pending checkpoints + 1), whatever the flushes per
+    checkpoint (each subtask: one prepared transaction per pending checkpoint, and one an older
+    attempt may still prepare); the limit is the server's, shared with every other pipeline on it."""
 
     table: str
     schema: tuple[tuple[str, str], ...]

@@ -2,36 +2,62 @@
 ``TwoPhaseCommitSinkFunction`` with PostgreSQL's ``PREPARE TRANSACTION`` as the external system's
 transaction that survives a process's death.
 
-- **write** (at a flush, in Spark tasks): each subtask's rows go to the server in ONE database
-  transaction (``COPY``), which also reads the sink's fence and records a marker row, and is
-  ``PREPARE``-d under a global id :func:`gid` (the transaction's handle: pool slot, pipeline,
-  sink, subtask, epoch, sequence; and the flush). An ``append`` sink copies into the target; an
-  ``upsert`` sink into its staging table (rows of a prepared transaction hold no lock on the
-  target, so the next checkpoint's writes never wait for an uncommitted one). The driver then
-  records which ids the flush prepared (``_checkpoint_lib_txns``, one committed insert). A task
-  Spark retries finds its id already prepared and keeps it.
-- **pre-commit** (at the barrier): nothing left to write; the snapshot records the transaction.
+One prepared transaction per subtask and checkpoint, however many flushes the checkpoint has: the
+server's ``max_prepared_transactions`` bounds how many exist at once, so what the sink holds must
+not grow with the flushes (a run with checkpointing off flushes many times per checkpoint).
+
+- **write** (at a flush, in Spark tasks, one task per subtask): a flush that is not the last
+  before its transaction's barrier commits the subtask's rows (``COPY``) into the staging table
+  ``<table>__ckpt_staged``, tagged with the transaction's handle, its sequence and the flush, and
+  records the flush (``_checkpoint_lib_flushes``), in one transaction that also reads the sink's
+  fence and refuses an older epoch. Staged rows are invisible to the target's readers; a task Spark
+  retries finds its flush recorded and writes nothing. A subtask without rows writes nothing.
+- **pre-commit** (at the barrier): each subtask's transaction becomes ONE database transaction,
+  prepared under the global id :func:`gid` (the transaction's handle: pool slot, pipeline, sink,
+  subtask, epoch, sequence): it reads the fence, writes the last flush's rows, claims the staged
+  ones, inserts a marker (``_checkpoint_lib_commits``, visible once committed) and is
+  ``PREPARE``-d. When the runner knows the barrier follows a flush (a chained step that ends with
+  it: ``stage(..., barrier=c)``) the flush's tasks do this with their rows; otherwise the driver
+  does it at the barrier (:meth:`pre_commit`) for rows staged before. An ``append`` sink writes
+  the last flush's rows into the target and copies the staged ones there (``INSERT ... SELECT``):
+  rows of a checkpoint's last flush are written once, rows of earlier flushes twice, because a
+  flush before the barrier can be neither prepared (one more prepared transaction per flush) nor
+  committed into the target (readers would see it): the staging table is the only place they can
+  be durable meanwhile. An ``upsert`` sink writes every flush into staging (the last one inside the
+  prepared transaction), where rows of a prepared transaction hold no lock on the target, so the
+  next checkpoint's writes never wait for an uncommitted one. A retried task or a repeated
+  pre-commit finds its id prepared (or its marker committed) and keeps it.
 - **commit** (checkpoint ``c`` completed): the sink's commit bound is raised to ``c`` (what a
-  rollback checks), then ``COMMIT PREPARED`` of every id the transactions recorded, checkpoint by
-  checkpoint; an ``upsert`` sink then applies the committed staging rows to the target (latest row
-  of a key wins), deletes them and marks its ids applied, in one transaction. An id that is no
-  longer prepared is done when its marker is visible (it committed: the marker committed with the
-  rows), and an error otherwise (:class:`PreparedTransactionLostError`): nothing is committed twice.
-- **abort**: ``ROLLBACK PREPARED``.
+  rollback checks), then ``COMMIT PREPARED`` of every transaction's id, checkpoint by checkpoint;
+  an ``upsert`` sink then applies the committed staging rows to the target (latest row of a key
+  wins), deletes them and marks the markers applied, in one transaction. An id that is no longer
+  prepared is done when its marker is visible (it committed: the marker committed with the rows),
+  and an error otherwise (:class:`PreparedTransactionLostError`): nothing is committed twice.
+  Once forgotten (:meth:`discard`), the transaction's flushes and an append sink's staged copies
+  are deleted.
+- **abort**: ``ROLLBACK PREPARED``, and the transaction's staged rows and flushes deleted.
 
 **Fencing.** A recovery of epoch ``F`` raises the sink's fence to ``F`` (:meth:`fence`, before it
 restores anything); every write transaction reads the fence and refuses an older epoch. A zombie's
-write that read the fence before it moved may still prepare afterwards: such a transaction belongs
-to a checkpoint that can no longer complete (the checkpoint store is fenced first), so nobody ever
-commits it, and the next commit or recovery of a newer epoch rolls back every prepared id of an
-older epoch it does not own (:meth:`commit`, :meth:`abort`). A zombie's ``COMMIT PREPARED`` of a
-completed checkpoint commits what the newest completed checkpoint owns anyway.
+write that read the fence before it moved may still stage or prepare afterwards: such a
+transaction belongs to a checkpoint that can no longer complete (the checkpoint store is fenced
+first), so nobody ever commits it, and the next commit or recovery of a newer epoch rolls back
+every prepared id and deletes every staged flush of an older epoch it does not own
+(:meth:`commit`, :meth:`abort`). A zombie's ``COMMIT PREPARED`` of a completed checkpoint commits
+what the newest completed checkpoint owns anyway.
+
+**Prepared transactions held at once.** Each subtask holds one per pending checkpoint (an
+aborted checkpoint's stays prepared until the next completed one commits it), and one more an
+older attempt may still prepare past its fence check before a newer attempt's next commit rolls it
+back. ``max_prepared_transactions`` is the server's, shared by every database and pipeline on it:
+:meth:`check_configuration` refuses to start below what the pipeline's PostgreSQL sinks on the
+server need together (their subtasks x (pending checkpoints + 1)).
 
 **Bookkeeping tables** (in the target's schema, created if missing): ``_checkpoint_lib_fences``
 (the fence and the commit bound of each sink), ``_checkpoint_lib_commits`` (one marker per prepared
-id, visible once it committed), ``_checkpoint_lib_txns`` (the ids each flush of a transaction
-prepared). A rollback to an older checkpoint is refused once a later one committed: committed rows
-cannot be taken back (:meth:`rollback_version`).
+id, visible once it committed), ``_checkpoint_lib_flushes`` (the staged flushes of each open
+transaction). A rollback to an older checkpoint is refused once a later one committed: committed
+rows cannot be taken back (:meth:`rollback_version`).
 
 The connection string comes from the environment (``AIRFLOW_CONN_<ID>``, as Airflow reads a
 connection) and is never logged: errors name the host, the port and the connection id only.
@@ -41,6 +67,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import itertools
 import json
 import os
 import re
@@ -57,11 +84,15 @@ from ..pipeline import PostgresSink
 from ..reserved import SINK_SUBTASK
 from .sinks import RollbackUnavailableError, SinkConfigurationError, SinkSite, pipeline_of, register_sink
 
-FENCES, COMMITS, TXNS = "_checkpoint_lib_fences", "_checkpoint_lib_commits", "_checkpoint_lib_txns"
+FENCES, COMMITS, FLUSHES = "_checkpoint_lib_fences", "_checkpoint_lib_commits", "_checkpoint_lib_flushes"
 STAGED_SUFFIX = "__ckpt_staged"
+STAGED_COLUMNS = ("_ckpt_handle", "_ckpt_seq", "_ckpt_flush")
+"""A staged row's transaction (its handle), that transaction's sequence and the flush: an upsert
+sink's latest row of a key wins by them."""
 GID_PREFIX = "ckpt:"
-_GID = re.compile(r"^ckpt:(?P<txn_id>.+-\d+-\d+)\.e(?P<epoch>\d+)\.s(?P<seq>\d+):f(?P<flush>\d+)$")
+_GID = re.compile(r"^ckpt:(?P<txn_id>.+-\d+-\d+)\.e(?P<epoch>\d+)\.s(?P<seq>\d+)$")
 _MAX_GID = 200  # PostgreSQL's GIDSIZE, terminator included
+_MAX_NAME = 63  # PostgreSQL's identifiers (NAMEDATALEN - 1): a longer one is cut silently
 COPY_CHUNK = 20_000  # rows per COPY statement (one transaction holds them all)
 LOCK_TIMEOUT = "30s"
 """How long a write waits for a row lock (an append sink's unique index, a row another writer
@@ -98,16 +129,16 @@ def pg_type(spark_type: str) -> str:
 # ids ---------------------------------------------------------------------------------------------
 
 
-def gid(txn: Transaction, flush: int) -> str:
-    """The global id of what flush ``flush`` wrote for transaction ``txn`` (one subtask's)."""
-    return f"{GID_PREFIX}{txn.handle}:f{flush}"
+def gid(txn: Transaction) -> str:
+    """The global id of transaction ``txn``'s prepared database transaction (one subtask's, one
+    per checkpoint: every flush of it ends in this one)."""
+    return f"{GID_PREFIX}{txn.handle}"
 
 
 @dataclass(frozen=True)
 class PreparedId:
     gid: str
     txn: Transaction  # checkpoint_id None: the id does not say it
-    flush: int
 
 
 def parse_gid(value: str) -> PreparedId | None:
@@ -115,8 +146,7 @@ def parse_gid(value: str) -> PreparedId | None:
     m = _GID.match(value)
     if not m:
         return None
-    txn = Transaction(int(m["seq"]), m["txn_id"], int(m["epoch"]))
-    return PreparedId(value, txn, int(m["flush"]))
+    return PreparedId(value, Transaction(int(m["seq"]), m["txn_id"], int(m["epoch"])))
 
 
 def of_pool(prepared: PreparedId, pool_prefix: str) -> bool:
@@ -238,9 +268,10 @@ class WriteSpec:
     shown: str
     pipeline: str
     sink: str
-    table: tuple[str, ...]  # the COPY target: the table, or an upsert sink's staging table
+    mode: str  # append | upsert
+    table: tuple[str, ...]  # the target
+    staged: tuple[str, ...]  # its staging table
     columns: tuple[str, ...]
-    extra: tuple[str, ...]  # staging columns after them (upsert: the id, the sequence, the flush)
     fault: int | None = None  # a kill point's signal for the task, after it read the fence (tests, chaos)
 
 
@@ -256,11 +287,11 @@ def _encode(value: Any) -> str:
     return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
 
 
-def _copy_rows(cur, spec: WriteSpec, rows: Iterable[tuple]) -> int:
+def _copy_rows(cur, table: tuple[str, ...], columns: tuple[str, ...], rows: Iterable[tuple]) -> int:
     from psycopg2 import sql
 
     statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
-        sql.Identifier(*spec.table), sql.SQL(", ").join(map(sql.Identifier, spec.columns + spec.extra)))
+        sql.Identifier(*table), sql.SQL(", ").join(map(sql.Identifier, columns)))
     count, buffer = 0, io.StringIO()
     for row in rows:
         buffer.write("\t".join(_encode(v) for v in row))
@@ -276,42 +307,52 @@ def _copy_rows(cur, spec: WriteSpec, rows: Iterable[tuple]) -> int:
     return count
 
 
-def prepare(spec: WriteSpec, txn: Transaction, flush: int, rows: Iterable[tuple]) -> tuple[str, int]:
-    """Write ``rows`` (the spec's columns, in order) as transaction ``txn``'s flush ``flush`` and
-    prepare it: ``(its id, rows written)``; ``-1`` rows when an earlier attempt of the same task
-    prepared it already. Refused (:class:`FencedError`, nothing written) when the sink's fence is
-    above ``txn``'s epoch."""
-    import psycopg2
+def _tagged(rows: Iterable[tuple], txn: Transaction, flush: int) -> Iterator[tuple]:
+    return (row + (txn.handle, txn.seq, flush) for row in rows)
+
+
+def _check_fence(cur, spec: WriteSpec, txn: Transaction, what: str) -> None:
+    """Refuse (:class:`FencedError`) a write of an epoch older than the sink's fence. A plain read,
+    no lock: a prepared transaction holding one would keep the recovery's fence waiting until it
+    commits, which only that recovery would do."""
     from psycopg2 import sql
 
-    g = gid(txn, flush)
+    cur.execute(sql.SQL("SELECT epoch FROM {} WHERE pipeline = %s AND sink = %s").format(
+        _bookkeeping(spec.table, FENCES)), (spec.pipeline, spec.sink))
+    fence = cur.fetchone()
+    if fence is not None and fence[0] > txn.epoch:
+        raise FencedError(f"sink {spec.sink}: epoch {txn.epoch} is fenced by epoch {fence[0]}: {what} not written")
+
+
+def stage_rows(spec: WriteSpec, txn: Transaction, flush: int, rows: Iterable[tuple]) -> int:
+    """Flush ``flush`` of transaction ``txn`` (one subtask's), not the last before its barrier:
+    ``rows`` (the spec's columns, in order) committed into the staging table, tagged with the
+    transaction, and the flush recorded, in one database transaction. Returns the rows written, or
+    ``-1`` when an earlier attempt of the same task committed this flush already. Refused
+    (:class:`FencedError`, nothing written) when the sink's fence is above ``txn``'s epoch."""
+    from psycopg2 import sql
+
     conn = connect(spec.uri, spec.shown)
     try:
         with conn.cursor() as cur:
-            cur.execute("SELECT 1 FROM pg_prepared_xacts WHERE gid = %s", (g,))
-            if cur.fetchone() is not None:  # a retried task: an earlier attempt prepared it
+            recorded = sql.SQL("SELECT 1 FROM {} WHERE pipeline = %s AND sink = %s AND handle = %s AND flush = %s").format(
+                _bookkeeping(spec.table, FLUSHES))
+            cur.execute(recorded, (spec.pipeline, spec.sink, txn.handle, flush))
+            if cur.fetchone() is not None:  # a retried task: an earlier attempt committed it
                 conn.rollback()
-                return g, -1
+                return -1
             cur.execute("SET LOCAL lock_timeout = %s", (LOCK_TIMEOUT,))
-            cur.execute(sql.SQL("SELECT epoch FROM {} WHERE pipeline = %s AND sink = %s").format(
-                _bookkeeping(spec.table, FENCES)), (spec.pipeline, spec.sink))
-            fence = cur.fetchone()
-            if fence is not None and fence[0] > txn.epoch:
-                raise FencedError(f"sink {spec.sink}: epoch {txn.epoch} is fenced by epoch {fence[0]}: "
-                                  f"{g} not written")
+            _check_fence(cur, spec, txn, f"flush {flush} of {txn.handle}")
             act(spec.fault)  # (CKPT_PAUSE_AT=prepare:n: a zombie past its fence check)
-            if spec.extra:
-                rows = (row + (g, txn.seq, flush) for row in rows)
-            count = _copy_rows(cur, spec, rows)
-            cur.execute(sql.SQL("INSERT INTO {} (gid, pipeline, sink, handle, flush, rows) "
-                                "VALUES (%s, %s, %s, %s, %s, %s)").format(_bookkeeping(spec.table, COMMITS)),
-                        (g, spec.pipeline, spec.sink, txn.handle, flush, count))
-            try:
-                cur.execute("PREPARE TRANSACTION %s", (g,))
-            except psycopg2.errors.DuplicateObject:  # an attempt racing this one prepared it first
+            count = _copy_rows(cur, spec.staged, spec.columns + STAGED_COLUMNS, _tagged(rows, txn, flush))
+            cur.execute(sql.SQL("INSERT INTO {} (pipeline, sink, handle, flush, rows) VALUES (%s, %s, %s, %s, %s) "
+                                "ON CONFLICT DO NOTHING RETURNING 1").format(_bookkeeping(spec.table, FLUSHES)),
+                        (spec.pipeline, spec.sink, txn.handle, flush, count))
+            if cur.fetchone() is None:  # an attempt racing this one committed it first
                 conn.rollback()
-                return g, -1
-        return g, count
+                return -1
+        conn.commit()
+        return count
     except BaseException:
         if not conn.closed:
             conn.rollback()
@@ -320,19 +361,77 @@ def prepare(spec: WriteSpec, txn: Transaction, flush: int, rows: Iterable[tuple]
         conn.close()
 
 
-def _write_partition(spec: WriteSpec, txns: dict[int, Transaction], flush: int):
-    """The task of one subtask's partition (partition index = subtask): its rows prepared as one
-    transaction. A subtask with no rows prepares its marker alone, so that every transaction a
-    checkpoint owns has an id to commit and a marker that proves it committed."""
+def prepare(spec: WriteSpec, txn: Transaction, checkpoint_id: int, rows: Iterable[tuple] = (),
+            flush: int = -1) -> int:
+    """Pre-commit transaction ``txn`` (one subtask's) at the barrier of ``checkpoint_id``: ONE
+    database transaction writes ``rows``, its last flush ``flush`` (none: ``-1``, the driver at the
+    barrier), claims its staged flushes (an append sink copies them into the target; an upsert
+    sink's stay staged, applied at the commit), inserts its marker and is prepared as
+    :func:`gid`. Returns the rows written, or ``-1`` when it is prepared (or committed) already: a
+    retried task, a repeated pre-commit. Refused (:class:`FencedError`, nothing written) when the
+    sink's fence is above ``txn``'s epoch."""
+    import psycopg2
+    from psycopg2 import sql
 
-    def write(index: int, rows: Iterator[tuple]) -> Iterator[tuple[int, str, int]]:
+    g = gid(txn)
+    conn = connect(spec.uri, spec.shown)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT 1 FROM pg_prepared_xacts WHERE gid = %s", (g,))
+            done = cur.fetchone() is not None
+            if not done:
+                cur.execute(sql.SQL("SELECT 1 FROM {} WHERE gid = %s").format(_bookkeeping(spec.table, COMMITS)), (g,))
+                done = cur.fetchone() is not None
+            if done:  # an earlier attempt prepared it (or it committed since)
+                conn.rollback()
+                return -1
+            cur.execute("SET LOCAL lock_timeout = %s", (LOCK_TIMEOUT,))
+            _check_fence(cur, spec, txn, g)
+            act(spec.fault)  # (CKPT_PAUSE_AT=prepare:n: a zombie past its fence check)
+            if spec.mode == "append":
+                count = _copy_rows(cur, spec.table, spec.columns, rows)
+                cols = sql.SQL(", ").join(map(sql.Identifier, spec.columns))
+                cur.execute(sql.SQL("INSERT INTO {} ({cols}) SELECT {cols} FROM {} WHERE _ckpt_handle = %s").format(
+                    sql.Identifier(*spec.table), sql.Identifier(*spec.staged), cols=cols), (txn.handle,))
+                count += max(cur.rowcount, 0)
+            else:
+                count = _copy_rows(cur, spec.staged, spec.columns + STAGED_COLUMNS, _tagged(rows, txn, flush))
+            cur.execute(sql.SQL("INSERT INTO {} (gid, pipeline, sink, handle, flush, rows, checkpoint_id) "
+                                "VALUES (%s, %s, %s, %s, %s, %s, %s)").format(_bookkeeping(spec.table, COMMITS)),
+                        (g, spec.pipeline, spec.sink, txn.handle, flush, count, checkpoint_id))
+            try:
+                cur.execute("PREPARE TRANSACTION %s", (g,))
+            except psycopg2.errors.DuplicateObject:  # an attempt racing this one prepared it first
+                conn.rollback()
+                return -1
+        return count
+    except BaseException:
+        if not conn.closed:
+            conn.rollback()
+        raise
+    finally:
+        conn.close()
+
+
+def _write_partition(spec: WriteSpec, txns: dict[int, Transaction], flush: int, barrier: int | None):
+    """The task of one subtask's partition (partition index = subtask): its rows staged, or, when
+    ``barrier`` follows this flush, written and prepared with the transaction's staged ones (a
+    subtask with no rows then prepares its staged rows and its marker, so that every transaction a
+    checkpoint owns has an id to commit and a marker that proves it committed)."""
+
+    def write(index: int, rows: Iterator[tuple]) -> Iterator[tuple[int, int]]:
         rows = (row for _, row in rows)
+        first = next(rows, None)
         if index not in txns:
-            if next(rows, None) is not None:
+            if first is not None:
                 raise RuntimeError(f"sink {spec.sink}: rows of subtask {index}, which has no open transaction")
             return iter(())
-        g, count = prepare(spec, txns[index], flush, rows)
-        return iter([(index, g, count)])
+        rows = itertools.chain(() if first is None else (first,), rows)
+        if barrier is not None:
+            return iter([(index, prepare(spec, txns[index], barrier, rows, flush))])
+        if first is None:
+            return iter([(index, 0)])  # nothing to stage
+        return iter([(index, stage_rows(spec, txns[index], flush, rows))])
 
     return write
 
@@ -348,11 +447,15 @@ def _bookkeeping(table: tuple[str, ...], name: str):
 
 class PostgresTwoPhaseSink:
     """One logical PostgreSQL sink of a pipeline (every subtask of it shares it): the
-    :class:`~checkpoint_lib.spark.sinks.SinkWriter` of a :class:`~checkpoint_lib.pipeline.PostgresSink`."""
+    :class:`~checkpoint_lib.spark.sinks.SinkWriter` of a :class:`~checkpoint_lib.pipeline.PostgresSink`.
+    ``pending``: how many checkpoints may be pending at once; ``server_sinks``: the pipeline's
+    PostgreSQL sinks, this one included, as (name, declaration, parallelism): those on this sink's
+    server share its prepared transactions (:meth:`check_configuration`)."""
 
     def __init__(self, spark: Any, name: str, declaration: PostgresSink, pipeline: str, *, uri: str | None = None,
                  check_epoch=None, parallelism: int = 1,
-                 kill_points: KillPoints | None = None):
+                 kill_points: KillPoints | None = None, pending: int = 1,
+                 server_sinks: Iterable[tuple[str, PostgresSink, int]] = ()):
         self.spark = spark
         self.name = name
         self.declaration = declaration
@@ -366,10 +469,18 @@ class PostgresTwoPhaseSink:
         self._uri = uri
         self.check_epoch = check_epoch
         self.parallelism = parallelism
+        self.pending = pending
+        self.server_sinks = [s for s in server_sinks if s[0] != name] + [(name, declaration, parallelism)]
         self.kills = kill_points or KillPoints({})
+        self._prepared: set[str] = set()
+        """Handles whose flush with their barrier prepared them in this process: nothing to do at
+        their pre-commit, and no flush may follow."""
         if len(GID_PREFIX) + len(self.pool_prefix) + 64 >= _MAX_GID:
             raise PostgresConfigurationError(f"sink {name}: pipeline and sink names too long for PostgreSQL's "
                                              f"transaction ids ({_MAX_GID} bytes)")
+        if len(self.staged[-1].encode()) > _MAX_NAME:
+            raise PostgresConfigurationError(f"sink {name}: table name {self.table[-1]!r} too long for its staging "
+                                             f"table {self.staged[-1]!r} (PostgreSQL names: {_MAX_NAME} bytes)")
 
     # plumbing ---------------------------------------------------------------------------------
 
@@ -392,13 +503,11 @@ class PostgresTwoPhaseSink:
         return _bookkeeping(self.table, name)
 
     def _spec(self) -> WriteSpec:
-        if self.mode == "append":
-            return WriteSpec(self.uri, self.shown, self.pipeline, self.name, self.table, self.columns, ())
-        return WriteSpec(self.uri, self.shown, self.pipeline, self.name, self.staged, self.columns,
-                         ("_ckpt_gid", "_ckpt_seq", "_ckpt_flush"))
+        return WriteSpec(self.uri, self.shown, self.pipeline, self.name, self.mode, self.table, self.staged,
+                         self.columns)
 
     def prepared(self) -> list[PreparedId]:
-        """This sink's prepared transactions on the server, of every epoch (any database's)."""
+        """This sink's prepared transactions on the server, of every epoch."""
         with self._session(autocommit=True) as cur:
             cur.execute("SELECT gid FROM pg_prepared_xacts WHERE gid LIKE %s",
                         (GID_PREFIX + self.pool_prefix.replace("_", "\\_").replace("%", "\\%") + "-%",))
@@ -408,9 +517,9 @@ class PostgresTwoPhaseSink:
     # creating ---------------------------------------------------------------------------------
 
     def create(self) -> None:
-        """The target (with a primary key on ``keys`` for an upsert sink), an upsert sink's staging
-        table and the bookkeeping tables, if missing (idempotent; racing creators are fine); then
-        refuse a server or table the protocol cannot use (:meth:`check_configuration`)."""
+        """The target (with a primary key on ``keys`` for an upsert sink), its staging table and
+        the bookkeeping tables, if missing (idempotent; racing creators are fine); then refuse a
+        server or table the protocol cannot use (:meth:`check_configuration`)."""
         from psycopg2 import errors, sql
 
         columns = sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(pg_type(t)))
@@ -422,42 +531,79 @@ class PostgresTwoPhaseSink:
             statements.append(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.table[0])))
         statements += [
             sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}{})").format(sql.Identifier(*self.table), columns, key),
+            sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, _ckpt_handle text NOT NULL, _ckpt_seq bigint NOT NULL, "
+                    "_ckpt_flush bigint NOT NULL)").format(sql.Identifier(*self.staged), columns),
             sql.SQL("CREATE TABLE IF NOT EXISTS {} (pipeline text, sink text, epoch bigint NOT NULL, "
                     "committed_checkpoint bigint NOT NULL DEFAULT -1, PRIMARY KEY (pipeline, sink))").format(
                 self._id(FENCES)),
             sql.SQL("CREATE TABLE IF NOT EXISTS {} (gid text PRIMARY KEY, pipeline text NOT NULL, sink text NOT NULL, "
                     "handle text NOT NULL, flush bigint NOT NULL, rows bigint NOT NULL, "
-                    "applied boolean NOT NULL DEFAULT false)").format(self._id(COMMITS)),
+                    "applied boolean NOT NULL DEFAULT false, checkpoint_id bigint)").format(self._id(COMMITS)),
             sql.SQL("CREATE TABLE IF NOT EXISTS {} (pipeline text, sink text, handle text, flush bigint, "
-                    "gids text[] NOT NULL, PRIMARY KEY (pipeline, sink, handle, flush))").format(self._id(TXNS)),
+                    "rows bigint NOT NULL, PRIMARY KEY (pipeline, sink, handle, flush))").format(self._id(FLUSHES)),
         ]
-        if self.mode == "upsert":
-            statements.append(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, _ckpt_gid text NOT NULL, "
-                                      "_ckpt_seq bigint NOT NULL, _ckpt_flush bigint NOT NULL)").format(
-                sql.Identifier(*self.staged), columns))
+        # what tables of an earlier version lack, added only when missing: an ALTER TABLE or CREATE
+        # INDEX waits for every transaction holding the table, a prepared one included (until a
+        # commit that only this process would run)
+        upgrades = [
+            (self._qualified(COMMITS), "checkpoint_id", sql.SQL("ALTER TABLE {} ADD COLUMN checkpoint_id bigint").format(
+                self._id(COMMITS))),
+            (self._qualified(self.staged[-1]), _index_name(self.staged[-1], "handle"),
+             sql.SQL("CREATE INDEX {} ON {} (_ckpt_handle)").format(
+                 sql.Identifier(_index_name(self.staged[-1], "handle")), sql.Identifier(*self.staged))),
+        ]
         with self._session(autocommit=True) as cur:
             for statement in statements:
                 try:
                     cur.execute(statement)
                 except (errors.UniqueViolation, errors.DuplicateTable, errors.DuplicateObject):
                     pass  # a racing creator made it first (CREATE ... IF NOT EXISTS is not atomic)
+            for table, name, statement in upgrades:
+                _add_missing(cur, table, name, statement, f"sink {self.name}")
         self.check_configuration()
 
+    def _qualified(self, name: str) -> str:
+        """Bookkeeping table ``name`` (or the staging table) as ``to_regclass`` reads it."""
+        return ".".join(f'"{p}"' for p in (*self.table[:-1], name))
+
+    def prepared_needed(self) -> tuple[int, list[tuple[str, int]]]:
+        """How many prepared transactions the pipeline's PostgreSQL sinks on this sink's server may
+        hold at once, and those sinks (name, subtasks): each subtask one per pending checkpoint and
+        one an older attempt may still prepare (past its fence check) before a newer attempt's next
+        commit rolls it back, whatever the flushes per checkpoint."""
+        mine = _server(self.uri)
+        sharing = []
+        for name, declaration, parallelism in self.server_sinks:
+            if name == self.name:
+                sharing.append((name, parallelism))
+                continue
+            try:
+                theirs = _server(connection_uri(declaration.connection, name))
+            except PostgresConfigurationError:
+                continue  # (its own start refuses it, naming its connection)
+            if theirs == mine:
+                sharing.append((name, parallelism))
+        return sum(p for _, p in sharing) * (self.pending + 1), sorted(sharing)
+
     def check_configuration(self) -> None:
-        """Refused before any write, each naming what to change: a server with
-        ``max_prepared_transactions = 0`` (no two-phase commit); a target lacking a declared column
-        or typing it otherwise; an upsert target without a primary key or unique index on exactly
-        ``keys``."""
-        needed = 2 * self.parallelism  # each subtask: a checkpoint's transaction pending, the next one's written
+        """Refused before any write, each naming what to change: a server with fewer
+        ``max_prepared_transactions`` than the pipeline's PostgreSQL sinks on it need
+        (:meth:`prepared_needed`; 0, PostgreSQL's default: no two-phase commit at all); a target
+        lacking a declared column or typing it otherwise; an upsert target without a primary key or
+        unique index on exactly ``keys``."""
+        needed, sharing = self.prepared_needed()
         with self._session(autocommit=True) as cur:
             cur.execute("SHOW max_prepared_transactions")
             have = int(cur.fetchone()[0])
             if have < needed:
+                sinks = ", ".join(f"{n}: {p} subtask{'s' if p != 1 else ''}" for n, p in sharing)
                 raise PostgresConfigurationError(
                     f"sink {self.name}: the PostgreSQL server at {self.shown} has max_prepared_transactions = {have}, "
-                    f"and the sink's {self.parallelism} subtasks need at least {needed} (each: a checkpoint's "
-                    "transaction prepared while the next one's is written). Set max_prepared_transactions "
-                    "(postgresql.conf, or `postgres -c max_prepared_transactions=N`) and restart the server")
+                    f"and the pipeline's PostgreSQL sinks on it ({sinks}) need at least {needed}: each subtask holds "
+                    f"one prepared transaction per pending checkpoint ({self.pending}) and one more an older attempt "
+                    "may still prepare. The limit is the server's, shared by every database and pipeline on it: "
+                    "add what other pipelines' sinks there need. Set max_prepared_transactions (postgresql.conf, "
+                    "or `postgres -c max_prepared_transactions=N`) and restart the server")
             schema = self.table[0] if len(self.table) == 2 else None
             cur.execute("SELECT column_name, data_type, numeric_precision, numeric_scale FROM information_schema.columns "
                         "WHERE table_name = %s AND table_schema = COALESCE(%s, current_schema())",
@@ -483,12 +629,18 @@ class PostgresTwoPhaseSink:
 
     # writing ----------------------------------------------------------------------------------
 
-    def stage(self, rows: Any, handles: dict[int, Transaction], flush: int) -> None:
-        """Write ``rows`` (the sink's columns plus ``sink_subtask``) as each subtask's transaction
-        ``handles[subtask]``, one prepared database transaction per subtask (one Spark job: a
-        task per subtask), then record the ids (one insert)."""
+    def stage(self, rows: Any, handles: dict[int, Transaction], flush: int, *, barrier: int | None = None) -> None:
+        """Write ``rows`` (the sink's columns plus ``sink_subtask``) into each subtask's transaction
+        ``handles[subtask]`` as flush ``flush`` (one Spark job: a task per subtask, each one database
+        transaction): staged, or, when the barrier of checkpoint ``barrier`` follows this flush
+        before any other flush of them, written and prepared with what they staged before
+        (:func:`prepare`: nothing left for :meth:`pre_commit`)."""
         if not handles:
             return
+        closed = sorted(t.handle for t in handles.values() if t.handle in self._prepared)
+        if closed:
+            raise RuntimeError(f"sink {self.name}: flush {flush} into transactions already prepared at their barrier "
+                               f"({', '.join(closed)})")
         missing = [c for c in self.columns if c not in rows.columns]
         if missing:
             raise ValueError(f"sink {self.name}: the operator's rows lack columns {missing}")
@@ -496,70 +648,48 @@ class PostgresTwoPhaseSink:
         spec = dataclasses.replace(self._spec(), fault=self.kills.due("prepare"))
         keyed = rows.select(SINK_SUBTASK, *self.columns).rdd.map(lambda r: (int(r[0]), tuple(r[1:])))
         written = (keyed.partitionBy(width, lambda subtask: subtask)
-                   .mapPartitionsWithIndex(_write_partition(spec, dict(handles), flush)).collect())
-        self._record(handles, flush, {subtask: g for subtask, g, _ in written})
-
-    def _record(self, handles: dict[int, Transaction], flush: int, gids: dict[int, str]) -> None:
-        from psycopg2 import sql
-
-        lacking = sorted(set(handles) - set(gids))
+                   .mapPartitionsWithIndex(_write_partition(spec, dict(handles), flush, barrier)).collect())
+        lacking = sorted(set(handles) - {subtask for subtask, _ in written})
         if lacking:
-            raise RuntimeError(f"sink {self.name}: flush {flush} prepared nothing for subtasks {lacking}")
-        with self._session() as cur:
-            for subtask, txn in handles.items():
-                cur.execute(sql.SQL("INSERT INTO {} (pipeline, sink, handle, flush, gids) VALUES (%s, %s, %s, %s, %s) "
-                                    "ON CONFLICT DO NOTHING").format(self._id(TXNS)),
-                            (self.pipeline, self.name, txn.handle, flush, [gids[subtask]]))
+            raise RuntimeError(f"sink {self.name}: flush {flush} wrote nothing for subtasks {lacking}")
+        if barrier is not None:
+            self._prepared.update(t.handle for t in handles.values())
+
+    def pre_commit(self, handles: dict[int, Transaction], checkpoint_id: int) -> None:
+        """At the barrier of ``checkpoint_id``: each subtask's transaction of ``handles`` prepared
+        (:func:`prepare`, from the driver: its staged rows claimed, its marker), unless its last
+        flush did it (:meth:`stage` with ``barrier``). Idempotent."""
+        spec = self._spec()
+        for _, txn in sorted(handles.items()):
+            if txn.handle in self._prepared:
+                self._prepared.discard(txn.handle)
+                continue
+            prepare(dataclasses.replace(spec, fault=self.kills.due("prepare")), txn, checkpoint_id)
 
     # reading the bookkeeping ---------------------------------------------------------------------
 
-    def _recorded(self, txns: Iterable[Transaction]) -> dict[str, list[str]]:
-        """Handle -> the ids its flushes prepared (recorded at each flush)."""
+    def _markers(self, gids: Iterable[str]) -> dict[str, bool]:
+        """Committed id -> applied, of ``gids`` (a marker is visible once its transaction committed)."""
         from psycopg2 import sql
 
-        handles = [t.handle for t in txns]
-        out: dict[str, list[str]] = {h: [] for h in handles}
-        if not handles:
-            return out
-        with self._session(autocommit=True) as cur:
-            cur.execute(sql.SQL("SELECT handle, gids FROM {} WHERE pipeline = %s AND sink = %s AND handle = ANY(%s)")
-                        .format(self._id(TXNS)), (self.pipeline, self.name, handles))
-            for handle, gids in cur.fetchall():
-                out[handle].extend(gids)
-        return out
-
-    def _markers(self, handles: Iterable[str]) -> dict[str, dict[str, bool]]:
-        """Handle -> {committed id: applied} (a marker is visible once its transaction committed)."""
-        from psycopg2 import sql
-
-        handles = list(handles)
-        out: dict[str, dict[str, bool]] = {h: {} for h in handles}
-        if not handles:
-            return out
-        with self._session(autocommit=True) as cur:
-            cur.execute(sql.SQL("SELECT handle, gid, applied FROM {} WHERE handle = ANY(%s)").format(self._id(COMMITS)),
-                        (handles,))
-            for handle, g, applied in cur.fetchall():
-                out[handle][g] = applied
-        return out
-
-    def _done(self, txn: Transaction, marked: dict[str, bool], gids: list[str], bound: int) -> bool:
-        """Whether every id of ``gids`` is committed (and, for an upsert sink, applied). A
-        transaction forgotten after its commit has no ids recorded, only its markers; one that
-        was never written to (no flush before its barrier) has neither, and is committed once the
-        sink's commit bound reached its checkpoint."""
-        if not gids and not marked:
-            return txn.checkpoint_id is not None and txn.checkpoint_id <= bound
+        gids = list(gids)
         if not gids:
-            return self.mode == "append" or all(marked.values())
-        return all(g in marked and (self.mode == "append" or marked[g]) for g in gids)
+            return {}
+        with self._session(autocommit=True) as cur:
+            cur.execute(sql.SQL("SELECT gid, applied FROM {} WHERE gid = ANY(%s)").format(self._id(COMMITS)), (gids,))
+            return dict(cur.fetchall())
+
+    def _done(self, txn: Transaction, markers: dict[str, bool]) -> bool:
+        """Whether ``txn`` committed (and, for an upsert sink, was applied): its marker says so."""
+        g = gid(txn)
+        return g in markers and (self.mode == "append" or markers[g])
 
     def uncommitted(self, txns: Iterable[Transaction]) -> list[Transaction]:
         txns = list(txns)
         if not txns:
             return []
-        recorded, markers, bound = self._recorded(txns), self._markers(t.handle for t in txns), self.committed_checkpoint()
-        return [t for t in txns if not self._done(t, markers[t.handle], recorded[t.handle], bound)]
+        markers = self._markers(gid(t) for t in txns)
+        return [t for t in txns if not self._done(t, markers)]
 
     def is_committed(self, txn: Transaction) -> bool:
         return txn.checkpoint_id is not None and not self.uncommitted([txn])
@@ -570,9 +700,9 @@ class PostgresTwoPhaseSink:
         todo = self.uncommitted(txns)
         if not todo:
             return None
-        recorded, markers = self._recorded(todo), self._markers(t.handle for t in todo)
+        markers = self._markers(gid(t) for t in todo)
         prepared = {p.gid for p in self.prepared()}
-        gone = [g for t in todo for g in recorded[t.handle] if g not in prepared and g not in markers[t.handle]]
+        gone = [gid(t) for t in todo if gid(t) not in prepared and gid(t) not in markers]
         if not gone:
             return None
         return (f"sink {self.name}: {len(gone)} prepared transactions of {'.'.join(self.table)} are gone before their "
@@ -611,10 +741,10 @@ class PostgresTwoPhaseSink:
 
     def commit(self, txns: list[Transaction], checkpoint_id: int, writer_epoch: int) -> list[Transaction]:
         """Commit ``txns`` (every subtask's, pre-committed at checkpoints <= ``checkpoint_id``),
-        checkpoint by checkpoint: ``COMMIT PREPARED`` of every id they recorded (an upsert sink
-        then applies them); ids already committed are skipped, so a repeated commit is a no-op.
-        Then rolls back every prepared id of an older epoch than ``writer_epoch`` (a zombie's).
-        Returns what this call committed."""
+        checkpoint by checkpoint: ``COMMIT PREPARED`` of each one's id (an upsert sink then applies
+        them); ones already committed are skipped, so a repeated commit is a no-op. Then rolls back
+        what every older epoch than ``writer_epoch`` left that it does not own (a zombie's prepare
+        or staged flush that landed after the fence). Returns what this call committed."""
         if self.check_epoch is not None:
             self.check_epoch(writer_epoch)
         todo = self.uncommitted(txns)
@@ -626,38 +756,38 @@ class PostgresTwoPhaseSink:
             self._commit_prepared(by_checkpoint[cid])
             if self.mode == "upsert":
                 self._apply(by_checkpoint[cid], writer_epoch)
-        self._roll_back_older(writer_epoch, keep={t.handle for t in txns})
+        self._abort_older(writer_epoch, keep={t.handle for t in txns})
         return todo
 
     def _commit_prepared(self, txns: list[Transaction]) -> None:
         import psycopg2
 
-        recorded, markers = self._recorded(txns), self._markers(t.handle for t in txns)
+        markers = self._markers(gid(t) for t in txns)
         with self._session(autocommit=True) as cur:
-            for t in txns:  # (one never written to recorded no id: nothing to commit)
-                for g in recorded[t.handle]:
-                    if g in markers[t.handle]:
-                        continue
-                    try:
-                        cur.execute("COMMIT PREPARED %s", (g,))
-                        self.kills.reached("prepared_commit")  # this one committed, the next ones not yet
-                    except psycopg2.errors.UndefinedObject:  # not prepared (any more): committed, or lost
-                        if g not in self._markers([t.handle])[t.handle]:
-                            raise PreparedTransactionLostError(
-                                f"sink {self.name}: {g} (checkpoint {t.checkpoint_id}) is neither prepared nor "
-                                f"committed on {self.shown}: its rows are lost (rolled back by hand?)") from None
+            for t in txns:
+                g = gid(t)
+                if g in markers:
+                    continue
+                try:
+                    cur.execute("COMMIT PREPARED %s", (g,))
+                    self.kills.reached("prepared_commit")  # this one committed, the next ones not yet
+                except psycopg2.errors.UndefinedObject:  # not prepared (any more): committed, or lost
+                    if g not in self._markers([g]):
+                        raise PreparedTransactionLostError(
+                            f"sink {self.name}: {g} (checkpoint {t.checkpoint_id}) is neither prepared nor "
+                            f"committed on {self.shown}: its rows are lost (rolled back by hand?)") from None
 
     def _apply(self, txns: list[Transaction], writer_epoch: int) -> None:
-        """An upsert sink: the committed staging rows of ``txns`` into the target (the latest row of
-        a key, by transaction and flush, wins), deleted from staging, their markers applied: one
-        transaction, refused for a fenced epoch."""
+        """An upsert sink: the staging rows of the committed ones of ``txns`` into the target (the
+        latest row of a key, by transaction and flush, wins), deleted from staging, their markers
+        applied: one transaction, refused for a fenced epoch."""
         from psycopg2 import sql
 
-        markers = self._markers(t.handle for t in txns)  # (a transaction forgotten early has its markers only)
-        gids = sorted({g for recorded in self._recorded(txns).values() for g in recorded}
-                      | {g for marked in markers.values() for g, applied in marked.items() if not applied})
-        if not gids:
+        markers = self._markers(gid(t) for t in txns)
+        todo = [t for t in txns if markers.get(gid(t)) is False]  # committed, not applied yet
+        if not todo:
             return
+        handles, gids = [t.handle for t in todo], [gid(t) for t in todo]
         cols = sql.SQL(", ").join(map(sql.Identifier, self.columns))
         keys = sql.SQL(", ").join(map(sql.Identifier, self.keys))
         updates = sql.SQL(", ").join(sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(c), sql.Identifier(c))
@@ -671,18 +801,20 @@ class PostgresTwoPhaseSink:
             if fence is not None and fence[0] > writer_epoch:
                 raise FencedError(f"sink {self.name}: epoch {writer_epoch} is fenced by epoch {fence[0]}")
             cur.execute(sql.SQL("INSERT INTO {t} ({cols}) SELECT DISTINCT ON ({keys}) {cols} FROM {s} "
-                                "WHERE _ckpt_gid = ANY(%s) ORDER BY {keys}, _ckpt_seq DESC, _ckpt_flush DESC "
+                                "WHERE _ckpt_handle = ANY(%s) ORDER BY {keys}, _ckpt_seq DESC, _ckpt_flush DESC "
                                 "ON CONFLICT ({keys}) {conflict}").format(
                 t=sql.Identifier(*self.table), s=sql.Identifier(*self.staged), cols=cols, keys=keys,
-                conflict=conflict), (gids,))
-            cur.execute(sql.SQL("DELETE FROM {} WHERE _ckpt_gid = ANY(%s)").format(sql.Identifier(*self.staged)), (gids,))
+                conflict=conflict), (handles,))
+            cur.execute(sql.SQL("DELETE FROM {} WHERE _ckpt_handle = ANY(%s)").format(sql.Identifier(*self.staged)),
+                        (handles,))
             cur.execute(sql.SQL("UPDATE {} SET applied = true WHERE gid = ANY(%s)").format(self._id(COMMITS)), (gids,))
 
-    def _roll_back_older(self, epoch: int, keep: set[str]) -> None:
-        """Roll back every prepared id of this sink of an epoch older than ``epoch`` whose
-        transaction is not among ``keep``: a zombie's write that prepared after the fence."""
-        stale = [p.gid for p in self.prepared() if p.txn.epoch < epoch and p.txn.handle not in keep]
-        self._roll_back(stale)
+    def _abort_older(self, epoch: int, keep: set[str]) -> None:
+        """Abort every transaction of this sink of an epoch older than ``epoch`` that is not among
+        ``keep`` and left something (a prepared id, staged flushes): a zombie's write that landed
+        after the fence."""
+        stale = [t for t in self.open_transactions() if t.epoch < epoch and t.handle not in keep]
+        self.abort(stale)
 
     def _roll_back(self, gids: Iterable[str]) -> None:
         import psycopg2
@@ -701,48 +833,52 @@ class PostgresTwoPhaseSink:
     # aborting, forgetting, recovery ------------------------------------------------------------
 
     def abort(self, txns: Iterable[Transaction]) -> None:
-        """Roll back what ``txns`` prepared (every id of theirs on the server, recorded or not),
-        delete an upsert sink's committed staging rows of theirs that were never applied, and
-        forget them. Committed rows are never touched. Idempotent."""
+        """Roll back what ``txns`` prepared (every id of theirs on the server), delete their staged
+        rows and flushes, and forget them. Committed rows are never touched: an upsert sink keeps
+        the staged rows of one that committed (its marker says so; a commit that owns it applies
+        them). Idempotent."""
         from psycopg2 import sql
 
         handles = {t.handle for t in txns}
         if not handles:
             return
         self._roll_back(p.gid for p in self.prepared() if p.txn.handle in handles)
+        if self.mode == "upsert":
+            markers = self._markers(gid(_handle_txn(h)) for h in handles)
+            handles = {h for h in handles if gid(_handle_txn(h)) not in markers}
         with self._session() as cur:
-            if self.mode == "upsert":
-                cur.execute(sql.SQL("DELETE FROM {} s USING {} c WHERE s._ckpt_gid = c.gid AND c.handle = ANY(%s) "
-                                    "AND NOT c.applied").format(sql.Identifier(*self.staged), self._id(COMMITS)),
-                            (list(handles),))
+            cur.execute(sql.SQL("DELETE FROM {} WHERE _ckpt_handle = ANY(%s)").format(sql.Identifier(*self.staged)),
+                        (list(handles),))
             cur.execute(sql.SQL("DELETE FROM {} WHERE pipeline = %s AND sink = %s AND handle = ANY(%s)").format(
-                self._id(TXNS)), (self.pipeline, self.name, list(handles)))
+                self._id(FLUSHES)), (self.pipeline, self.name, list(handles)))
 
     def discard(self, txns: Iterable[Transaction]) -> None:
-        """After ``txns`` committed: forget their recorded ids (their markers stay: they prove the
-        commit to a recovery that re-commits them). Idempotent."""
+        """After ``txns`` committed: forget their staged flushes and an append sink's staged copies
+        (the target holds the rows; their markers stay: they prove the commit to a recovery that
+        re-commits them). Idempotent."""
         from psycopg2 import sql
 
         handles = [t.handle for t in txns]
         if not handles:
             return
         with self._session() as cur:
+            if self.mode == "append":
+                cur.execute(sql.SQL("DELETE FROM {} WHERE _ckpt_handle = ANY(%s)").format(
+                    sql.Identifier(*self.staged)), (handles,))
             cur.execute(sql.SQL("DELETE FROM {} WHERE pipeline = %s AND sink = %s AND handle = ANY(%s)").format(
-                self._id(TXNS)), (self.pipeline, self.name, handles))
+                self._id(FLUSHES)), (self.pipeline, self.name, handles))
 
     def open_transactions(self) -> list[Transaction]:
-        """Every transaction with ids recorded or prepared on the server, of every epoch: recovery
+        """Every transaction with an id prepared or flushes staged, of every epoch: recovery
         re-commits those the restored checkpoint owns and aborts the rest (a zombie's included)."""
         from psycopg2 import sql
 
         found: dict[str, Transaction] = {p.txn.handle: p.txn for p in self.prepared()}
         with self._session(autocommit=True) as cur:
             cur.execute(sql.SQL("SELECT DISTINCT handle FROM {} WHERE pipeline = %s AND sink = %s").format(
-                self._id(TXNS)), (self.pipeline, self.name))
+                self._id(FLUSHES)), (self.pipeline, self.name))
             for (handle,) in cur.fetchall():
-                parsed = parse_gid(gid(_handle_txn(handle), 0))
-                if parsed is not None:
-                    found.setdefault(handle, parsed.txn)
+                found.setdefault(handle, _handle_txn(handle))
         return sorted(found.values())
 
     # rollback to an older checkpoint -------------------------------------------------------------
@@ -780,6 +916,46 @@ def _handle_txn(handle: str) -> Transaction:
     return Transaction(int(m["seq"]), m["txn_id"], int(m["epoch"]))
 
 
+def _add_missing(cur, table: str, name: str, statement, what: str) -> None:
+    """Run ``statement`` (adding column or index ``name`` to ``table``) unless ``table`` has it;
+    refused at once, not waited for, when a transaction holds the table (a prepared one holds it
+    until it commits)."""
+    from psycopg2 import errors
+
+    cur.execute("SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = %s AND NOT attisdropped "
+                "UNION ALL SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+                "WHERE i.indrelid = to_regclass(%s) AND c.relname = %s", (table, name, table, name))
+    if cur.fetchone() is not None:
+        return
+    try:
+        cur.execute("SET lock_timeout = '5s'")
+        cur.execute(statement)
+    except (errors.DuplicateColumn, errors.DuplicateTable, errors.DuplicateObject):
+        pass  # a racing creator made it first
+    except errors.LockNotAvailable:
+        raise PostgresConfigurationError(
+            f"{what}: cannot add {name} to {table}, which a prepared transaction (of an earlier version of the sink) "
+            "holds: run the pipeline once with that version to commit it, or roll it back "
+            "(ROLLBACK PREPARED), then start again") from None
+    finally:
+        cur.execute("RESET lock_timeout")
+
+
+def _server(uri: str) -> tuple[str, int]:
+    parts = urlsplit(uri)
+    return parts.hostname or "localhost", parts.port or 5432
+
+
+def _index_name(table: str, what: str) -> str:
+    """An index's name from its table's (cut to PostgreSQL's length with a hash, never silently)."""
+    name = f"{table}_{what}"
+    if len(name.encode()) <= _MAX_NAME:
+        return name
+    import hashlib
+
+    return f"{name.encode()[:_MAX_NAME - 9].decode(errors='ignore')}_{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+
+
 def _same_type(have: tuple[str, Any, Any], want: str) -> bool:
     data_type, precision, scale = have
     if want.startswith("numeric"):
@@ -790,9 +966,11 @@ def _same_type(have: tuple[str, Any, Any], want: str) -> bool:
 
 
 def _postgres_sink(declaration: PostgresSink, site: SinkSite) -> PostgresTwoPhaseSink:
+    server_sinks = [(n, d, p) for n, d, p in site.sinks if isinstance(d, PostgresSink)]
     return PostgresTwoPhaseSink(site.spark, site.name, declaration, pipeline_of(site.app_prefix),
                                 check_epoch=site.check_epoch, parallelism=site.parallelism or 1,
-                                kill_points=site.kill_points)
+                                kill_points=site.kill_points, pending=site.pending_checkpoints,
+                                server_sinks=server_sinks)
 
 
 register_sink(PostgresSink, _postgres_sink)

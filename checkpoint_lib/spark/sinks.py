@@ -88,6 +88,12 @@ class SinkWriter(Protocol):
       committed it (for a rollback to an older checkpoint or savepoint);
     - :meth:`open_transactions`: every transaction with files or bookkeeping left (recovery
       aborts those no checkpoint owns).
+
+    Optional: ``pre_commit(handles, checkpoint_id)``, called at the barrier of ``checkpoint_id``
+    before the subtasks' transactions ``handles`` (subtask -> transaction) are pre-committed: what
+    the sink must make durable and committable then (a database's ``PREPARE TRANSACTION``). A writer
+    that has it also gets ``stage(..., barrier=checkpoint_id)`` for a flush that barrier follows
+    before any other flush of those transactions, so that it may write and pre-commit at once.
     """
 
     name: str
@@ -130,6 +136,11 @@ class SinkSite:
     check_epoch: Callable[[int], None] | None = None
     parallelism: int | None = None  # the sink's subtasks (its vertex's)
     kill_points: KillPoints | None = None  # the process's (checkpoint_lib.killpoints)
+    pending_checkpoints: int = 1  # how many checkpoints may be pending at once (max_concurrent)
+    sinks: tuple[tuple[str, Any, int], ...] = ()
+    """Every sink of the pipeline, this one included, as (name, declaration, parallelism): what a
+    sink that shares a resource with others sizes it by (the PostgreSQL sinks on one server share
+    its prepared transactions)."""
 
 
 _KINDS: Kinds[SinkWriter] = Kinds("sink", "writer", "checkpoint_lib.spark.sinks.register_sink")
@@ -152,16 +163,19 @@ def declared_sinks(pipeline: Any) -> dict[str, Any]:
 def pipeline_sinks(
     spark: SparkSession | None, pipeline: Any, warehouse: str, root: str,
     check_epoch: Callable[[int], None] | None = None, kill_points: KillPoints | None = None,
+    pending_checkpoints: int = 1,
 ) -> dict[str, SinkWriter]:
     """The sinks of ``pipeline`` (a linear pipeline or a dataflow graph; warehouse ``warehouse``,
-    checkpoint root ``root``): the one construction, for both runners and for
-    :class:`~checkpoint_lib.control.PipelineControl`. With ``spark=None`` only the control-plane
-    reads work (the commit stamps, the rollback version)."""
+    checkpoint root ``root``; up to ``pending_checkpoints`` checkpoints pending at once): the one
+    construction, for both runners and for :class:`~checkpoint_lib.control.PipelineControl`. With
+    ``spark=None`` only the control-plane reads work (the commit stamps, the rollback version)."""
+    declared = declared_sinks(pipeline)
+    every = tuple((name, s, _parallelism(pipeline, name)) for name, s in declared.items())
     return {
         name: sink_writer(s, SinkSite(spark, name, _location(warehouse, s), str(sink_transactions(root, name)),
                                       app_prefix(pipeline.name), check_epoch, _parallelism(pipeline, name),
-                                      kill_points))
-        for name, s in declared_sinks(pipeline).items()
+                                      kill_points, pending_checkpoints, every))
+        for name, s in declared.items()
     }
 
 

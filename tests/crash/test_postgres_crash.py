@@ -43,8 +43,8 @@ def _fresh(spark, tmp_path, server) -> str:
         build(ledger_table="ledger").generator_fn(spark, w, ROWS, bad_fraction=0.05, seed=70 + v)
     for g in _prepared(server):
         server.psql(f"ROLLBACK PREPARED '{g}'")
-    server.psql("DROP TABLE IF EXISTS balances, balances__ckpt_staged, ledger, _checkpoint_lib_fences, "
-                "_checkpoint_lib_commits, _checkpoint_lib_txns")
+    server.psql("DROP TABLE IF EXISTS balances, balances__ckpt_staged, ledger, ledger__ckpt_staged, "
+                "_checkpoint_lib_fences, _checkpoint_lib_commits, _checkpoint_lib_flushes")
     return w
 
 

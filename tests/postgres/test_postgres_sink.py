@@ -40,15 +40,24 @@ def txn(sink: pg.PostgresTwoPhaseSink, subtask: int, seq: int, epoch: int, check
 
 
 def write(sink, t: Transaction, flush: int, rows) -> str:
-    """What a flush's Spark task does for one subtask, then what the driver records."""
-    g, _ = pg.prepare(sink._spec(), t, flush, iter(rows))
-    sink._record({0: t}, flush, {0: g})
-    return g
+    """What the Spark task of a flush its barrier follows does for one subtask (checkpoint
+    ``flush``): the rows written and the transaction prepared."""
+    pg.prepare(sink._spec(), t, flush, iter(rows), flush)
+    return pg.gid(t)
+
+
+def stage(sink, t: Transaction, flush: int, rows) -> int:
+    """What the Spark task of a flush before the barrier does for one subtask: the rows staged."""
+    return pg.stage_rows(sink._spec(), t, flush, iter(rows))
 
 
 def rows(server, table: str) -> list[tuple]:
     out = server.psql(f"SELECT account, amount FROM {table} ORDER BY account, amount")
     return [tuple(line.split("|")) for line in out.splitlines() if line]
+
+
+def staged(server, table: str) -> int:
+    return int(server.psql(f"SELECT count(*) FROM {table}{pg.STAGED_SUFFIX}"))
 
 
 def prepared(server, table: str) -> list[str]:
@@ -81,8 +90,8 @@ def _prepare_then_die(uri: str, table: str, handle: tuple, flush: int) -> None:
     decl = PostgresSink(table, SCHEMA)
     sink = pg.PostgresTwoPhaseSink(None, "out", decl, table, uri=uri)
     t = Transaction(*handle)
-    g, _ = pg.prepare(sink._spec(), t, flush, iter([("k", 7)]))
-    sink._record({0: t}, flush, {0: g})
+    stage(sink, t, flush - 1, [("j", 6)])
+    pg.prepare(sink._spec(), t, flush, iter([("k", 7)]), flush)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -101,7 +110,9 @@ def test_a_writer_killed_between_prepare_and_commit_is_committed_by_the_recovery
     assert [o.handle for o in recovery.open_transactions()] == [t.handle]
     recovery.commit([replace(t, 4)], 4, 2)
     recovery.commit([replace(t, 4)], 4, 2)
-    assert rows(postgres_server, table) == [("k", "7")] and prepared(postgres_server, table) == []
+    recovery.discard([replace(t, 4)])
+    assert rows(postgres_server, table) == [("j", "6"), ("k", "7")] and prepared(postgres_server, table) == []
+    assert staged(postgres_server, table) == 0 and recovery.open_transactions() == []
 
 
 def _commit_or_abort_then_die(uri: str, table: str, handles: list[tuple], action: str, kill_at: str) -> None:
@@ -138,7 +149,7 @@ def test_killed_between_two_subtasks_commits_the_recovery_commits_the_rest_once(
     assert len(rows(postgres_server, table)) == 1 and len(prepared(postgres_server, table)) == 2  # one of three
     recovery = writer(postgres_server, table)  # epoch 3 restores checkpoint 1, which owns all three
     recovery.fence(3)
-    assert {t.handle for t in recovery.open_transactions()} == {t.handle for t in txns}
+    assert {t.handle for t in recovery.open_transactions()} == {t.handle for t in txns[1:]}  # still prepared
     assert len(recovery.commit(txns, 1, 3)) == 2  # the one committed before the kill is proved by its marker
     assert rows(postgres_server, table) == [("k0", "0"), ("k1", "1"), ("k2", "2")]
     assert prepared(postgres_server, table) == []
@@ -156,7 +167,8 @@ def test_killed_during_the_recoverys_rollbacks_the_next_recovery_finishes_them(p
     assert len(prepared(postgres_server, table)) == 3  # owned, and two of the three not rolled back yet
     recovery = writer(postgres_server, table)
     recovery.fence(3)
-    assert {t.handle for t in recovery.open_transactions()} == {owned.handle} | {t.handle for t in later}
+    assert len({t.handle for t in recovery.open_transactions()} & {t.handle for t in later}) == 2
+    assert owned.handle in {t.handle for t in recovery.open_transactions()}
     recovery.commit([owned], 1, 3)
     recovery.abort(later)
     assert rows(postgres_server, table) == [("a", "1")] and prepared(postgres_server, table) == []
@@ -185,12 +197,14 @@ def test_a_fenced_epoch_writes_nothing_and_a_zombie_prepare_after_the_fence_neve
     write(sink, owned, 1, [("a", 1)])
     sink.fence(2)
     with pytest.raises(FencedError):
-        pg.prepare(sink._spec(), txn(sink, 0, 1, epoch=1), 2, iter([("z", 1)]))
+        pg.prepare(sink._spec(), txn(sink, 0, 1, epoch=1), 2, iter([("z", 1)]), 2)
+    with pytest.raises(FencedError):
+        stage(sink, txn(sink, 0, 1, epoch=1), 2, [("z", 1)])
     # a zombie that read the fence before it moved prepares after it (simulated: its transaction as it lands)
     zombie = txn(sink, 1, 1, epoch=1)
     with psycopg2.connect(postgres_server.uri) as conn, conn.cursor() as cur:
         cur.execute(f"INSERT INTO {table} VALUES ('zombie', 99)")
-        cur.execute("PREPARE TRANSACTION %s", (pg.gid(zombie, 2),))
+        cur.execute("PREPARE TRANSACTION %s", (pg.gid(zombie),))
     conn.close()
     with pytest.raises(FencedError):
         sink.fence(1)
@@ -204,8 +218,10 @@ def test_a_fenced_epoch_writes_nothing_and_a_zombie_prepare_after_the_fence_neve
 def test_recovery_aborts_what_the_restored_checkpoint_does_not_own(postgres_server, table):
     sink = writer(postgres_server, table)
     owned, later = txn(sink, 0, 0, epoch=1), txn(sink, 0, 1, epoch=1)
-    write(sink, owned, 1, [("a", 1)])
-    write(sink, later, 2, [("b", 2)])
+    stage(sink, owned, 1, [("a", 1)])
+    sink.pre_commit({0: owned}, 1)
+    stage(sink, later, 2, [("b", 2)])
+    write(sink, later, 3, [("c", 3)])
     recovery = writer(postgres_server, table)
     recovery.fence(2)
     assert {t.handle for t in recovery.open_transactions()} == {owned.handle, later.handle}
@@ -221,8 +237,8 @@ def test_recovery_aborts_what_the_restored_checkpoint_does_not_own(postgres_serv
 def test_upsert_the_latest_row_of_a_key_wins_and_an_interrupted_apply_finishes(postgres_server, table):
     sink = writer(postgres_server, table, "upsert")
     first, second = txn(sink, 0, 0, epoch=1), txn(sink, 0, 1, epoch=1)
-    write(sink, first, 1, [("a", 1), ("b", 1)])
-    write(sink, first, 2, [("a", 2)])  # a second flush of the same transaction: its rows win
+    stage(sink, first, 1, [("a", 1), ("b", 1)])
+    write(sink, first, 2, [("a", 2)])  # the flush its barrier follows: its rows win
     write(sink, second, 3, [("b", 3)])  # prepared while the first is not committed: no lock waited on
     sink.commit([replace(first, 1)], 1, 1)
     assert rows(postgres_server, table) == [("a", "2"), ("b", "1")]
@@ -231,12 +247,14 @@ def test_upsert_the_latest_row_of_a_key_wins_and_an_interrupted_apply_finishes(p
     sink.commit([replace(second, 2)], 2, 1)
     sink.commit([replace(second, 2)], 2, 1)
     assert rows(postgres_server, table) == [("a", "2"), ("b", "3")]
-    assert postgres_server.psql(f"SELECT count(*) FROM {table}{pg.STAGED_SUFFIX}") == "0"
+    assert staged(postgres_server, table) == 0
     third = txn(sink, 0, 2, epoch=1)
-    write(sink, third, 4, [("c", 4)])
+    stage(sink, third, 4, [("c", 4)])
+    sink.pre_commit({0: third}, 3)
     sink._commit_prepared([replace(third, 3)])
-    sink.discard([replace(third, 3)])  # forgotten before its rows were applied: its markers still say so
+    sink.discard([replace(third, 3)])  # forgotten before its rows were applied: its marker still says so
     assert sink.uncommitted([replace(third, 3)])
+    sink.abort([replace(third, 3)])  # (a committed transaction's staged rows are never deleted)
     sink.commit([replace(third, 3)], 3, 1)
     assert rows(postgres_server, table) == [("a", "2"), ("b", "3"), ("c", "4")]
 
@@ -255,7 +273,12 @@ def test_a_row_the_table_rejects_fails_the_write_with_the_database_message_and_p
     sink = writer(postgres_server, table)
     postgres_server.psql(f"ALTER TABLE {table} ADD CONSTRAINT positive CHECK (amount > 0)")
     with pytest.raises(psycopg2.errors.CheckViolation, match="positive"):
-        pg.prepare(sink._spec(), txn(sink, 0, 0, epoch=1), 1, iter([("a", 1), ("b", -5)]))
+        pg.prepare(sink._spec(), txn(sink, 0, 0, epoch=1), 1, iter([("a", 1), ("b", -5)]), 1)
+    assert prepared(postgres_server, table) == [] and rows(postgres_server, table) == []
+    t = txn(sink, 0, 1, epoch=1)  # a row staged by an earlier flush: refused when the barrier's prepare copies it
+    stage(sink, t, 1, [("c", -1)])
+    with pytest.raises(psycopg2.errors.CheckViolation, match="positive"):
+        sink.pre_commit({0: t}, 1)
     assert prepared(postgres_server, table) == [] and rows(postgres_server, table) == []
 
 
@@ -295,29 +318,109 @@ def test_a_server_with_too_few_prepared_transactions_for_the_parallelism_is_refu
     server = PostgresServer(max_prepared=4).start()
     try:
         decl = PostgresSink(table, SCHEMA)
-        pg.PostgresTwoPhaseSink(None, "out", decl, table, uri=server.uri, parallelism=2).create()  # 2 x 2: enough
-        with pytest.raises(pg.PostgresConfigurationError, match="max_prepared_transactions = 4, and the sink's 3 "
-                                                                "subtasks need at least 6"):
+        pg.PostgresTwoPhaseSink(None, "out", decl, table, uri=server.uri, parallelism=2).create()  # 2 x (1 + 1)
+        with pytest.raises(pg.PostgresConfigurationError, match=r"max_prepared_transactions = 4, and the pipeline's "
+                                                                r"PostgreSQL sinks on it \(out: 3 subtasks\) need at "
+                                                                "least 6"):
             pg.PostgresTwoPhaseSink(None, "out", decl, table, uri=server.uri, parallelism=3).create()
+        with pytest.raises(pg.PostgresConfigurationError, match="need at least 6"):  # 2 x (2 pending + 1)
+            pg.PostgresTwoPhaseSink(None, "out", decl, table, uri=server.uri, parallelism=2, pending=2).create()
     finally:
         server.close()
 
 
+def test_the_pipelines_postgres_sinks_on_one_server_share_its_prepared_transactions(tmp_path, monkeypatch):
+    """payments_pg with its ledger in PostgreSQL too: two sinks of 3 subtasks on one server need
+    2 x 3 x (1 + 1) = 12 slots together; 8 are refused at start, naming the setting and the sinks."""
+    from pg_server import PostgresServer
+
+    from checkpoint_lib.pipelines.payments_postgres import build
+    from checkpoint_lib.spark.sinks import pipeline_sinks
+
+    server = PostgresServer(max_prepared=8).start()
+    try:
+        for key, value in server.env().items():
+            monkeypatch.setenv(key, value)
+        writers = pipeline_sinks(None, build(ledger_table="ledger"), str(tmp_path), str(tmp_path / "root"))
+        with pytest.raises(pg.PostgresConfigurationError) as refused:
+            writers["balances_pg"].create()
+        message = str(refused.value)
+        assert "max_prepared_transactions = 8" in message and "need at least 12" in message, message
+        assert "balances_pg: 3 subtasks, ledger_pg: 3 subtasks" in message and "the server's" in message
+        assert server.password not in message
+        assert writers["ledger"].name == "ledger"  # (the Delta sinks share nothing with them)
+    finally:
+        server.close()
+
+
+def test_flushes_before_the_barrier_are_staged_and_one_transaction_per_subtask_is_prepared(postgres_server, table):
+    """Many flushes of one checkpoint: each staged (committed, invisible in the target, a retried
+    task writes it once), then ONE prepared transaction per subtask at the barrier, which claims
+    them: every row once after the commit, nothing prepared or staged left."""
+    sink = writer(postgres_server, table)
+    txns = {s: txn(sink, s, 0, epoch=1) for s in range(3)}
+    for flush in range(1, 6):
+        for s, t in txns.items():
+            assert stage(sink, t, flush, [(f"k{s}-{flush}", flush)]) == 1
+            assert stage(sink, t, flush, [(f"k{s}-{flush}", flush)]) == -1  # a retried task
+    assert stage(sink, txns[0], 6, []) == 0
+    assert prepared(postgres_server, table) == [] and rows(postgres_server, table) == []
+    assert staged(postgres_server, table) == 15
+    assert {t.handle for t in sink.open_transactions()} == {t.handle for t in txns.values()}
+    sink.pre_commit(txns, 1)
+    sink.pre_commit(txns, 1)  # repeated (an ack retried): prepared already
+    assert sorted(prepared(postgres_server, table)) == sorted(pg.gid(t) for t in txns.values())
+    assert rows(postgres_server, table) == []
+    owned = [replace(t, 1) for t in txns.values()]
+    assert sorted(sink.commit(owned, 1, 1)) == sorted(owned)
+    sink.discard(owned)
+    assert len(rows(postgres_server, table)) == 15 and len(set(rows(postgres_server, table))) == 15
+    assert prepared(postgres_server, table) == [] and staged(postgres_server, table) == 0
+    assert sink.open_transactions() == [] and sink.uncommitted(owned) == []
+
+
+def test_staged_flushes_no_checkpoint_owns_are_deleted_by_the_recovery_and_a_zombies_by_the_next_commit(
+        postgres_server, table):
+    sink = writer(postgres_server, table, "upsert")
+    owned, current = txn(sink, 0, 0, epoch=1), txn(sink, 0, 1, epoch=1)
+    stage(sink, owned, 1, [("a", 1)])
+    sink.pre_commit({0: owned}, 1)
+    stage(sink, current, 2, [("b", 2)])  # the next checkpoint's, never pre-committed
+    recovery = writer(postgres_server, table, "upsert")
+    recovery.fence(2)
+    zombie = txn(sink, 0, 2, epoch=1)
+    with psycopg2.connect(postgres_server.uri) as conn, conn.cursor() as cur:  # staged past its fence check
+        cur.execute(f"INSERT INTO {table}{pg.STAGED_SUFFIX} VALUES ('z', 9, %s, 2, 3)", (zombie.handle,))
+        cur.execute(f"INSERT INTO {pg.FLUSHES} VALUES (%s, 'out', %s, 3, 1)", (table, zombie.handle))
+    conn.close()
+    assert {t.handle for t in recovery.open_transactions()} == {owned.handle, current.handle, zombie.handle}
+    recovery.commit([replace(owned, 1)], 1, 2)  # (the zombie's, of an older epoch, is aborted here)
+    recovery.discard([replace(owned, 1)])
+    recovery.abort([current])
+    assert rows(postgres_server, table) == [("a", "1")] and staged(postgres_server, table) == 0
+    assert recovery.open_transactions() == [] and prepared(postgres_server, table) == []
+    with pytest.raises(RuntimeError, match="already prepared at their barrier"):  # no flush after the barrier's
+        recovery._prepared.add(current.handle)
+        recovery.stage(None, {0: current}, 3)
+
+
 def test_ids_round_trip_and_belong_to_one_sink():
     t = Transaction(12, TransactionIdPool("pay.out", 3).acquire(12, ()), 7)
-    parsed = pg.parse_gid(pg.gid(t, 5))
-    assert parsed.txn == t and parsed.flush == 5
+    parsed = pg.parse_gid(pg.gid(t))
+    assert parsed.txn == t
     assert pg.of_pool(parsed, "pay.out") and not pg.of_pool(parsed, "pay.ou") and not pg.of_pool(parsed, "ay.out")
     assert pg.parse_gid("something else") is None
 
 
-def test_a_transaction_never_written_to_commits_as_nothing_once_its_checkpoint_commits(postgres_server, table):
+def test_a_transaction_with_no_rows_prepares_its_marker_alone_and_commits_as_nothing(postgres_server, table):
     sink = writer(postgres_server, table)
-    empty = replace(txn(sink, 0, 5, epoch=1), 4)  # no flush before its barrier: nothing prepared, nothing recorded
-    assert sink.uncommitted([empty]) == [empty]
-    assert sink.commit([empty], 4, 1) == [empty]
-    assert sink.uncommitted([empty]) == [] and sink.commit([empty], 4, 1) == []
-    assert rows(postgres_server, table) == []
+    empty = txn(sink, 0, 5, epoch=1)  # no flush before its barrier
+    sink.pre_commit({0: empty}, 4)
+    assert prepared(postgres_server, table) == [pg.gid(empty)]
+    assert sink.uncommitted([replace(empty, 4)]) == [replace(empty, 4)]
+    assert sink.commit([replace(empty, 4)], 4, 1) == [replace(empty, 4)]
+    assert sink.uncommitted([replace(empty, 4)]) == [] and sink.commit([replace(empty, 4)], 4, 1) == []
+    assert rows(postgres_server, table) == [] and prepared(postgres_server, table) == []
 
 
 def test_doctor_reports_a_sinks_prepared_transaction_left_for_long(postgres_server, table):

@@ -37,7 +37,7 @@ def _execute(server, statement, params=()) -> None:
 
 @pytest.fixture
 def tables(server):
-    """Every contender's schema holding the same ledger and balances, ours with its empty staging table."""
+    """Every contender's schema holding the same ledger and balances, ours with its empty staging tables."""
     conn = psycopg2.connect(server.uri)
     try:
         with conn, conn.cursor() as cur:
@@ -49,7 +49,8 @@ def tables(server):
                 for table, rows in (("ledger", LEDGER), ("balances", BALANCES)):
                     cur.executemany(sql.SQL("INSERT INTO {} VALUES ({})").format(
                         sql.Identifier(schema, table), sql.SQL(", ").join(sql.Placeholder() * len(rows[0]))), rows)
-            cur.execute('CREATE TABLE ours.balances__ckpt_staged (account text, _ckpt_gid text)')
+            cur.execute('CREATE TABLE ours.balances__ckpt_staged (account text, _ckpt_handle text)')
+            cur.execute('CREATE TABLE ours.ledger__ckpt_staged (event_id text, _ckpt_handle text)')
     finally:
         conn.close()
     return server
@@ -83,6 +84,6 @@ def test_what_ours_leaves_behind_fails(tables):
         conn.close()
     try:
         assert pg_bench.problems(tables, EXPECTED) == [
-            "ours: 1 prepared transactions left on the server", "ours: 1 staged balances never applied"]
+            "ours: 1 prepared transactions left on the server", "ours: 1 staged balances rows left behind"]
     finally:
         _execute(tables, "ROLLBACK PREPARED 'ckpt:payments_pg.ledger_pg-0-0.e1.s0:f1'")
