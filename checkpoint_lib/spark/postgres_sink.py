@@ -13,8 +13,8 @@ not grow with the flushes (a run with checkpointing off flushes many times per c
   fence and refuses an older epoch. Staged rows are invisible to the target's readers; a task Spark
   retries finds its flush recorded and writes nothing. A subtask without rows writes nothing.
 - **pre-commit** (at the barrier): each subtask's transaction becomes ONE database transaction,
-  prepared under the global id :func:`gid` (the transaction's handle: pool slot, pipeline, sink,
-  subtask, epoch, sequence): it reads the fence, writes the last flush's rows, claims the staged
+  prepared under the global id :func:`gid` (the deployment's tag, then the transaction's handle:
+  pool slot, pipeline, sink, subtask, epoch, sequence): it reads the fence, writes the last flush's rows, claims the staged
   ones, inserts a marker (``_checkpoint_lib_commits``, visible once committed) and is
   ``PREPARE``-d. When the runner knows the barrier follows a flush (a chained step that ends with
   it: ``stage(..., barrier=c)``) the flush's tasks do this with their rows; otherwise the driver
@@ -53,6 +53,12 @@ back. ``max_prepared_transactions`` is the server's, shared by every database an
 :meth:`check_configuration` refuses to start below what the pipeline's PostgreSQL sinks on the
 server need together (their subtasks x (pending checkpoints + 1)).
 
+**Deployments.** A prepared transaction's id is unique on the whole server, while the
+bookkeeping is per database and schema: the id carries the deployment's tag (:func:`deployment`,
+a hash of the database and the bookkeeping schema), and every read of ``pg_prepared_xacts`` is of
+the current database, so staging and production of one pipeline on one server never take each
+other's transactions.
+
 **Bookkeeping tables** (in the target's schema, created if missing): ``_checkpoint_lib_fences``
 (the fence and the commit bound of each sink), ``_checkpoint_lib_commits`` (one marker per prepared
 id, visible once it committed), ``_checkpoint_lib_flushes`` (the staged flushes of each open
@@ -66,6 +72,7 @@ connection) and is never logged: errors name the host, the port and the connecti
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import itertools
 import json
@@ -90,7 +97,7 @@ STAGED_COLUMNS = ("_ckpt_handle", "_ckpt_seq", "_ckpt_flush")
 """A staged row's transaction (its handle), that transaction's sequence and the flush: an upsert
 sink's latest row of a key wins by them."""
 GID_PREFIX = "ckpt:"
-_GID = re.compile(r"^ckpt:(?P<txn_id>.+-\d+-\d+)\.e(?P<epoch>\d+)\.s(?P<seq>\d+)$")
+_GID = re.compile(r"^ckpt:(?P<tag>[0-9a-f]{8}):(?P<txn_id>.+-\d+-\d+)\.e(?P<epoch>\d+)\.s(?P<seq>\d+)$")
 _MAX_GID = 200  # PostgreSQL's GIDSIZE, terminator included
 _MAX_NAME = 63  # PostgreSQL's identifiers (NAMEDATALEN - 1): a longer one is cut silently
 COPY_CHUNK = 20_000  # rows per COPY statement (one transaction holds them all)
@@ -129,15 +136,23 @@ def pg_type(spark_type: str) -> str:
 # ids ---------------------------------------------------------------------------------------------
 
 
-def gid(txn: Transaction) -> str:
+def deployment(database: str, schema: str) -> str:
+    """The tag of the deployment whose bookkeeping lives in ``schema`` of ``database`` (8 hex
+    digits): a prepared transaction's id is unique on the whole server, so two deployments of one
+    pipeline there (staging and production, in two databases or schemas) must not share ids."""
+    return hashlib.sha256(f"{database}/{schema}".encode()).hexdigest()[:8]
+
+
+def gid(txn: Transaction, tag: str) -> str:
     """The global id of transaction ``txn``'s prepared database transaction (one subtask's, one
-    per checkpoint: every flush of it ends in this one)."""
-    return f"{GID_PREFIX}{txn.handle}"
+    per checkpoint: every flush of it ends in this one) in deployment ``tag``."""
+    return f"{GID_PREFIX}{tag}:{txn.handle}"
 
 
 @dataclass(frozen=True)
 class PreparedId:
     gid: str
+    tag: str
     txn: Transaction  # checkpoint_id None: the id does not say it
 
 
@@ -146,7 +161,7 @@ def parse_gid(value: str) -> PreparedId | None:
     m = _GID.match(value)
     if not m:
         return None
-    return PreparedId(value, Transaction(int(m["seq"]), m["txn_id"], int(m["epoch"])))
+    return PreparedId(value, m["tag"], Transaction(int(m["seq"]), m["txn_id"], int(m["epoch"])))
 
 
 def of_pool(prepared: PreparedId, pool_prefix: str) -> bool:
@@ -244,8 +259,13 @@ def held_prepares(uri: str, shown: str, *, older_than_s: float | None = None, no
     now = time.time() if now is None else now
     older_than_s = STALE_PREPARED_S if older_than_s is None else older_than_s
     wanted = None if pipelines is None else set(pipelines)
-    held = [HeldPrepare(g, g.removeprefix(GID_PREFIX).split(".")[0], now - float(at), db, shown) for g, at, db in rows]
+    held = [HeldPrepare(g, _pipeline_of(g), now - float(at), db, shown) for g, at, db in rows]
     return [h for h in held if h.age_s > older_than_s and (wanted is None or h.pipeline in wanted)]
+
+
+def _pipeline_of(value: str) -> str:
+    parsed = parse_gid(value)
+    return (parsed.txn.txn_id if parsed else value.removeprefix(GID_PREFIX)).split(".")[0]
 
 
 def held_message(held: list[HeldPrepare]) -> str:
@@ -272,6 +292,7 @@ class WriteSpec:
     table: tuple[str, ...]  # the target
     staged: tuple[str, ...]  # its staging table
     columns: tuple[str, ...]
+    tag: str  # the deployment's (:func:`deployment`): what the prepared transactions' ids carry
     fault: int | None = None  # a kill point's signal for the task, after it read the fence (tests, chaos)
 
 
@@ -367,17 +388,17 @@ def prepare(spec: WriteSpec, txn: Transaction, checkpoint_id: int, rows: Iterabl
     database transaction writes ``rows``, its last flush ``flush`` (none: ``-1``, the driver at the
     barrier), claims its staged flushes (an append sink copies them into the target; an upsert
     sink's stay staged, applied at the commit), inserts its marker and is prepared as
-    :func:`gid`. Returns the rows written, or ``-1`` when it is prepared (or committed) already: a
+    :func:`gid` (of the spec's deployment). Returns the rows written, or ``-1`` when it is prepared (or committed) already: a
     retried task, a repeated pre-commit. Refused (:class:`FencedError`, nothing written) when the
     sink's fence is above ``txn``'s epoch."""
     import psycopg2
     from psycopg2 import sql
 
-    g = gid(txn)
+    g = gid(txn, spec.tag)
     conn = connect(spec.uri, spec.shown)
     try:
         with conn.cursor() as cur:
-            cur.execute("SELECT 1 FROM pg_prepared_xacts WHERE gid = %s", (g,))
+            cur.execute("SELECT 1 FROM pg_prepared_xacts WHERE gid = %s AND database = current_database()", (g,))
             done = cur.fetchone() is not None
             if not done:
                 cur.execute(sql.SQL("SELECT 1 FROM {} WHERE gid = %s").format(_bookkeeping(spec.table, COMMITS)), (g,))
@@ -467,6 +488,7 @@ class PostgresTwoPhaseSink:
         self.staged = (*self.table[:-1], self.table[-1] + STAGED_SUFFIX)
         self.pool_prefix = f"{pipeline}.{name}"
         self._uri = uri
+        self._tag: str | None = None
         self.check_epoch = check_epoch
         self.parallelism = parallelism
         self.pending = pending
@@ -475,7 +497,7 @@ class PostgresTwoPhaseSink:
         self._prepared: set[str] = set()
         """Handles whose flush with their barrier prepared them in this process: nothing to do at
         their pre-commit, and no flush may follow."""
-        if len(GID_PREFIX) + len(self.pool_prefix) + 64 >= _MAX_GID:
+        if len(GID_PREFIX) + 9 + len(self.pool_prefix.encode()) + 64 >= _MAX_GID:
             raise PostgresConfigurationError(f"sink {name}: pipeline and sink names too long for PostgreSQL's "
                                              f"transaction ids ({_MAX_GID} bytes)")
         if len(self.staged[-1].encode()) > _MAX_NAME:
@@ -496,6 +518,20 @@ class PostgresTwoPhaseSink:
     def shown(self) -> str:
         return where(self.uri, self.declaration.connection)
 
+    @property
+    def tag(self) -> str:
+        """This deployment's tag (:func:`deployment`: the database and the schema the bookkeeping
+        tables are in), read from the server when first needed."""
+        if self._tag is None:
+            with self._session(autocommit=True) as cur:
+                cur.execute("SELECT current_database(), COALESCE(%s, current_schema())",
+                            (self.table[0] if len(self.table) == 2 else None,))
+                self._tag = deployment(*cur.fetchone())
+        return self._tag
+
+    def _gid(self, txn: Transaction) -> str:
+        return gid(txn, self.tag)
+
     def _session(self, autocommit: bool = False):
         return session(self.uri, self.shown, autocommit=autocommit)
 
@@ -504,15 +540,17 @@ class PostgresTwoPhaseSink:
 
     def _spec(self) -> WriteSpec:
         return WriteSpec(self.uri, self.shown, self.pipeline, self.name, self.mode, self.table, self.staged,
-                         self.columns)
+                         self.columns, self.tag)
 
     def prepared(self) -> list[PreparedId]:
-        """This sink's prepared transactions on the server, of every epoch."""
+        """This sink's prepared transactions, of every epoch: this deployment's (its database's, its
+        tag's; another database's are not even visible to ``COMMIT PREPARED`` from here)."""
+        prefix = f"{GID_PREFIX}{self.tag}:{self.pool_prefix}-"
         with self._session(autocommit=True) as cur:
-            cur.execute("SELECT gid FROM pg_prepared_xacts WHERE gid LIKE %s",
-                        (GID_PREFIX + self.pool_prefix.replace("_", "\\_").replace("%", "\\%") + "-%",))
+            cur.execute("SELECT gid FROM pg_prepared_xacts WHERE gid LIKE %s AND database = current_database()",
+                        (prefix.replace("_", "\\_").replace("%", "\\%") + "%",))
             found = [parse_gid(g) for (g,) in cur.fetchall()]
-        return [p for p in found if p is not None and of_pool(p, self.pool_prefix)]
+        return [p for p in found if p is not None and p.tag == self.tag and of_pool(p, self.pool_prefix)]
 
     # creating ---------------------------------------------------------------------------------
 
@@ -681,14 +719,14 @@ class PostgresTwoPhaseSink:
 
     def _done(self, txn: Transaction, markers: dict[str, bool]) -> bool:
         """Whether ``txn`` committed (and, for an upsert sink, was applied): its marker says so."""
-        g = gid(txn)
+        g = self._gid(txn)
         return g in markers and (self.mode == "append" or markers[g])
 
     def uncommitted(self, txns: Iterable[Transaction]) -> list[Transaction]:
         txns = list(txns)
         if not txns:
             return []
-        markers = self._markers(gid(t) for t in txns)
+        markers = self._markers(self._gid(t) for t in txns)
         return [t for t in txns if not self._done(t, markers)]
 
     def is_committed(self, txn: Transaction) -> bool:
@@ -700,9 +738,9 @@ class PostgresTwoPhaseSink:
         todo = self.uncommitted(txns)
         if not todo:
             return None
-        markers = self._markers(gid(t) for t in todo)
+        markers = self._markers(self._gid(t) for t in todo)
         prepared = {p.gid for p in self.prepared()}
-        gone = [gid(t) for t in todo if gid(t) not in prepared and gid(t) not in markers]
+        gone = [self._gid(t) for t in todo if self._gid(t) not in prepared and self._gid(t) not in markers]
         if not gone:
             return None
         return (f"sink {self.name}: {len(gone)} prepared transactions of {'.'.join(self.table)} are gone before their "
@@ -762,10 +800,10 @@ class PostgresTwoPhaseSink:
     def _commit_prepared(self, txns: list[Transaction]) -> None:
         import psycopg2
 
-        markers = self._markers(gid(t) for t in txns)
+        markers = self._markers(self._gid(t) for t in txns)
         with self._session(autocommit=True) as cur:
             for t in txns:
-                g = gid(t)
+                g = self._gid(t)
                 if g in markers:
                     continue
                 try:
@@ -783,11 +821,11 @@ class PostgresTwoPhaseSink:
         applied: one transaction, refused for a fenced epoch."""
         from psycopg2 import sql
 
-        markers = self._markers(gid(t) for t in txns)
-        todo = [t for t in txns if markers.get(gid(t)) is False]  # committed, not applied yet
+        markers = self._markers(self._gid(t) for t in txns)
+        todo = [t for t in txns if markers.get(self._gid(t)) is False]  # committed, not applied yet
         if not todo:
             return
-        handles, gids = [t.handle for t in todo], [gid(t) for t in todo]
+        handles, gids = [t.handle for t in todo], [self._gid(t) for t in todo]
         cols = sql.SQL(", ").join(map(sql.Identifier, self.columns))
         keys = sql.SQL(", ").join(map(sql.Identifier, self.keys))
         updates = sql.SQL(", ").join(sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(c), sql.Identifier(c))
@@ -844,8 +882,8 @@ class PostgresTwoPhaseSink:
             return
         self._roll_back(p.gid for p in self.prepared() if p.txn.handle in handles)
         if self.mode == "upsert":
-            markers = self._markers(gid(_handle_txn(h)) for h in handles)
-            handles = {h for h in handles if gid(_handle_txn(h)) not in markers}
+            markers = self._markers(self._gid(_handle_txn(h)) for h in handles)
+            handles = {h for h in handles if self._gid(_handle_txn(h)) not in markers}
         with self._session() as cur:
             cur.execute(sql.SQL("DELETE FROM {} WHERE _ckpt_handle = ANY(%s)").format(sql.Identifier(*self.staged)),
                         (list(handles),))

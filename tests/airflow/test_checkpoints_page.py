@@ -499,7 +499,7 @@ def test_the_page_warns_of_a_postgres_sinks_prepared_transaction_held_for_long(p
     sink.create()
     t = Transaction(0, TransactionIdPool(sink.pool_prefix, 0).acquire(0, ()), 1)
     pg.prepare(sink._spec(), t, 1, iter([("a", 1)]), 1)
-    g = pg.gid(t)
+    g = sink._gid(t)
     try:
         assert ui._held_prepares("payments_pg", graph) == ""  # prepared just now: a checkpoint in progress
         monkeypatch.setattr(pg, "STALE_PREPARED_S", -1)

@@ -43,7 +43,7 @@ def write(sink, t: Transaction, flush: int, rows) -> str:
     """What the Spark task of a flush its barrier follows does for one subtask (checkpoint
     ``flush``): the rows written and the transaction prepared."""
     pg.prepare(sink._spec(), t, flush, iter(rows), flush)
-    return pg.gid(t)
+    return sink._gid(t)
 
 
 def stage(sink, t: Transaction, flush: int, rows) -> int:
@@ -61,9 +61,9 @@ def staged(server, table: str) -> int:
 
 
 def prepared(server, table: str) -> list[str]:
-    """The prepared ids of the test's pipeline (``pay``-like: named after its table)."""
-    return [g for g in server.psql("SELECT gid FROM pg_prepared_xacts ORDER BY gid").split()
-            if g.startswith(f"{pg.GID_PREFIX}{table}.")]
+    """The prepared ids of the test's pipeline (``pay``-like: named after its table) in the database."""
+    return [g for g in server.psql("SELECT gid FROM pg_prepared_xacts WHERE database = 'sinks' ORDER BY gid").split()
+            if (p := pg.parse_gid(g)) is not None and p.txn.txn_id.startswith(f"{table}.")]
 
 
 def test_prepared_rows_are_invisible_until_the_commit_which_is_idempotent(postgres_server, table):
@@ -204,7 +204,7 @@ def test_a_fenced_epoch_writes_nothing_and_a_zombie_prepare_after_the_fence_neve
     zombie = txn(sink, 1, 1, epoch=1)
     with psycopg2.connect(postgres_server.uri) as conn, conn.cursor() as cur:
         cur.execute(f"INSERT INTO {table} VALUES ('zombie', 99)")
-        cur.execute("PREPARE TRANSACTION %s", (pg.gid(zombie),))
+        cur.execute("PREPARE TRANSACTION %s", (sink._gid(zombie),))
     conn.close()
     with pytest.raises(FencedError):
         sink.fence(1)
@@ -369,7 +369,7 @@ def test_flushes_before_the_barrier_are_staged_and_one_transaction_per_subtask_i
     assert {t.handle for t in sink.open_transactions()} == {t.handle for t in txns.values()}
     sink.pre_commit(txns, 1)
     sink.pre_commit(txns, 1)  # repeated (an ack retried): prepared already
-    assert sorted(prepared(postgres_server, table)) == sorted(pg.gid(t) for t in txns.values())
+    assert sorted(prepared(postgres_server, table)) == sorted(sink._gid(t) for t in txns.values())
     assert rows(postgres_server, table) == []
     owned = [replace(t, 1) for t in txns.values()]
     assert sorted(sink.commit(owned, 1, 1)) == sorted(owned)
@@ -406,8 +406,10 @@ def test_staged_flushes_no_checkpoint_owns_are_deleted_by_the_recovery_and_a_zom
 
 def test_ids_round_trip_and_belong_to_one_sink():
     t = Transaction(12, TransactionIdPool("pay.out", 3).acquire(12, ()), 7)
-    parsed = pg.parse_gid(pg.gid(t))
-    assert parsed.txn == t
+    tag = pg.deployment("sinks", "public")
+    parsed = pg.parse_gid(pg.gid(t, tag))
+    assert parsed.txn == t and parsed.tag == tag and len(tag) == 8
+    assert tag not in (pg.deployment("sinks_staging", "public"), pg.deployment("sinks", "staging"))
     assert pg.of_pool(parsed, "pay.out") and not pg.of_pool(parsed, "pay.ou") and not pg.of_pool(parsed, "ay.out")
     assert pg.parse_gid("something else") is None
 
@@ -416,7 +418,7 @@ def test_a_transaction_with_no_rows_prepares_its_marker_alone_and_commits_as_not
     sink = writer(postgres_server, table)
     empty = txn(sink, 0, 5, epoch=1)  # no flush before its barrier
     sink.pre_commit({0: empty}, 4)
-    assert prepared(postgres_server, table) == [pg.gid(empty)]
+    assert prepared(postgres_server, table) == [sink._gid(empty)]
     assert sink.uncommitted([replace(empty, 4)]) == [replace(empty, 4)]
     assert sink.commit([replace(empty, 4)], 4, 1) == [replace(empty, 4)]
     assert sink.uncommitted([replace(empty, 4)]) == [] and sink.commit([replace(empty, 4)], 4, 1) == []
@@ -436,3 +438,45 @@ def test_doctor_reports_a_sinks_prepared_transaction_left_for_long(postgres_serv
     wrong = doctor.postgres({"AIRFLOW_CONN_X": postgres_server.uri.replace(postgres_server.password, "nope")})
     assert not wrong.ok and "password authentication failed" in wrong.detail and "nope" not in wrong.detail
     sink.abort([txn(sink, 0, 0, epoch=1)])
+
+
+def test_two_deployments_of_one_pipeline_in_two_databases_of_one_server_never_collide(postgres_server, table):
+    """Staging and production of the same pipeline on one server, each in its own database: the
+    same pipeline, sink, subtask, epoch and sequence, yet each prepares, commits and recovers its
+    own transactions only (a prepared transaction's id is the server's, not a database's)."""
+    other = f"{table[:40]}_db"
+    postgres_server.psql(f'DROP DATABASE IF EXISTS "{other}"', database="postgres")
+    postgres_server.psql(f'CREATE DATABASE "{other}"', database="postgres")
+    try:
+        decl = PostgresSink(table, SCHEMA)
+        prod = pg.PostgresTwoPhaseSink(None, "out", decl, table, uri=postgres_server.uri)
+        staging = pg.PostgresTwoPhaseSink(None, "out", decl, table, uri=postgres_server.uri.rsplit("/", 1)[0] + f"/{other}")
+        prod.create()
+        staging.create()
+        t = txn(prod, 0, 0, epoch=1)
+        for sink, value in ((prod, 1), (staging, 2)):
+            stage(sink, t, 1, [("early", value)])
+            sink.pre_commit({0: t}, 1)
+        assert [p.txn.handle for p in prod.prepared()] == [t.handle] == [p.txn.handle for p in staging.prepared()]
+        held = postgres_server.psql("SELECT database || '|' || gid FROM pg_prepared_xacts", database="postgres")
+        assert sorted(line.split("|")[0] for line in held.split() if table in line) == sorted([other, "sinks"])
+        assert prod.commit([replace(t, 1)], 1, 1) == [replace(t, 1)]
+        assert staging.uncommitted([replace(t, 1)]) == [replace(t, 1)]  # production's commit is not staging's
+        assert staging.commit([replace(t, 1)], 1, 1) == [replace(t, 1)]
+        assert rows(postgres_server, table) == [("early", "1")]
+        assert postgres_server.psql(f"SELECT account, amount FROM {table}", database=other) == "early|2"
+        assert prod.prepared() == [] and staging.prepared() == []
+        later = txn(prod, 0, 1, epoch=1)
+        for sink in (prod, staging):
+            sink.pre_commit({0: later}, 2)
+        staging.fence(2)  # staging's recovery rolls back its own, never production's
+        staging.abort([t for t in staging.open_transactions() if t.handle == later.handle])
+        assert [p.txn.handle for p in prod.prepared()] == [later.handle] and staging.prepared() == []
+        prod.abort([later])
+    finally:
+        for database in (other, "sinks"):
+            for line in postgres_server.psql(f"SELECT gid FROM pg_prepared_xacts WHERE database = '{database}'",
+                                             database=database).split():
+                if table in line:
+                    postgres_server.psql(f"ROLLBACK PREPARED '{line}'", database=database)
+        postgres_server.psql(f'DROP DATABASE IF EXISTS "{other}" WITH (FORCE)', database="postgres")

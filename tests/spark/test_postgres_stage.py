@@ -35,7 +35,7 @@ def test_a_flush_is_staged_the_last_one_prepares_a_transaction_per_subtask_and_e
     sink.stage(spark.createDataFrame(data[5:], frame), handles, 2, barrier=1)  # the last flush before the barrier
     sink.pre_commit(handles, 1)  # (done by that flush)
     ids = {p.gid for p in sink.prepared()}
-    assert ids == {pg.gid(t) for t in handles.values()}  # subtask 2 had no rows: its marker alone
+    assert ids == {sink._gid(t) for t in handles.values()}  # subtask 2 had no rows: its marker alone
     assert postgres_server.psql(f"SELECT count(*) FROM {table}") == "0"
     owned = [Transaction(t.seq, t.txn_id, t.epoch, 1) for t in handles.values()]
     assert sorted(sink.commit(owned, 1, 1)) == sorted(owned)
