@@ -59,10 +59,15 @@ a hash of the database and the bookkeeping schema), and every read of ``pg_prepa
 the current database, so staging and production of one pipeline on one server never take each
 other's transactions.
 
-**Bookkeeping tables** (in the target's schema, created if missing): ``_checkpoint_lib_fences``
-(the fence and the commit bound of each sink), ``_checkpoint_lib_commits`` (one marker per prepared
-id, visible once it committed), ``_checkpoint_lib_flushes`` (the staged flushes of each open
-transaction). A rollback to an older checkpoint is refused once a later one committed: committed
+**Bookkeeping tables** (in the target's schema, created if missing; what an earlier version's
+lack is added at start, never waiting for a prepared transaction's lock): ``_checkpoint_lib_fences``
+(the fence, the commit bound and the settled checkpoint of each sink), ``_checkpoint_lib_commits``
+(one marker per prepared id, visible once it committed), ``_checkpoint_lib_flushes`` (the staged
+flushes of each open transaction). They stay small: a transaction's flushes go when it is forgotten
+or aborted, and each commit of checkpoint ``c`` settles the sink up to ``c`` and deletes the
+markers of the checkpoints up to it in one transaction (:meth:`_settle`, which says why no
+recovery can need them): "already committed" is then proved by the settled checkpoint that
+replaced them. A rollback to an older checkpoint is refused once a later one committed: committed
 rows cannot be taken back (:meth:`rollback_version`).
 
 The connection string comes from the environment (``AIRFLOW_CONN_<ID>``, as Airflow reads a
@@ -572,8 +577,8 @@ class PostgresTwoPhaseSink:
             sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, _ckpt_handle text NOT NULL, _ckpt_seq bigint NOT NULL, "
                     "_ckpt_flush bigint NOT NULL)").format(sql.Identifier(*self.staged), columns),
             sql.SQL("CREATE TABLE IF NOT EXISTS {} (pipeline text, sink text, epoch bigint NOT NULL, "
-                    "committed_checkpoint bigint NOT NULL DEFAULT -1, PRIMARY KEY (pipeline, sink))").format(
-                self._id(FENCES)),
+                    "committed_checkpoint bigint NOT NULL DEFAULT -1, settled bigint NOT NULL DEFAULT -1, "
+                    "PRIMARY KEY (pipeline, sink))").format(self._id(FENCES)),
             sql.SQL("CREATE TABLE IF NOT EXISTS {} (gid text PRIMARY KEY, pipeline text NOT NULL, sink text NOT NULL, "
                     "handle text NOT NULL, flush bigint NOT NULL, rows bigint NOT NULL, "
                     "applied boolean NOT NULL DEFAULT false, checkpoint_id bigint)").format(self._id(COMMITS)),
@@ -583,9 +588,14 @@ class PostgresTwoPhaseSink:
         # what tables of an earlier version lack, added only when missing: an ALTER TABLE or CREATE
         # INDEX waits for every transaction holding the table, a prepared one included (until a
         # commit that only this process would run)
+        settled_by = _index_name(COMMITS, "settled")
         upgrades = [
             (self._qualified(COMMITS), "checkpoint_id", sql.SQL("ALTER TABLE {} ADD COLUMN checkpoint_id bigint").format(
                 self._id(COMMITS))),
+            (self._qualified(FENCES), "settled", sql.SQL(
+                "ALTER TABLE {} ADD COLUMN settled bigint NOT NULL DEFAULT -1").format(self._id(FENCES))),
+            (self._qualified(COMMITS), settled_by, sql.SQL("CREATE INDEX {} ON {} (pipeline, sink, checkpoint_id)").format(
+                sql.Identifier(settled_by), self._id(COMMITS))),
             (self._qualified(self.staged[-1]), _index_name(self.staged[-1], "handle"),
              sql.SQL("CREATE INDEX {} ON {} (_ckpt_handle)").format(
                  sql.Identifier(_index_name(self.staged[-1], "handle")), sql.Identifier(*self.staged))),
@@ -717,17 +727,33 @@ class PostgresTwoPhaseSink:
             cur.execute(sql.SQL("SELECT gid, applied FROM {} WHERE gid = ANY(%s)").format(self._id(COMMITS)), (gids,))
             return dict(cur.fetchall())
 
-    def _done(self, txn: Transaction, markers: dict[str, bool]) -> bool:
-        """Whether ``txn`` committed (and, for an upsert sink, was applied): its marker says so."""
-        g = self._gid(txn)
-        return g in markers and (self.mode == "append" or markers[g])
+    def _settled(self) -> int:
+        """The checkpoint the sink is settled up to (:meth:`_settle`; -1: none)."""
+        from psycopg2 import sql
+
+        with self._session(autocommit=True) as cur:
+            cur.execute(sql.SQL("SELECT settled FROM {} WHERE pipeline = %s AND sink = %s").format(self._id(FENCES)),
+                        (self.pipeline, self.name))
+            row = cur.fetchone()
+        return -1 if row is None else int(row[0])
 
     def uncommitted(self, txns: Iterable[Transaction]) -> list[Transaction]:
+        """Those of ``txns`` not committed (an upsert sink's: or not applied yet). Committed is what
+        its marker says; once the markers are pruned, a transaction of a checkpoint the sink is
+        settled up to that is not prepared (:meth:`_settle`)."""
         txns = list(txns)
         if not txns:
             return []
         markers = self._markers(self._gid(t) for t in txns)
-        return [t for t in txns if not self._done(t, markers)]
+        todo = [t for t in txns if not (self._gid(t) in markers and (self.mode == "append" or markers[self._gid(t)]))]
+        unmarked = [t for t in todo if self._gid(t) not in markers and t.checkpoint_id is not None]
+        if unmarked:
+            settled = self._settled()
+            if any(t.checkpoint_id <= settled for t in unmarked):
+                prepared = {p.gid for p in self.prepared()}
+                proved = {t.handle for t in unmarked if t.checkpoint_id <= settled and self._gid(t) not in prepared}
+                todo = [t for t in todo if t.handle not in proved]
+        return todo
 
     def is_committed(self, txn: Transaction) -> bool:
         return txn.checkpoint_id is not None and not self.uncommitted([txn])
@@ -795,7 +821,35 @@ class PostgresTwoPhaseSink:
             if self.mode == "upsert":
                 self._apply(by_checkpoint[cid], writer_epoch)
         self._abort_older(writer_epoch, keep={t.handle for t in txns})
+        self._settle(checkpoint_id, writer_epoch)
         return todo
+
+    def _settle(self, checkpoint_id: int, writer_epoch: int) -> None:
+        """After every transaction checkpoint ``checkpoint_id`` owns committed (and was applied):
+        the sink is settled up to it, and the markers of the checkpoints up to it are deleted, in
+        one transaction (a fenced epoch changes nothing).
+
+        Safe: everything any completed checkpoint up to ``checkpoint_id`` owns has committed (a
+        transaction pre-committed at checkpoint ``c' <= c`` and still pending at a later barrier was
+        pending at ``c``'s, so ``c`` owns it too), and a recovery never restores a checkpoint below
+        the commit bound, which is at least ``checkpoint_id`` (:meth:`rollback_version`): a later
+        checkpoint owns only transactions of its own epoch pre-committed above it, or ones ``c``
+        owns. So every question about a transaction of a checkpoint up to it (a re-commit, ``ckpt
+        commit`` of a retained checkpoint, a recovery) is answered "committed" (:meth:`uncommitted`)
+        as its marker would have answered, and one that was lost is found before the sink settles
+        past it (the commit raises :class:`PreparedTransactionLostError` first). A rollback that
+        took committed rows back would have to lower the settled checkpoint with the bound."""
+        from psycopg2 import sql
+
+        with self._session() as cur:
+            cur.execute(sql.SQL("UPDATE {} SET settled = %s WHERE pipeline = %s AND sink = %s AND epoch <= %s "
+                                "AND settled < %s RETURNING 1").format(self._id(FENCES)),
+                        (checkpoint_id, self.pipeline, self.name, writer_epoch, checkpoint_id))
+            if cur.fetchone() is None:
+                return  # settled there already, or fenced
+            cur.execute(sql.SQL("DELETE FROM {} WHERE pipeline = %s AND sink = %s AND checkpoint_id <= %s "
+                                "AND (applied OR %s)").format(self._id(COMMITS)),
+                        (self.pipeline, self.name, checkpoint_id, self.mode == "append"))
 
     def _commit_prepared(self, txns: list[Transaction]) -> None:
         import psycopg2

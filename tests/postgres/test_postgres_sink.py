@@ -480,3 +480,70 @@ def test_two_deployments_of_one_pipeline_in_two_databases_of_one_server_never_co
                 if table in line:
                     postgres_server.psql(f"ROLLBACK PREPARED '{line}'", database=database)
         postgres_server.psql(f'DROP DATABASE IF EXISTS "{other}" WITH (FORCE)', database="postgres")
+
+
+def markers(server, table: str) -> int:
+    return int(server.psql(f"SELECT count(*) FROM {pg.COMMITS} WHERE pipeline = '{table}'"))
+
+
+def test_markers_no_checkpoint_can_need_are_pruned_at_the_commit_and_committed_stays_provable(postgres_server, table):
+    """Every commit of checkpoint c settles the sink up to c (everything any completed checkpoint
+    up to c owns is committed: a rollback below the commit bound is refused, so no recovery can
+    ask about one of them otherwise) and deletes the markers that proved it, in one transaction:
+    the markers and the flushes stay bounded, and "already committed" is still proved, by the
+    marker or, once pruned, by the settled checkpoint that replaced it."""
+    sink = writer(postgres_server, table, "upsert")
+    done = []
+    for c in range(1, 6):
+        t = replace(txn(sink, c % 2, c, epoch=1), c)
+        stage(sink, t, c, [("a", c)])
+        sink.pre_commit({c % 2: t}, c)
+        assert sink.commit([t], c, 1) == [t]
+        sink.discard([t])
+        done.append(t)
+    assert markers(postgres_server, table) == 0 and postgres_server.psql(
+        f"SELECT count(*) FROM {pg.FLUSHES} WHERE pipeline = '{table}'") == "0"
+    assert rows(postgres_server, table) == [("a", "5")]
+    assert sink.uncommitted(done) == [] and all(sink.is_committed(t) for t in done)
+    assert sink.commit(done[:2], 2, 1) == []  # a retained checkpoint's commit again (ckpt commit 2): a no-op
+    assert sink.lost(done) is None
+    recovery = writer(postgres_server, table, "upsert")  # epoch 2 restores checkpoint 5: its re-commit is a no-op
+    recovery.fence(2)
+    assert recovery.commit([done[-1]], 5, 2) == [] and rows(postgres_server, table) == [("a", "5")]
+    # one above the settled checkpoint is proved by its marker until its own commit settles it
+    pending = replace(txn(sink, 0, 6, epoch=2), 6)
+    recovery.pre_commit({0: pending}, 6)
+    recovery._commit_prepared([pending])  # (killed before the apply and the settling)
+    assert markers(postgres_server, table) == 1 and recovery.uncommitted([pending]) == [pending]
+    recovery.commit([pending], 6, 2)
+    assert markers(postgres_server, table) == 0 and rows(postgres_server, table) == [("a", "5")]
+    # and one above it that was lost is still an error, never taken for committed
+    lost = replace(txn(sink, 0, 7, epoch=2), 7)
+    recovery.pre_commit({0: lost}, 7)
+    postgres_server.psql(f"ROLLBACK PREPARED '{recovery._gid(lost)}'")
+    assert "gone before their commit" in recovery.lost([lost])
+    with pytest.raises(pg.PreparedTransactionLostError):
+        recovery.commit([lost], 7, 2)
+    indexes = postgres_server.psql(f"SELECT indexdef FROM pg_indexes WHERE tablename = '{pg.COMMITS}'")
+    assert "(pipeline, sink, checkpoint_id)" in indexes, indexes
+
+
+def test_the_index_and_columns_an_earlier_version_lacks_are_added_and_never_waited_for(postgres_server, table):
+    sink = writer(postgres_server, table)
+    index = postgres_server.psql(f"SELECT indexname FROM pg_indexes WHERE tablename = '{pg.COMMITS}' "
+                                 "AND indexdef LIKE '%checkpoint_id%'")
+    postgres_server.psql(f"SET lock_timeout = '5s'; DROP INDEX \"{index}\"; "
+                         f"ALTER TABLE {pg.FENCES} DROP COLUMN settled")
+    writer(postgres_server, table)  # an earlier version's tables, nothing prepared: upgraded
+    assert index in postgres_server.psql(f"SELECT indexname FROM pg_indexes WHERE tablename = '{pg.COMMITS}'")
+    assert sink.committed_checkpoint() == -1 and sink._settled() == -1
+    postgres_server.psql(f"SET lock_timeout = '5s'; DROP INDEX \"{index}\"")
+    t = txn(sink, 0, 0, epoch=1)
+    write(sink, t, 1, [("a", 1)])  # a prepared transaction holds the tables
+    try:
+        with pytest.raises(pg.PostgresConfigurationError, match="ROLLBACK PREPARED"):
+            writer(postgres_server, table)  # refused at once, not waiting for a commit only it would run
+    finally:
+        sink.abort([t])
+    writer(postgres_server, table)
+    assert index in postgres_server.psql(f"SELECT indexname FROM pg_indexes WHERE tablename = '{pg.COMMITS}'")
