@@ -78,6 +78,26 @@ def test_killed_between_prepare_and_commit_the_database_holds_every_row_once(spa
     _exactly_once(w, postgres_server)
 
 
+@pytest.mark.slow  # ~3 min: two real runs
+def test_the_server_restarted_between_prepare_and_commit_the_next_run_commits_every_row_once(spark, tmp_path,
+                                                                                              postgres_server):
+    """Checkpoint 2 completed, its transactions prepared and not committed (the process killed
+    -9), then the PostgreSQL server killed and started again on its data folder: the prepared
+    transactions survive it, and the next run's recovery commits them, every row once."""
+    w = _fresh(spark, tmp_path, postgres_server)
+    crashed = _run(w, postgres_server, kill_at="commit:2")
+    assert crashed.returncode == -signal.SIGKILL, crashed.stdout + crashed.stderr[-3000:]
+    held = sorted(_prepared(postgres_server))
+    assert held, "checkpoint 2's transactions should be prepared on the server"
+    postgres_server.restart(fast=False)  # the postmaster killed -9: a crash of the server
+    assert sorted(_prepared(postgres_server)) == held
+    done = _run(w, postgres_server)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "restored checkpoint 2" in done.stdout, done.stdout
+    assert _prepared(postgres_server) == []
+    _exactly_once(w, postgres_server)
+
+
 def _exactly_once(w: str, postgres_server) -> None:
     check = check_payments(w)
     assert check.ok, check.problems

@@ -175,18 +175,27 @@ def test_killed_during_the_recoverys_rollbacks_the_next_recovery_finishes_them(p
 
 
 @pytest.mark.parametrize("how", ["fast", "crash"])
-def test_prepared_transactions_survive_a_server_restart_between_prepare_and_commit(how, table):
+@pytest.mark.parametrize("mode", ["append", "upsert"])
+def test_prepared_transactions_survive_a_server_restart_between_prepare_and_commit(how, mode, table):
     from pg_server import PostgresServer
 
     server = PostgresServer().start()
     try:
-        sink = writer(server, table)
-        t = txn(sink, 0, 0, epoch=1)
-        write(sink, t, 1, [("a", 1)])
+        sink = writer(server, table, mode)
+        t, current = txn(sink, 0, 0, epoch=1), txn(sink, 0, 1, epoch=1)
+        stage(sink, t, 1, [("a", 1)])
+        write(sink, t, 2, [("b", 2)])  # checkpoint 2's barrier: prepared with its staged flush
+        stage(sink, current, 3, [("c", 3)])  # the next checkpoint's, never pre-committed
         server.restart(fast=how == "fast")
-        assert len(prepared(server, table)) == 1 and rows(server, table) == []
-        sink.commit([replace(t, 1)], 1, 1)
-        assert rows(server, table) == [("a", "1")] and prepared(server, table) == []
+        assert prepared(server, table) == [sink._gid(t)] and rows(server, table) == []
+        recovery = writer(server, table, mode)  # a new process, epoch 2, restores checkpoint 2
+        recovery.fence(2)
+        assert {o.handle for o in recovery.open_transactions()} == {t.handle, current.handle}
+        recovery.commit([replace(t, 2)], 2, 2)
+        recovery.discard([replace(t, 2)])
+        recovery.abort([current])
+        assert rows(server, table) == [("a", "1"), ("b", "2")] and prepared(server, table) == []
+        assert staged(server, table) == 0 and recovery.open_transactions() == []
     finally:
         server.close()
 
