@@ -350,6 +350,21 @@ def _check_fence(cur, spec: WriteSpec, txn: Transaction, what: str) -> None:
         raise FencedError(f"sink {spec.sink}: epoch {txn.epoch} is fenced by epoch {fence[0]}: {what} not written")
 
 
+@contextmanager
+def _writing(spec: WriteSpec):
+    """A connection for one write transaction of a task: rolled back if the block raises (unless
+    already closed), closed either way; the block commits or prepares it."""
+    conn = connect(spec.uri, spec.shown)
+    try:
+        yield conn
+    except BaseException:
+        if not conn.closed:
+            conn.rollback()
+        raise
+    finally:
+        conn.close()
+
+
 def stage_rows(spec: WriteSpec, txn: Transaction, flush: int, rows: Iterable[tuple]) -> int:
     """Flush ``flush`` of transaction ``txn`` (one subtask's), not the last before its barrier:
     ``rows`` (the spec's columns, in order) committed into the staging table, tagged with the
@@ -358,8 +373,7 @@ def stage_rows(spec: WriteSpec, txn: Transaction, flush: int, rows: Iterable[tup
     (:class:`FencedError`, nothing written) when the sink's fence is above ``txn``'s epoch."""
     from psycopg2 import sql
 
-    conn = connect(spec.uri, spec.shown)
-    try:
+    with _writing(spec) as conn:
         with conn.cursor() as cur:
             recorded = sql.SQL("SELECT 1 FROM {} WHERE pipeline = %s AND sink = %s AND handle = %s AND flush = %s").format(
                 _bookkeeping(spec.table, FLUSHES))
@@ -379,12 +393,6 @@ def stage_rows(spec: WriteSpec, txn: Transaction, flush: int, rows: Iterable[tup
                 return -1
         conn.commit()
         return count
-    except BaseException:
-        if not conn.closed:
-            conn.rollback()
-        raise
-    finally:
-        conn.close()
 
 
 def prepare(spec: WriteSpec, txn: Transaction, checkpoint_id: int, rows: Iterable[tuple] = (),
@@ -400,8 +408,7 @@ def prepare(spec: WriteSpec, txn: Transaction, checkpoint_id: int, rows: Iterabl
     from psycopg2 import sql
 
     g = gid(txn, spec.tag)
-    conn = connect(spec.uri, spec.shown)
-    try:
+    with _writing(spec) as conn:
         with conn.cursor() as cur:
             cur.execute("SELECT 1 FROM pg_prepared_xacts WHERE gid = %s AND database = current_database()", (g,))
             done = cur.fetchone() is not None
@@ -431,12 +438,6 @@ def prepare(spec: WriteSpec, txn: Transaction, checkpoint_id: int, rows: Iterabl
                 conn.rollback()
                 return -1
         return count
-    except BaseException:
-        if not conn.closed:
-            conn.rollback()
-        raise
-    finally:
-        conn.close()
 
 
 def _write_partition(spec: WriteSpec, txns: dict[int, Transaction], flush: int, barrier: int | None):
