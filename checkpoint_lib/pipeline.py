@@ -639,7 +639,7 @@ class Pipeline:
             theirs = getattr(declared, "path", None)
             if (same_table(theirs, path) if path is not None and theirs is not None
                     else sink_target(declared) == sink_target(sink)):
-                raise ValueError(f"sinks {other!r} and {name!r} both write {sink_target(sink)}: a table is the target "
+                raise ValueError(f"sinks {other!r} and {name!r} both write {sink_target(declared)}: a table is the target "
                                  "of one sink (each sink rolls its table back on its own)")
         if self.dlq_path is not None and path is not None and same_table(self.dlq_path, path):
             raise ValueError(f"the dead letters and sink {name!r} both write {path}")

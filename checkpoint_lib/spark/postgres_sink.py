@@ -94,7 +94,8 @@ from ..core.twophase import Transaction
 from ..killpoints import KillPoints, act
 from ..pipeline import PostgresSink
 from ..reserved import SINK_SUBTASK
-from .sinks import RollbackUnavailableError, SinkConfigurationError, SinkSite, pipeline_of, register_sink
+from ..layout import pipeline_of
+from .sink_kinds import RollbackUnavailableError, SinkConfigurationError, SinkSite, register_sink
 
 FENCES, COMMITS, FLUSHES = "_checkpoint_lib_fences", "_checkpoint_lib_commits", "_checkpoint_lib_flushes"
 STAGED_SUFFIX = "__ckpt_staged"
