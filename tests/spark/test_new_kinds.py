@@ -188,5 +188,5 @@ def test_a_source_or_sink_of_no_registered_kind_is_refused_by_name(spark, tmp_pa
     with pytest.raises(TypeError, match=r"pipeline 'p': no reader for a source of type Unknown \(known: DeltaSource, "
                                         r"FolderSource, ChangeFeedSource, BatchSource"):
         source_reader(Unknown(), site)
-    with pytest.raises(TypeError, match=r"sink 'out': no writer for a sink of type Unknown \(known: DeltaSink, AuditedSink"):
+    with pytest.raises(TypeError, match=r"sink 'out': no writer for a sink of type Unknown \(known: DeltaSink, PostgresSink, AuditedSink"):
         sink_writer(Unknown(), SinkSite(spark, "out", f"{tmp_path}/x", f"{tmp_path}/t", "checkpoint_lib/p"))
