@@ -776,9 +776,15 @@ class PostgresTwoPhaseSink:
 
     # fencing and committing ----------------------------------------------------------------------
 
+    fences_first_epoch = True
+    """Fenced by a warehouse's first epoch too (:class:`SinkWriter`): the bookkeeping lives in the
+    database, which another warehouse of the pipeline (or an earlier one, since deleted) may have
+    fenced higher; the run is then refused at its start, naming what to do, not at its first write."""
+
     def fence(self, epoch: int) -> None:
         """From now on every write of an older epoch is refused (:class:`FencedError` if a newer
-        epoch fenced the sink first). Idempotent."""
+        epoch fenced the sink first: another attempt of this warehouse, or another warehouse of the
+        same pipeline writing into this database). Idempotent."""
         from psycopg2 import sql
 
         self.create()
@@ -787,8 +793,18 @@ class PostgresTwoPhaseSink:
                                 "ON CONFLICT (pipeline, sink) DO UPDATE SET epoch = EXCLUDED.epoch "
                                 "WHERE f.epoch <= EXCLUDED.epoch RETURNING epoch").format(self._id(FENCES)),
                         (self.pipeline, self.name, epoch))
-            if cur.fetchone() is None:
-                raise FencedError(f"sink {self.name}: a newer epoch than {epoch} fenced it")
+            if cur.fetchone() is not None:
+                return
+            cur.execute(sql.SQL("SELECT epoch FROM {} WHERE pipeline = %s AND sink = %s").format(self._id(FENCES)),
+                        (self.pipeline, self.name))
+            have = cur.fetchone()[0]
+        fences = ".".join((*self.table[:-1], FENCES))
+        raise FencedError(
+            f"sink {self.name}: the database at {self.shown} is fenced for pipeline {self.pipeline!r} by epoch {have}, "
+            f"newer than this run's epoch {epoch}: a newer attempt of this pipeline took over, or another "
+            f"warehouse of it (or an earlier one, since deleted) writes into this database. Nothing was written. "
+            f"Give each warehouse its own database or schema; if the other warehouse is gone for good, delete its "
+            f"fence: DELETE FROM {fences} WHERE pipeline = '{self.pipeline}' AND sink = '{self.name}'")
 
     def _raise_bound(self, checkpoint_id: int, writer_epoch: int) -> None:
         """Before any id of ``checkpoint_id`` commits: the sink's commit bound (what a rollback

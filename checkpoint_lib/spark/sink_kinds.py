@@ -47,6 +47,8 @@ class SinkWriter(Protocol):
     the sink must make durable and committable then (a database's ``PREPARE TRANSACTION``). A writer
     that has it also gets ``stage(..., barrier=checkpoint_id)`` for a flush that barrier follows
     before any other flush of those transactions, so that it may write and pre-commit at once.
+    ``fences_first_epoch = True``: :meth:`fence` is called at a warehouse's first epoch too (a
+    target outside the warehouse, whose fence another warehouse may hold: refused at the start).
     """
 
     name: str

@@ -173,6 +173,31 @@ def test_a_stalled_zombies_prepare_landing_after_a_newer_attempt_never_commits(s
     _exactly_once(w, postgres_server)
 
 
+def test_a_fresh_warehouse_on_a_database_another_warehouse_fenced_is_refused_at_its_start(spark, tmp_path,
+                                                                                          postgres_server):
+    """Another warehouse of ``payments_pg`` (or an earlier one, since deleted) recovered at epoch 5
+    into this database. A fresh warehouse (epoch 1) is refused by its recovery's fence, before it
+    reads or writes anything: one line naming both epochs and what to do, exit 3, nothing committed
+    or prepared. (Before, its first flush failed inside a Spark task, "epoch 1 is fenced by epoch 5".)"""
+    from checkpoint_lib.pipeline import PostgresSink
+    from checkpoint_lib.pipelines.payments_postgres import build
+    from checkpoint_lib.spark.postgres_sink import PostgresTwoPhaseSink
+
+    w = _fresh(spark, tmp_path, postgres_server)
+    declared = build(ledger_table="ledger")
+    for name, sink in declared.sinks.items():
+        if isinstance(sink, PostgresSink):
+            PostgresTwoPhaseSink(None, name, sink, declared.name, uri=postgres_server.uri).fence(5)
+    run = _run(w, postgres_server)
+    errors = [line for line in run.stderr.splitlines() if line.startswith("ckpt: error:")]
+    assert run.returncode == 3 and len(errors) == 1, run.stdout + run.stderr[-3000:]
+    assert "by epoch 5" in errors[0] and "epoch 1" in errors[0] and "another" in errors[0], errors[0]
+    assert "DELETE FROM _checkpoint_lib_fences" in errors[0] and "Traceback" not in run.stderr
+    assert postgres_server.password not in run.stdout + run.stderr
+    assert "completed" not in run.stdout and _prepared(postgres_server) == []
+    assert postgres_server.psql("SELECT count(*) FROM ledger").strip() == "0"
+
+
 @pytest.mark.parametrize("what", ["wrong-password", "unreachable"])
 def test_a_wrong_password_or_an_unreachable_server_stops_ckpt_run_with_one_clear_line(spark, tmp_path, postgres_server,
                                                                                     what):

@@ -224,6 +224,24 @@ def test_a_fenced_epoch_writes_nothing_and_a_zombie_prepare_after_the_fence_neve
         sink.commit([replace(zombie, 2)], 2, 1)
 
 
+def test_a_lower_epoch_than_another_warehouses_fence_is_refused_naming_both_and_what_to_do(postgres_server, table):
+    """Another warehouse of the pipeline (or an earlier one, since deleted) fenced the database at
+    epoch 5; a fresh warehouse's first epoch is refused at its fence, before it writes, with both
+    epochs, the database (never the password) and the statement that frees the fence."""
+    writer(postgres_server, table).fence(5)
+    fresh = writer(postgres_server, table)
+    with pytest.raises(FencedError) as refused:
+        fresh.fence(1)
+    message = str(refused.value)
+    assert "by epoch 5" in message and "epoch 1" in message and "another" in message and "/sinks" in message
+    assert postgres_server.password not in message
+    statement = message.rsplit(": ", 1)[1]
+    assert statement.startswith("DELETE FROM _checkpoint_lib_fences WHERE")
+    postgres_server.psql(statement)  # the other warehouse gone for good: its fence deleted as told
+    fresh.fence(1)
+    fresh.fence(1)  # idempotent
+
+
 def test_recovery_aborts_what_the_restored_checkpoint_does_not_own(postgres_server, table):
     sink = writer(postgres_server, table)
     owned, later = txn(sink, 0, 0, epoch=1), txn(sink, 0, 1, epoch=1)
