@@ -73,7 +73,7 @@ chaos: setup
 	$(PY) tests/chaos/run_chaos.py --docs docs/reliability.md $(CHAOS_ARGS)
 
 # The lakehouse-neighbours matrix (tests/run_neighbours.py): what other tools do to our tables, at every
-# moment; rewrites its section of docs/reliability.md. About 40 min for the 90 cells on 2 cores; an
+# moment; rewrites its section of docs/reliability.md. About 60 min for the 135 cells on 2 cores; an
 # interrupted run continues where it stopped (NEIGHBOURS_ARGS="--fresh" after a code change).
 NEIGHBOURS_ARGS ?=
 neighbours: setup

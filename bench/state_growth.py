@@ -112,15 +112,18 @@ def state_growth(spark: Any, base: str, args: argparse.Namespace, log) -> list[d
 
 def checkpoint_figures(spark, warehouse: str, pipeline: str = "payments") -> dict:
     """From the checkpoint history of a finished run: the first (bootstrap) checkpoint, and the
-    medians of the ones between it and the final checkpoint. The keys are counted in Spark: with
-    deletion vectors a file's ``num_records`` still counts the rows a later MERGE replaced."""
+    medians of the ones between it and the final checkpoint. The keys are the state's (each key's
+    newest run, as a flush reads it), counted in Spark: the table's rows also hold the runs a key
+    left behind until the next fold."""
     from deltalake import DeltaTable
 
     from checkpoint_lib.delta.store import DeltaCheckpointStore
     from checkpoint_lib.layout import checkpoint_root
     from checkpoint_lib.pipelines import get
 
-    operator = get(pipeline).operator_uid
+    from checkpoint_lib.spark.state import state_of
+
+    operator, key = get(pipeline).operator_uid, get(pipeline).key
     root = str(checkpoint_root(warehouse, pipeline))
     store = DeltaCheckpointStore.open(root)
     done = sorted((r for r in store.checkpoints.history() if r["status"] == CheckpointStatus.COMPLETED),
@@ -147,7 +150,7 @@ def checkpoint_figures(spark, warehouse: str, pipeline: str = "payments") -> dic
     last = pinned[done[-1]["checkpoint_id"]]
     ms = lambda r: (r["completion_time"] - r["trigger_time"]) * 1000  # noqa: E731
     return {
-        "state_rows": spark.read.format("delta").option("versionAsOf", last).load(state_path).count(),
+        "state_rows": state_of(spark, state_path, key, version=last).count(),
         "fixed_checkpoints": len(fixed),
         "bootstrap_s": ms(bootstrap) / 1000,
         "bootstrap_state_bytes": int(bootstrap["state_bytes"]),

@@ -55,7 +55,16 @@ SINK_COLUMNS: dict[str, str] = {
 }
 """Reserved in a sink's columns."""
 
-STATE_COLUMNS: dict[str, str] = {KEY_GROUP: "the key group of every row of keyed state"}
+STATE_RUN = PREFIX + "run"
+"""In a keyed state table: the run (the flush's table version) that wrote the row; of a key's
+rows the newest run's holds its state (:func:`~checkpoint_lib.spark.state.live`)."""
+STATE_GONE = PREFIX + "gone"
+"""In a keyed state table: the row says its run deleted the key's state (a tombstone)."""
+STATE_COLUMNS: dict[str, str] = {
+    KEY_GROUP: "the key group of every row of keyed state",
+    STATE_RUN: "the flush that wrote a row of keyed state",
+    STATE_GONE: "a row of keyed state that deletes its key",
+}
 """Reserved in an operator's state columns (besides its key and ``_delete``/``_ttl_written``)."""
 
 

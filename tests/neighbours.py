@@ -2,8 +2,9 @@
 
 A :class:`Cell` is one maintenance or foreign operation (:data:`OPERATIONS`: OPTIMIZE, Z-ORDER,
 VACUUM with the default retention and with 0 hours, RESTORE, an external append, a schema change, a
-deletion-vectors upgrade, a log checkpoint) on one side of the payments pipeline (:data:`TARGETS`:
-its landing table, or both its sink tables) at one moment (:data:`TIMINGS`):
+deletion-vectors upgrade, a log checkpoint) on one side of the payments pipeline or on its keyed
+state (:data:`TARGETS`: its landing table, both its sink tables, or its state table under the
+checkpoint root, which a lakehouse-wide OPTIMIZE or VACUUM reaches too) at one moment (:data:`TIMINGS`):
 
 - ``between``: after a run that completed two checkpoints, before the next run;
 - ``down:<phase>``: while the pipeline is down after a kill in a two-phase-commit window (``complete``:
@@ -31,11 +32,14 @@ from typing import Callable
 
 ROWS = 120  # per landing version; one version per checkpoint
 ACCOUNTS = 20
-TARGETS = {"source": ("landing/payments",), "sinks": ("gold/ledger", "gold/balances")}
+TARGETS = {"source": ("landing/payments",), "sinks": ("gold/ledger", "gold/balances"),
+           "state": ("_checkpoints/payments/state/balance",)}
 TIMINGS = ("between", "down:complete", "down:commit", "down:sink_commit", "during")
-DURING = {"source": ("source_read", 2), "sinks": ("commit", 2)}  # where ``during`` runs the operation
+DURING = {"source": ("source_read", 2), "sinks": ("commit", 2), "state": ("flush_merge", 2)}
+"""Where ``during`` runs the operation: the state's between a flush's sink writes and its state run."""
 REFUSALS = ("SinkConfigurationError", "RollbackUnavailableError", "SinkTableRewoundError", "SourceFilesLostError",
-            "SchemaMismatchError", "NotAppendOnlyError", "PendingFilesLostError", "ChangeFeedUnavailableError")
+            "SchemaMismatchError", "NotAppendOnlyError", "PendingFilesLostError", "ChangeFeedUnavailableError",
+            "StateTableChangedError", "StateFilesLostError")
 """The clear refusals: each says what happened to which table and what to run."""
 
 
@@ -293,6 +297,8 @@ def check(spark, warehouse: str, cell: Cell) -> tuple[str, str]:
 
 def expected(cell: Cell) -> str:
     """What the cell must end with: ``exactly once``, or ``refused`` with the error named."""
+    if cell.target == "state":  # a foreign write is refused by the next flush, and the run after recovers
+        return "exactly once"
     if cell.target == "source":
         if cell.operation == "vacuum_0h":  # the files of versions still to be read are gone
             return "refused SourceFilesLostError"

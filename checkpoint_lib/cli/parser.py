@@ -147,8 +147,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     # records in flight; unaligned checkpoints then log channel state)
     p.add_argument("--lagging-sources", type=int, default=0, metavar="N", help=argparse.SUPPRESS)
     p.add_argument("--state-compact-every", type=int, default=None, metavar="N",  # None: 32
-                   help="OPTIMIZE the keyed state table every N flushes (its MERGEs add small files and "
-                        "deletion vectors; the rows do not change). 0: never. Default 32")
+                   help="fold the keyed state table's runs every N flushes (each flush appends the rows of the "
+                        "keys it changed; folding keeps one row per key, the state does not change). "
+                        "0: only when the runs outgrow the state. Default 32")
     p.add_argument("--no-chaining", action="store_true",
                    help="with both stages in one process, still pass records through the persisted channel "
                         "log (as separate stage processes do) instead of chaining the source into the operator "

@@ -37,8 +37,10 @@ from ..graph.model import OperatorKind, OperatorVertex, StreamGraph
 from ..layout import (KEY_GROUP, channel_state_table, checkpoint_root, location, source_manifest, stamp_prefix,
                       state_table, warehouse_location)
 from ..pipeline import TTL_COLUMN, ChangeFeedSource, DeltaSource, Pipeline
+from ..reserved import STATE_GONE, STATE_RUN
 from .log import ChangeFeedPlanner, MissingLogError, StepPlanner, latest_version, stamped_checkpoints, version_before_txn_above
 from .store import DeltaCheckpointStore
+from .ttl_marks import marks_at
 
 
 Declared = Pipeline | StreamGraph
@@ -87,10 +89,37 @@ def query(dt: DeltaTable, sql: str) -> pa.Table:
     return pa.table(QueryBuilder().register("t", dt).execute(sql))
 
 
-def _count(dt: DeltaTable | None, where: str = "true") -> int:
+def _count(dt: DeltaTable | None, where: str = "true", *, state_key: str | None = None,
+           cleaned: tuple[int, datetime] | None = None) -> int:
     if dt is None:
         return 0
-    return int(query(dt, f"select count(*) as n from t where {where}")["n"][0].as_py())
+    return int(query(dt, f"{_live(dt, state_key, cleaned)}select count(*) as n from s where {where}")["n"][0].as_py())
+
+
+def _cleaned(path: Any, version: int, ttl: Any) -> tuple[int, datetime] | None:
+    """For an operator with a ``ttl``: the run and write time below which its state table's rows
+    at ``version`` are cleaned up (:class:`~checkpoint_lib.delta.ttl_marks.TtlMarks`), or None."""
+    marks = marks_at(str(path), version) if ttl is not None else None
+    cut = marks.expire_before(ttl) if marks is not None else None
+    return None if cut is None else (marks.run, cut)
+
+
+def _live(dt: DeltaTable, state_key: str | None, cleaned: tuple[int, datetime] | None = None) -> str:
+    """A ``with s as (...)`` naming what to read as ``s``: with ``state_key``, the keyed state
+    the state table ``t`` holds (per key the newest run's row, unless a tombstone; minus the rows
+    a TTL's cleanup took, ``cleaned``: :func:`_cleaned`; the one definition is
+    :meth:`checkpoint_lib.spark.state.KeyedStateTable.read`), else ``t`` as it is."""
+    names = {f.name for f in dt.schema().fields}
+    if state_key is None or STATE_RUN not in names:
+        return "with s as (select * from t) "
+    cols = ", ".join(_quote(n) for n in sorted(names - {STATE_RUN, STATE_GONE}))
+    where = f"_ckpt_newest = 1 and not coalesce({_quote(STATE_GONE)}, false)"
+    if cleaned is not None:
+        run, cut = cleaned
+        where += (f" and not (coalesce({_quote(STATE_RUN)}, -1) < {int(run)} and "
+                  f"{_quote(TTL_COLUMN)} < timestamp '{cut.isoformat(sep=' ')}')")
+    return (f"with s as (select {cols} from (select *, row_number() over (partition by {_quote(state_key)} "
+            f"order by coalesce({_quote(STATE_RUN)}, -1) desc) as _ckpt_newest from t) where {where}) ")
 
 
 def _quote(name: str) -> str:
@@ -158,19 +187,20 @@ def operator_state(warehouse: str, pipeline: Declared, checkpoint_id: int | None
     path = state_table(checkpoint_root(warehouse, pipeline.name), vertex.uid)
     match = "true" if key is None else f"cast({_quote(key_column)} as varchar) = {_literal(key)}"
     subtasks, rows, total = [], [], 0
-    tables: dict[int, DeltaTable | None] = {}
+    ttl = getattr(vertex.operator, "state_ttl", None)
+    tables: dict[int, tuple[DeltaTable | None, tuple[int, datetime] | None]] = {}  # per version: table, cleanup
     for sid, pinned in acks:
         version = pinned.table_version
         if version not in tables:
-            tables[version] = _pinned(path, version, c)
-        dt = tables[version]
+            tables[version] = (_pinned(path, version, c), _cleaned(path, version, ttl))
+        dt, cleaned = tables[version]
         lo, hi = pinned.key_groups.start, pinned.key_groups.end
         where = f"{KEY_GROUP} between {lo} and {hi} and {match}"
-        n = _count(dt, where)
+        n = _count(dt, where, state_key=key_column, cleaned=cleaned)
         subtasks.append({"subtask": sid.index, "key_groups": [lo, hi], "table_version": version, "keys": n})
         total += n
         if dt is not None and n:  # each subtask's first ``limit`` by key: the first ``limit`` of all are among them
-            for row in query(dt, f"select * from t where {where} order by {_quote(key_column)} "
+            for row in query(dt, f"{_live(dt, key_column, cleaned)}select * from s where {where} order by {_quote(key_column)} "
                                   f"limit {int(limit)}").to_pylist():
                 row.pop(TTL_COLUMN, None)  # hidden: the operator never sees it
                 rows.append({**row, "subtask": sid.index})
@@ -407,17 +437,21 @@ def _sink_preview(warehouse: str, pipeline: str, name: str, spec: Any, plan: Rec
                        tuple(t.handle for t in recommit), committed, tuple(aborts))
 
 
-def _operator_preview(warehouse: str, pipeline: str, uid: str, c: CompletedCheckpoint) -> OperatorPreview | None:
+def _operator_preview(warehouse: str, graph: StreamGraph, uid: str, c: CompletedCheckpoint) -> OperatorPreview | None:
     acks = _keyed_acks(uid, c)
     if not acks:
         return None
-    path = state_table(checkpoint_root(warehouse, pipeline), uid)
+    path = state_table(checkpoint_root(warehouse, graph.name), uid)
+    vertex, key = keyed_operator(graph, uid)
+    ttl = getattr(vertex.operator, "state_ttl", None)
     keys, tables = 0, {}
     for _sid, pinned in acks:
         version = pinned.table_version
-        if version not in tables:
-            tables[version] = _pinned(path, version, c)
-        keys += _count(tables[version], f"{KEY_GROUP} between {pinned.key_groups.start} and {pinned.key_groups.end}")
+        if version not in tables:  # per version: the table and its cleanup, read once
+            tables[version] = (_pinned(path, version, c), _cleaned(path, version, ttl))
+        dt, cleaned = tables[version]
+        keys += _count(dt, f"{KEY_GROUP} between {pinned.key_groups.start} and {pinned.key_groups.end}",
+                       state_key=key, cleaned=cleaned)
     spans = [(pinned.key_groups.start, pinned.key_groups.end) for _s, pinned in acks]
     return OperatorPreview(
         uid, str(path), latest_version(path), tuple(sorted(tables)),
@@ -467,7 +501,7 @@ def recovery_preview(warehouse: str, pipeline: Pipeline | StreamGraph | str, che
     if c is None:
         return RecoveryPreview(graph.name, plan, sinks)
     operators = tuple(o for v in graph.operators if v.kind is not OperatorKind.STATELESS
-                      if (o := _operator_preview(warehouse, graph.name, v.uid, c)) is not None)
+                      if (o := _operator_preview(warehouse, graph, v.uid, c)) is not None)
     sources = tuple(p for v in graph.sources if (p := _source_preview(warehouse, graph.name, v.name, v.spec, c)) is not None)
     channel = {str(s): c.acks[s].channel_state_rows for s in plan.replay_channel_state}
     return RecoveryPreview(graph.name, plan, sinks, operators, sources, channel)

@@ -145,6 +145,23 @@ def _changes_metadata(action: Mapping[str, Any]) -> bool:
     return "metaData" in action or "protocol" in action
 
 
+def user_metadata_at(table: str | os.PathLike, version: int) -> str | None:
+    """The user metadata of the newest commit at or before ``version`` that changed rows or has
+    some, walking back past commits that changed no row (a fence's stamp, an OPTIMIZE, a schema
+    change); None if the first such commit has none, or a commit file it needs is gone."""
+    try:
+        for v in range(version, -1, -1):
+            actions = list(commit_actions(table, v))
+            info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+            if info.get("userMetadata"):
+                return str(info["userMetadata"])
+            if any((a.get("add") or a.get("remove") or {}).get("dataChange", False) for a in actions):
+                return None
+    except MissingLogError:
+        return None
+    return None
+
+
 def rows_unchanged_since(table: str | os.PathLike, version: int) -> bool:
     """Whether every commit after ``version`` left the table's rows as ``version`` had them: no file
     added or removed with a data change and no schema, property or protocol change (a fence's
@@ -163,6 +180,28 @@ def rows_unchanged_since(table: str | os.PathLike, version: int) -> bool:
     except MissingLogError:
         return False
     return True
+
+
+def data_changes_since(table: str | os.PathLike, version: int, ours: str | None = None) -> list[tuple[int, str]]:
+    """The commits after ``version`` that changed the table's rows (a file added or removed with a
+    data change: an append, a RESTORE, a DELETE, an overwrite; not an OPTIMIZE, a fence's stamp or a
+    schema change), as (version, operation), leaving out those stamped by application id ``ours``
+    (a ``txn`` action of it). A commit file that is gone counts as a change (``"unknown"``)."""
+    latest = latest_version(table)
+    found: list[tuple[int, str]] = []
+    for v in range(version + 1, (latest if latest is not None else version) + 1):
+        try:
+            actions = list(commit_actions(table, v))
+        except MissingLogError:
+            found.append((v, "unknown"))
+            continue
+        if ours is not None and any((a.get("txn") or {}).get("appId") == ours for a in actions):
+            continue
+        if any((a.get("add") or a.get("remove") or {}).get("dataChange", True)
+               for a in actions if "add" in a or "remove" in a):
+            info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+            found.append((v, str(info.get("operation", "a commit"))))
+    return found
 
 
 class StepPlanner:

@@ -66,6 +66,8 @@ from ..files import files_at
 from ..layout import checkpoint_root, control_table, state_table
 from ..pipeline import DeltaSource
 from ..reserved import ERROR_COLUMN, KEY_GROUP, OFFSET_COLUMNS, OFFSET_FIELDS, SENDER
+from ..delta.ttl_marks import marks_at
+from ..spark.state import live, without_cleaned
 from ..spark.tables import struct_type
 from .context import Context
 from .result import QualityCheckError
@@ -210,9 +212,11 @@ def dead_letters(ctx: Context, version: int, source: str | None = None) -> DataF
     return ctx.table(path).where(F.col("src_version") <= version)
 
 
-def pinned_state(ctx: Context, acks: list[dict[str, Any]], uid: str, columns: list[str]) -> DataFrame | None:
+def pinned_state(ctx: Context, acks: list[dict[str, Any]], uid: str, columns: list[str],
+                 ttl: Any = None) -> DataFrame | None:
     """The keyed state of operator ``uid`` a checkpoint pinned (each subtask's key groups at its
-    state table's version), its ``columns``; None when nothing of it is pinned."""
+    state table's version, as its flushes read it: ``ttl`` is its state TTL), its ``columns`` (the
+    key first); None when nothing of it is pinned."""
     path = str(state_table(ctx.root, uid))
     ranges: dict[int, list[tuple[int, int]]] = {}  # table version -> the key groups pinned at it
     for a in sorted(acks, key=lambda a: a["index"]):
@@ -226,7 +230,8 @@ def pinned_state(ctx: Context, acks: list[dict[str, Any]], uid: str, columns: li
         pinned = F.lit(False)
         for lo, hi in groups:
             pinned = pinned | F.col(KEY_GROUP).between(lo, hi)
-        parts.append(ctx.table(path, version).where(pinned).select(*columns))
+        state = live(ctx.table(path, version), columns[0], keep_run=True)
+        parts.append(without_cleaned(state, ttl, marks_at(path, version)).where(pinned).select(*columns))
     if not parts:
         return None
     df = parts[0]
@@ -239,7 +244,7 @@ def snapshot_state(ctx: Context, acks: list[dict[str, Any]]) -> DataFrame:
     """The keyed state a checkpoint pinned: each subtask's key groups at its table version."""
     p = ctx.pipeline
     values = [c for c, _ in p.state_columns]
-    df = pinned_state(ctx, acks, p.operator_uid, [p.key, *values])
+    df = pinned_state(ctx, acks, p.operator_uid, [p.key, *values], getattr(p.operator, "state_ttl", None))
     if df is None:
         schema = T.StructType([T.StructField(p.key, T.StringType())] + [T.StructField(c, T.LongType()) for c in values])
         return _empty(ctx.spark, schema)
@@ -344,7 +349,7 @@ def operator_state(ctx: Context, facts: GraphFacts, uid: str) -> DataFrame:
     vertex = graph.vertex(uid)
     key = graph.inputs_of(uid)[0].key
     wanted = [key, *(name for name, _ in schema_columns(getattr(vertex.operator, "state_schema", None) or ()))]
-    df = pinned_state(ctx, facts.acks, uid, wanted)
+    df = pinned_state(ctx, facts.acks, uid, wanted, getattr(vertex.operator, "state_ttl", None))
     if df is None:
         df = ctx.table(str(state_table(ctx.root, uid))).select(*wanted).limit(0)
     return df
@@ -536,7 +541,8 @@ def restored_state_view(ctx: Context, restore: RestoreFacts) -> DataFrame:
     version = state_version_at(path, restore.recorded_at)
     if version is None:
         raise QualityCheckError(f"the state table has no version from before the restore of epoch {restore.epoch}")
-    restored = ctx.table(path, version)
+    restored = without_cleaned(live(ctx.table(path, version), key, keep_run=True),
+                               getattr(ctx.pipeline.operator, "state_ttl", None), marks_at(path, version))
     if not aggs:
         return _restored_state_any(ctx, restore, restored)
     if restore.checkpoint_id is None:

@@ -36,7 +36,8 @@ their offsets: a full restart, whichever process group recovers (every vertex's 
 every gate's channel state; every channel log starts empty in the new epoch).
 
 Kill points (:mod:`checkpoint_lib.killpoints`): ``source_read``, ``dlq``, ``flush_stage``,
-``flush_merge``, ``channel_write`` (``feedback_write`` onto a feedback edge), ``snapshot``,
+``flush_merge``, ``state_compact`` (a flush's run committed, the compaction after it not yet),
+``channel_write`` (``feedback_write`` onto a feedback edge), ``snapshot``,
 ``source_ack`` (a group with sources, just before ``ack``), ``ack``, ``channel_state``,
 ``validate``, ``complete``, ``commit``, ``sink_commit``, and the recovery's ``fence``,
 ``recover``, ``rollback``, ``restore``.
@@ -677,8 +678,8 @@ class GraphRunner:
             live.add(vertex_id)
             state = None
             if op.state is not None:
-                state = self.cached(op.state.read(op.state_version if op.state_version >= 0 else None).drop(KEY_GROUP))
-            deltas, outputs, expire_before = op.step(inputs, state, self.cached)
+                state = self.cached(op.read_state(inputs))
+            deltas, outputs, newest = op.step(inputs, state, self.cached)
             # an output read more than once (by sinks and edges) is computed once; caching one read
             # once would cost more (planning the cache) than it saves
             outputs = {name: self.cached(df) if self.readers[(vertex_id, name)] > 1 else df
@@ -689,8 +690,8 @@ class GraphRunner:
             op.sinks.stage(outputs, op.flushes, f"operator {vertex_id!r}")
             if deltas is not None:
                 self.fence()
-                self.reached("flush_merge")  # past its epoch check, the MERGE not yet committed
-                op.update_state(deltas, self.fence, self.epoch, expire_before)
+                self.reached("flush_merge")  # past its epoch check, the state's run not yet committed
+                op.update_state(deltas, self.fence, self.epoch, newest, current=state, reached=self.reached)
             frames.update({(vertex_id, name): df for name, df in outputs.items()})
             for name, df in outputs.items():
                 self._segments(vertex_id, name, df, SINK_SUBTASK)

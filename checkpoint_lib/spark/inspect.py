@@ -25,7 +25,7 @@ from ..pipeline import Pipeline
 from ..reserved import OFFSET_FIELDS
 from . import tables
 from .channels import ChannelStateTable, read_pipeline_channel_state, source_senders
-from .state import KEY_GROUP
+from .state import KEY_GROUP, live
 
 
 def _root(warehouse: str, pipeline: Pipeline) -> str:
@@ -47,7 +47,7 @@ def operator_state(spark: SparkSession, warehouse: str, pipeline: Pipeline, chec
             continue
         pinned = KeyedAckState.from_state(ack.state).pinned
         parts.append(
-            spark.read.format("delta").option("versionAsOf", pinned.table_version).load(path)
+            live(spark.read.format("delta").option("versionAsOf", pinned.table_version).load(path), pipeline.key)
             .where(F.col(KEY_GROUP).between(pinned.key_groups.start, pinned.key_groups.end))
             .withColumn("subtask", F.lit(sid.index))
         )

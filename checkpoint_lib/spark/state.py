@@ -1,20 +1,35 @@
-"""Keyed state in a Delta table, by key group.
+"""Keyed state in a Delta table, by key group, kept as appended runs.
 
-The table holds one row per key with its ``key_group``; a subtask's state is the rows of the key
-groups it owns. Updates are MERGEs (one Delta commit each) of the keys a flush changed: added to
-(:meth:`KeyedStateTable.add`, additive state) or replaced and deleted (:meth:`KeyedStateTable.replace`). A snapshot costs nothing: it is the
-table version after the subtask's last update before its barrier, plus its key-group range
-(:class:`~checkpoint_lib.core.acks.PinnedState`, in the subtask's ack). Restore rebuilds the table from those
-versions (time travel): nothing to do when every subtask snapshotted one version and no commit
-since changed a row (a kill before the next flush), otherwise each subtask's key groups at its own
-version, written by one stamped overwrite (a RESTORE outside a recovery, when one version covers all). The snapshot is never a copy; old versions
-stay readable until the table is vacuumed, which must therefore keep what retained checkpoints pin.
+A subtask's state is the keys of the key groups it owns. A flush appends one **run**: the new row
+of every key it changed (added to, :meth:`KeyedStateTable.add`; or replaced, and deleted by a
+tombstone, :meth:`KeyedStateTable.replace`), each row stamped with the run's number
+(:data:`~checkpoint_lib.reserved.STATE_RUN`, the table version the run is meant to land at), in
+one Delta commit fenced by the epoch. A key's state is the row of its newest run unless that is a
+tombstone (:func:`live`), so a flush writes what changed, never the rest of the state, and reads
+only its own keys' rows (:meth:`KeyedStateTable.read_keys`). Once the runs since the last
+compaction hold as many rows as the table held then, a compaction folds them (one row per key,
+each keeping its run; an overwrite that changes no state, fenced like a flush), so reading stays
+within twice the state and each changed row costs O(1) on average.
+
+A snapshot costs nothing: it is the table version after the subtask's last flush before its
+barrier, plus its key-group range (:class:`~checkpoint_lib.core.acks.PinnedState`, in the
+subtask's ack). Restore rebuilds the table from those versions (time travel): nothing to do when
+every subtask snapshotted one version and no commit since changed the state (a kill before the
+next flush; a compaction changes none), otherwise each subtask's key groups of the state at its
+own version, written by one stamped overwrite (a RESTORE outside a recovery, when one version
+covers all). The snapshot is never a copy; old versions stay readable until the table is vacuumed,
+which must therefore keep what retained checkpoints pin.
+
+State with a TTL (:class:`~checkpoint_lib.pipeline.StateTtl`): each row keeps its write time, and
+each flush's commit its :class:`TtlMarks` (the operator's newest write and the flush's run), so
+the rows its cleanup drops are hidden from every later flush at once and dropped by the next
+compaction, whatever the flushes and compactions in between: a replay cleans up what the
+failure-free run did.
 """
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-from datetime import datetime, timedelta
+from datetime import datetime
 from functools import reduce
 from typing import Any, Callable, Sequence
 
@@ -24,14 +39,29 @@ from pyspark.sql import types as T
 
 from ..core.acks import PinnedState
 from ..core.keygroups import DEFAULT_MAX_PARALLELISM
+from ..delta.ttl_marks import TtlMarks, marks_at
 from ..layout import KEY_GROUP
 from ..pipeline import DELETE, TTL_COLUMN, StateTtl
-from ..reserved import temporary
+from ..reserved import STATE_GONE, STATE_RUN, temporary
 from . import tables
 
 FIRST_RECORD = temporary("ttl_first")
 """In the rows a flush hands to a MERGE of state with a TTL: the event time of the key's earliest
 record in the flush (what decides whether its stored state expired)."""
+
+
+class StateTableChangedError(RuntimeError):
+    """Another writer changed a keyed state table's rows (a RESTORE, an append, a DELETE or an
+    overwrite of the table under the checkpoint root) after the version a flush read: the flush's
+    run would mix the two. Raised before the run is appended when seen then (nothing written), or
+    just after it when the change raced it; either way the next run finds the table moved past where
+    it stopped and recovers: the latest completed checkpoint's state version is restored (it is
+    still in the table's history) and what came after it is replayed."""
+
+
+class StateFilesLostError(RuntimeError):
+    """The files of a keyed state version a checkpoint's snapshot pins are gone (a VACUUM below the
+    state table's retention, after an OPTIMIZE or a fold rewrote them): that state cannot be restored."""
 
 
 def expired(written: F.Column, first_record: F.Column, ttl: StateTtl) -> F.Column:
@@ -41,16 +71,18 @@ def expired(written: F.Column, first_record: F.Column, ttl: StateTtl) -> F.Colum
     return F.coalesce(late, F.lit(False))
 
 def apply_with_ttl(apply: Callable[[DataFrame], tuple[Any, Any]], records: Sequence[DataFrame], stored: DataFrame,
-                   key: str, ttl: StateTtl, cached: Callable[[DataFrame], DataFrame]) -> tuple[Any, Any, datetime | None]:
+                   key: str, ttl: StateTtl, cached: Callable[[DataFrame], DataFrame],
+                   newest_before: datetime | None = None) -> tuple[Any, Any, datetime | None]:
     """Run a keyed operator (``apply(visible state) -> (state rows, outputs)``) on state that
     expires in event time (:class:`~checkpoint_lib.pipeline.StateTtl`), over the flush's
-    ``records`` (one DataFrame per input: a two-input operator's both) and the ``stored`` state
-    (key, state columns and :data:`TTL_COLUMN`). The operator sees no state for a key written more
-    than the TTL before the key's earliest record here; the state rows it returns carry the write
-    time (the key's newest record) and that earliest record (:data:`FIRST_RECORD`) for the MERGE;
-    and the third value is ``expire_before``: the rows written ``ttl + cleanup_lateness`` before the
-    operator's newest write are cleaned up by the MERGE (one Spark job computes it). The one
-    definition of TTL in a flush, for the linear keyed stage and every keyed vertex of a graph."""
+    ``records`` (one DataFrame per input: a two-input operator's both) and the ``stored`` state of
+    their keys (key, state columns and :data:`TTL_COLUMN`). The operator sees no state for a key
+    written more than the TTL before the key's earliest record here; the state rows it returns
+    carry the write time (the key's newest record) and that earliest record (:data:`FIRST_RECORD`)
+    for the flush's write; and the third value is the operator's newest write after this flush
+    (``newest_before``, the one before it, and this flush's records: one Spark job over the
+    flush's keys), from which the cleanup follows (:class:`TtlMarks`). The one definition of TTL
+    in a flush, for every keyed vertex of a graph."""
     times = reduce(DataFrame.unionByName, [r.select(key, ttl.time_column) for r in records])
     times = cached(times.groupBy(key).agg(F.min(ttl.time_column).alias(FIRST_RECORD),
                                           F.max(ttl.time_column).alias(TTL_COLUMN)))
@@ -58,9 +90,9 @@ def apply_with_ttl(apply: Callable[[DataFrame], tuple[Any, Any]], records: Seque
                .where(~expired(F.col(TTL_COLUMN), F.col(FIRST_RECORD), ttl))
                .drop(FIRST_RECORD, TTL_COLUMN))
     deltas, outputs = apply(visible)
-    newest = stored.select(TTL_COLUMN).unionByName(times.select(TTL_COLUMN)).agg(F.max(TTL_COLUMN)).first()[0]
-    expire_before = None if newest is None else newest - timedelta(seconds=ttl.cleanup_seconds)
-    return deltas.join(times, key, "left"), outputs, expire_before
+    here = times.agg(F.max(TTL_COLUMN)).first()[0]
+    newest = max((t for t in (newest_before, here) if t is not None), default=None)
+    return deltas.join(times, key, "left"), outputs, newest
 
 
 # A flush's MERGE touches keys spread over every file of the table. Without deletion vectors Delta
@@ -99,8 +131,9 @@ class KeyedStateTable:
         self.spark = spark
         self.path = path
         self.ttl = ttl
-        """With a TTL, ``values`` ends with :data:`TTL_COLUMN` and the rows a flush MERGEs carry
-        :data:`FIRST_RECORD`: expired state is reset, not added to (see :class:`StateTtl`)."""
+        """With a TTL, ``values`` ends with :data:`TTL_COLUMN`, the rows a flush writes carry
+        :data:`FIRST_RECORD` (expired state is reset, not added to: see :class:`StateTtl`), and
+        every flush's commit its :class:`TtlMarks`."""
         self.app_id = app_id
         """Delta idempotent-write application id of the fence: with it, every write by an epoch is
         stamped ``epoch << 32 | next table version`` and refused inside its commit once a newer
@@ -110,25 +143,69 @@ class KeyedStateTable:
         self.schema = T.StructType(
             [T.StructField(KEY_GROUP, T.IntegerType(), False), T.StructField(key, key_type or T.StringType(), False)]
             + list(values.fields)
+            + [T.StructField(STATE_RUN, T.LongType(), True), T.StructField(STATE_GONE, T.BooleanType(), True)]
         )
+        self._appended = 0  # rows appended since the table was last compacted, restored or opened
+        self._base: int | None = None  # rows the table held then (None: counted before the next run)
+        self._marks: dict[int, TtlMarks] = {}  # table version -> its TTL marks, as read or written
 
     def create(self) -> None:
         tables.create_if_missing(self.spark, self.path, self.schema, properties=STATE_TABLE_PROPERTIES)
+        self.upgrade()
 
     def version(self) -> int:
         return tables.version(self.spark, self.path)
 
-    def read(self, version: int | None = None) -> DataFrame:
+    # reading -------------------------------------------------------------------------------------
+
+    def stored(self, version: int | None = None) -> DataFrame:
+        """The table's rows as stored (every run's, tombstones included)."""
         reader = self.spark.read.format("delta")
         if version is not None:
             reader = reader.option("versionAsOf", version)
         return reader.load(self.path)
 
-    def _stamp(self, epoch: int | None):
-        """The fence of a write by ``epoch`` (nothing without an epoch or an application id)."""
-        if epoch is None or self.app_id is None:
-            return nullcontext()
-        return tables.stamped(self.spark, self.app_id, tables.fenced_version(epoch, self.version() + 1))
+    def read(self, version: int | None = None) -> DataFrame:
+        """The keyed state at ``version`` (None: the latest): one row per key (its key group, the
+        key and the values)."""
+        return self._visible(live(self.stored(version), self.key, keep_run=True), version)
+
+    def read_keys(self, keys: DataFrame, version: int | None = None) -> DataFrame:
+        """The state of the keys in ``keys`` (a DataFrame with the key column) at ``version``: what
+        a flush of those keys reads (a keyed function sees its keys' state only, as in Flink)."""
+        mine = self.stored(version).join(keys.select(self.key).distinct(), self.key, "left_semi")
+        return self._visible(live(mine, self.key, keep_run=True), version)
+
+    def _visible(self, state: DataFrame, version: int | None, keep_run: bool = False) -> DataFrame:
+        """``state`` (:func:`live` rows, with the run when ``keep_run``) without what the TTL's
+        cleanup took as of ``version`` (:class:`TtlMarks`)."""
+        if self.ttl is not None:
+            state = without_cleaned(state, self.ttl, self.marks(self.version() if version is None else version))
+        return state if keep_run else state.drop(STATE_RUN, STATE_GONE)
+
+    def marks(self, version: int) -> TtlMarks:
+        """The TTL marks of the state at ``version`` (-1: none written): those of the newest commit
+        at or before it that has them (a fence's commit has none); a table MERGEd before runs
+        existed has none: its newest write is then read from its rows (one Spark job)."""
+        if version < 0:
+            return TtlMarks()
+        if version not in self._marks:
+            found = marks_at(self.path, version)
+            if found is None:
+                newest = (self.stored(version).agg(F.max(TTL_COLUMN)).first()[0]
+                          if self.ttl is not None and TTL_COLUMN in self.stored(version).columns else None)
+                found = TtlMarks(newest, -1)
+            self._marks[version] = found
+        return self._marks[version]
+
+    def upgrade(self) -> None:
+        """A state table created before runs existed (one row per key, MERGEd in place): add the
+        run columns (its rows are then the oldest run). Idempotent; one metadata commit, once."""
+        if STATE_RUN in self.stored().columns:
+            return
+        self.spark.sql(f"ALTER TABLE delta.`{self.path}` ADD COLUMNS (`{STATE_RUN}` BIGINT, `{STATE_GONE}` BOOLEAN)")
+
+    # fences --------------------------------------------------------------------------------------
 
     def _fenced(self, epoch: int | None) -> None:
         if epoch is not None and self.app_id is not None:
@@ -141,121 +218,187 @@ class KeyedStateTable:
         assert self.app_id is not None, "a fenced state table needs an application id"
         tables.raise_fence(self.spark, self.path, self.app_id, epoch, self.version() + 1)
 
+    # a flush -------------------------------------------------------------------------------------
+
     def add(self, deltas: DataFrame, before_retry: Callable[[], None] | None = None, *, epoch: int | None = None,
-            expire_before: datetime | None = None) -> int:
-        """Add ``deltas`` (key, key_group and one column per value) to the state; new keys are
-        inserted. Returns the table version after the MERGE. With ``epoch``, the MERGE is fenced
-        inside its commit (FencedError after it if a newer epoch fenced the table: nothing landed).
-        With a TTL, an expired key's state is replaced by its deltas, and ``expire_before`` deletes
-        the rows of other keys written before it (cleanup)."""
-        reset = self._expired()
-
-        def value(n: str) -> F.Column:
-            added = F.col(f"s.{n}") + F.col(f"d.{n}")
-            return added if reset is None else F.when(reset, F.col(f"d.{n}")).otherwise(added)
-
-        return self._merge(
-            deltas, "MERGE of a flush", before_retry, epoch,
-            lambda m: self._cleanup(
-                m.whenMatchedUpdate(set={**{n: value(n) for n in self._operator_values()}, **self._written()})
-                .whenNotMatchedInsert(values=self._insert_values()), expire_before),
-        )
+            current: DataFrame | None = None, newest: datetime | None = None) -> int:
+        """Add ``deltas`` (key, key_group and one column per value) to the state (new keys start
+        from them): one run appended. Returns the table version after it. With ``epoch``, the
+        write is fenced inside its commit (FencedError after it if a newer epoch fenced the
+        table: nothing landed). ``current``: the state of (at least) the deltas' keys as the flush
+        read it (else read here). With a TTL, an expired key's state is replaced by its deltas,
+        and ``newest`` is the operator's newest write after this flush (its cleanup)."""
+        return self._flush(deltas, additive=True, before_retry=before_retry, epoch=epoch, current=current,
+                           newest=newest)
 
     def replace(self, rows: DataFrame, before_retry: Callable[[], None] | None = None, *,
-                epoch: int | None = None, expire_before: datetime | None = None) -> int:
+                epoch: int | None = None, current: DataFrame | None = None, newest: datetime | None = None) -> int:
         """Make each key of ``rows`` (key, key_group and one column per value, at most one row per
         key) hold that row; a row whose ``_delete`` column is true removes its key. Keys not in
-        ``rows`` keep their state (with a TTL, unless written before ``expire_before``). Returns the
-        table version after the MERGE; fenced like :meth:`add`."""
-        deleting = DELETE in rows.columns
-        drop = F.coalesce(F.col(f"d.{DELETE}"), F.lit(False))
-
-        def clauses(m):
-            if deleting:
-                m = m.whenMatchedDelete(condition=drop)
-            m = m.whenMatchedUpdate(set={**{n: F.col(f"d.{n}") for n in self._operator_values()}, **self._written()})
-            insert = ~drop if deleting else None
-            return self._cleanup(m.whenNotMatchedInsert(condition=insert, values=self._insert_values()), expire_before)
-
-        return self._merge(rows, "MERGE of a flush (replace)", before_retry, epoch, clauses)
+        ``rows`` keep their state (with a TTL, unless cleaned up). One run appended, as :meth:`add`."""
+        return self._flush(rows, additive=False, before_retry=before_retry, epoch=epoch, current=current,
+                           newest=newest)
 
     def apply(self, deltas: DataFrame, *, replace: bool, before_retry: Callable[[], None], epoch: int | None,
-              expire_before: datetime | None = None, compact: bool = False) -> int:
-        """A flush's state rows: :meth:`replace` them (``replace``) or :meth:`add` them, then, with
-        ``compact``, an OPTIMIZE (:meth:`compact`, after ``before_retry``'s epoch check): the same
-        rows in fewer files, so a snapshot of this flush may pin either version. Returns the table
-        version after both. The one flush path of the linear keyed stage and every graph operator."""
-        update = self.replace if replace else self.add
-        version = update(deltas, before_retry=before_retry, epoch=epoch, expire_before=expire_before)
-        if compact:
+              compact: bool = False, current: DataFrame | None = None, newest: datetime | None = None,
+              reached: Callable[[str], None] | None = None, read_at: int | None = None) -> int:
+        """A flush's state rows: :meth:`replace` them (``replace``) or :meth:`add` them (to
+        ``current``, the state the flush read), then, with ``compact`` or once the runs appended
+        since the last compaction hold as many rows as the table held then (:meth:`due`), a
+        compaction (:meth:`compact`, after ``before_retry``'s epoch check): the same state in fewer
+        rows and files, so a snapshot of this flush may pin either version. Returns the table
+        version after both. The one flush path of every keyed operator. ``reached``: the
+        process's kill points (``state_compact``: the run committed, the compaction not yet).
+        ``read_at``: the table version the flush read its state at (the operator's last write); a
+        change of the table's rows by anyone else since is refused (:class:`StateTableChangedError`)."""
+        version = self._flush(deltas, additive=not replace, before_retry=before_retry, epoch=epoch, current=current,
+                              newest=newest, read_at=read_at)
+        if compact or self.due():
             before_retry()
-            version = self.compact(before_retry=before_retry)
+            if reached is not None:
+                reached("state_compact")
+            version = self.compact(before_retry=before_retry, epoch=epoch)
         return version
+
+    def _flush(self, rows: DataFrame, *, additive: bool, before_retry, epoch: int | None, current: DataFrame | None,
+               newest: datetime | None, read_at: int | None = None) -> int:
+        """One run: each key's new row (its current values plus the deltas when ``additive``,
+        else the row; a tombstone for ``_delete``; with a TTL, reset when expired and stamped
+        with its write time) appended."""
+        names = self._operator_values()
+        gone = F.coalesce(F.col(f"d.{DELETE}"), F.lit(False)) if DELETE in rows.columns else F.lit(False)
+        if not additive and self.ttl is None:  # the rows are the new state: nothing to read
+            out = rows.alias("d").select(F.col(f"d.{KEY_GROUP}"), F.col(f"d.{self.key}"),
+                                         *[F.col(f"d.{n}") for n in names], gone.alias(STATE_GONE))
+            return self._append(out, before_retry, epoch, None, read_at)
+        if current is None:
+            current = self.read_keys(rows)
+        present = temporary("present")
+        kept = [*names, TTL_COLUMN] if self.ttl is not None else names
+        s = current.select(self.key, *kept).withColumn(present, F.lit(True))
+        joined = rows.alias("d").join(s.alias("s"), self.key, "left")
+        keep = F.col(f"s.{present}").isNotNull()
+        if self.ttl is not None:
+            keep = keep & ~expired(F.col(f"s.{TTL_COLUMN}"), F.col(f"d.{FIRST_RECORD}"), self.ttl)
+        values = [(F.when(keep, F.col(f"s.{n}") + F.col(f"d.{n}")).otherwise(F.col(f"d.{n}")) if additive
+                   else F.col(f"d.{n}")).alias(n) for n in names]
+        if self.ttl is not None:
+            values.append(F.when(keep, F.greatest(F.col(f"s.{TTL_COLUMN}"), F.col(f"d.{TTL_COLUMN}")))
+                          .otherwise(F.col(f"d.{TTL_COLUMN}")).alias(TTL_COLUMN))
+        out = joined.select(F.col(f"d.{KEY_GROUP}").alias(KEY_GROUP), F.col(self.key), *values, gone.alias(STATE_GONE))
+        return self._append(out, before_retry, epoch, newest, read_at)
+
+    def _unchanged_since(self, read_at: int | None, ours: str | None, landed: bool) -> None:
+        """Refuse (:class:`StateTableChangedError`) a run on a table whose rows someone else changed
+        after ``read_at``, the version the flush read (its own commits, stamped ``ours``, aside)."""
+        if read_at is None or read_at < 0:
+            return
+        from ..delta.log import data_changes_since
+
+        changes = data_changes_since(self.path, read_at, ours)
+        if changes:
+            what = ", ".join(f"{operation} at version {v}" for v, operation in changes[:3])
+            done = ("this flush's run landed after it and is discarded by the recovery" if landed
+                    else "this flush's run was not written")
+            raise StateTableChangedError(
+                f"state table {self.path}: its rows were changed by another writer after version {read_at}, the "
+                f"state this flush read ({what}); {done}. A keyed state table is written by its pipeline alone. "
+                "The next run recovers: it restores the latest completed checkpoint's state version and replays "
+                "what came after it")
+
+    def _append(self, rows: DataFrame, before_retry, epoch: int | None, newest: datetime | None,
+                read_at: int | None = None) -> int:
+        """``rows`` (key group, key, values, :data:`STATE_GONE`) appended as one run, each with the
+        run's number (the table version it is meant to land at: above every run before it), in
+        one commit fenced by ``epoch`` and carrying the TTL marks. Returns the table version. The
+        table's rows must not have been changed by anyone else since ``read_at``, the version the
+        flush read (checked before the commit, and after it where the commit carries the fence's
+        stamp, for a change that raced it)."""
+        self._unchanged_since(read_at, None, landed=False)
+        marks: list[TtlMarks] = []
+        if self._base is None:  # the first run since the table was opened, folded or rewritten
+            self._base = self._rows()
+
+        def append() -> None:
+            run = self.version() + 1
+            out = rows.withColumn(STATE_RUN, F.lit(run).cast("long")).select(*self.schema.fieldNames())
+            writer = out.write.format("delta").mode("append")
+            if self.ttl is not None:
+                marks[:] = [TtlMarks(newest, run)]
+                writer = writer.option("userMetadata", marks[0].to_json())
+            self._save(writer, epoch, run)
+
+        # a conflicting append committed nothing, so appending the rows again appends them once
+        tables.retry_conflicts(append, f"state {self.path}: a flush's run", before_retry=before_retry)
+        self._fenced(epoch)
+        if epoch is not None and self.app_id is not None:
+            self._unchanged_since(read_at, self.app_id, landed=True)
+        version = self.version()
+        if marks:
+            self._marks[version] = marks[0]
+        added = _rows_added(self.path, version)
+        if self._base == 0 and self._appended == 0:
+            self._base = added  # a run into an empty table replaces nothing: as good as folded
+        else:
+            self._appended += added
+        return version
+
+    def _save(self, writer, epoch: int | None, sequence: int) -> None:
+        if epoch is not None and self.app_id is not None:
+            writer = writer.option("txnAppId", self.app_id).option(
+                "txnVersion", str(tables.fenced_version(epoch, sequence)))
+        writer.save(self.path)
 
     def _operator_values(self) -> list[str]:
         return [n for n in self.values.fieldNames() if n != TTL_COLUMN]
 
-    def _expired(self) -> F.Column | None:
-        """In a MERGE with a TTL: the stored row is expired for the flush's records of its key."""
-        if self.ttl is None:
-            return None
-        return expired(F.col(f"s.{TTL_COLUMN}"), F.col(f"d.{FIRST_RECORD}"), self.ttl)
+    # compaction ----------------------------------------------------------------------------------
 
-    def _written(self) -> dict[str, F.Column]:
-        """With a TTL, the write time a matched key keeps: the newest of its records (its stored
-        one too, unless that expired)."""
-        reset = self._expired()
-        if reset is None:
-            return {}
-        newest = F.greatest(F.col(f"s.{TTL_COLUMN}"), F.col(f"d.{TTL_COLUMN}"))
-        return {TTL_COLUMN: F.when(reset, F.col(f"d.{TTL_COLUMN}")).otherwise(newest)}
+    def due(self) -> bool:
+        """Whether the runs appended since the table was last compacted (or restored, or this
+        process opened it) hold more rows than it held then: folding them now keeps a flush's read
+        within twice the state, and costs each appended row O(1) on average. A run into an empty
+        table (a pipeline's first step) counts as the table's first fold: it replaces nothing."""
+        if self._base is None or self._appended <= COMPACT_AT_LEAST:
+            return False
+        return self._appended > self._base
 
-    def _cleanup(self, merge, expire_before: datetime | None):
-        if self.ttl is None or expire_before is None:
-            return merge
-        return merge.whenNotMatchedBySourceDelete(condition=F.col(f"s.{TTL_COLUMN}") < F.lit(expire_before))
+    def _rows(self) -> int:
+        """The rows of the table's latest version (its files' statistics: no Spark job)."""
+        from deltalake import DeltaTable
 
-    def _insert_values(self) -> dict:
-        return {KEY_GROUP: F.col(f"d.{KEY_GROUP}"), self.key: F.col(f"d.{self.key}"),
-                **{n: F.col(f"d.{n}") for n in self.values.fieldNames()}}
+        actions = DeltaTable(self.path).get_add_actions(flatten=True)
+        return int(sum(n or 0 for n in actions.column("num_records").to_pylist())) if actions.num_rows else 0
 
-    def _merge(self, rows: DataFrame, what: str, before_retry: Callable[[], None] | None, epoch: int | None,
-               clauses: Callable) -> int:
-        from delta.tables import DeltaTable
+    def _rewritten(self) -> None:
+        """The table was just rewritten (compacted, restored, cleared): count the runs from here."""
+        self._base, self._appended = None, 0
 
-        def merge() -> None:
-            with self._stamp(epoch):
-                clauses(
-                    DeltaTable.forPath(self.spark, self.path).alias("s")
-                    .merge(rows.alias("d"), f"s.`{self.key}` = d.`{self.key}`")
-                ).execute()
+    def compact(self, before_retry: Callable[[], None] | None = None, epoch: int | None = None) -> int:
+        """Fold the runs: the table rewritten as its state (:func:`live`: one row per key, each
+        keeping its run; tombstones, replaced rows and what the TTL cleaned up gone), so reading
+        the state stays proportional to it. The state does not change (``dataChange=false``: every
+        version a snapshot pinned reads the same state, and a kill before, during or after it
+        leaves the same state); the overwrite is fenced like a flush (an older epoch's is refused
+        inside its commit) and carries the TTL marks on. Returns the table version after it."""
 
-        # a conflicting MERGE committed nothing, so applying the rows again applies them once
-        tables.retry_conflicts(merge, f"state {self.path}: {what}", before_retry=before_retry)
-        self._fenced(epoch)
+        def fold() -> None:
+            version = self.version()
+            state = self._visible(live(self.stored(version), self.key, keep_run=True), version, keep_run=True)
+            self._overwrite(state, epoch, data_change=False, marks=self.marks(version) if self.ttl else None)
+
+        tables.retry_conflicts(fold, f"state {self.path}: compaction", before_retry=before_retry)
         return self.version()
 
-    def compact(self, before_retry: Callable[[], None] | None = None) -> int:
-        """OPTIMIZE: bin-pack the small files the flushes added, and rewrite the files whose rows
-        were mostly replaced (deletion vectors), so reading the state stays proportional to it.
-        The commit changes no row (``dataChange=false``): every version a snapshot pinned reads the
-        same, and a kill before, during or after it leaves a table with the same rows. Returns the
-        table version after it."""
-        from delta.tables import DeltaTable
-
-        def optimize() -> None:
-            DeltaTable.forPath(self.spark, self.path).optimize().executeCompaction()
-
-        tables.retry_conflicts(optimize, f"state {self.path}: OPTIMIZE", before_retry=before_retry)
-        return self.version()
+    # restore -------------------------------------------------------------------------------------
 
     def restore(self, snapshots: Sequence[PinnedState], *, epoch: int | None = None) -> None:
         """Make the table hold, for every snapshot (its ``table_version`` and ``key_groups``), exactly
         its key groups as of its version. Idempotent: running it twice gives the same table.
 
-        When one snapshot covers every key group and no commit since its version changed a row,
-        nothing is written. Otherwise, with ``epoch`` (a recovery, after :meth:`fence`) the rows
-        are rewritten by one stamped overwrite, so a stalled older recovery's restore landing later
+        When one snapshot covers every key group and no commit since its version changed the state,
+        nothing is written. Otherwise, with ``epoch`` (a recovery, after :meth:`fence`) the state
+        is rewritten by one stamped overwrite, so a stalled older recovery's restore landing later
         is refused inside its commit; a Delta RESTORE cannot carry the stamp. Without, a RESTORE
         when one snapshot covers every key group (no data rewritten)."""
         from delta.tables import DeltaTable
@@ -273,17 +416,48 @@ class KeyedStateTable:
                 # fence no older epoch can change that; a newer epoch's fence is checked as a write's.
                 self._fenced(epoch)
                 return
-            if epoch is None:
-                DeltaTable.forPath(self.spark, self.path).restoreToVersion(version)
-                return
+        self._check_whole(sorted(versions))
+        if full and epoch is None:
+            DeltaTable.forPath(self.spark, self.path).restoreToVersion(min(versions))
+            self._rewritten()
+            return
         parts = [
-            self.read(s.table_version).where(F.col(KEY_GROUP).between(s.key_groups.start, s.key_groups.end))
+            self._visible(live(self.stored(s.table_version), self.key, keep_run=True), s.table_version, keep_run=True)
+            .where(F.col(KEY_GROUP).between(s.key_groups.start, s.key_groups.end))
             for s in snapshots
         ]
-        df = parts[0]
-        for p in parts[1:]:
-            df = df.unionByName(p)
-        self._overwrite(df, epoch)
+        df = reduce(DataFrame.unionByName, parts)
+        marks = None
+        if self.ttl is not None:  # the newest of the snapshots' marks (one vertex: one cleanup)
+            held = [self.marks(s.table_version) for s in snapshots]
+            marks = TtlMarks(max((m.newest for m in held if m.newest is not None), default=None),
+                             max(m.run for m in held))
+        self._overwrite(df, epoch, marks=marks)
+
+    def _check_whole(self, versions: Sequence[int]) -> None:
+        """Refuse (:class:`StateFilesLostError`) to restore ``versions`` when files they hold are
+        gone, before reading them (Spark would fail on the first missing file, saying less)."""
+        from urllib.parse import unquote
+
+        from deltalake import DeltaTable
+
+        from ..files import files_at
+        from ..layout import location
+
+        root = location(self.path)
+        files = files_at(root)
+        for version in versions:
+            held = DeltaTable(self.path, version=version).get_add_actions(flatten=True).column("path").to_pylist()
+            gone = [p for p in held if not files.exists(root / unquote(p))]
+            if gone:
+                raise StateFilesLostError(
+                    f"state table {self.path}: {len(gone)} of the {len(held)} files of version {version}, the state a "
+                    f"snapshot being restored pins, are gone (e.g. {unquote(gone[0])}): a VACUUM with a retention below "
+                    "the table's deleted them after an OPTIMIZE rewrote them (RETAIN 0 HOURS with Delta's safety check "
+                    "off). That state cannot be restored. Restore an older checkpoint whose state is whole "
+                    "(`ckpt recover <pipeline> --checkpoint N`; `ckpt checkpoints <pipeline>` lists them), or start "
+                    "the pipeline over in a new warehouse. A state table keeps every version a retained checkpoint "
+                    "pins: VACUUM it with its own retention (the default), never below")
 
     def clear(self, *, epoch: int | None = None) -> None:
         """Empty the table (an operator new to the restored snapshot starts empty); fenced like
@@ -293,15 +467,20 @@ class KeyedStateTable:
 
         if DeltaTable(self.path).get_add_actions(flatten=False).num_rows == 0:
             return
-        self._overwrite(self.spark.createDataFrame([], self.schema), epoch)
+        self._overwrite(self.spark.createDataFrame([], self.schema), epoch, marks=TtlMarks() if self.ttl else None)
 
-    def _overwrite(self, df: DataFrame, epoch: int | None) -> None:
-        writer = df.write.format("delta").mode("overwrite")
-        if epoch is not None and self.app_id is not None:
-            writer = writer.option("txnAppId", self.app_id).option(
-                "txnVersion", str(tables.fenced_version(epoch, self.version() + 1)))
-        writer.save(self.path)
+    def _overwrite(self, df: DataFrame, epoch: int | None, data_change: bool = True,
+                   marks: TtlMarks | None = None) -> None:
+        writer = df.select(*self.schema.fieldNames()).write.format("delta").mode("overwrite")
+        if not data_change:
+            writer = writer.option("dataChange", "false")
+        if marks is not None:
+            writer = writer.option("userMetadata", marks.to_json())
+        self._save(writer, epoch, self.version() + 1)
         self._fenced(epoch)
+        if marks is not None:
+            self._marks[self.version()] = marks
+        self._rewritten()
 
 
 def _covers_all(ranges: list[tuple[int, int]]) -> bool:
@@ -312,3 +491,54 @@ def _covers_all(ranges: list[tuple[int, int]]) -> bool:
         expected = end + 1
     return expected == DEFAULT_MAX_PARALLELISM
 
+
+
+def without_cleaned(state: DataFrame, ttl: StateTtl | None, marks: TtlMarks | None) -> DataFrame:
+    """``state`` (:func:`live` rows with their run) without the rows a TTL's cleanup took by the
+    flush of ``marks``: from a run before it, written ``ttl + cleanup_lateness`` before its newest
+    write (the one definition; ``delta/inspect.py::_live`` says the same in SQL)."""
+    cut = None if ttl is None or marks is None else marks.expire_before(ttl)
+    if cut is None or STATE_RUN not in state.columns:
+        return state
+    return state.where(~((F.coalesce(F.col(STATE_RUN), F.lit(-1)) < marks.run) & (F.col(TTL_COLUMN) < F.lit(cut))))
+
+
+def state_of(spark: SparkSession, path: str, key: str, ttl: StateTtl | None = None,
+             version: int | None = None) -> DataFrame:
+    """The keyed state the state table at ``path`` holds at ``version`` (None: the latest), as the
+    operator's flushes read it (:meth:`KeyedStateTable.read`): for readers that have the key and
+    the operator's TTL but not its state table."""
+    return KeyedStateTable(spark, path, key, T.StructType([]), ttl=ttl).read(version)
+
+
+def _rows_added(path: str, version: int) -> int:
+    """The rows commit ``version`` of table ``path`` added (its files' statistics; 0 without them)."""
+    import json
+
+    from ..delta.log import commit_actions
+
+    rows = 0
+    for action in commit_actions(path, version):
+        stats = (action.get("add") or {}).get("stats")
+        rows += int(json.loads(stats).get("numRecords", 0)) if stats else 0
+    return rows
+
+
+COMPACT_AT_LEAST = 100_000
+"""A table of runs is compacted once its runs since the last compaction hold more rows than it
+held then, and more than this many (a small table is cheap to read as it is)."""
+
+
+def live(stored: DataFrame, key: str, *, keep_run: bool = False) -> DataFrame:
+    """The keyed state a state table's ``stored`` rows hold: per key, the row of the newest run,
+    unless it is a tombstone (one aggregation; a table written before runs, or MERGEd in place,
+    is its state as it is). ``keep_run``: with the run column (what a rewrite keeps)."""
+    if STATE_RUN not in stored.columns:
+        return stored
+    others = [c for c in stored.columns if c != key]
+    newest = (stored.groupBy(key)
+              .agg(F.max_by(F.struct(*[F.col(f"`{c}`") for c in others]),
+                            F.coalesce(F.col(STATE_RUN), F.lit(-1))).alias("s"))
+              .select(key, *[F.col(f"s.`{c}`").alias(c) for c in others]))
+    newest = newest.where(~F.coalesce(F.col(STATE_GONE), F.lit(False)))
+    return newest.select(*stored.columns) if keep_run else newest.drop(STATE_RUN, STATE_GONE)

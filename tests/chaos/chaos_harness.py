@@ -30,6 +30,7 @@ import signal
 import subprocess
 import time
 from collections import Counter, defaultdict
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -78,6 +79,15 @@ MAINTENANCE = ("optimize", "zorder", "vacuum", "log_checkpoint", "dv_upgrade", "
 """The operations of the lakehouse-neighbours matrix (tests/neighbours.py) that end exactly once on
 either side of every pipeline: drawn between kills. (The matrix covers the others, which end in a
 refusal or leave foreign rows the verifier would count.)"""
+STATE_SEEDS = 40_000
+"""Seeds from here on draw their scenario as ``seed - STATE_SEEDS`` does (``payments`` or ``transfers``;
+every third one as the ``orders`` seed ``ORDERS_SEEDS + seed - STATE_SEEDS`` does), with the keyed
+state's runs folded every :data:`STATE_FOLDS` flushes (``--state-compact-every``: a 3-version run
+otherwise never folds), and half of them first killed inside a fold (``state_compact``: the flush's run
+committed, the fold not yet)."""
+STATE_FOLDS = {1: 3, 2: 1}
+"""``--state-compact-every`` of a :data:`STATE_SEEDS` scenario, and the highest ``state_compact`` hit
+a 3-version run surely reaches with it (a fold at every flush, or at every second one)."""
 # Where a first kill may land, with the highest hit count that a 3-version run surely reaches
 # (per-subtask phases are hit once per keyed subtask and checkpoint).
 FIRST_KILLS = {
@@ -114,6 +124,7 @@ class Scenario:
     then: tuple[Kill, ...] = ()  # the kills during the recoveries that follow, in order
     maintenance: tuple[tuple[str, str], ...] = ()  # after each kill: (operation, table relative to the warehouse)
     groups: tuple[str, ...] = ()  # per-vertex layout: the process group each kill of the chain lands in
+    compact_every: int = 0  # --state-compact-every when not 0 (the keyed state's runs folded every N flushes)
 
     @property
     def chain(self) -> tuple[Kill, ...]:
@@ -126,8 +137,12 @@ class Scenario:
 
     @property
     def config(self) -> str:
-        """The barrier mode, and the layout when it is not one process."""
-        return f"{self.mode}, a process per vertex" if self.groups else self.mode
+        """The barrier mode, the layout when it is not one process, and the state's folds when
+        drawn."""
+        config = f"{self.mode}, a process per vertex" if self.groups else self.mode
+        if self.compact_every:
+            config += f", state folded every {self.compact_every} flush{'es' if self.compact_every > 1 else ''}"
+        return config
 
     @property
     def chained(self) -> bool:
@@ -163,6 +178,8 @@ class Outcome:
 
 def scenario(seed: int) -> Scenario:
     """The scenario of ``seed``: deterministic, so a failing seed can be run again alone."""
+    if seed >= STATE_SEEDS:
+        return _state_scenario(seed)
     if seed >= ENRICHMENT_GROUPS_SEEDS:
         return _enrichment_groups_scenario(seed)
     if seed >= ENRICHMENT_SEEDS:
@@ -190,6 +207,17 @@ def scenario(seed: int) -> Scenario:
             hits = CHAINED_KILLS.get(phase, hits)
         first = Kill(phase, rng.randint(1, hits))
     return Scenario(seed, pipeline, mode, lagging, first, _recovery_kills(rng))
+
+
+def _state_scenario(seed: int) -> Scenario:
+    base = seed - STATE_SEEDS
+    s = scenario(ORDERS_SEEDS + base if base % 3 == 2 else base)
+    rng = random.Random(f"state {seed}")
+    every = rng.choice(sorted(STATE_FOLDS))
+    first = s.first
+    if rng.random() < 0.5:
+        first = Kill("state_compact", rng.randint(1, STATE_FOLDS[every]))
+    return dataclasses.replace(s, seed=seed, first=first, compact_every=every)
 
 
 def _enrichment_scenario(seed: int) -> Scenario:
@@ -281,6 +309,8 @@ def _command(warehouse: str, s: Scenario) -> list[str]:
         cmd += ["--alignment-timeout", "0.5"]
     if s.pipeline != "transfers" and not s.lagging and not s.chained:
         cmd.append("--no-chaining")
+    if s.compact_every:
+        cmd += ["--state-compact-every", str(s.compact_every)]
     return cmd
 
 

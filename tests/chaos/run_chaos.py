@@ -48,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--enrichment-first-seed", type=int, default=harness.ENRICHMENT_SEEDS)
     ap.add_argument("--enrichment-groups-runs", type=int, default=6,
                     help=f"enrichment with a process per vertex (seeds {harness.ENRICHMENT_GROUPS_SEEDS}..), default 6")
+    ap.add_argument("--state-runs", type=int, default=0,
+                    help=f"scenarios with the keyed state folded every 1 or 2 flushes, half killed inside a fold "
+                         f"(seeds {harness.STATE_SEEDS}..), default 0")
+    ap.add_argument("--state-first-seed", type=int, default=harness.STATE_SEEDS)
     ap.add_argument("--results", default="tests/chaos/results.jsonl",
                     help="outcomes, one JSON line per scenario (tracked, like bench/results.jsonl: the evidence behind docs/reliability.md)")
     ap.add_argument("--docs", default="docs/reliability.md", help="the page whose generated part is rewritten")
@@ -72,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     kinds = (range(args.first_seed, args.first_seed + args.runs),  # the seeds of each kind of scenario
              range(args.orders_first_seed, args.orders_first_seed + args.orders_runs),
              range(args.enrichment_first_seed, args.enrichment_first_seed + args.enrichment_runs),
-             range(harness.ENRICHMENT_GROUPS_SEEDS, harness.ENRICHMENT_GROUPS_SEEDS + args.enrichment_groups_runs))
+             range(harness.ENRICHMENT_GROUPS_SEEDS, harness.ENRICHMENT_GROUPS_SEEDS + args.enrichment_groups_runs),
+             range(args.state_first_seed, args.state_first_seed + args.state_runs))
     seeds = [s for kind in kinds for s in kind]
     done = {o.seed for o in harness.load(results)}
     spark = get_spark(master="local[2]", ui=False)
@@ -146,7 +151,10 @@ def command_of(args: argparse.Namespace) -> str:
     given += [f"--enrichment-runs {args.enrichment_runs}"]
     given += [f"--enrichment-first-seed {args.enrichment_first_seed}"] if (
         args.enrichment_first_seed != harness.ENRICHMENT_SEEDS) else []
-    given += [f"--enrichment-groups-runs {args.enrichment_groups_runs}", f"--jobs {args.jobs}"]
+    given += [f"--enrichment-groups-runs {args.enrichment_groups_runs}"]
+    given += [f"--state-runs {args.state_runs}"] if args.state_runs else []
+    given += [f"--state-first-seed {args.state_first_seed}"] if args.state_first_seed != harness.STATE_SEEDS else []
+    given += [f"--jobs {args.jobs}"]
     given += [f"--{flag.replace('_', '-')}" for flag in ("skip_hostile", "skip_races") if getattr(args, flag)]
     return f"make chaos CHAOS_ARGS=\"{' '.join(given)}\""
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from chaos_harness import Outcome, load, record, render, scenario, tally
+from chaos_harness import Kill, Outcome, load, record, render, scenario, tally
 
 
 def test_a_kill_not_reached_does_not_shift_the_later_kills_place_in_the_chain(tmp_path):
@@ -32,13 +32,16 @@ def test_the_generated_page_names_the_whole_command_and_the_scenarios_run_before
 
     from run_chaos import command_of, generated
 
-    from chaos_harness import ENRICHMENT_SEEDS, ORDERS_SEEDS
+    from chaos_harness import ENRICHMENT_SEEDS, ORDERS_SEEDS, STATE_SEEDS
 
     args = argparse.Namespace(runs=41, first_seed=0, orders_runs=41, orders_first_seed=ORDERS_SEEDS, jobs=2, skip_hostile=False, skip_races=False,
                               enrichment_runs=40, enrichment_first_seed=ENRICHMENT_SEEDS, enrichment_groups_runs=8,
-                              results="tests/chaos/results.jsonl")
+                              state_runs=0, state_first_seed=STATE_SEEDS, results="tests/chaos/results.jsonl")
     assert command_of(args) == ('make chaos CHAOS_ARGS="--runs 41 --orders-runs 41 --enrichment-runs 40 '
                                 '--enrichment-groups-runs 8 --jobs 2"')
+    args.state_runs, args.state_first_seed = 20, STATE_SEEDS + 20
+    assert command_of(args).endswith(f'--enrichment-groups-runs 8 --state-runs 20 --state-first-seed {STATE_SEEDS + 20} --jobs 2"')
+    args.state_runs, args.state_first_seed = 0, STATE_SEEDS
     args.skip_races = True
     assert command_of(args).endswith('--jobs 2 --skip-races"')
     text = generated([], [], args, 600.0, kept=46)
@@ -73,3 +76,25 @@ def test_a_first_kill_is_drawn_within_the_hits_its_layout_reaches():
     assert chained and all(s.first.n <= CHAINED_KILLS[s.first.phase] for s in chained)
     unchained = [s.first.n for s in drawn if not s.chained and s.first.phase == "snapshot"]
     assert max(unchained) > CHAINED_KILLS["snapshot"] and max(unchained) <= FIRST_KILLS["snapshot"]
+
+
+def test_state_scenarios_fold_the_state_and_half_are_killed_inside_a_fold():
+    """A 3-version run never folds the keyed state at the default (every 32 flushes), so the
+    STATE_SEEDS scenarios fold it every 1 or 2 flushes and draw ``state_compact`` within the folds
+    such a run reaches; the rest of each is the scenario of the seed it is drawn from."""
+    from chaos_harness import ORDERS_SEEDS, STATE_FOLDS, STATE_SEEDS, _command
+
+    drawn = [scenario(seed) for seed in range(STATE_SEEDS, STATE_SEEDS + 120)]
+    assert {s.compact_every for s in drawn} == set(STATE_FOLDS)
+    folded = [s for s in drawn if s.first.phase == "state_compact"]
+    assert 40 <= len(folded) <= 80
+    assert all(1 <= s.first.n <= STATE_FOLDS[s.compact_every] for s in folded)
+    assert {s.pipeline for s in drawn} == {"payments", "transfers", "orders"}
+    for s in drawn:
+        base = scenario(ORDERS_SEEDS + s.seed - STATE_SEEDS if (s.seed - STATE_SEEDS) % 3 == 2 else s.seed - STATE_SEEDS)
+        assert (s.pipeline, s.mode, s.lagging, s.then) == (base.pipeline, base.mode, base.lagging, base.then)
+        assert s.first in (base.first, Kill("state_compact", s.first.n))
+        command = _command("/w", s)
+        assert command[command.index("--state-compact-every") + 1] == str(s.compact_every)
+        assert f"state folded every {s.compact_every} flush" in s.label
+    assert scenario(STATE_SEEDS + 5) == scenario(STATE_SEEDS + 5)

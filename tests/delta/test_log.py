@@ -12,6 +12,7 @@ from checkpoint_lib.delta.log import (
     added_files,
     change_version,
     clear_abandoned_creation,
+    data_changes_since,
     is_delta_table,
     latest_version,
     rows_unchanged_since,
@@ -106,6 +107,26 @@ def test_rows_unchanged_since_a_version_allows_stamps_and_compactions_only(stora
     assert not rows_unchanged_since(table, 5)
     _expire(storage_root, 4)  # a commit it needs is gone: cannot tell, so no
     assert not rows_unchanged_since(table, 2)
+
+
+def test_data_changes_since_names_other_writers_commits_that_changed_rows_and_leaves_ours_aside(storage_root):
+    """What a state table's flush checks before and after its run: every commit since the version
+    it read that added or removed rows, but not its own (stamped with its application id), nor a
+    fence, an OPTIMIZE or a metadata change."""
+    from checkpoint_lib.spark.tables import stamped_commit
+
+    table = _table(storage_root, 2)
+    assert data_changes_since(table, 1) == [] and data_changes_since(table, 5) == []
+    stamped_commit(table, "ours", [], lambda have: 7)  # a fence: a stamp, no file
+    DeltaTable(table).optimize.compact()  # rows the same
+    DeltaTable(table).alter.set_table_properties({"delta.appendOnly": "false"})
+    assert data_changes_since(table, 1) == []
+    DeltaTable(table).restore(1)  # someone's RESTORE
+    _table(storage_root, 1)  # someone's append
+    assert [op for _, op in data_changes_since(table, 1)] == ["RESTORE", "WRITE"]
+    assert data_changes_since(table, 0)[0] == (1, "WRITE")  # the second of the first two appends
+    _expire(storage_root, 3)  # a commit it needs is gone: cannot tell, so a change
+    assert (2, "unknown") in data_changes_since(table, 1)
 
 
 def test_what_a_creation_killed_before_its_first_commit_left_is_cleared_and_a_commit_never_is(storage_root):

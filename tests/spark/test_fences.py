@@ -24,6 +24,7 @@ from checkpoint_lib.spark.channels import DeltaChannelLog
 from checkpoint_lib.spark.sinks import DeltaTwoPhaseSink
 from checkpoint_lib.spark.state import KeyedStateTable
 from checkpoint_lib.verify import read_delta
+from state_rows import state_rows
 
 pytestmark = [pytest.mark.spark, pytest.mark.race]
 SCHEMA = T.StructType([T.StructField("account", T.StringType()), T.StructField("amount_cents", T.LongType())])
@@ -167,7 +168,7 @@ def _state(spark, path) -> KeyedStateTable:
     values = T.StructType([T.StructField("balance_cents", T.LongType())])
     table = KeyedStateTable(spark, path, "account", values, app_id=STATE_APP)
     tables.create_if_missing(spark, path, table.schema)  # no deletion vectors: delta-rs writes it too
-    spark.createDataFrame([(0, "acct-0", 100)], table.schema).write.format("delta").mode("append").save(path)
+    spark.createDataFrame([(0, "acct-0", 100, None, None)], table.schema).write.format("delta").mode("append").save(path)
     return table
 
 
@@ -182,9 +183,9 @@ def test_a_state_merge_by_a_zombie_after_the_fence_lands_nothing(spark, tmp_path
     state.fence(2)
     with pytest.raises(FencedError):
         state.add(_deltas(spark, 1000), epoch=1)
-    assert read_delta(path)["balance_cents"].tolist() == [110]
+    assert state_rows(path)["balance_cents"].tolist() == [110]
     state.add(_deltas(spark, 5), epoch=2)  # the newer epoch writes on
-    assert read_delta(path)["balance_cents"].tolist() == [115]
+    assert state_rows(path)["balance_cents"].tolist() == [115]
 
 
 def test_the_state_tables_fence_is_a_stamp_alone_committed_by_delta_rs(spark, tmp_path):
@@ -220,7 +221,7 @@ def test_a_state_merge_racing_the_fence_inside_its_own_job_is_refused(spark, tmp
     with pytest.raises(FencedError):
         state.add(deltas, epoch=1)
     assert os.path.exists(tmp_path / "fired")
-    assert read_delta(path)["balance_cents"].tolist() == [100]
+    assert state_rows(path)["balance_cents"].tolist() == [100]
 
 
 def test_a_recovery_restoring_what_the_state_table_still_holds_writes_nothing(spark, tmp_path):
@@ -234,13 +235,13 @@ def test_a_recovery_restoring_what_the_state_table_still_holds_writes_nothing(sp
     state.fence(2)
     fenced = state.version()
     state.restore(everything, epoch=2)
-    assert state.version() == fenced and read_delta(path)["balance_cents"].tolist() == [110]
+    assert state.version() == fenced and state_rows(path)["balance_cents"].tolist() == [110]
     with pytest.raises(FencedError):
         state.restore(everything, epoch=1)
     state.add(_deltas(spark, 5), epoch=2)  # a flush after the snapshot: the restore rewrites
     state.fence(3)
     state.restore(everything, epoch=3)
-    assert state.version() == fenced + 3 and read_delta(path)["balance_cents"].tolist() == [110]
+    assert state.version() == fenced + 3 and state_rows(path)["balance_cents"].tolist() == [110]
 
 
 @pytest.mark.slow  # CI tier: a full run and two recoveries
@@ -256,7 +257,7 @@ def test_a_stalled_older_recovery_cannot_restore_over_the_newer_one(spark, tmp_p
         state.restore([PinnedState(pinned, KeyGroupRange(0, 32767))], epoch=2)
     with pytest.raises(FencedError):
         state.clear(epoch=2)
-    assert read_delta(path)["balance_cents"].tolist() == [107]
+    assert state_rows(path)["balance_cents"].tolist() == [107]
 
 
 # --- channel logs -----------------------------------------------------------------------------

@@ -66,7 +66,9 @@ def check(spark, w: str) -> None:
     counts = read_delta(f"{w}/out/counts").set_index("user")["n"].to_dict()
     # u1: 2 rows in round 0, 4 in each later one; u2: round 3 only; u3: its only round
     assert counts == {"u1": 2 + 3 * 4, "u2": 2, "u3": 2}
-    state = spark.read.format("delta").load(f"{w}/_checkpoints/ttl/state/activity")
+    from checkpoint_lib.spark.state import state_of
+
+    state = state_of(spark, f"{w}/_checkpoints/ttl/state/activity", "user", Activity.state_ttl)
     assert sorted(r.user for r in state.collect()) == ["u1", "u2"]  # u3 cleaned up
 
 

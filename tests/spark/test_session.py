@@ -355,4 +355,4 @@ def test_the_running_driver_maps_the_archive_set_up_built(spark) -> None:
     path = jvm_archive.archive_path(ensure_jars(), jars.jar_dir())
     assert path is not None and path.is_file(), "set-up did not build the driver's class archive"
     pid = spark._jvm.java.lang.ProcessHandle.current().pid()
-    assert str(path) in Path(f"/proc/{pid}/maps").read_text()
+    assert str(path.resolve()) in Path(f"/proc/{pid}/maps").read_text()  # the file the JVM mapped (its real path)

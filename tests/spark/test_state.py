@@ -36,43 +36,113 @@ def _history(spark, path: str, version: int):
 
 
 def test_a_flush_writes_what_changed_not_the_whole_state(spark, tmp_path):
+    """A flush appends one run: the new rows of the keys it changed, nothing of the others; the
+    state is each key's newest row, and a pinned version reads as it was."""
     from pyspark.sql import functions as F
 
     path = str(tmp_path / "state")
     table = _table(spark, path)
     first = table.add(_deltas(spark, (0, KEYS)))  # 4,000 keys, spread over several files
     second = table.add(_deltas(spark, (0, KEYS, KEYS // 20)))  # 20 keys, one in every 200: they touch every file
-    full, flush = (
-        {k: int(v) for k, v in _history(spark, path, v)["operationMetrics"].items()} for v in (first, second)
-    )
-    assert full["numTargetRowsInserted"] == KEYS and flush["numTargetRowsUpdated"] == 20
-    # the replaced rows are marked deleted, not rewritten with their files' other 3,980 rows
-    assert flush["numTargetDeletionVectorsAdded"] > 0, flush
-    assert flush["numTargetBytesAdded"] < full["numTargetBytesAdded"] / 5, (flush, full)
+    full, flush = (_history(spark, path, v) for v in (first, second))
+    assert (full["operation"], flush["operation"]) == ("WRITE", "WRITE")  # appends: no MERGE, no file rewritten
+    assert int(full["operationMetrics"]["numOutputRows"]) == KEYS
+    assert int(flush["operationMetrics"]["numOutputRows"]) == 20
+    assert table.stored().count() == KEYS + 20
 
     now = table.read().agg(F.sum("balance_cents"), F.sum("event_count"), F.count("*")).first()
     assert tuple(now) == (KEYS * 10 + 20 * 10, KEYS + 20, KEYS)
     pinned = table.read(first).agg(F.sum("balance_cents"), F.count("*")).first()
     assert tuple(pinned) == (KEYS * 10, KEYS)  # the version a snapshot pinned reads as it was
+    keys = spark.createDataFrame([("acct-00000",), ("acct-00001",), ("nobody",)], "account string")
+    assert {r.account: r.balance_cents for r in table.read_keys(keys).collect()} == {"acct-00000": 20,
+                                                                                   "acct-00001": 10}
 
 
-@pytest.mark.slow  # ~35 s; CI tier: a graph's state compacted every fourth flush, killed and restored exactly once
-# (tests/spark/test_graph_cut_edges.py)
-def test_compaction_changes_no_row_of_any_version(spark, tmp_path):
+def test_compaction_folds_the_runs_and_changes_no_state_of_any_version(spark, tmp_path):
+    from checkpoint_lib.reserved import STATE_RUN
+
     path = str(tmp_path / "state")
     table = _table(spark, path)
-    # 300 accounts, then three flushes of 100 updates each: small files and deletion vectors pile up
+    # 300 accounts, then three flushes of 100 updates each, then a deleted key: runs pile up
     versions = [table.add(_deltas(spark, (0, 300) if i == 0 else (i * 50, i * 50 + 100))) for i in range(4)]
+    gone = spark.createDataFrame([("acct-00007", 0, 0, True)], "account string, balance_cents long, "
+                                 "event_count long, _delete boolean").withColumn("key_group", key_group_column("account"))
+    versions.append(table.replace(gone))
     rows = lambda v: sorted(map(tuple, table.read(v).collect()))  # noqa: E731
     before = {v: rows(v) for v in versions}
-    files = lambda: spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()["numFiles"]  # noqa: E731
-    piled = files()
+    assert len(before[versions[-1]]) == 299 and table.stored().count() == 300 + 3 * 100 + 1
     compacted = table.compact()
-    assert compacted > versions[-1] and files() < piled, (piled, files())
-    assert _history(spark, path, compacted)["operation"] == "OPTIMIZE"
-    assert rows(compacted) == before[versions[-1]]  # same rows, fewer files
+    assert compacted == versions[-1] + 1
+    commit = _history(spark, path, compacted)
+    assert commit["operation"] == "WRITE" and commit["operationParameters"]["mode"] == "Overwrite"
+    assert table.stored().count() == 299  # one row per key: replaced rows and the tombstone gone
+    assert rows(compacted) == before[versions[-1]]  # the same state
     assert {v: rows(v) for v in versions} == before  # every version a snapshot may pin reads the same
+    from checkpoint_lib.delta.log import rows_unchanged_since
 
+    assert rows_unchanged_since(path, versions[-1])  # a restore of the last flush's version has nothing to write
+    # each row keeps its run: a flush after the compaction still wins over it
+    assert table.stored().where("account = 'acct-00100'").first()[STATE_RUN] == versions[2]
+    table.add(_deltas(spark, (100, 101)))
+    assert table.read().where("account = 'acct-00100'").first()["balance_cents"] == 40
+
+
+def test_the_state_compact_kill_point_is_between_a_flushs_run_and_its_fold(spark, tmp_path):
+    """``state_compact`` (the chaos runs' kill inside a fold) is reached once the flush's run has
+    committed and before the fold's overwrite: a kill there leaves the run, unfolded."""
+    path = str(tmp_path / "state")
+    table = _table(spark, path)
+    first = table.add(_deltas(spark, (0, 10)))
+    seen: list[tuple[str, int]] = []
+    version = table.apply(_deltas(spark, (5, 15)), replace=False, before_retry=lambda: None, epoch=None,
+                          compact=True, reached=lambda phase: seen.append((phase, table.version())))
+    assert seen == [("state_compact", first + 1)]  # the run landed, the fold had not
+    assert version == first + 2 and table.stored().count() == 15
+    table.apply(_deltas(spark, (0, 1)), replace=False, before_retry=lambda: None, epoch=None,
+                reached=lambda phase: seen.append((phase, table.version())))
+    assert len(seen) == 1  # no fold due: not reached
+
+
+def test_a_fold_is_due_once_the_runs_outgrow_the_state_and_a_first_run_into_an_empty_table_is_not_one(
+        spark, tmp_path, monkeypatch):
+    """The runs are folded once the rows appended since the last fold (or since the table was
+    opened) outnumber the rows it held then: each appended row is folded O(1) times. A run into an
+    empty table replaces nothing (a pipeline's first step, its bootstrap): it is no reason to fold."""
+    from checkpoint_lib.spark import state
+
+    monkeypatch.setattr(state, "COMPACT_AT_LEAST", 5)
+    table = _table(spark, str(tmp_path / "state"))
+    table.add(_deltas(spark, (0, 20)))
+    assert not table.due()  # 20 rows into an empty table: nothing to fold
+    table.add(_deltas(spark, (0, 10)))
+    assert not table.due()  # 10 appended on a table of 20
+    table.add(_deltas(spark, (10, 25)))
+    assert table.due()  # 25 appended on a table of 20
+    table.compact()
+    assert not table.due() and table.stored().count() == 25
+    reopened = _table(spark, str(tmp_path / "state"))
+    reopened.add(_deltas(spark, (0, 24)))
+    assert not reopened.due()  # 24 appended on a table of 25
+    reopened.add(_deltas(spark, (0, 2)))
+    assert reopened.due()
+
+
+def test_a_table_written_before_runs_is_upgraded_in_place_and_its_rows_are_the_oldest_run(spark, tmp_path):
+    """A state table of an earlier release (one row per key, no run columns): opening it adds the
+    columns (a metadata commit), its rows read as they were, and flushes after it win."""
+    from pyspark.sql import functions as F
+
+    path = str(tmp_path / "state")
+    old = _deltas(spark, (0, 10))
+    old.write.format("delta").save(path)
+    table = _table(spark, path)  # create(): the table exists, so it is upgraded
+    assert tuple(table.read().agg(F.sum("balance_cents"), F.count("*")).first()) == (100, 10)
+    table.add(_deltas(spark, (0, 2)))
+    now = {r.account: r.balance_cents for r in table.read().collect()}
+    assert now["acct-00000"] == 20 and now["acct-00005"] == 10 and len(now) == 10
+    table.compact()
+    assert table.stored().count() == 10 and {r.account: r.balance_cents for r in table.read().collect()} == now
 
 
 def _age(log_dir, days: float) -> None:
@@ -166,3 +236,81 @@ def test_replace_sets_deletes_and_leaves_untouched_keys_alone(spark, tmp_path):
     again = table.replace(spark.createDataFrame([("acct-00001", 1, 1)], "account string, balance_cents long, "
                                                 "event_count long").withColumn("key_group", key_group_column("account")))
     assert {r.account: r.balance_cents for r in table.read(again).collect()}["acct-00001"] == 1
+
+
+@pytest.mark.parametrize("change", ["restore", "append", "optimize"])
+def test_a_flush_refuses_a_run_on_rows_another_writer_changed_since_it_read_them(spark, tmp_path, change):
+    """A keyed state table is written by its pipeline alone: a RESTORE or an append by someone else
+    after the version a flush read would leave the flush's run on top of other rows (the keys it
+    did not touch wrong from then on). The flush refuses before writing; the next run recovers from
+    its checkpoint. An OPTIMIZE (no row changed) is no reason to refuse."""
+    from checkpoint_lib.spark.state import StateTableChangedError
+
+    path = str(tmp_path / "state")
+    table = _table(spark, path)
+    table.add(_deltas(spark, (0, 100)))
+    read_at = table.add(_deltas(spark, (0, 50)))
+    if change == "restore":
+        spark.sql(f"RESTORE TABLE delta.`{path}` TO VERSION AS OF {read_at - 1}").collect()
+    elif change == "append":
+        _deltas(spark, (0, 5), "ext-%d").withColumnRenamed("key_group", "key_group").write.format("delta") \
+            .mode("append").save(path)
+    else:
+        spark.sql(f"OPTIMIZE delta.`{path}`").collect()
+    before = table.version()
+
+    def flush():
+        return table.apply(_deltas(spark, (50, 60)), replace=False, before_retry=lambda: None, epoch=None,
+                           read_at=read_at)
+
+    if change == "optimize":
+        assert flush() == before + 1
+        return
+    with pytest.raises(StateTableChangedError, match=rf"after version {read_at}.*not written.*recovers"):
+        flush()
+    assert table.version() == before  # nothing written
+
+
+def test_a_foreign_change_racing_a_flushs_run_is_refused_just_after_it(spark, tmp_path, monkeypatch):
+    """A RESTORE landing between the flush's check and its commit: the run lands (its commit carries
+    the fence's stamp, so it is told from the foreign one), then the flush refuses, saying so."""
+    from checkpoint_lib.spark.state import StateTableChangedError
+
+    path = str(tmp_path / "state")
+    table = _table(spark, path)
+    table.app_id = "ckpt-test-state"
+    table.add(_deltas(spark, (0, 100)), epoch=1)
+    read_at = table.add(_deltas(spark, (0, 50)), epoch=1)
+    save = KeyedStateTable._save
+
+    def racing(self, writer, epoch, sequence):
+        spark.sql(f"RESTORE TABLE delta.`{path}` TO VERSION AS OF {read_at - 1}").collect()
+        monkeypatch.setattr(KeyedStateTable, "_save", save)
+        return save(self, writer, epoch, sequence)
+
+    monkeypatch.setattr(KeyedStateTable, "_save", racing)
+    with pytest.raises(StateTableChangedError, match=r"RESTORE at version .*landed after it"):
+        table.apply(_deltas(spark, (50, 60)), replace=False, before_retry=lambda: None, epoch=1, read_at=read_at)
+    assert table.version() == read_at + 2  # the RESTORE, then the run
+
+
+def test_restoring_a_version_whose_files_a_vacuum_deleted_is_refused_clearly(spark, tmp_path):
+    """After an OPTIMIZE and a VACUUM RETAIN 0 HOURS (Delta's safety check off), an older
+    version's files are gone: restoring it is refused with what happened and what to do, before
+    Spark reads a file."""
+    from checkpoint_lib.core.acks import PinnedState
+    from checkpoint_lib.core.keygroups import KeyGroupRange
+    from checkpoint_lib.spark.state import StateFilesLostError
+
+    path = str(tmp_path / "state")
+    table = _table(spark, path)
+    pinned = table.add(_deltas(spark, (0, 100)))
+    table.add(_deltas(spark, (0, 50)))
+    spark.sql(f"OPTIMIZE delta.`{path}`").collect()
+    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    try:
+        spark.sql(f"VACUUM delta.`{path}` RETAIN 0 HOURS").collect()
+    finally:
+        spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "true")
+    with pytest.raises(StateFilesLostError, match=rf"files of version {pinned}.*are gone.*--checkpoint N"):
+        table.restore([PinnedState(pinned, KeyGroupRange(0, 127))])

@@ -285,8 +285,8 @@ class Gate:
         try:
             state = None
             if op.state is not None:
-                state = r.cached(op.state.read(op.state_version if op.state_version >= 0 else None).drop(KEY_GROUP))
-            deltas, outputs, expire_before = op.step(inputs, state, r.cached)
+                state = r.cached(op.read_state(inputs))
+            deltas, outputs, newest = op.step(inputs, state, r.cached)
             outputs = {name: r.cached(df) if r.readers[(op.uid, name)] > 1 else df for name, df in outputs.items()}
             op.flushes += 1
             r.reached("flush_stage")
@@ -294,8 +294,8 @@ class Gate:
             op.sinks.stage(outputs, op.flushes, f"operator {op.uid!r}", subtasks)
             if deltas is not None:
                 r.fence()
-                r.reached("flush_merge")  # past its epoch check, the MERGE not yet committed
-                op.update_state(deltas, r.fence, r.epoch, expire_before)
+                r.reached("flush_merge")  # past its epoch check, the state's run not yet committed
+                op.update_state(deltas, r.fence, r.epoch, newest, current=state, reached=r.reached)
             for edge in self.outputs:
                 name = edge.channel_log
                 routed = segment(outputs[edge.output], edge, self.receivers[name], sender=SINK_SUBTASK,

@@ -17,6 +17,7 @@ inputs' records of the step (either may be empty), keyed by the same column, and
 
 from __future__ import annotations
 
+from functools import reduce
 from typing import Any, Callable
 
 from pyspark.sql import DataFrame
@@ -114,15 +115,15 @@ class OperatorVertexRun:
     def step(self, inputs: dict[int, DataFrame], stored: DataFrame,
              cached: Callable[[DataFrame], DataFrame]) -> tuple[DataFrame | None, dict[str, DataFrame], Any]:
         """:meth:`run` on the state as stored (``stored``: the key, the state columns and, with a
-        TTL, :data:`~checkpoint_lib.pipeline.TTL_COLUMN`), and the ``expire_before`` of the state's
-        cleanup (None: no TTL). With a TTL the operator sees only the state that has not expired
-        (:func:`~checkpoint_lib.spark.state.apply_with_ttl`: one Spark job)."""
+        TTL, :data:`~checkpoint_lib.pipeline.TTL_COLUMN`), and the operator's newest write after
+        the step (None: no TTL), from which the state's cleanup follows. With a TTL the operator
+        sees only the state that has not expired (:func:`~checkpoint_lib.spark.state.apply_with_ttl`:
+        one Spark job)."""
         if self.ttl is None or stored is None:
             return (*self.run(inputs, stored), None)
-        deltas, outputs, expire_before = apply_with_ttl(lambda visible: self.run(inputs, visible),
-                                                        [inputs[n] for n in sorted(inputs)], stored, self.key,
-                                                        self.ttl, cached)
-        return deltas, outputs, expire_before
+        before = self.state.marks(self.state_version).newest
+        return apply_with_ttl(lambda visible: self.run(inputs, visible), [inputs[n] for n in sorted(inputs)], stored,
+                              self.key, self.ttl, cached, before)
 
     def _per_subtask(self, records: DataFrame) -> dict[str, DataFrame]:
         """A stateless operator runs as one instance per subtask (as in Flink): ``apply`` once per
@@ -150,16 +151,27 @@ class OperatorVertexRun:
             out[name] = df
         return out
 
-    def update_state(self, deltas: DataFrame, fence: Callable[[], None], epoch: int, expire_before: Any = None) -> None:
-        """MERGE the state rows the operator returned (its ``state_update``: add or replace); with
-        a TTL, the rows written before ``expire_before`` are cleaned up in the same MERGE. Every
-        ``compact_every`` flushes the table is compacted after it (an OPTIMIZE: the same rows in
-        fewer files, so a flush's read and MERGE stay proportional to the state)."""
+    def read_state(self, inputs: dict[int, DataFrame]) -> DataFrame:
+        """The state a step of ``inputs`` reads (the key, the state columns and, with a TTL, its
+        write time; lazily): the state of the keys in its records (a keyed function sees its keys'
+        state, as in Flink), as of the operator's last flush."""
+        version = self.state_version if self.state_version >= 0 else None
+        keys = reduce(DataFrame.unionByName, [df.select(self.key) for _, df in sorted(inputs.items())])
+        return self.state.read_keys(keys, version).drop(KEY_GROUP)
+
+    def update_state(self, deltas: DataFrame, fence: Callable[[], None], epoch: int, newest: Any = None,
+                     current: DataFrame | None = None, reached: Callable[[str], None] | None = None) -> None:
+        """Write the state rows the operator returned (its ``state_update``: add to ``current``,
+        the state the step read, or replace): one run appended (with a TTL, ``newest``: the
+        operator's newest write after this step, from which its cleanup follows). The table is
+        compacted every ``compact_every`` flushes and whenever its runs have grown as large as it
+        was (:meth:`~checkpoint_lib.spark.state.KeyedStateTable.due`)."""
         if KEY_GROUP not in deltas.columns:
             deltas = deltas.withColumn(KEY_GROUP, key_group_column(self.key, self.max_parallelism))
         self.state_version = self.state.apply(
-            deltas, replace=self.state_update == "replace", before_retry=fence, epoch=epoch, expire_before=expire_before,
-            compact=bool(self.compact_every) and self.flushes % self.compact_every == 0)
+            deltas, replace=self.state_update == "replace", before_retry=fence, epoch=epoch, newest=newest,
+            compact=bool(self.compact_every) and self.flushes % self.compact_every == 0, current=current,
+            reached=reached, read_at=self.state_version)
 
     # snapshots -----------------------------------------------------------------------------------
 
