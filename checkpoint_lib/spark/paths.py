@@ -13,13 +13,33 @@ from __future__ import annotations
 
 import os
 import re
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 _GLOB_CHARS = re.compile(r"([\\\[\]{}*?])")
 _SCHEME_AND_AUTHORITY = r"^[A-Za-z][A-Za-z0-9+.\-]*:(//[^/]*)?"
+
+
+_URI_PATH_SAFE = "/!'()*,;:$&+=@"
+"""What ``java.net.URI`` leaves unquoted in a path besides letters, digits and ``_-.~`` (its
+unreserved and punctuation characters): Hadoop's ``Path`` builds a file's URI with it."""
+
+
+def reported_path(path: str) -> str:
+    """``_metadata.file_path`` as Spark reports it for the file at ``path`` (a local path, or a URI),
+    spelled on the driver, so that a scan can match its rows to their files by comparing strings
+    rather than decoding every row's path (:func:`path_below`, a regular expression and a URL
+    decoding per row, cost a step of 1M rows about a third of its time). Right for the names
+    Spark's own writers and Delta give their files; a name with characters ``java.net.URI`` leaves
+    as they are and Python quotes (non-ASCII) is spelled otherwise, and its rows are then matched
+    by :func:`path_below`."""
+    m = re.match(_SCHEME_AND_AUTHORITY, path)
+    if m is None:
+        return "file:" + quote(os.path.abspath(path), safe=_URI_PATH_SAFE)
+    prefix = "file:" if m.group(0) in ("file:", "file://") else m.group(0)
+    return prefix + quote(re.sub("/+", "/", path[m.end():]) or "/", safe=_URI_PATH_SAFE)
 
 
 def spark_path(path: str) -> str:

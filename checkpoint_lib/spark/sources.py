@@ -38,7 +38,7 @@ from ..schema import SchemaMismatchError
 from . import tables
 from .change_feed import ChangeFeedReader, DeltaLogReader
 from .landing import LandingFolderSource
-from .paths import path_below, spark_path
+from .paths import path_below, reported_path, spark_path
 
 
 class SourceReader(Protocol):
@@ -197,33 +197,51 @@ class DeltaTableReader(DeltaLogReader):
         """The step's files are known exactly from the Delta log, and the table is append-only
         without deletion vectors or column mapping (checked with the schema), so its Parquet files
         are read directly: that gives each row its offset (file, row index). A file is its whole
-        path in the table (``src_file``, decoded), matched to the row however Spark encodes it; a
-        row whose file is not the step's fails the read rather than being dropped."""
+        path in the table (``src_file``, decoded), matched to the row however Spark encodes it
+        (:func:`_with_files`); a row whose file is not the step's fails the read rather than being
+        dropped."""
         spark = self.site.spark
         relative = [unquote(f.path) for f in step]
-        paths = [spark_path(f"{self.path}/{r}") for r in relative]
-        files = spark.createDataFrame([(r, f.version, i % senders) for i, (r, f) in enumerate(zip(relative, step))],
-                                      "src_file string, src_version long, sender int")
-        return (
-            spark.read.schema(tables.struct_type(self.spec.schema)).parquet(*paths)
-            .select(
-                *self.spec.schema.keys(),
-                path_below(self.path).alias("src_file"),
-                F.col("_metadata.file_path").alias(temporary("file_path")),
-                F.col("_metadata.row_index").alias("src_row"),
-            )
-            .join(F.broadcast(files), "src_file", "left")
-            .withColumn("src_version", F.when(F.col("src_version").isNotNull(), F.col("src_version")).otherwise(
-                F.raise_error(F.concat(F.lit(f"{self.path}: a row of "), F.col(temporary("file_path")),
-                                       F.lit(" matches no file of the step's Delta log entries")))).cast("long"))
-            .drop(temporary("file_path"))
-            .withColumn(ERROR_COLUMN, F.lit(None).cast("string"))
+        full = [f"{self.path}/{r}" for r in relative]
+        files = spark.createDataFrame(
+            [(reported_path(p), r, f.version, i % senders) for i, (p, r, f) in enumerate(zip(full, relative, step))],
+            f"{temporary('reported')} string, src_file string, src_version long, sender int")
+        scan = spark.read.schema(tables.struct_type(self.spec.schema)).parquet(*map(spark_path, full)).select(
+            *self.spec.schema.keys(),
+            F.col("_metadata.file_path").alias(temporary("file_path")),
+            F.col("_metadata.row_index").alias("src_row"),
         )
+        return _with_files(scan, files, self.path).withColumn(ERROR_COLUMN, F.lit(None).cast("string"))
 
     def missing(self, step: list[AddedFile]) -> list[str]:
         root = location(self.path)
         files = files_at(root)
         return [f"{self.path}/{unquote(f.path)}" for f in step if not files.exists(root / unquote(f.path))]
+
+
+def _with_files(scan: DataFrame, files: DataFrame, root: str) -> DataFrame:
+    """``scan``'s rows (``_metadata.file_path`` as :func:`temporary` ``file_path``) with their
+    file's ``src_file``, ``src_version`` and ``sender`` from ``files`` (one row per file, its
+    :func:`~checkpoint_lib.spark.paths.reported_path` as :func:`temporary` ``reported``): matched by
+    that string, and a row no file matched that way (a name spelled otherwise) by its path decoded
+    (:func:`~checkpoint_lib.spark.paths.path_below`, computed for those rows only). A row that
+    matches no file fails the read; it is never dropped."""
+    fp, alt = F.col(temporary("file_path")), temporary("by_path")
+    by_path = files.select(*[F.col(c).alias(f"{alt}_{c}") for c in ("src_file", "src_version", "sender")])
+    df = (
+        scan.join(F.broadcast(files), fp == F.col(temporary("reported")), "left")
+        .join(F.broadcast(by_path), F.when(F.col("src_version").isNull(), path_below(root)) == F.col(f"{alt}_src_file"),
+              "left")
+    )
+    version = F.coalesce(F.col("src_version"), F.col(f"{alt}_src_version"))
+    unmatched = F.raise_error(F.concat(F.lit(f"{root}: a row of "), fp, F.lit(" matches no file of the step's Delta log entries")))
+    return df.select(
+        F.coalesce(F.col("src_file"), F.col(f"{alt}_src_file")).alias("src_file"),
+        *[F.col(f"`{c}`") for c in scan.columns if c not in (temporary("file_path"), "src_row")],
+        "src_row",
+        F.when(version.isNotNull(), version).otherwise(unmatched).cast("long").alias("src_version"),
+        F.coalesce(F.col("sender"), F.col(f"{alt}_sender")).alias("sender"),
+    )
 
 
 class LandingFolderReader:
