@@ -31,7 +31,7 @@ def reported_path(path: str) -> str:
     """``_metadata.file_path`` as Spark reports it for the file at ``path`` (a local path, or a URI),
     spelled on the driver, so that a scan can match its rows to their files by comparing strings
     rather than decoding every row's path (:func:`path_below`, a regular expression and a URL
-    decoding per row, cost a step of 1M rows about a third of its time). Right for the names
+    decoding per row, cost a step of 1M rows about a quarter of its time). Right for the names
     Spark's own writers and Delta give their files; a name with characters ``java.net.URI`` leaves
     as they are and Python quotes (non-ASCII) is spelled otherwise, and its rows are then matched
     by :func:`path_below`."""
