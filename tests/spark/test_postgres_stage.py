@@ -50,6 +50,8 @@ def test_a_flush_is_staged_the_last_one_prepares_a_transaction_per_subtask_and_e
     assert got == [row[1:] for row in data]
 
 
+@pytest.mark.slow  # 1.5-3 min (five steps, two sinks); CI tier: the staged flushes of one transaction per subtask in
+# tests/postgres/test_postgres_sink.py, and the test above through Spark
 def test_many_flushes_in_one_checkpoint_hold_one_prepared_transaction_per_subtask(spark, tmp_path, monkeypatch):
     """Checkpointing effectively off (a huge interval): after the first checkpoint, every flush of
     the run belongs to one transaction per subtask until the final checkpoint. ``payments_pg``
