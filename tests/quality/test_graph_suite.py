@@ -94,6 +94,8 @@ def _failed_views(exc: QualityCheckFailed) -> set[str]:
     return {o.view for o in exc.result.failed}
 
 
+@pytest.mark.slow  # CI tier: the graph suite passing after a recovery and at a checkpoint above; the payments
+# suite's failures (tests/quality/test_quality_suites.py) run the same checks' engine
 def test_a_tampered_total_and_a_deleted_tagged_row_fail_naming_their_views(spark, healthy, tmp_path, monkeypatch):
     """A region total changed in the sink: ``totals`` fails, both ways (the tagged rows and the
     state disagree with it); with it, the tag state expected to keep a removed account under
