@@ -24,7 +24,10 @@ from checkpoint_lib.quality import QualityCheckFailed, data_docs_index, validate
 from checkpoint_lib.quality.records import ValidationLog
 from checkpoint_lib.spark.graph_runner import GraphRunner
 
-pytestmark = pytest.mark.spark
+# Slow (the module's graph run and recovery take 2-4 min); CI tier: an after-restore suite run and recorded by
+# `ckpt recover`, and its failures, on payments (tests/quality/test_quality_suites.py); graphs recovered through the
+# CLI (tests/spark/test_graph_cli.py)
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 VIEWS = {"events", "totals", "dedup_state", "accounted", "tag_state"}
 
 
@@ -94,8 +97,6 @@ def _failed_views(exc: QualityCheckFailed) -> set[str]:
     return {o.view for o in exc.result.failed}
 
 
-@pytest.mark.slow  # CI tier: the graph suite passing after a recovery and at a checkpoint above; the payments
-# suite's failures (tests/quality/test_quality_suites.py) run the same checks' engine
 def test_a_tampered_total_and_a_deleted_tagged_row_fail_naming_their_views(spark, healthy, tmp_path, monkeypatch):
     """A region total changed in the sink: ``totals`` fails, both ways (the tagged rows and the
     state disagree with it); with it, the tag state expected to keep a removed account under
