@@ -45,8 +45,9 @@ demo: setup
 # The side-by-side benchmarks (bench/compare.py): the tables of docs/benchmarks.md, regenerated.
 # bench-quick (100k events, every section small) takes a few minutes on an idle machine; bench (1M, 5M,
 # 20M events, the 1M-event enrichment graph, recovery, state growth to 5M accounts, the 5M-event cluster
-# run) takes hours. Skip a section with BENCH_ARGS=--skip-enrichment / --skip-recovery / --skip-state /
-# --skip-cluster; a run that stopped goes on with BENCH_ARGS=--resume (bench/results.jsonl keeps every
+# run, the warehouse on S3, 1M payments into PostgreSQL) takes hours. Skip a section with
+# BENCH_ARGS=--skip-enrichment / --skip-recovery / --skip-state / --skip-cluster / --skip-object-store /
+# --skip-postgres; a run that stopped goes on with BENCH_ARGS=--resume (bench/results.jsonl keeps every
 # measured row).
 BENCH_ARGS ?=
 bench: setup

@@ -8,6 +8,8 @@ standalone cluster.
     .venv/bin/python bench/compare.py --sizes '' --skip-state --skip-cluster --docs docs/benchmarks.md  # one section
     .venv/bin/python bench/compare.py --sizes '' --skip-recovery --skip-state --skip-cluster --skip-object-store \
         --enrichment-size 1000000 --enrichment-rows-per-checkpoint 100000 --docs docs/benchmarks.md  # enrichment alone
+    .venv/bin/python bench/compare.py --sizes '' --skip-enrichment --skip-recovery --skip-state --skip-cluster \
+        --skip-object-store --postgres-size 1000000 --docs docs/benchmarks.md  # PostgreSQL alone
 
 Contenders (bench/floor.py, bench/expert_peer.py, bench/peer.py, bench/ours.py):
 - **floor**: one plain PySpark batch job, no fault tolerance;
@@ -42,7 +44,14 @@ Sections (tables), each written between its ``<!-- bench:NAME -->`` markers:
   ``--state-checkpoints``; ``--skip-state``);
 - ``cluster`` (bench/cluster.py): ``spark-submit jobs/run_stage.py`` on a standalone master + 2
   workers started from the pyspark install (``--cluster-size``, ``--cluster-workers``,
-  ``--cluster-cores``, ``--cluster-memory``; ``--skip-cluster``).
+  ``--cluster-cores``, ``--cluster-memory``; ``--skip-cluster``);
+- ``object-store`` (bench/object_store.py): ours with the warehouse on a local S3 server beside
+  local disk (``--object-store-size``; ``--skip-object-store``);
+- ``postgres`` (bench/postgres.py): ``--postgres-size`` payments into PostgreSQL (a server started
+  on 127.0.0.1): ours (``payments_pg``, ledger and balances by two-phase commit, a checkpoint every
+  ``--postgres-rows-per-checkpoint``) beside a plain Spark JDBC write of the same rows and psycopg2's COPY
+  from the driver alone, every contender's tables compared with the others' on the server, medians
+  of ``--postgres-repeat`` sittings (``--skip-postgres``).
 
 Every run's outputs are compared with the floor's (of the same landing versions), in Spark (nothing
 is collected), before its time counts: a wrong result fails the run. Then the tables are printed,
@@ -72,6 +81,7 @@ sys.path.insert(0, ROOT)  # run as a script: bench.* importable
 from bench import cluster as cluster_bench  # noqa: E402
 from bench import enrichment_bench  # noqa: E402
 from bench import object_store as object_store_bench  # noqa: E402
+from bench import postgres as postgres_bench  # noqa: E402
 from bench import recovery as recovery_bench  # noqa: E402
 from bench import results as results_log  # noqa: E402
 from bench import state_growth as state_bench  # noqa: E402
@@ -90,7 +100,7 @@ def label_of(mode: str) -> str:
     return "ours, checkpointing off" if mode == OFF else f"ours, {mode.replace('_', '-')}"
 
 
-SECTIONS = (enrichment_bench, recovery_bench, state_bench, cluster_bench, object_store_bench)  # each: add_arguments, QUICK, its run and render
+SECTIONS = (enrichment_bench, recovery_bench, state_bench, cluster_bench, object_store_bench, postgres_bench)  # each: add_arguments, QUICK, its run and render
 QUICK = {"sizes": "100000", "rows_per_checkpoint": 25_000, "accounts": 2_000,
          "results": ""}  # a quick run's figures are a smoke test: they stay out of the results log
 
@@ -349,6 +359,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         recovery_bench.kill_points(args)
         state_bench.state_sizes(args)
         enrichment_bench.check_sizes(args)
+        postgres_bench.check_sizes(args)
     except ValueError as exc:
         ap.error(str(exc))
     sizes = [int(s) for s in args.sizes.split(",") if s]
@@ -373,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     log = lambda m: print(m, flush=True)  # noqa: E731
     base = args.work or tempfile.mkdtemp(prefix="ckpt-bench-")
     command = ("python bench/compare.py " + shlex.join(argv if argv is not None else sys.argv[1:])).strip()
-    spark = get_spark(app_name="checkpoint_lib-bench", ui=False)
+    # (PostgreSQL's JDBC driver, fetched once, when the postgres section runs: before the JVM starts)
+    spark = get_spark(app_name="checkpoint_lib-bench", ui=False, extra_conf=postgres_bench.spark_conf(args, log))
     started = datetime.now(timezone.utc)
     # a quick run (no --results) stamps its rows the same way and logs nothing
     store = results_log.ResultsLog(args.results or None, machine=machine(spark), command=command)
@@ -400,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             if ours and not args.skip_cluster else []
         stored = logged("object-store", object_store_bench.object_store(spark, base, args, log)) \
             if ours and not args.skip_object_store else []
+        into_pg = logged("postgres", postgres_bench.postgres(spark, base, args, log)) if postgres_bench.runs(args) else []
     finally:
         if args.work is None and not args.keep:
             shutil.rmtree(base, ignore_errors=True)
@@ -416,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         ("state", state_bench, states, state_bench.render_state),
         ("cluster", cluster_bench, clustered, cluster_bench.render_cluster),
         ("object-store", object_store_bench, stored, object_store_bench.render_object_store),
+        ("postgres", postgres_bench, into_pg, postgres_bench.render_postgres),
     ):
         if rows:
             sections[name] = f"{measured}; {section.describe(args)}. Command: `{command}`\n\n{render(rows)}"

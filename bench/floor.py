@@ -24,20 +24,13 @@ def offset_order(F: Any) -> list[Any]:
     ]
 
 
-def run_floor(spark: Any, landing: str, out: str, *, version: int | None = None) -> dict:
-    """The outputs of the whole landing table, or of its versions up to ``version``, into ``out``."""
+def payments_outputs(rows: Any) -> tuple[Any, Any, Any]:
+    """The floor's ``(ledger, balances, dead letters)`` of ``rows`` (the landing rows with their
+    ``error`` column), as DataFrames: what ``run_floor`` writes, and what the PostgreSQL section's
+    plain contenders write elsewhere (bench/postgres.py)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    from checkpoint_lib.pipelines.payments import payment_errors
-
-    started = time.monotonic()
-    reader = spark.read.format("delta")
-    if version is not None:
-        reader = reader.option("versionAsOf", version)
-    rows = reader.load(landing)
-    rows = rows.withColumn("error", payment_errors(rows))
-    rows = rows.persist()
     good = rows.where(F.col("error").isNull()).drop("error")
     running = Window.partitionBy("account").orderBy(*offset_order(F)).rowsBetween(Window.unboundedPreceding, 0)
     ledger = good.select(
@@ -49,6 +42,26 @@ def run_floor(spark: Any, landing: str, out: str, *, version: int | None = None)
     bad = rows.where(F.col("error").isNotNull()).select(
         *(F.col(c).cast("string").alias(c) for c in ("event_id", "account", "amount_cents", "ts")), "error"
     )
+    return ledger, balances, bad
+
+
+def landing_rows(spark: Any, landing: str, *, version: int | None = None) -> Any:
+    """The landing table (up to ``version``) with each row's ``error`` (null: valid), persisted:
+    the caller unpersists it."""
+    from checkpoint_lib.pipelines.payments import payment_errors
+
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    rows = reader.load(landing)
+    return rows.withColumn("error", payment_errors(rows)).persist()
+
+
+def run_floor(spark: Any, landing: str, out: str, *, version: int | None = None) -> dict:
+    """The outputs of the whole landing table, or of its versions up to ``version``, into ``out``."""
+    started = time.monotonic()
+    rows = landing_rows(spark, landing, version=version)
+    ledger, balances, bad = payments_outputs(rows)
     for df, name in ((ledger, "gold/ledger"), (balances, "gold/balances"), (bad, "dlq/payments")):
         df.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(f"{out}/{name}")
     rows.unpersist()

@@ -186,6 +186,36 @@ def airflow() -> Check:
     return Check("airflow", True, f"apache-airflow {airflow_version}; AIRFLOW_HOME {home} {state}")
 
 
+def postgres(environ: dict[str, str] | None = None, now: float | None = None) -> Check | None:
+    """The PostgreSQL connections of the environment (``AIRFLOW_CONN_<ID>``, as PostgreSQL sinks
+    read them): each reachable, and no sink's prepared transaction older than
+    :data:`~checkpoint_lib.spark.postgres_sink.STALE_PREPARED_S` (a pipeline stopped between a
+    prepare and its commit holds the rows' locks). None when no such connection is configured."""
+    env = os.environ if environ is None else environ
+    connections = {k[len("AIRFLOW_CONN_"):].lower(): v for k, v in env.items()
+                   if k.startswith("AIRFLOW_CONN_") and v.strip().startswith(("postgres://", "postgresql://"))}
+    if not connections:
+        return None
+    from .spark.postgres_sink import PostgresConfigurationError, held_message, held_prepares, where
+
+    held, problems = [], []
+    for name, uri in sorted(connections.items()):
+        try:
+            held += held_prepares(uri, where(uri, name), now=now)
+        except PostgresConfigurationError as exc:
+            problems.append(str(exc))
+    if problems:
+        return Check("postgres", False, "; ".join(problems), "check the connection's host, port, user and password")
+    if held:
+        held.sort(key=lambda h: -h.age_s)
+        pipelines = sorted({h.pipeline for h in held})
+        return Check("postgres", False, held_message(held),
+                     f"run pipeline(s) {', '.join(pipelines)} (a run's recovery commits what its checkpoint owns "
+                     "and rolls back the rest)")
+    return Check("postgres", True, f"{len(connections)} PostgreSQL connection(s) reachable, no stale prepared "
+                                   "transaction")
+
+
 def diagnose(warehouse_path: str, master_url: str, *, with_spark: bool = True,
              progress: Callable[[Check], None] | None = None) -> list[Check]:
     """Every check, in order; Spark is started only when Java and the jars are fine."""
@@ -206,6 +236,9 @@ def diagnose(warehouse_path: str, master_url: str, *, with_spark: bool = True,
         else:
             run(Check("spark", False, "not started: a check above failed", "fix the checks above first"))
     run(airflow())
+    database = postgres()
+    if database is not None:
+        run(database)
     return checks
 
 

@@ -19,6 +19,13 @@ KILL_PHASES = (
     "source_read", "dlq", "channel_write", "source_ack", "flush_stage", "flush_merge", "state_compact",
     "snapshot", "ack", "channel_state", "complete", "commit", "sink_commit", "recover", "rollback",
     "restore", "feedback_write", "validate", "fence",
+    # inside a transactional database sink's commit: after one prepared transaction is committed
+    # (the next subtask's not yet), after one is rolled back (the next not yet)
+    "prepared_commit", "prepared_rollback",
+    # inside a database sink's subtask write, after it read the fence and before it stages or
+    # prepares: counted by the driver per flush (acted on by the Spark task's process) and per
+    # transaction it prepares itself at a barrier (pause: a zombie)
+    "prepare",
 )
 KILL_AT, PAUSE_AT, PHASE_TRACE = "CKPT_KILL_AT", "CKPT_PAUSE_AT", "CKPT_PHASE_TRACE"
 
@@ -46,13 +53,26 @@ class KillPoints:
 
     def reached(self, phase: str) -> None:
         """Count ``phase``; trace it, then SIGKILL or SIGSTOP this process when asked to here."""
+        act(self.due(phase))
+
+    def due(self, phase: str) -> int | None:
+        """Count ``phase`` and trace it; the signal to send when asked to stop here (SIGKILL,
+        SIGSTOP), else None. For a point another process acts on (a Spark task's, :func:`act`)."""
         if self.kill_at is None and self.trace is None and self.pause_at is None:
-            return
+            return None
         self.counts[phase] += 1
         if self.trace is not None:
             with open(self.trace, "a") as f:
                 f.write(f"{phase} {self.counts[phase]}\n")
         if self.kill_at == (phase, self.counts[phase]):
-            os.kill(os.getpid(), signal.SIGKILL)
+            return signal.SIGKILL
         if self.pause_at == (phase, self.counts[phase]):
-            os.kill(os.getpid(), signal.SIGSTOP)  # a stalled zombie until SIGCONT
+            return signal.SIGSTOP  # a stalled zombie until SIGCONT
+        return None
+
+
+def act(sig: int | None) -> None:
+    """In the process that does the work of a point counted elsewhere (:meth:`KillPoints.due`):
+    send ``sig`` to itself, if any."""
+    if sig is not None:
+        os.kill(os.getpid(), sig)

@@ -26,6 +26,6 @@ class Kinds(Generic[Built]):
         for kind in type(declaration).__mro__:
             if kind in self._factories:
                 return self._factories[kind](declaration, site)
-        known = ", ".join(k.__name__ for k in self._factories)
+        known = ", ".join(sorted(k.__name__ for k in self._factories))  # whatever order modules were imported in
         raise TypeError(f"{owner}: no {self.role} for a {self.noun} of type {type(declaration).__name__} "
                         f"(known: {known}; see {self.register_name})")

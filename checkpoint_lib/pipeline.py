@@ -172,7 +172,65 @@ class DeltaSink:
         if self.mode == "upsert" and not self.keys:
             raise ValueError("an upsert sink needs keys, e.g. keys=('account',)")
         object.__setattr__(self, "schema", columns(self.schema, f"sink {self.path}"))
+
+    @property
+    def target(self) -> str:
+        """What the sink writes, as the commands show it: its table's path in the warehouse."""
+        return self.path
         object.__setattr__(self, "keys", tuple(self.keys))
+
+
+@dataclass(frozen=True)
+class PostgresSink:
+    """A two-phase-commit sink into a PostgreSQL table ``table`` (``name`` or ``schema.name``) of
+    ``schema`` (:mod:`checkpoint_lib.schema` notation), created if missing: each subtask's rows of
+    a checkpoint are written in one transaction and ``PREPARE TRANSACTION``-ed at the barrier (rows
+    of the checkpoint's earlier flushes wait in a staging table, invisible to readers), and
+    ``COMMIT PREPARED`` once the checkpoint completes (the writer: ``spark/postgres_sink.py``). An
+    ``append`` sink inserts them; an ``upsert`` sink inserts or updates by ``keys`` (a later row of
+    a key replaces an earlier one), the table's primary key or a unique index on them.
+
+    The server and the credentials are never in the pipeline: ``connection`` names them, as an
+    Airflow connection id (the environment variable ``AIRFLOW_CONN_<ID>``, a ``postgresql://`` URI,
+    as Airflow reads it). The server needs ``max_prepared_transactions`` of at least the subtasks of
+    the pipeline's PostgreSQL sinks on it times (pending checkpoints + 1), whatever the flushes per
+    checkpoint (each subtask: one prepared transaction per pending checkpoint, and one an older
+    attempt may still prepare); the limit is the server's, shared with every other pipeline on it."""
+
+    table: str
+    schema: tuple[tuple[str, str], ...]
+    mode: str = "append"
+    keys: tuple[str, ...] = ()
+    connection: str = "ckpt_postgres"
+
+    def __post_init__(self) -> None:
+        parts = self.table.split(".")
+        if len(parts) > 2 or not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", p) for p in parts):
+            raise ValueError(f"a PostgreSQL sink's table is 'name' or 'schema.name' (letters, digits and _), "
+                             f"got {self.table!r}")
+        if self.mode not in ("append", "upsert"):
+            raise ValueError(f"sink mode must be 'append' or 'upsert', got {self.mode!r}")
+        if self.mode == "upsert" and not self.keys:
+            raise ValueError("an upsert sink needs keys, e.g. keys=('account',)")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.connection):
+            raise ValueError(f"a connection id is a word (letters, digits and _), got {self.connection!r}")
+        object.__setattr__(self, "schema", columns(self.schema, f"sink {self.table}"))
+        object.__setattr__(self, "keys", tuple(self.keys))
+        missing = [k for k in self.keys if k not in dict(self.schema)]
+        if missing:
+            raise ValueError(f"sink {self.table}: keys {missing} are not among its columns")
+
+    @property
+    def target(self) -> str:
+        """What the sink writes, as the commands show it (never the connection's credentials)."""
+        return f"postgresql:{self.connection}/{self.table}"
+
+
+def sink_target(spec: Any) -> str:
+    """What a sink declaration writes, as the commands show it: the one definition (a Delta
+    table's path in the warehouse, a PostgreSQL table, a user's kind by its ``target`` or
+    ``path``, else its type)."""
+    return getattr(spec, "target", None) or getattr(spec, "path", None) or type(spec).__name__
 
 
 @dataclass(frozen=True)
@@ -570,25 +628,28 @@ class Pipeline:
         """True when the operator is keyed (hash partitioning) and has state."""
         return self.key is not None
 
-    def sink(self, name: str, sink: DeltaSink) -> "Pipeline":
+    def sink(self, name: str, sink: "DeltaSink | PostgresSink") -> "Pipeline":
         _check_name("sink name", name)
-        check_columns([c for c, _ in sink.schema], f"pipeline {self.name!r}: sink {name!r} ({sink.path})", SINK_COLUMNS,
-                      fix="name the sink's column otherwise")
+        check_columns([c for c, _ in sink.schema], f"pipeline {self.name!r}: sink {name!r} ({sink_target(sink)})",
+                      SINK_COLUMNS, fix="name the sink's column otherwise")
         if name in self.sinks:
             raise ValueError(f"sink {name!r} is declared twice")
+        path = getattr(sink, "path", None)
         for other, declared in self.sinks.items():
-            if same_table(declared.path, sink.path):
-                raise ValueError(f"sinks {other!r} and {name!r} both write {declared.path}: a table is the target of one "
-                                 "sink (each sink rolls its table back on its own)")
-        if self.dlq_path is not None and same_table(self.dlq_path, sink.path):
-            raise ValueError(f"the dead letters and sink {name!r} both write {sink.path}")
+            theirs = getattr(declared, "path", None)
+            if (same_table(theirs, path) if path is not None and theirs is not None
+                    else sink_target(declared) == sink_target(sink)):
+                raise ValueError(f"sinks {other!r} and {name!r} both write {sink_target(declared)}: a table is the target "
+                                 "of one sink (each sink rolls its table back on its own)")
+        if self.dlq_path is not None and path is not None and same_table(self.dlq_path, path):
+            raise ValueError(f"the dead letters and sink {name!r} both write {path}")
         self.sinks[name] = sink
         return self
 
     def dead_letters(self, path: str) -> "Pipeline":
         path = check_relative_path(path)
         for name, sink in self.sinks.items():
-            if same_table(sink.path, path):
+            if getattr(sink, "path", None) is not None and same_table(sink.path, path):
                 raise ValueError(f"the dead letters and sink {name!r} both write {sink.path}")
         self.dlq_path = path
         return self
@@ -618,9 +679,10 @@ class Pipeline:
         # a declaration built without the fluent methods is checked here
         check_columns(self.record_schema, f"pipeline {self.name!r}: records")
         for name, sink in self.sinks.items():
-            check_columns([c for c, _ in sink.schema], f"pipeline {self.name!r}: sink {name!r} ({sink.path})", SINK_COLUMNS)
+            check_columns([c for c, _ in sink.schema], f"pipeline {self.name!r}: sink {name!r} ({sink_target(sink)})",
+                          SINK_COLUMNS)
         for name, sink in self.sinks.items():
-            if same_table(sink.path, self.source_spec.path):
+            if getattr(sink, "path", None) is not None and same_table(sink.path, self.source_spec.path):
                 raise ValueError(f"sink {name!r} writes {sink.path}, the pipeline's own source: a pipeline that reads its "
                                  "output is a cycle; use iterate() for a feedback edge")
         return self

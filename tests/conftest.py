@@ -55,6 +55,17 @@ def s3_server(tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A real PostgreSQL server (tests/pg_server.py) on 127.0.0.1 for the whole run, with
+    ``max_prepared_transactions`` set, started the first time a test asks for it."""
+    from pg_server import PostgresServer
+
+    server = PostgresServer().start()
+    yield server
+    server.close()
+
+
 @pytest.fixture
 def s3(s3_server, request):
     """This test's warehouse prefix on the S3 server, ``s3://warehouse/<test>-<random>``, with the

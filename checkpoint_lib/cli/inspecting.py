@@ -13,6 +13,7 @@ import json
 import time
 from typing import Any, Mapping
 
+from ..pipeline import sink_target
 from . import context
 from .output import EXIT_OK, emit, wants_json
 
@@ -31,7 +32,7 @@ def cmd_pipelines(args: argparse.Namespace) -> int:
             row = {"name": name, "kind": "graph", "found_by": found_by,
                    "source": ", ".join(v.spec.path for v in graph.sources),
                    "sources": {v.name: v.spec.path for v in graph.sources},
-                   "sinks": {s.name: s.spec.path for s in graph.sinks},
+                   "sinks": {s.name: sink_target(s.spec) for s in graph.sinks},
                    "operator": ", ".join(v.uid for v in graph.operators),
                    "operators": [v.uid for v in graph.operators],
                    "keyed": any(v.kind is not OperatorKind.STATELESS for v in graph.operators),
@@ -39,7 +40,7 @@ def cmd_pipelines(args: argparse.Namespace) -> int:
         else:
             graph = from_pipeline(p)
             row = {"name": name, "kind": "pipeline", "found_by": found_by, "source": p.source_spec.path,
-                   "sinks": {n: s.path for n, s in p.sinks.items()}, "operator": p.operator_uid, "keyed": p.keyed,
+                   "sinks": {n: sink_target(s) for n, s in p.sinks.items()}, "operator": p.operator_uid, "keyed": p.keyed,
                    "generator": p.generator_fn is not None, "quality": p.quality_spec is not None}
         shapes[name] = shape(graph, sinks=False)  # the line names the sinks
         row["graph"] = {"vertices": len(graph.vertices), "edges": len(graph.edges),

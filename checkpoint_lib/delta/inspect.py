@@ -497,7 +497,8 @@ def recovery_preview(warehouse: str, pipeline: Pipeline | StreamGraph | str, che
     if plan is None:
         plan = _store(warehouse, graph.name).recovery_plan(checkpoint_id)
     c = plan.checkpoint
-    sinks = tuple(_sink_preview(warehouse, graph.name, s.name, s.spec, plan) for s in graph.sinks)
+    sinks = tuple(_sink_preview(warehouse, graph.name, s.name, s.spec, plan) for s in graph.sinks
+                  if getattr(s.spec, "path", None) is not None)  # (a Delta table: a PostgreSQL sink has no versions)
     if c is None:
         return RecoveryPreview(graph.name, plan, sinks)
     operators = tuple(o for v in graph.operators if v.kind is not OperatorKind.STATELESS

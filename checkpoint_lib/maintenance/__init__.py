@@ -73,7 +73,8 @@ The rules (each says in the report what it kept, what it deleted, or why it skip
   files below the latest log checkpoint. Nothing reads a control table's history, and every load
   lists the whole log.
 
-Not touched: sink tables and the dead-letter table (the user's), the source manifest (append-only),
+Not touched: sink tables and the dead-letter table (the user's; a PostgreSQL sink prunes its own
+bookkeeping tables at each commit), the source manifest (append-only),
 ``epochs`` (a row per recovery), and the Delta logs of the channel logs and staging (cleaned by
 Delta after 30 days).
 

@@ -128,12 +128,13 @@ def driver_sized(pipeline: Any, warehouse: Path) -> bool:
     root = checkpoint_root(warehouse, pipeline.name)
     if hasattr(pipeline, "vertices"):  # a dataflow graph (checkpoint_lib.graph.StreamGraph)
         relative = [*(getattr(v.spec, "path", None) for v in pipeline.sources),
-                    *(d.path for d in pipeline.dead_letters), *(s.spec.path for s in pipeline.sinks)]
+                    *(d.path for d in pipeline.dead_letters),
+                    *(getattr(s.spec, "path", None) for s in pipeline.sinks)]
         paths = [str(inside(warehouse, r)) for r in relative if isinstance(r, str)]
         paths += [str(state_table(root, v.uid)) for v in pipeline.operators]
     else:
         relative = [getattr(pipeline.source_spec, "path", None), pipeline.dlq_path,
-                    *(spec.path for spec in pipeline.sinks.values())]
+                    *(getattr(spec, "path", None) for spec in pipeline.sinks.values())]
         paths = [str(inside(warehouse, r)) for r in relative if isinstance(r, str)]
         from ..spark.channels import pipeline_channel_state_tables
 

@@ -64,7 +64,7 @@ from ..delta.sessions import RESTORED
 from ..delta.store import DeltaCheckpointStore
 from ..files import files_at
 from ..layout import checkpoint_root, control_table, state_table
-from ..pipeline import DeltaSource
+from ..pipeline import DeltaSource, sink_target
 from ..reserved import ERROR_COLUMN, KEY_GROUP, OFFSET_COLUMNS, OFFSET_FIELDS, SENDER
 from ..delta.ttl_marks import marks_at
 from ..spark.state import live, without_cleaned
@@ -187,6 +187,8 @@ def sink_at(ctx: Context, sink: str, checkpoint_id: int) -> DataFrame:
     """The sink as checkpoint ``checkpoint_id`` left it: the version before the first commit
     stamped with a later checkpoint (every commit of ours carries its checkpoint id)."""
     spec = _sink_spec(ctx.pipeline, sink)
+    if getattr(spec, "path", None) is None:
+        raise QualityCheckError(f"sink {sink!r} writes {sink_target(spec)}: the quality checks read Delta sinks only")
     path = ctx.path(spec.path)
     if not delta_log.is_delta_table(path):
         raise QualityCheckError(f"sink {sink!r} has no table at {path}")

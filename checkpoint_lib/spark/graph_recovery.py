@@ -74,9 +74,12 @@ class GraphRecovery:
         r = self.r
         r.store.check_readable()
         r.epoch = r.store.epochs.begin(f"{socket.gethostname()}:{os.getpid()}", f"recover (graph {r.graph.name})")
-        if r.epoch > 1:  # the data plane's fence, before anything is read or rolled back
-            for writer in r.writers.values():
+        # the data plane's fence, before anything is read or rolled back (at a warehouse's first epoch
+        # only where another warehouse may have fenced the target: a sink outside the warehouse)
+        for writer in r.writers.values():
+            if r.epoch > 1 or getattr(writer, "fences_first_epoch", False):
                 writer.fence(r.epoch)
+        if r.epoch > 1:
             for op in r.operators.values():
                 if op.state is not None:
                     op.state.fence(r.epoch)

@@ -194,7 +194,8 @@ class GraphRunner:
         self._completions = 0  # checkpoints this process committed: every few, the gates truncate their logs
         self._truncation_due = False
 
-        self.writers = pipeline_sinks(spark, graph, self.warehouse, self.root, self.store.epochs.check)
+        self.writers = pipeline_sinks(spark, graph, self.warehouse, self.root, self.store.epochs.check, self.kills,
+                                      self.config.max_concurrent)
         self.sources = {v.name: SourceVertexRun(v, graph, spark=spark, warehouse=self.warehouse, root=self.root,
                                                 progress=self.progress) for v in graph.sources}
         self.vertex_sinks = {v.id: VertexSinks({s.name: (self.writers[s.name], s.output) for s in graph.sinks_of(v.id)},
@@ -489,7 +490,7 @@ class GraphRunner:
         self._step_started, self._done_at = time.monotonic(), {}
         try:
             if moved:
-                self._flow(plan_step(proposals))
+                self._flow(plan_step(proposals), None if trigger is None else trigger.checkpoint_id)
             if trigger is not None:
                 self._barrier(trigger)
             else:
@@ -629,9 +630,10 @@ class GraphRunner:
             self.logs[name].write(sorted(parts, key=lambda part: part[1]), epoch=self.epoch)
         self.parts = {}
 
-    def _flow(self, shares: dict[str, tuple[list, int]]) -> None:
+    def _flow(self, shares: dict[str, tuple[list, int]], barrier: int | None = None) -> None:
         """One step's records from the sources' ``shares`` through every vertex, in topological
-        order: each operator with anything new runs (its sinks staged, its state MERGEd)."""
+        order: each operator with anything new runs (its sinks staged, its state MERGEd).
+        ``barrier``: the checkpoint whose barrier ends the step (its sinks' last flush before it)."""
         frames: dict[tuple[str, str], DataFrame] = {}
         live: set[str] = set()
         for vertex_id in self.order:
@@ -656,7 +658,7 @@ class GraphRunner:
                         self.reached("flush_stage")
                         self.fence()
                         sinks.stage({RECORDS: df.withColumn(SINK_SUBTASK, F.col("sender"))}, n,
-                                    f"source {vertex_id!r}")
+                                    f"source {vertex_id!r}", barrier=barrier)
                     self._segments(vertex_id, RECORDS, df, "sender")
                 else:
                     df = source.empty()
@@ -687,7 +689,7 @@ class GraphRunner:
             op.flushes += 1
             self.reached("flush_stage")
             self.fence()
-            op.sinks.stage(outputs, op.flushes, f"operator {vertex_id!r}")
+            op.sinks.stage(outputs, op.flushes, f"operator {vertex_id!r}", barrier=barrier)
             if deltas is not None:
                 self.fence()
                 self.reached("flush_merge")  # past its epoch check, the state's run not yet committed

@@ -219,6 +219,15 @@ instead of the SDK's 654 MiB ``bundle`` that hadoop-aws's pom names."""
 ARTIFACTS: tuple[Artifact, ...] = DELTA_ARTIFACTS + S3A_ARTIFACTS
 """Every jar set-up downloads."""
 
+POSTGRES_JDBC_ARTIFACTS: tuple[Artifact, ...] = (
+    Artifact("org.postgresql", "postgresql", "42.7.14",
+             "73914527305a40cce504b0d3d90b23caf565136912d607ae8ae7c5895512332c"),
+)
+"""PostgreSQL's JDBC driver (its pom's runtime dependency, checker-qual, is annotations only), for
+the benchmark's plain Spark JDBC write (``bench/postgres.py``), which fetches it
+(``fetch_jars(artifacts=POSTGRES_JDBC_ARTIFACTS)``) and adds it to its own session. Not in
+:data:`ARTIFACTS`: the PostgreSQL sink writes through psycopg2, so no session needs it."""
+
 LOGSTORE_SOURCE = Path(__file__).with_name("S3ConditionalLogStore.java")
 LOGSTORE_CLASS = "io.checkpointlib.delta.S3ConditionalLogStore"
 """Delta's log store for S3 that commits with a conditional put (:func:`build_logstore`)."""
@@ -364,8 +373,10 @@ def fetch_jars(
     directory: Path | None = None,
     *,
     progress: Callable[[str], None] | None = None,
+    artifacts: tuple[Artifact, ...] | None = None,
 ) -> list[Path]:
-    """Download the missing jars into ``directory``; return the ones downloaded.
+    """Download the missing jars of ``artifacts`` (default :data:`ARTIFACTS`) into ``directory``;
+    return the ones downloaded.
 
     Idempotent: jars already present are skipped. Each jar is downloaded into a private
     temporary folder inside ``directory``, checked against its pinned SHA-256, then renamed into
@@ -380,7 +391,7 @@ def fetch_jars(
     fetched: list[Path] = []
     with _fetch_lock(directory):
         _remove_stale_temp_dirs(directory)
-        for artifact in ARTIFACTS:
+        for artifact in ARTIFACTS if artifacts is None else artifacts:
             target = directory / artifact.file_name
             if target.is_file():
                 continue

@@ -37,8 +37,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import Window
@@ -50,10 +49,18 @@ from ..delta.log import files_added_since_epoch, is_delta_table
 from ..delta.pending import PendingFiles, add_actions
 from ..files import files_at
 from ..reserved import FLUSH, HANDLE_COLUMN, SINK_SUBTASK, TXN_SEQ, temporary
-from ..kinds import Kinds
+from ..killpoints import KillPoints
 from ..layout import PENDING_FOLDER, app_prefix, pipeline_of, sink_transactions, stamp_prefix  # noqa: F401 - re-exported
-from ..pipeline import DeltaSink, Pipeline, check_relative_path
+from ..pipeline import DeltaSink, Pipeline, check_relative_path, sink_target
 from . import tables
+from .sink_kinds import (  # noqa: F401 - re-exported: a sink kind's names, where users import them
+    RollbackUnavailableError,
+    SinkConfigurationError,
+    SinkSite,
+    SinkWriter,
+    register_sink,
+    sink_writer,
+)
 
 _ORDER_COLUMNS = [T.StructField(TXN_SEQ, T.LongType(), False), T.StructField(FLUSH, T.LongType(), False)]
 """Written with an upsert sink's rows: the latest row of a key wins at the commit."""
@@ -61,82 +68,6 @@ _DELTA_RS_WRITER_FEATURES = {"appendOnly", "invariants", "timestampNtz", "deleti
 """Writer features an append sink's delta-rs commit of new files honours: deletion vectors too (it
 adds whole files, none with a deletion vector, and removes nothing)."""
 _COMMIT_ATTEMPTS = 20
-
-
-class SinkWriter(Protocol):
-    """One logical sink of a pipeline (every subtask of it shares it), as the runtime uses it;
-    the transactions' bookkeeping is the core's (:mod:`checkpoint_lib.core.twophase`).
-
-    - :meth:`create`: the target and the sink's own folders, if missing (idempotent);
-    - :meth:`stage`: write ``rows`` (a DataFrame with :data:`~checkpoint_lib.delta.pending.HANDLE_COLUMN`
-      naming each row's transaction, one of ``handles``) durably into those open transactions, as
-      flush ``flush``: nothing visible in the target;
-    - :meth:`commit`: make ``txns`` (every subtask's, up to ``checkpoint_id``) visible in the
-      target, idempotently (a repeated commit is a no-op) and fenced inside the commit itself (a
-      writer of an epoch older than the sink's fence is refused with ``FencedError``); returns
-      the ones it committed;
-    - :meth:`discard`: forget ``txns`` once committed (and delete what they wrote that the target
-      does not hold); :meth:`abort`: delete what ``txns`` wrote and forget them, never a file the
-      target refers to (one committed before a crash kept it from being forgotten); both idempotent;
-    - :meth:`fence`: from now on refuse every commit of an older epoch (recovery, before restoring);
-    - :meth:`uncommitted` / :meth:`is_committed`: which transactions the target does not hold yet;
-    - :meth:`lost`: why ``txns`` (not committed yet) can never be committed, or None: what they
-      wrote is gone (a VACUUM with a retention shorter than the downtime): a recovery then
-      restores an older checkpoint instead;
-    - :meth:`rollback_version` / :meth:`rollback_to`: the target as checkpoint ``checkpoint_id``
-      committed it (for a rollback to an older checkpoint or savepoint);
-    - :meth:`open_transactions`: every transaction with files or bookkeeping left (recovery
-      aborts those no checkpoint owns).
-    """
-
-    name: str
-
-    def create(self) -> None: ...
-
-    def stage(self, rows: DataFrame, handles: dict[int, Transaction], flush: int) -> None: ...
-
-    def commit(self, txns: list[Transaction], checkpoint_id: int, writer_epoch: int) -> list[Transaction]: ...
-
-    def abort(self, txns: Iterable[Transaction]) -> None: ...
-
-    def discard(self, txns: Iterable[Transaction]) -> None: ...
-
-    def fence(self, epoch: int) -> None: ...
-
-    def uncommitted(self, txns: Iterable[Transaction]) -> list[Transaction]: ...
-
-    def is_committed(self, txn: Transaction) -> bool: ...
-
-    def lost(self, txns: Iterable[Transaction]) -> str | None: ...
-
-    def rollback_version(self, checkpoint_id: int) -> int | None: ...
-
-    def rollback_to(self, checkpoint_id: int) -> int | None: ...
-
-    def open_transactions(self) -> list[Transaction]: ...
-
-
-@dataclass(frozen=True)
-class SinkSite:
-    """Where a sink writes and for whom: what a writer's factory gets. ``spark`` is None for the
-    readers that need only the control plane (the commit stamps, the rollback version)."""
-
-    spark: SparkSession | None
-    name: str  # the sink's name in the pipeline
-    location: str  # the declaration's path in the warehouse
-    transactions: str  # the sink's bookkeeping folder under the checkpoint root
-    app_prefix: str  # what the pipeline's Delta application ids start with
-    check_epoch: Callable[[int], None] | None = None
-
-
-_KINDS: Kinds[SinkWriter] = Kinds("sink", "writer", "checkpoint_lib.spark.sinks.register_sink")
-register_sink = _KINDS.register
-"""``register_sink(declaration type, factory)``: sinks declared as instances of that type (or of a
-subclass with none of its own) are run by ``factory(declaration, SinkSite)``."""
-
-
-def sink_writer(declaration: Any, site: SinkSite) -> SinkWriter:
-    return _KINDS.build(declaration, site, f"sink {site.name!r}")
 
 
 def declared_sinks(pipeline: Any) -> dict[str, Any]:
@@ -148,17 +79,35 @@ def declared_sinks(pipeline: Any) -> dict[str, Any]:
 
 def pipeline_sinks(
     spark: SparkSession | None, pipeline: Any, warehouse: str, root: str,
-    check_epoch: Callable[[int], None] | None = None,
+    check_epoch: Callable[[int], None] | None = None, kill_points: KillPoints | None = None,
+    pending_checkpoints: int = 1,
 ) -> dict[str, SinkWriter]:
     """The sinks of ``pipeline`` (a linear pipeline or a dataflow graph; warehouse ``warehouse``,
-    checkpoint root ``root``): the one construction, for both runners and for
-    :class:`~checkpoint_lib.control.PipelineControl`. With ``spark=None`` only the control-plane
-    reads work (the commit stamps, the rollback version)."""
+    checkpoint root ``root``; up to ``pending_checkpoints`` checkpoints pending at once): the one
+    construction, for both runners and for :class:`~checkpoint_lib.control.PipelineControl`. With
+    ``spark=None`` only the control-plane reads work (the commit stamps, the rollback version)."""
+    declared = declared_sinks(pipeline)
+    every = tuple((name, s, _parallelism(pipeline, name)) for name, s in declared.items())
     return {
-        name: sink_writer(s, SinkSite(spark, name, f"{warehouse}/{check_relative_path(s.path)}",
-                                      str(sink_transactions(root, name)), app_prefix(pipeline.name), check_epoch))
-        for name, s in declared_sinks(pipeline).items()
+        name: sink_writer(s, SinkSite(spark, name, _location(warehouse, s), str(sink_transactions(root, name)),
+                                      app_prefix(pipeline.name), check_epoch, _parallelism(pipeline, name),
+                                      kill_points, pending_checkpoints, every))
+        for name, s in declared.items()
     }
+
+
+def _parallelism(pipeline: Any, sink: str) -> int:
+    """The subtasks of sink ``sink``: its operator's (a linear pipeline's keyed operator, a graph's vertex)."""
+    if isinstance(pipeline, Pipeline):
+        return pipeline.keyed_parallelism
+    return next(pipeline.vertex(s.vertex).parallelism for s in pipeline.sinks if s.name == sink)
+
+
+def _location(warehouse: str, declaration: Any) -> str:
+    """A sink's table in the warehouse (a Delta sink's, or a user's kind with a ``path``); a sink
+    outside it (PostgreSQL) by what it writes."""
+    path = getattr(declaration, "path", None)
+    return f"{warehouse}/{check_relative_path(path)}" if path is not None else sink_target(declaration)
 
 
 def _delta_sink(s: DeltaSink, site: SinkSite) -> "DeltaTwoPhaseSink":
@@ -176,19 +125,9 @@ back to the savepoint's commit and RESTOREs that version, so the log is kept a y
 default is 30 days). A table the user created keeps its own setting."""
 
 
-class SinkConfigurationError(ValueError):
-    """A sink table is configured against the commit protocol (see
-    :meth:`DeltaTwoPhaseSink.check_configuration`)."""
-
-
 class SinkTableRewoundError(SinkConfigurationError):
     """Someone else RESTOREd a sink's table to a version holding less than its stamp says is
     committed: writing on would lose the rows in between for good."""
-
-
-class RollbackUnavailableError(SinkConfigurationError):
-    """A sink can no longer be rolled back to what an older checkpoint committed: the commits of
-    its log back to that point were deleted (log retention) or that version's files vacuumed."""
 
 
 class DeltaTwoPhaseSink:
@@ -676,3 +615,5 @@ class DeltaTwoPhaseSink:
 
 
 register_sink(DeltaSink, _delta_sink)
+
+from . import postgres_sink  # noqa: E402,F401 - registers the PostgreSQL sink (after the Delta sink)

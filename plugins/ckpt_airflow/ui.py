@@ -271,6 +271,30 @@ def _graph(pipeline: str) -> tuple[Any, str | None]:
     return graph_or_why(pipeline)
 
 
+def _held_prepares(pipeline: str, graph: Any) -> str:
+    """A warning when a PostgreSQL sink of ``pipeline`` has a prepared transaction held for long
+    (its rows' locks stay until a run commits or rolls it back), or cannot be checked; else ''."""
+    if graph is None:
+        return ""
+    from checkpoint_lib.pipeline import PostgresSink
+    from checkpoint_lib.spark.postgres_sink import (PostgresConfigurationError, connection_uri, held_message,
+                                                    held_prepares, where)
+
+    connections = {s.spec.connection for s in graph.sinks if isinstance(s.spec, PostgresSink)}
+    held, problems = [], []
+    for name in sorted(connections):
+        try:
+            uri = connection_uri(name, "of this pipeline")
+            held += held_prepares(uri, where(uri, name), pipelines=[pipeline])
+        except PostgresConfigurationError as exc:
+            problems.append(str(exc))
+    lines = [f"PostgreSQL: {p}" for p in problems]
+    if held:
+        lines.append(held_message(held) + f". Run {pipeline}: its recovery commits what its checkpoint owns and "
+                                          "rolls back the rest.")
+    return "".join(f'<p class="warning">{html.escape(line)}</p>' for line in lines)
+
+
 def _quality_dir(pipeline: str) -> Path:
     """The Data Docs this page serves: in the warehouse, or, for one on an object store, in this
     machine's GX working copy (checkpoint_lib.quality.paths.quality_root)."""
@@ -364,7 +388,7 @@ body{{font-family:system-ui,sans-serif;margin:1.5rem;color:var(--fg);background:
 a{{color:var(--link)}}
 table{{border-collapse:collapse;font-size:.9rem}}th,td{{border:1px solid var(--border);padding:.25rem .5rem;text-align:right}}
 th{{background:var(--head)}}tr.status-aborted td{{background:var(--bad)}}tr.status-pending td{{background:var(--wait)}}
-nav a{{margin-right:1rem}}.dags a{{margin-right:.75rem}}
+nav a{{margin-right:1rem}}.dags a{{margin-right:.75rem}}p.warning{{background:var(--bad);padding:.5rem}}
 .graph{{overflow-x:auto;max-width:100%}}.jobgraph{{color:var(--axis)}}.jobgraph text{{fill:var(--fg)}}
 .jobgraph text.label{{fill:var(--muted)}}.jobgraph g rect{{fill:var(--head);stroke:var(--border)}}
 .jobgraph g.sink rect{{fill:var(--card)}}.jobgraph g.source rect{{stroke:var(--axis)}}
@@ -467,6 +491,7 @@ def page(user: GetUserDep, pipeline: str | None = None, checkpoint: str | None =
         acks = _all_acks(control, cid) if cid is not None else []
         vertices = checkpoint_details(graph, acks) if cid is not None else None  # per vertex of the graph
         parts.append(f"<h3>Job graph{f' at checkpoint {cid}' if cid is not None else ''}</h3>")
+        parts.append(_held_prepares(pipeline, graph))
         parts.append(_graph_html(pipeline, graph, problem, vertices))
         parts.append(_charts(pipeline))
         docs = _quality_dir(pipeline) / "index.html"

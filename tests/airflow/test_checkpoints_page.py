@@ -476,3 +476,36 @@ def test_a_graph_needs_read_access_to_its_dags(tmp_path, monkeypatch,
         assert api.get("enrichment_reader", "/checkpoints/?pipeline=enrichment").status_code == 200
         assert api.get("enrichment_run_reader", "/checkpoints/api/pipelines").json() == []
         assert api.get("enrichment_run_reader", "/checkpoints/?pipeline=enrichment").status_code == 403
+
+
+def test_the_page_warns_of_a_postgres_sinks_prepared_transaction_held_for_long(postgres_server, monkeypatch):
+    """A pipeline stopped between a prepare and its commit holds its rows' locks in the database:
+    the page says so (and that a run of the pipeline ends it), as ``ckpt doctor`` does; a
+    connection it cannot use is said too. Against a real server (tests/pg_server.py)."""
+    from ckpt_airflow import ui
+
+    from checkpoint_lib.core.twophase import Transaction, TransactionIdPool
+    from checkpoint_lib.pipeline import PostgresSink
+    from checkpoint_lib.pipelines import graph_of
+    from checkpoint_lib.spark import postgres_sink as pg
+
+    graph = graph_of("checkpoint_lib.pipelines.payments_postgres:pipeline")
+    monkeypatch.delenv("AIRFLOW_CONN_CKPT_POSTGRES", raising=False)
+    assert "AIRFLOW_CONN_CKPT_POSTGRES" in ui._held_prepares("payments_pg", graph)  # no connection: said
+    for k, v in postgres_server.env().items():
+        monkeypatch.setenv(k, v)
+    sink = pg.PostgresTwoPhaseSink(None, "balances_pg", PostgresSink("page_held", "account string, amount long"),
+                                   "payments_pg", uri=postgres_server.uri)
+    sink.create()
+    t = Transaction(0, TransactionIdPool(sink.pool_prefix, 0).acquire(0, ()), 1)
+    pg.prepare(sink._spec(), t, 1, iter([("a", 1)]), 1)
+    g = sink._gid(t)
+    try:
+        assert ui._held_prepares("payments_pg", graph) == ""  # prepared just now: a checkpoint in progress
+        monkeypatch.setattr(pg, "STALE_PREPARED_S", -1)
+        warning = ui._held_prepares("payments_pg", graph)
+        assert 'class="warning"' in warning and g in warning and "Run payments_pg" in warning
+        assert postgres_server.password not in warning
+        assert ui._held_prepares("payments", graph) == ""  # another pipeline's are not its
+    finally:
+        sink.abort([t])

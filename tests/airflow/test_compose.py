@@ -135,8 +135,12 @@ def test_every_service_has_a_known_native_command(compose):
     spark_class = Path(pyspark.__file__).parent / "bin" / "spark-class"
     for name, service in compose["services"].items():
         command = service.get("command")
-        if name == "postgres":
-            assert command is None and service["image"].startswith("postgres:")
+        if name == "postgres":  # the image's server, with prepared transactions on (the PostgreSQL sinks)
+            assert service["image"].startswith("postgres:") and command[0] == "postgres"
+            settings = dict(command[i + 1].split("=", 1) for i, flag in enumerate(command) if flag == "-c")
+            assert int(settings["max_prepared_transactions"]) >= 16
+            init = [v.split(":")[0] for v in service["volumes"] if "/docker-entrypoint-initdb.d/" in v]
+            assert init and "CREATE DATABASE sinks" in (REPO / init[0]).read_text()
             continue
         assert command, name
         program = command[0]
@@ -171,6 +175,10 @@ def test_airflow_has_the_four_components_on_postgres_with_auth_and_no_baked_secr
                 assert str(value).startswith("${") and ":?" in str(value), f"{name}: {key} must come from .env"
         if name.startswith("airflow-"):
             assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql")
+            # the PostgreSQL sinks' connection: the compose server's database `sinks`, its password from .env
+            sinks = env["AIRFLOW_CONN_CKPT_POSTGRES"]
+            assert sinks.startswith("postgresql://") and sinks.endswith("@postgres:5432/sinks")
+            assert "${POSTGRES_PASSWORD:?" in sinks
             assert "SIMPLE_AUTH_MANAGER_ALL_ADMINS" not in text
 
 

@@ -3,6 +3,8 @@
 1. Runs ``--runs`` seeded chaos scenarios (tests/chaos/chaos_harness.py): each lands input, kills
    real ``ckpt run`` processes with SIGKILL (and each recovery again, up to three times in a chain),
    recovers undisturbed, and verifies the outputs against the independent computation.
+   ``--pg-runs`` adds ``payments_pg`` scenarios against a real PostgreSQL server (tests/pg_server.py),
+   one server for the whole command, started only when such a scenario is to run.
    Outcomes go to ``--results`` (JSON lines) as they finish; run again, the command skips the
    seeds already there, so an interrupted run continues where it stopped.
 2. Tries every hostile input (tests/chaos/hostile.py) and the hostile recovery parameters.
@@ -27,6 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # tests/: pg_server
+# this checkout's checkpoint_lib, not the one a shared virtualenv's editable install points at (another
+# worktree's): the results name this checkout's commit, and the ckpt processes run the code imported here
+sys.path.insert(2, str(Path(__file__).resolve().parents[2]))
 
 import chaos_harness as harness  # noqa: E402
 import hostile  # noqa: E402
@@ -52,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"scenarios with the keyed state folded every 1 or 2 flushes, half killed inside a fold "
                          f"(seeds {harness.STATE_SEEDS}..), default 0")
     ap.add_argument("--state-first-seed", type=int, default=harness.STATE_SEEDS)
+    ap.add_argument("--pg-runs", type=int, default=0,
+                    help=f"payments_pg scenarios against a real PostgreSQL server (seeds {harness.PG_SEEDS}..), "
+                         "default 0")
+    ap.add_argument("--pg-first-seed", type=int, default=harness.PG_SEEDS)
     ap.add_argument("--results", default="tests/chaos/results.jsonl",
                     help="outcomes, one JSON line per scenario (tracked, like bench/results.jsonl: the evidence behind docs/reliability.md)")
     ap.add_argument("--docs", default="docs/reliability.md", help="the page whose generated part is rewritten")
@@ -63,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-races", action="store_true", help="not the race tests")
     ap.add_argument("--races-only", action="store_true", help="only the race tests and their rows")
     args = ap.parse_args(argv)
+    if args.pg_runs and args.pg_first_seed < harness.PG_SEEDS:
+        ap.error(f"--pg-first-seed must be at least {harness.PG_SEEDS} (the payments_pg seeds)")
     docs = Path(args.docs)
     if args.races_only:
         return _races(docs)
@@ -77,19 +89,28 @@ def main(argv: list[str] | None = None) -> int:
              range(args.orders_first_seed, args.orders_first_seed + args.orders_runs),
              range(args.enrichment_first_seed, args.enrichment_first_seed + args.enrichment_runs),
              range(harness.ENRICHMENT_GROUPS_SEEDS, harness.ENRICHMENT_GROUPS_SEEDS + args.enrichment_groups_runs),
-             range(args.state_first_seed, args.state_first_seed + args.state_runs))
+             range(args.state_first_seed, args.state_first_seed + args.state_runs),
+             range(args.pg_first_seed, args.pg_first_seed + args.pg_runs))
     seeds = [s for kind in kinds for s in kind]
     done = {o.seed for o in harness.load(results)}
+    # the orders, enrichment and payments_pg scenarios interleaved with the others: a run stopped early has some of each
+    parts = ([s for s in kind if s not in done] for kind in kinds)
+    todo = [s for group in zip_longest(*parts) for s in group if s is not None]
     spark = get_spark(master="local[2]", ui=False)
     started = time.monotonic()
+    postgres = None  # one server for every payments_pg scenario of this command, if any is to run
     try:
+        if any(harness.scenario(s).pipeline == harness.PG_PIPELINE for s in todo):
+            from pg_server import PostgresServer
+
+            postgres = PostgresServer().start()
         lock = threading.Lock()
 
         def one(seed: int) -> None:
             s = harness.scenario(seed)
             work = Path(tempfile.mkdtemp(prefix=f"chaos-{seed}-"))
             try:
-                outcome = harness.run_scenario(spark, work, s)
+                outcome = harness.run_scenario(spark, work, s, postgres=postgres)
             finally:
                 shutil.rmtree(work, ignore_errors=True)
             verdict = "survived" if outcome.survived else f"MISMATCH {outcome.mismatch}"
@@ -99,9 +120,6 @@ def main(argv: list[str] | None = None) -> int:
                       f"{' (not reached: ' + ', '.join(outcome.not_reached) + ')' if outcome.not_reached else ''}"
                       f" -> {verdict} ({outcome.seconds:.0f} s)", flush=True)
 
-        # the orders and enrichment scenarios interleaved with the others: a run stopped early has some of each
-        parts = ([s for s in kind if s not in done] for kind in kinds)
-        todo = [s for group in zip_longest(*parts) for s in group if s is not None]
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
             for f in [pool.submit(one, seed) for seed in todo]:
                 f.result()
@@ -119,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
             tried += hostile.try_parameters()
     finally:
         stop_spark()
+        if postgres is not None:
+            postgres.close()
     outcomes = [o for o in harness.load(results) if o.seed in seeds]
     kept = sum(1 for s in seeds if s in done)
     section = generated(outcomes, tried, args, time.monotonic() - started, kept)
@@ -154,6 +174,8 @@ def command_of(args: argparse.Namespace) -> str:
     given += [f"--enrichment-groups-runs {args.enrichment_groups_runs}"]
     given += [f"--state-runs {args.state_runs}"] if args.state_runs else []
     given += [f"--state-first-seed {args.state_first_seed}"] if args.state_first_seed != harness.STATE_SEEDS else []
+    given += [f"--pg-runs {args.pg_runs}"] if args.pg_runs else []
+    given += [f"--pg-first-seed {args.pg_first_seed}"] if args.pg_runs and args.pg_first_seed != harness.PG_SEEDS else []
     given += [f"--jobs {args.jobs}"]
     given += [f"--{flag.replace('_', '-')}" for flag in ("skip_hostile", "skip_races") if getattr(args, flag)]
     return f"make chaos CHAOS_ARGS=\"{' '.join(given)}\""

@@ -3,8 +3,9 @@ recovered, compared with the failure-free result.
 
 The slow suite runs one fixed scenario with two kills (between the two sinks' commits of a
 checkpoint, then during the restore, between the two sinks' re-commits), ``CKPT_CHAOS_RUNS``
-(default 24) seeded random scenarios, and ``CKPT_CHAOS_MAINTENANCE_RUNS`` (default 6) with a
-maintenance operation drawn between kills; ``make chaos`` runs them and rewrites
+(default 24) seeded random scenarios, ``CKPT_CHAOS_MAINTENANCE_RUNS`` (default 6) with a
+maintenance operation drawn between kills, and ``CKPT_CHAOS_PG_RUNS`` (default 2) of ``payments_pg``
+against a real PostgreSQL server; ``make chaos`` runs them and rewrites
 docs/reliability.md (tests/chaos/run_chaos.py). CI's real kill -9 and recovery is
 tests/crash/test_object_store.py (killed between completion and commit); in-process kills at
 ``sink_commit`` and then inside that recovery's restore, between its two sinks' re-commits, run in
@@ -17,7 +18,8 @@ import os
 
 import pytest
 
-from chaos_harness import ENRICHMENT_GROUPS_SEEDS, ENRICHMENT_SEEDS, MAINTENANCE_SEEDS, Kill, Scenario, record, run_scenario, scenario
+from chaos_harness import (ENRICHMENT_GROUPS_SEEDS, ENRICHMENT_SEEDS, MAINTENANCE_SEEDS, PG_SEEDS, Kill, Scenario,
+                           record, run_scenario, scenario)
 from checkpoint_lib.verify import read_delta
 
 pytestmark = [pytest.mark.crash, pytest.mark.spark]
@@ -75,6 +77,18 @@ def test_chaos_enrichment_with_a_process_per_vertex(spark, tmp_path, seed):
     """The enrichment graph in the run DAG's layout (a ``ckpt run --stage G`` per process group, every
     edge a channel log, the operators gates), killed in one of its processes and recovered."""
     outcome = run_scenario(spark, tmp_path, scenario(seed))
+    if RESULTS:
+        record(RESULTS, outcome)
+    assert outcome.survived, f"{scenario(seed).label}: {outcome.mismatch}"
+
+
+@pytest.mark.slow  # about 6 min a seed
+@pytest.mark.parametrize("seed", range(PG_SEEDS, PG_SEEDS + int(os.environ.get("CKPT_CHAOS_PG_RUNS", "2"))))
+def test_chaos_postgres(spark, tmp_path, chaos_postgres, seed):
+    """``payments_pg`` (its balances and ledger also in a real PostgreSQL server, by two-phase
+    commit) killed, inside the sink's commit and rollback too, and recovered: the warehouse and the
+    database's tables exactly once, nothing left prepared."""
+    outcome = run_scenario(spark, tmp_path, scenario(seed), postgres=chaos_postgres)
     if RESULTS:
         record(RESULTS, outcome)
     assert outcome.survived, f"{scenario(seed).label}: {outcome.mismatch}"

@@ -32,11 +32,12 @@ def test_the_generated_page_names_the_whole_command_and_the_scenarios_run_before
 
     from run_chaos import command_of, generated
 
-    from chaos_harness import ENRICHMENT_SEEDS, ORDERS_SEEDS, STATE_SEEDS
+    from chaos_harness import ENRICHMENT_SEEDS, ORDERS_SEEDS, PG_SEEDS, STATE_SEEDS
 
     args = argparse.Namespace(runs=41, first_seed=0, orders_runs=41, orders_first_seed=ORDERS_SEEDS, jobs=2, skip_hostile=False, skip_races=False,
                               enrichment_runs=40, enrichment_first_seed=ENRICHMENT_SEEDS, enrichment_groups_runs=8,
-                              state_runs=0, state_first_seed=STATE_SEEDS, results="tests/chaos/results.jsonl")
+                              state_runs=0, state_first_seed=STATE_SEEDS, pg_runs=0, pg_first_seed=PG_SEEDS,
+                              results="tests/chaos/results.jsonl")
     assert command_of(args) == ('make chaos CHAOS_ARGS="--runs 41 --orders-runs 41 --enrichment-runs 40 '
                                 '--enrichment-groups-runs 8 --jobs 2"')
     args.state_runs, args.state_first_seed = 20, STATE_SEEDS + 20
@@ -44,6 +45,8 @@ def test_the_generated_page_names_the_whole_command_and_the_scenarios_run_before
     args.state_runs, args.state_first_seed = 0, STATE_SEEDS
     args.skip_races = True
     assert command_of(args).endswith('--jobs 2 --skip-races"')
+    args.pg_runs = 15
+    assert command_of(args).endswith('--enrichment-groups-runs 8 --pg-runs 15 --jobs 2 --skip-races"')
     text = generated([], [], args, 600.0, kept=46)
     assert "this invocation took 10 min (46 of the scenarios below were run by earlier invocations" in text
 

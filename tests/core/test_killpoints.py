@@ -24,3 +24,12 @@ def test_every_point_passed_is_traced_with_its_count_and_unset_points_count_noth
     idle = KillPoints({})
     idle.reached("commit")
     assert dict(idle.counts) == {} and set(KILL_PHASES) >= {"commit", "channel_write", "fence"}
+
+
+def test_a_point_counted_here_and_acted_on_elsewhere_returns_its_signal_once():
+    import signal
+
+    points = KillPoints({"CKPT_PAUSE_AT": "prepare:2", "CKPT_KILL_AT": "prepared_commit:1"})
+    assert [points.due("prepare") for _ in range(3)] == [None, signal.SIGSTOP, None]
+    assert points.due("prepared_commit") == signal.SIGKILL and points.due("prepared_commit") is None
+    assert KillPoints({}).due("prepare") is None

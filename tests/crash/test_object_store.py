@@ -43,6 +43,8 @@ def crash_then_recover(pipeline: str, warehouse: str, rows: int, kill_at: str, *
     return done.stdout
 
 
+@pytest.mark.slow  # 3-5 min; CI tier: a real kill and recovery in tests/crash/test_postgres_crash.py; on S3 the log
+# store's refusal below, the stores (tests/delta/test_store_s3.py) and maintenance (tests/delta/test_maintenance.py)
 def test_payments_on_s3_killed_between_completion_and_commit_recovers_exactly_once(spark, s3, tmp_path, monkeypatch):
     """Unaligned with a lagging source subtask (records in flight: channel state on S3), killed in
     the 2PC window of checkpoint 1; the rerun re-commits what checkpoint 1 owns, then goes on."""

@@ -199,6 +199,8 @@ def world(warehouse, world_templates, tmp_path_factory):
     return p
 
 
+@pytest.mark.parametrize("storage_root", ["posix", pytest.param("s3", marks=[pytest.mark.objectstore, pytest.mark.slow])],
+                         indirect=True)  # on S3 over a minute; CI tier: the dry run, the rewrite race and the other state log on S3
 def test_every_rule_keeps_what_is_needed_and_drops_the_rest(world):
     p, store = world, world.store
     # a request still open, GX runs old and new, a request decided long ago
@@ -326,6 +328,8 @@ def state_table(p: Pipeline, versions: int, log_checkpoints_at: tuple[int, ...])
     return table
 
 
+@pytest.mark.parametrize("storage_root", ["posix", pytest.param("s3", marks=[pytest.mark.objectstore, pytest.mark.slow])],
+                         indirect=True)  # on S3 a minute; CI tier: the posix run, and the state log left alone on S3 below
 def test_a_state_tables_log_is_cleaned_below_the_oldest_pinned_version_and_every_pinned_one_stays(world):
     """The state table keeps a 100-year log retention (time travel to a savepoint), so Delta never
     cleans its log: maintenance deletes what lies below the newest log checkpoint at or before the
@@ -471,6 +475,8 @@ def test_maintenance_racing_a_running_pipeline_loses_nothing(warehouse):
     assert reader.ids.get_and_increment() == max(done) + 1
 
 
+@pytest.mark.parametrize("storage_root", ["posix", pytest.param("s3", marks=[pytest.mark.objectstore, pytest.mark.slow])],
+                         indirect=True)  # on S3 a minute; CI tier: the posix run (the rules are storage-blind; the stores' S3 paths run above)
 def test_an_owed_rollback_and_the_newest_restore_keep_what_they_read(warehouse):
     p = Pipeline(warehouse)
     for _ in range(8):

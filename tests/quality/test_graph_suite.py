@@ -24,7 +24,10 @@ from checkpoint_lib.quality import QualityCheckFailed, data_docs_index, validate
 from checkpoint_lib.quality.records import ValidationLog
 from checkpoint_lib.spark.graph_runner import GraphRunner
 
-pytestmark = pytest.mark.spark
+# Slow (the module's graph run and recovery take 2-4 min); CI tier: an after-restore suite run and recorded by
+# `ckpt recover`, and its failures, on payments (tests/quality/test_quality_suites.py); graphs recovered through the
+# CLI (tests/spark/test_graph_cli.py)
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 VIEWS = {"events", "totals", "dedup_state", "accounted", "tag_state"}
 
 

@@ -132,6 +132,7 @@ def test_a_pipeline_without_a_quality_spec_gets_the_generic_suite(spark, healthy
     assert ("totals", "table") in _failed(err.value)
 
 
+@pytest.mark.slow  # CI tier: the dropped row and the tampered balance below fail the same suite's checks
 def test_a_duplicated_ledger_row_fails(spark, healthy, tmp_path):
     w = _copy(healthy, tmp_path)
     ledger = f"{w}/gold/ledger"

@@ -1,4 +1,4 @@
-"""The benchmark sections on ours alone (bench/recovery.py, bench/state_growth.py, bench/cluster.py):
+"""The benchmark sections (bench/recovery.py, bench/state_growth.py, bench/cluster.py, bench/postgres.py...):
 their tables, their markers in docs/benchmarks.md and their size checks. No Spark: the sections
 themselves run in ``make bench-quick``."""
 
@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench import cluster, enrichment_bench, object_store, recovery, state_growth
+from bench import postgres as postgres_bench
 from bench.compare import SECTIONS, write_section
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
@@ -36,6 +37,13 @@ def test_every_section_has_its_markers_in_the_docs_and_a_table(tmp_path):
         "object-store": object_store.render_object_store([{
             "events": 1_000_000, "where": "S3 (SeaweedFS on 127.0.0.1)", "seconds": 120.0, "checkpoints": 10,
             "median_checkpoint_ms": 9000.0, "events_per_s": 8333.3, "vs_disk": 1.5}]),
+        "postgres": postgres_bench.render_postgres([
+            {"events": 1_000_000, "rows_per_checkpoint": 100_000, "accounts": 10_000, "contender": c, "seconds": s,
+             "sittings": [s + 1, s, s - 1], "rows_written": 1_009_000, "wal_bytes": w * 2**20, **extra}
+            for c, s, w, extra in (
+                (postgres_bench.COPY, 5.0, 100, {}), (postgres_bench.JDBC, 20.0, 180, {"spark_jobs": 6}),
+                (postgres_bench.OURS, 160.0, 400, {"checkpoints": 11, "spark_jobs": 400, "sink_stage_seconds": 30.0,
+                                                   "sink_commit_seconds": 10.25}))]),
     }
     for name, body in tables.items():
         write_section(doc, name, body)
@@ -44,6 +52,14 @@ def test_every_section_has_its_markers_in_the_docs_and_a_table(tmp_path):
     assert "| 1,000,000 | 50,000 | 9000 | 9500 | 30.0 MiB | 3.0 MiB | 0.10 | 40.0 |" in text
     assert "| 5,000,000 | 2 x 1 | 700.0 | 650.0 | 7,692 |  | yes |" in text
     assert "| 1,000,000 | S3 (SeaweedFS on 127.0.0.1) | 120.0 | 8,333 | 10 | 9,000 | 1.50 | yes |" in text
+    into_pg = text.split("<!-- bench:postgres -->")[1].split("<!-- /bench:postgres -->")[0].strip().splitlines()
+    assert into_pg[2:] == [  # ours first, each with its ratios to the JDBC write and to COPY
+        f"| {postgres_bench.OURS} | 1,000,000 | 1,009,000 | 161.0, 160.0, 159.0 | 160.0 | 6,250 | 8.00 | 32.00 | 11 "
+        "| 40.2 | 400 | 400 | yes |",
+        f"| {postgres_bench.JDBC} | 1,000,000 | 1,009,000 | 21.0, 20.0, 19.0 | 20.0 | 50,000 | 1.00 | 4.00 |  |  "
+        "| 180 | 6 | yes |",
+        f"| {postgres_bench.COPY} | 1,000,000 | 1,009,000 | 6.0, 5.0, 4.0 | 5.0 | 200,000 | 0.25 | 1.00 |  |  "
+        "| 100 |  | yes |"]
     enriched = text.split("<!-- bench:enrichment -->")[1].split("<!-- /bench:enrichment -->")[0].strip().splitlines()
     assert [line.split(" | ")[0] for line in enriched[2:]] == [  # the floor first, then the expert peer, ours
         f"| {enrichment_bench.FLOOR}", f"| {enrichment_bench.EXPERT}", f"| {enrichment_bench.OURS}"]
@@ -70,6 +86,8 @@ def test_sections_refuse_sizes_they_cannot_measure():
         state_growth.state_sizes(ap.parse_args(["--state-sizes", "1000", "--state-events", "5000"]))
     with pytest.raises(ValueError, match="at least 1"):
         enrichment_bench.check_sizes(ap.parse_args(["--enrichment-rows-per-checkpoint", "0"]))
+    with pytest.raises(ValueError, match="at least 1"):
+        postgres_bench.check_sizes(ap.parse_args(["--postgres-repeat", "0"]))
     assert all(set(section.QUICK) <= set(vars(ap.parse_args([]))) for section in SECTIONS)
 
 
@@ -81,6 +99,8 @@ def test_quick_sets_small_sizes_for_every_section_but_keeps_what_is_given():
     assert (args.recovery_interval, args.state_sizes, args.cluster_size) == (2_000, "10000,50000", 20_000)
     assert args.object_store_size == 20_000
     assert (args.enrichment_size, args.enrichment_rows_per_checkpoint) == (20_000, 5_000)
+    assert (args.postgres_size, args.postgres_rows_per_checkpoint, args.postgres_repeat) == (100_000, 25_000, 1)
+    assert postgres_bench.runs(args)  # in the quick run too
     assert not args.skip_enrichment  # on by default
     assert args.state_events == 1000
     assert args.results == ""  # a quick run keeps its figures out of bench/results.jsonl
@@ -88,6 +108,9 @@ def test_quick_sets_small_sizes_for_every_section_but_keeps_what_is_given():
     assert sizes == [] and args.skip_state and args.cluster_size == 5_000_000
     assert args.object_store_size == 1_000_000 and not args.skip_object_store
     assert (args.enrichment_size, args.enrichment_rows_per_checkpoint) == (1_000_000, 100_000)
+    assert (args.postgres_size, args.postgres_rows_per_checkpoint, args.postgres_repeat) == (1_000_000, 100_000, 3)
+    assert postgres_bench.runs(args) and not postgres_bench.runs(parse_args(["--skip-postgres"])[0])
+    assert not postgres_bench.runs(parse_args(["--contenders", "floor,expert"])[0])  # it compares ours with the others
 
 
 def test_generated_account_numbers_are_wide_enough_never_to_collide():

@@ -276,7 +276,7 @@ def test_a_zombies_channel_deletes_never_touch_a_newer_epochs_rows(spark, tmp_pa
     assert sorted(zip(left["epoch"], left["seq"])) == [(2, 0), (2, 1), (2, 2), (2, 3)]
 
 
-@pytest.mark.parametrize("mode", ["append", "upsert"])
+@pytest.mark.parametrize("mode", [pytest.param("append", marks=pytest.mark.slow), "upsert"])  # CI tier: [upsert]
 def test_a_rollback_to_a_checkpoint_committed_together_with_the_next_keeps_its_rows(spark, tmp_path, mode):
     """Checkpoint 2's notification was late, so checkpoint 3's commit also committed 2's transaction.
     A recovery to checkpoint 2 (epoch 2: fence, roll the sink back to what 2 committed, re-commit

@@ -191,7 +191,8 @@ KILLS = [(2, "aligned", "flush_merge:3"), (1, "aligned", "channel_write:4"), (2,
 
 
 @pytest.mark.parametrize("lag, mode, phase", [
-    pytest.param(*k, marks=[] if k == (2, "unaligned", "channel_state:1") else [pytest.mark.slow]) for k in KILLS])
+    pytest.param(*k, marks=pytest.mark.slow) for k in KILLS])  # CI tier: the cut above, and a graph recovered
+# through the CLI (tests/spark/test_graph_cli.py); a restore at another parallelism: tests/spark/test_orders.py
 def test_a_kill_in_a_gate_recovers_exactly_once_at_another_parallelism(spark, tmp_path, lag, mode, phase):
     """Killed at ``phase``, then recovered with the operator at parallelism 3 (its channel state
     routed again to the subtasks owning each record now): the totals are exactly once. The state

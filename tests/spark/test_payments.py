@@ -136,6 +136,8 @@ def test_dead_letters_have_reason_and_offset(healthy):
 
 
 @pytest.mark.race
+@pytest.mark.slow  # a minute; CI tier: each of a zombie's writes fenced in tests/spark/test_fences.py (its sink
+# commit, its state table's run, its channel deletes)
 def test_zombie_of_an_older_epoch_is_fenced_and_its_writes_ignored(spark, tmp_path):
     generate(spark, str(tmp_path), ROWS, accounts=10, seed=5)
     zombie = runner(spark, tmp_path, chaining=False)  # unchained: the source edge is a channel log

@@ -61,20 +61,32 @@ class VertexSinks:
                       for name in self.writers}
 
     def stage(self, outputs: Mapping[str, DataFrame], flush: int, what: str,
-              subtasks: list[int] | None = None) -> None:
+              subtasks: list[int] | None = None, *, barrier: int | None = None) -> None:
         """Write the step's rows of each sink (its output of ``outputs``) into the open transaction
         of each of ``subtasks`` (None: every subtask), whose rows they are: nothing visible in the
-        target."""
+        target. ``barrier``: the checkpoint whose barrier follows this flush before any other flush
+        of these transactions (the chained step that ends with it), told to a writer with a
+        pre-commit of its own (it may write this flush and pre-commit at once)."""
         missing = sorted({o for o in self.outputs.values() if o not in outputs})
         if missing:
             raise ValueError(f"{what} returned no DataFrame for {missing} (its sinks write them)")
         subtasks = range(self.P) if subtasks is None else subtasks
         for name, writer in self.writers.items():
-            writer.stage(outputs[self.outputs[name]], {r: self.books[name][r].current for r in subtasks}, flush)
+            handles = {r: self.books[name][r].current for r in subtasks}
+            if barrier is not None and hasattr(writer, "pre_commit"):
+                writer.stage(outputs[self.outputs[name]], handles, flush, barrier=barrier)
+            else:
+                writer.stage(outputs[self.outputs[name]], handles, flush)
 
     def acks(self, checkpoint_id: int, subtasks: list[int] | None = None) -> dict[SubtaskId, SubtaskAck]:
         """Each sink subtask's snapshot of ``checkpoint_id`` (of ``subtasks``; None: every one): its
-        transaction pre-committed."""
+        transaction pre-committed. A writer with a pre-commit of its own (a database's prepared
+        transaction) makes the open transactions durable first: a failure there leaves the books
+        as they were."""
         subtasks = range(self.P) if subtasks is None else subtasks
+        for name, writer in self.writers.items():
+            pre_commit = getattr(writer, "pre_commit", None)
+            if pre_commit is not None:
+                pre_commit({r: self.books[name][r].current for r in subtasks}, checkpoint_id)
         return {self.ids[name][r]: SubtaskAck(state=SinkAckState(books[r].pre_commit(checkpoint_id).snapshot).to_state())
                 for name, books in self.books.items() for r in subtasks}
