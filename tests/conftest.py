@@ -19,10 +19,11 @@ if TYPE_CHECKING:
 # `make test` runs the tests in pytest-xdist workers, whose __main__ module has neither a spec nor a
 # file. pyspark.sql.connect (which great_expectations imports) takes such a __main__ for its own
 # doctest run and, without the Spark Connect client's packages, calls sys.exit(0) on import. A worker's
-# __main__ named like any script's keeps it from that.
+# __main__ named like any script's keeps it from that. The name is a real, empty file: a process
+# multiprocessing spawns from a worker runs its parent's main script first, and failed on a made-up name.
 _main = sys.modules.get("__main__")
 if _main is not None and getattr(_main, "__spec__", None) is None and not hasattr(_main, "__file__"):
-    _main.__file__ = "<pytest-xdist worker>"
+    _main.__file__ = os.path.join(os.path.dirname(os.path.abspath(__file__)), "xdist_worker_main.py")
 
 # The tests' data is tiny: two shuffle partitions (one per core) instead of the default eight make a
 # Delta MERGE about a third cheaper, and every Spark test here is a chain of small MERGEs. Set in the
