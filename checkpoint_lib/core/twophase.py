@@ -22,11 +22,16 @@ checkpoint store's epoch fence, the sinks' commit stamps).
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 from .errors import CommitError, IllegalTransitionError
 from .types import CheckpointId
+
+
+_HANDLE = re.compile(r"^(?P<txn_id>.+)\.e(?P<epoch>\d+)\.s(?P<seq>\d+)$")  # Transaction.handle
 
 
 @dataclass(frozen=True, order=True)
@@ -42,6 +47,14 @@ class Transaction:
     @property
     def handle(self) -> str:
         return f"{self.txn_id}.e{self.epoch}.s{self.seq}"
+
+    @classmethod
+    def from_handle(cls, handle: str) -> Transaction:
+        """The open transaction whose :attr:`handle` is ``handle``; ValueError for anything else."""
+        m = _HANDLE.match(handle)
+        if not m:
+            raise ValueError(f"not a transaction handle: {handle!r}")
+        return cls(int(m["seq"]), m["txn_id"], int(m["epoch"]))
 
     def to_dict(self) -> dict[str, Any]:
         return {

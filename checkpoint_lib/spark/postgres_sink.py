@@ -103,7 +103,7 @@ STAGED_COLUMNS = ("_ckpt_handle", "_ckpt_seq", "_ckpt_flush")
 """A staged row's transaction (its handle), that transaction's sequence and the flush: an upsert
 sink's latest row of a key wins by them."""
 GID_PREFIX = "ckpt:"
-_GID = re.compile(r"^ckpt:(?P<tag>[0-9a-f]{8}):(?P<txn_id>.+-\d+-\d+)\.e(?P<epoch>\d+)\.s(?P<seq>\d+)$")
+_GID = re.compile(r"^ckpt:(?P<tag>[0-9a-f]{8}):(?P<handle>.+-\d+-\d+\.e\d+\.s\d+)$")  # a pool's handle
 _MAX_GID = 200  # PostgreSQL's GIDSIZE, terminator included
 _MAX_NAME = 63  # PostgreSQL's identifiers (NAMEDATALEN - 1): a longer one is cut silently
 COPY_CHUNK = 20_000  # rows per COPY statement (one transaction holds them all)
@@ -167,7 +167,7 @@ def parse_gid(value: str) -> PreparedId | None:
     m = _GID.match(value)
     if not m:
         return None
-    return PreparedId(value, m["tag"], Transaction(int(m["seq"]), m["txn_id"], int(m["epoch"])))
+    return PreparedId(value, m["tag"], Transaction.from_handle(m["handle"]))
 
 
 def of_pool(prepared: PreparedId, pool_prefix: str) -> bool:
@@ -202,8 +202,8 @@ def connection_uri(connection: str, sink: str) -> str:
 
 def where(uri: str, connection: str) -> str:
     """``uri`` as an error may show it: host, port and database, never the user's password."""
-    parts = urlsplit(uri)
-    return f"{parts.hostname or 'localhost'}:{parts.port or 5432}/{parts.path.lstrip('/')} (connection {connection!r})"
+    host, port = _server(uri)
+    return f"{host}:{port}/{urlsplit(uri).path.lstrip('/')} (connection {connection!r})"
 
 
 @contextmanager
@@ -949,13 +949,14 @@ class PostgresTwoPhaseSink:
         them). Idempotent."""
         from psycopg2 import sql
 
-        handles = {t.handle for t in txns}
-        if not handles:
+        gids = {t.handle: self._gid(t) for t in txns}
+        if not gids:
             return
-        self._roll_back(p.gid for p in self.prepared() if p.txn.handle in handles)
+        self._roll_back(p.gid for p in self.prepared() if p.txn.handle in gids)
+        handles = set(gids)
         if self.mode == "upsert":
-            markers = self._markers(self._gid(_handle_txn(h)) for h in handles)
-            handles = {h for h in handles if self._gid(_handle_txn(h)) not in markers}
+            markers = self._markers(gids.values())
+            handles = {h for h, g in gids.items() if g not in markers}
         with self._session() as cur:
             cur.execute(sql.SQL("DELETE FROM {} WHERE _ckpt_handle = ANY(%s)").format(sql.Identifier(*self.staged)),
                         (list(handles),))
@@ -988,7 +989,7 @@ class PostgresTwoPhaseSink:
             cur.execute(sql.SQL("SELECT DISTINCT handle FROM {} WHERE pipeline = %s AND sink = %s").format(
                 self._id(FLUSHES)), (self.pipeline, self.name))
             for (handle,) in cur.fetchall():
-                found.setdefault(handle, _handle_txn(handle))
+                found.setdefault(handle, Transaction.from_handle(handle))
         return sorted(found.values())
 
     # rollback to an older checkpoint -------------------------------------------------------------
@@ -1017,13 +1018,6 @@ class PostgresTwoPhaseSink:
 
     def rollback_to(self, checkpoint_id: int) -> int | None:
         return self.rollback_version(checkpoint_id)
-
-
-def _handle_txn(handle: str) -> Transaction:
-    m = re.match(r"^(?P<txn_id>.+)\.e(?P<epoch>\d+)\.s(?P<seq>\d+)$", handle)
-    if not m:
-        raise ValueError(f"not a transaction handle: {handle!r}")
-    return Transaction(int(m["seq"]), m["txn_id"], int(m["epoch"]))
 
 
 def _add_missing(cur, table: str, name: str, statement, what: str) -> None:

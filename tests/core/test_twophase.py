@@ -397,3 +397,10 @@ def test_a_kill_after_a_sink_committed_propagates_at_once():
     with pytest.raises(RuntimeError, match="killed"):
         commit_up_to({"a": first, "b": second}, 1, lambda name, txns: committed.append(name), after=killed)
     assert committed == ["a"] and first[0].pending == {} and list(second[0].pending) == [1]
+
+
+def test_a_handle_reads_back_as_its_transaction_and_anything_else_is_refused():
+    t = Transaction(7, "payments.ledger-2-0", 3)
+    assert Transaction.from_handle(t.handle) == t
+    with pytest.raises(ValueError, match="not a transaction handle"):
+        Transaction.from_handle("payments.ledger-2-0.e3")
