@@ -225,17 +225,9 @@ def with_ratios(rows: list[dict]) -> list[dict]:
     """``rows`` in contender order with ``events_per_s``, ``ratio`` (time / the floor's) and
     ``vs_expert`` (time / the expert peer's; None without one), each against the rows of the same
     configuration."""
-    from bench.results import config_of
+    from bench.results import ranked_with_ratios
 
-    rank = {c: i for i, c in enumerate(ORDER)}
-    out = []
-    for r in sorted(rows, key=lambda r: (config_of(r), rank.get(r["contender"], len(ORDER)))):
-        same = {o["contender"]: o for o in rows if config_of(o) == config_of(r)}
-        floor, expert = same.get(FLOOR), same.get(EXPERT)
-        out.append({**r, "events_per_s": r["events"] / r["seconds"],
-                    "ratio": r["seconds"] / floor["seconds"] if floor else None,
-                    "vs_expert": r["seconds"] / expert["seconds"] if expert else None})
-    return out
+    return ranked_with_ratios(rows, ORDER, {"ratio": FLOOR, "vs_expert": EXPERT})
 
 
 def render_enrichment(rows: list[dict]) -> str:

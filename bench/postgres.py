@@ -424,17 +424,9 @@ def postgres(spark: Any, base: str, args: argparse.Namespace, log) -> list[dict]
 def with_ratios(rows: list[dict]) -> list[dict]:
     """``rows`` in contender order with ``events_per_s``, ``vs_jdbc`` and ``vs_copy`` (time / that
     contender's, of the same configuration; None without it)."""
-    from bench.results import config_of
+    from bench.results import ranked_with_ratios
 
-    rank = {c: i for i, c in enumerate(ORDER)}
-    out = []
-    for r in sorted(rows, key=lambda r: (config_of(r), rank.get(r["contender"], len(ORDER)))):
-        same = {o["contender"]: o for o in rows if config_of(o) == config_of(r)}
-        jdbc, copy = same.get(JDBC), same.get(COPY)
-        out.append({**r, "events_per_s": r["events"] / r["seconds"],
-                    "vs_jdbc": r["seconds"] / jdbc["seconds"] if jdbc else None,
-                    "vs_copy": r["seconds"] / copy["seconds"] if copy else None})
-    return out
+    return ranked_with_ratios(rows, ORDER, {"vs_jdbc": JDBC, "vs_copy": COPY})
 
 
 def render_postgres(rows: list[dict]) -> str:

@@ -107,6 +107,20 @@ def latest_by_config(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, dict[str,
     return out
 
 
+def ranked_with_ratios(rows: list[dict], order: list[str], against: Mapping[str, str]) -> list[dict]:
+    """``rows`` by configuration, then in contender ``order`` (a contender not in it last), each
+    with ``events_per_s`` and, for every ``{key: contender}`` of ``against``, its time / that
+    contender's latest time of the same configuration (None without one)."""
+    rank = {c: i for i, c in enumerate(order)}
+    latest = latest_by_config(rows)
+    out = []
+    for r in sorted(rows, key=lambda r: (config_of(r), rank.get(r["contender"], len(order)))):
+        same = latest[config_of(r)]
+        out.append({**r, "events_per_s": r["events"] / r["seconds"],
+                    **{key: r["seconds"] / same[c]["seconds"] if c in same else None for key, c in against.items()}})
+    return out
+
+
 def _plain(value: Any) -> Any:
     if hasattr(value, "item"):  # numpy scalars
         return value.item()
