@@ -373,6 +373,37 @@ def test_the_tasks_that_commit_have_the_sinks_as_assets_and_a_downstream_dag_can
     assert downstream.timetable.asset_condition is not None
 
 
+def test_a_sink_outside_the_warehouse_is_an_asset_named_by_its_target_and_its_pipelines_dags_build():
+    """A pipeline with a PostgreSQL sink (known to the process by reference, as ``ckpt run`` and the
+    Checkpoints page load it) has its DAGs: the sink's asset is its target, and its events say so
+    instead of a path in the warehouse. Before, the DAG file failed on every pipeline."""
+    from types import SimpleNamespace
+
+    from ckpt_airflow.assets import annotate, sink_assets
+    from ckpt_airflow.dag_factory import build_recover_dag, build_run_dag, build_snapshot_dag, settings_for
+
+    from checkpoint_lib.pipelines import declared
+
+    name = declared("checkpoint_lib.pipelines.payments_postgres:pipeline").name
+    assets = {a.name: a for a in sink_assets(name)}
+    assert {n: a.uri for n, a in assets.items()} == {
+        "payments_pg.ledger": "x-checkpoint-lib://payments_pg/gold/ledger",
+        "payments_pg.balances": "x-checkpoint-lib://payments_pg/gold/balances",
+        "payments_pg.balances_pg": "x-checkpoint-lib://payments_pg/postgresql%3Ackpt_postgres/balances"}
+    class Events(dict):
+        def __missing__(self, key):
+            return self.setdefault(key, SimpleNamespace(extra=None))
+
+    events = Events()
+    annotate({"outlet_events": events}, list(assets.values()), "/w", checkpoint_id=3)
+    assert events[assets["payments_pg.ledger"]].extra == {"checkpoint_id": 3, "table": "/w/gold/ledger"}
+    assert events[assets["payments_pg.balances_pg"]].extra == {"checkpoint_id": 3,
+                                                               "table": "postgresql:ckpt_postgres/balances"}
+    s = settings_for(name)
+    for build in (build_run_dag, build_snapshot_dag, build_recover_dag):
+        assert build(name, s).dag_id.startswith(f"{name}_")
+
+
 def test_the_recover_dags_dry_run_logs_the_plan_ckpt_recover_dry_run_prints(tmp_path, capsys):
     from synthetic_warehouse import synthetic_warehouse
 
