@@ -275,12 +275,18 @@ class DeltaTwoPhaseSink:
         transaction ``handles[subtask]``: one Spark job writes every transaction's files, once."""
         if not handles:
             return
-        txns = self.spark.createDataFrame(
-            [(s, t.handle, t.seq) for s, t in handles.items()], f"{SINK_SUBTASK} int, {HANDLE_COLUMN} string, {TXN_SEQ} long"
-        )
+        # Each row's transaction from a map literal in the plan (a broadcast join is a Spark job each
+        # time); a row of a subtask without an open transaction here fails the write, never dropped.
+        txn = F.create_map(*[part for s, t in handles.items() for part in (
+            F.lit(s).cast("int"), F.struct(F.lit(t.handle).alias(HANDLE_COLUMN), F.lit(t.seq).cast("long").alias(TXN_SEQ)))])
+        txn = F.when(txn[F.col(SINK_SUBTASK)].isNotNull(), txn[F.col(SINK_SUBTASK)]).otherwise(F.raise_error(F.concat(
+            F.lit(f"sink {self.name}: a row of subtask "), F.col(SINK_SUBTASK).cast("string"),
+            F.lit(f", which has no open transaction in this flush (subtasks {sorted(handles)})"))))
         # the sink's columns only: whatever else the operator's rows carry never meets ours
         ours = [c for c in self.schema.fieldNames() if c in rows.columns]
-        staged = rows.select(SINK_SUBTASK, *ours).join(F.broadcast(txns), SINK_SUBTASK)
+        found = temporary("txn")
+        staged = rows.select(SINK_SUBTASK, *ours).withColumn(found, txn).select(
+            SINK_SUBTASK, *ours, F.col(found)[HANDLE_COLUMN].alias(HANDLE_COLUMN), F.col(found)[TXN_SEQ].alias(TXN_SEQ))
         columns = self._target_columns(staged)
         if self.mode == "upsert":
             columns += [F.col(TXN_SEQ), F.lit(flush).cast("long").alias(FLUSH)]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol
 from urllib.parse import unquote
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -203,9 +203,7 @@ class DeltaTableReader(DeltaLogReader):
         spark = self.site.spark
         relative = [unquote(f.path) for f in step]
         full = [f"{self.path}/{r}" for r in relative]
-        files = spark.createDataFrame(
-            [(reported_path(p), r, f.version, i % senders) for i, (p, r, f) in enumerate(zip(full, relative, step))],
-            f"{temporary('reported')} string, src_file string, src_version long, sender int")
+        files = [StepFile(reported_path(p), r, f.version, i % senders) for i, (p, r, f) in enumerate(zip(full, relative, step))]
         scan = spark.read.schema(tables.struct_type(self.spec.schema)).parquet(*map(spark_path, full)).select(
             *self.spec.schema.keys(),
             F.col("_metadata.file_path").alias(temporary("file_path")),
@@ -219,28 +217,63 @@ class DeltaTableReader(DeltaLogReader):
         return [f"{self.path}/{unquote(f.path)}" for f in step if not files.exists(root / unquote(f.path))]
 
 
-def _with_files(scan: DataFrame, files: DataFrame, root: str) -> DataFrame:
+@dataclass(frozen=True)
+class StepFile:
+    """One file of a Delta source's step: ``_metadata.file_path`` as Spark will report it
+    (:func:`~checkpoint_lib.spark.paths.reported_path`), its path in the table (decoded), the
+    version that added it and the sender subtask its rows go out from."""
+
+    reported: str
+    src_file: str
+    src_version: int
+    sender: int
+
+
+# Up to this many files a step, each row finds its file in a map literal inside the scan's own
+# plan: a broadcast join costs a Spark job each time a plan reading the step runs (every sink's
+# and the state's), about a fifth of a 100k-row step's jobs. A map literal is searched key by key,
+# so a step of more files is joined instead.
+LITERAL_FILES = 64
+
+
+def _with_files(scan: DataFrame, files: list[StepFile], root: str) -> DataFrame:
     """``scan``'s rows (``_metadata.file_path`` as :func:`temporary` ``file_path``) with their
-    file's ``src_file``, ``src_version`` and ``sender`` from ``files`` (one row per file, its
-    :func:`~checkpoint_lib.spark.paths.reported_path` as :func:`temporary` ``reported``): matched by
-    that string, and a row no file matched that way (a name spelled otherwise) by its path decoded
+    file's ``src_file``, ``src_version`` and ``sender``: matched by the path Spark reports, and a
+    row no file matched that way (a name spelled otherwise) by its path decoded
     (:func:`~checkpoint_lib.spark.paths.path_below`, computed for those rows only). A row that
     matches no file fails the read; it is never dropped."""
-    fp, alt = F.col(temporary("file_path")), temporary("by_path")
-    by_path = files.select(*[F.col(c).alias(f"{alt}_{c}") for c in ("src_file", "src_version", "sender")])
-    df = (
-        scan.join(F.broadcast(files), fp == F.col(temporary("reported")), "left")
-        .join(F.broadcast(by_path), F.when(F.col("src_version").isNull(), path_below(root)) == F.col(f"{alt}_src_file"),
-              "left")
-    )
-    version = F.coalesce(F.col("src_version"), F.col(f"{alt}_src_version"))
+    fp = F.col(temporary("file_path"))
+    if files and len(files) <= LITERAL_FILES:
+        def lookup(key: Callable[[StepFile], str]) -> Column:
+            return F.create_map(*[part for f in files for part in (F.lit(key(f)), F.struct(
+                F.lit(f.src_file).alias("src_file"), F.lit(f.src_version).cast("long").alias("src_version"),
+                F.lit(f.sender).cast("int").alias("sender")))])
+
+        # coalesce evaluates its second argument only for a row its first left null
+        found = temporary("file")
+        df = scan.withColumn(found, F.coalesce(lookup(lambda f: f.reported)[fp], lookup(lambda f: f.src_file)[path_below(root)]))
+        src_file, version, sender = (F.col(found)[c] for c in ("src_file", "src_version", "sender"))
+    else:
+        alt = temporary("by_path")
+        known = scan.sparkSession.createDataFrame(
+            [(f.reported, f.src_file, f.src_version, f.sender) for f in files],
+            f"{temporary('reported')} string, src_file string, src_version long, sender int")
+        by_path = known.select(*[F.col(c).alias(f"{alt}_{c}") for c in ("src_file", "src_version", "sender")])
+        df = (
+            scan.join(F.broadcast(known), fp == F.col(temporary("reported")), "left")
+            .join(F.broadcast(by_path), F.when(F.col("src_version").isNull(), path_below(root)) == F.col(f"{alt}_src_file"),
+                  "left")
+        )
+        src_file = F.coalesce(F.col("src_file"), F.col(f"{alt}_src_file"))
+        version = F.coalesce(F.col("src_version"), F.col(f"{alt}_src_version"))
+        sender = F.coalesce(F.col("sender"), F.col(f"{alt}_sender"))
     unmatched = F.raise_error(F.concat(F.lit(f"{root}: a row of "), fp, F.lit(" matches no file of the step's Delta log entries")))
     return df.select(
-        F.coalesce(F.col("src_file"), F.col(f"{alt}_src_file")).alias("src_file"),
+        src_file.alias("src_file"),
         *[F.col(f"`{c}`") for c in scan.columns if c not in (temporary("file_path"), "src_row")],
         "src_row",
         F.when(version.isNotNull(), version).otherwise(unmatched).cast("long").alias("src_version"),
-        F.coalesce(F.col("sender"), F.col(f"{alt}_sender")).alias("sender"),
+        sender.alias("sender"),
     )
 
 

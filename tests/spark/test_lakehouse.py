@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from checkpoint_lib.core.twophase import Transaction
@@ -59,7 +60,17 @@ def _read_all(spark, table: str, tmp_path) -> list:
     return reader.read(step, senders=2).select("event_id", "src_file", "src_row", "src_version").collect()
 
 
-def test_files_that_share_a_name_in_different_folders_are_each_read_once(spark, tmp_path):
+@pytest.fixture(params=["map literal", "broadcast join"])
+def file_lookup(request, monkeypatch):
+    """Both ways a step's rows find their file: a map literal in the scan's plan (a step of up to
+    ``LITERAL_FILES`` files) and broadcast joins (more)."""
+    from checkpoint_lib.spark import sources
+
+    monkeypatch.setattr(sources, "LITERAL_FILES", 64 if request.param == "map literal" else 0)
+    return request.param
+
+
+def test_files_that_share_a_name_in_different_folders_are_each_read_once(spark, tmp_path, file_lookup):
     """What a pipeline reading another pipeline's append sink sees: one flush writes a
     ``part-00000-<uuid>.c000.snappy.parquet`` into every ``txn_handle=...`` folder."""
     from deltalake import write_deltalake
@@ -79,7 +90,7 @@ def test_files_that_share_a_name_in_different_folders_are_each_read_once(spark, 
 
 @pytest.mark.parametrize("name", ["export 2.parquet", "100%.parquet", "a+b.parquet", "zürich é.parquet",
                                   "dir with space/x y.parquet"])
-def test_a_file_whose_name_needs_escaping_is_read(spark, tmp_path, name):
+def test_a_file_whose_name_needs_escaping_is_read(spark, tmp_path, name, file_lookup):
     from deltalake import write_deltalake
 
     table = str(tmp_path / "landing")
@@ -89,6 +100,41 @@ def test_a_file_whose_name_needs_escaping_is_read(spark, tmp_path, name):
     rows = _read_all(spark, table, tmp_path)
     assert sorted(r.event_id for r in rows) == sorted([f"plain-{i}" for i in range(5)] + [f"odd-{i}" for i in range(7)])
     assert {r.src_file for r in rows if r.event_id.startswith("odd")} == {name}
+
+
+def test_a_row_of_a_file_the_step_does_not_name_fails_the_read(spark, tmp_path, file_lookup):
+    """A row whose file is not one of the step's is never dropped nor given another file's offset."""
+    from checkpoint_lib.reserved import temporary
+    from checkpoint_lib.spark.paths import reported_path
+    from checkpoint_lib.spark.sources import StepFile, _with_files
+
+    table = tmp_path / "landing"
+    table.mkdir()
+    for name in ("known.parquet", "stray.parquet"):
+        pq.write_table(_rows(name, 3), table / name)
+    scan = spark.read.parquet(str(table)).select(
+        "event_id", F.col("_metadata.file_path").alias(temporary("file_path")), F.col("_metadata.row_index").alias("src_row"))
+    known = [StepFile(reported_path(f"{table}/known.parquet"), "known.parquet", 4, 1)]
+    rows = _with_files(scan.where(F.col("event_id").startswith("known")), known, str(table)).collect()
+    assert {(r.src_file, r.src_version, r.sender) for r in rows} == {("known.parquet", 4, 1)} and len(rows) == 3
+    with pytest.raises(Exception, match="stray.parquet matches no file of the step"):
+        _with_files(scan, known, str(table)).collect()
+
+
+def test_a_step_of_few_files_finds_them_without_a_broadcast_job(spark, tmp_path):
+    """Each broadcast join is a Spark job every time a plan reading the step runs."""
+    from deltalake import write_deltalake
+
+    from checkpoint_lib.spark import sources
+
+    table = str(tmp_path / "landing")
+    write_deltalake(table, _rows("a", 5))
+    site = SourceSite(spark, table, str(tmp_path / "root"), "neighbours", progress=lambda _: None)
+    reader = source_reader(DeltaSource(path="landing", schema={"event_id": "string", "amount": "long"}), site)
+    step = reader.next_step(-1, reader.latest(), 1_000_000)
+    plan = reader.read(step, senders=2)._jdf.queryExecution().executedPlan().toString()
+    assert "Broadcast" not in plan, plan
+    assert len(step) <= sources.LITERAL_FILES
 
 
 def test_the_driver_spells_each_files_path_as_spark_reports_it_so_rows_match_without_decoding(spark, tmp_path):

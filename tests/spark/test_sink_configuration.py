@@ -160,3 +160,22 @@ def test_rows_that_do_not_fit_the_table_are_refused_before_they_are_written(spar
     sink.stage(narrow, {0: txn}, flush=3)  # widened to the table's bigint
     sink.commit([Transaction(1, "a", 1, checkpoint_id=1)], 1, writer_epoch=1)
     assert spark.read.format("delta").load(str(path)).collect() == [("x", 3)]
+
+
+def test_each_subtasks_rows_go_into_its_own_transaction_and_a_row_of_a_subtask_without_one_fails_the_flush(spark, tmp_path):
+    """A flush writes every subtask's rows in one Spark job, each into its subtask's transaction;
+    a row whose subtask has no open transaction in the flush is never dropped silently."""
+    from checkpoint_lib.core.twophase import Transaction
+
+    sink = _sink(spark, tmp_path)
+    sink.create()
+    t0, t1 = Transaction(1, "a", 1), Transaction(2, "b", 1)
+    rows = spark.createDataFrame([(0, "x", 1), (1, "y", 2), (1, "z", 3)], "sink_subtask int, account string, amount_cents long")
+    sink.stage(rows, {0: t0, 1: t1}, flush=1)
+    for txn, want in ((t0, ["x"]), (t1, ["y", "z"])):
+        files = [f"{sink.target}/{f.path}" for f in sink.pending.files([txn])]
+        assert sorted(r.account for r in spark.read.parquet(*files).collect()) == want
+    with pytest.raises(Exception, match="a row of subtask 1, which has no open transaction in this flush"):
+        sink.stage(rows, {0: Transaction(3, "a", 1)}, flush=2)
+    sink.commit([Transaction(1, "a", 1, checkpoint_id=1), Transaction(2, "b", 1, checkpoint_id=1)], 1, writer_epoch=1)
+    assert sorted(r.account for r in spark.read.format("delta").load(sink.target).collect()) == ["x", "y", "z"]
