@@ -277,8 +277,8 @@ class DeltaTwoPhaseSink:
             return
         # Each row's transaction from a map literal in the plan (a broadcast join is a Spark job each
         # time); a row of a subtask without an open transaction here fails the write, never dropped.
-        txn = F.create_map(*[part for s, t in handles.items() for part in (
-            F.lit(s).cast("int"), F.struct(F.lit(t.handle).alias(HANDLE_COLUMN), F.lit(t.seq).cast("long").alias(TXN_SEQ)))])
+        txn = tables.literal_map({s: (t.handle, t.seq) for s, t in handles.items()}, "int", T.StructType(
+            [T.StructField(HANDLE_COLUMN, T.StringType()), T.StructField(TXN_SEQ, T.LongType())]))
         txn = F.when(txn[F.col(SINK_SUBTASK)].isNotNull(), txn[F.col(SINK_SUBTASK)]).otherwise(F.raise_error(F.concat(
             F.lit(f"sink {self.name}: a row of subtask "), F.col(SINK_SUBTASK).cast("string"),
             F.lit(f", which has no open transaction in this flush (subtasks {sorted(handles)})"))))

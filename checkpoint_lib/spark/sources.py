@@ -229,11 +229,8 @@ class StepFile:
     sender: int
 
 
-# Up to this many files a step, each row finds its file in a map literal inside the scan's own
-# plan: a broadcast join costs a Spark job each time a plan reading the step runs (every sink's
-# and the state's), about a fifth of a 100k-row step's jobs. A map literal is searched key by key,
-# so a step of more files is joined instead.
-LITERAL_FILES = 64
+_FILE = T.StructType([T.StructField("src_file", T.StringType()), T.StructField("src_version", T.LongType()),
+                      T.StructField("sender", T.IntegerType())])
 
 
 def _with_files(scan: DataFrame, files: list[StepFile], root: str) -> DataFrame:
@@ -243,11 +240,9 @@ def _with_files(scan: DataFrame, files: list[StepFile], root: str) -> DataFrame:
     (:func:`~checkpoint_lib.spark.paths.path_below`, computed for those rows only). A row that
     matches no file fails the read; it is never dropped."""
     fp = F.col(temporary("file_path"))
-    if files and len(files) <= LITERAL_FILES:
+    if files and len(files) <= tables.LITERAL_ENTRIES:  # no broadcast: a Spark job each time a plan reading the step runs
         def lookup(key: Callable[[StepFile], str]) -> Column:
-            return F.create_map(*[part for f in files for part in (F.lit(key(f)), F.struct(
-                F.lit(f.src_file).alias("src_file"), F.lit(f.src_version).cast("long").alias("src_version"),
-                F.lit(f.sender).cast("int").alias("sender")))])
+            return tables.literal_map({key(f): (f.src_file, f.src_version, f.sender) for f in files}, "string", _FILE)
 
         # coalesce evaluates its second argument only for a row its first left null
         found = temporary("file")
@@ -308,9 +303,17 @@ class LandingFolderReader:
         return []  # a registered file that vanished is refused by the read itself, naming it
 
     def read(self, step: list[AddedFile], senders: int) -> DataFrame:
-        names = [(f.path, f.version, i % senders) for i, f in enumerate(step)]
-        files = self.site.spark.createDataFrame(names, "src_file string, src_version long, sender int")
-        return self.folder.read(step).join(F.broadcast(files), ["src_file", "src_version"])
+        rows = self.folder.read(step)
+        if len(step) > tables.LITERAL_ENTRIES:
+            names = [(f.path, f.version, i % senders) for i, f in enumerate(step)]
+            files = self.site.spark.createDataFrame(names, "src_file string, src_version long, sender int")
+            return rows.join(F.broadcast(files), ["src_file", "src_version"])
+        found = tables.literal_map({f.path: (f.version, i % senders) for i, f in enumerate(step)}, "string",
+                                   T.StructType(_FILE.fields[1:]))[F.col("src_file")]
+        sender = F.when(found["src_version"] == F.col("src_version"), found["sender"]).otherwise(F.raise_error(
+            F.concat(F.lit("landing source: a row of "), F.col("src_file"), F.lit(" is not of the step's files"))))
+        others = [F.col(f"`{c}`") for c in rows.columns if c not in ("src_file", "src_version")]
+        return rows.select("src_file", "src_version", *others, sender.alias("sender"))
 
 
 register_source(DeltaSource, DeltaTableReader)

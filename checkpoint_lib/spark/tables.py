@@ -9,7 +9,7 @@ import threading
 import time
 import contextlib
 from contextlib import contextmanager
-from typing import Callable, Iterable, Iterator, Mapping, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
@@ -33,6 +33,21 @@ def struct_type(columns: Mapping[str, str] | Iterable[tuple[str, str]]) -> T.Str
     (Spark SQL type strings: ``"string"``, ``"long"``, ``"decimal(18,2)"``); every field nullable."""
     pairs = columns.items() if isinstance(columns, Mapping) else columns
     return T.StructType([T.StructField(n, T._parse_datatype_string(t), True) for n, t in pairs])
+
+
+LITERAL_ENTRIES = 64
+"""Up to this many entries a small table a plan looks rows up in is a :func:`literal_map`; a larger
+one is joined by broadcast (a Spark job each time the plan runs, but no search key by key)."""
+
+
+def literal_map(entries: Mapping[Any, Sequence[Any]], key_type: str, values: T.StructType) -> Column:
+    """A map literal from each key of ``entries`` (cast to ``key_type``) to a struct of its values
+    (named and typed by ``values``): a small table looked up inside a plan
+    (``literal_map(...)[column]``, null for a key it lacks), where a broadcast join would cost a
+    Spark job each time the plan runs. Searched key by key: for tens of entries, not thousands."""
+    return F.create_map(*[part for key, row in entries.items() for part in (
+        F.lit(key).cast(key_type),
+        F.struct(*[F.lit(v).cast(f.dataType).alias(f.name) for f, v in zip(values.fields, row, strict=True)]))])
 
 
 def fenced_version(epoch: int, sequence: int) -> int:

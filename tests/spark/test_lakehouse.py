@@ -63,10 +63,10 @@ def _read_all(spark, table: str, tmp_path) -> list:
 @pytest.fixture(params=["map literal", "broadcast join"])
 def file_lookup(request, monkeypatch):
     """Both ways a step's rows find their file: a map literal in the scan's plan (a step of up to
-    ``LITERAL_FILES`` files) and broadcast joins (more)."""
-    from checkpoint_lib.spark import sources
+    ``tables.LITERAL_ENTRIES`` files) and broadcast joins (more)."""
+    from checkpoint_lib.spark import tables
 
-    monkeypatch.setattr(sources, "LITERAL_FILES", 64 if request.param == "map literal" else 0)
+    monkeypatch.setattr(tables, "LITERAL_ENTRIES", 64 if request.param == "map literal" else 0)
     return request.param
 
 
@@ -125,7 +125,7 @@ def test_a_step_of_few_files_finds_them_without_a_broadcast_job(spark, tmp_path)
     """Each broadcast join is a Spark job every time a plan reading the step runs."""
     from deltalake import write_deltalake
 
-    from checkpoint_lib.spark import sources
+    from checkpoint_lib.spark import tables
 
     table = str(tmp_path / "landing")
     write_deltalake(table, _rows("a", 5))
@@ -134,7 +134,7 @@ def test_a_step_of_few_files_finds_them_without_a_broadcast_job(spark, tmp_path)
     step = reader.next_step(-1, reader.latest(), 1_000_000)
     plan = reader.read(step, senders=2)._jdf.queryExecution().executedPlan().toString()
     assert "Broadcast" not in plan, plan
-    assert len(step) <= sources.LITERAL_FILES
+    assert len(step) <= tables.LITERAL_ENTRIES
 
 
 def test_the_driver_spells_each_files_path_as_spark_reports_it_so_rows_match_without_decoding(spark, tmp_path):

@@ -223,7 +223,17 @@ def test_unparsable_preview_is_capped(spark, tmp_path):
     assert row["_ckpt_error"] == "unparsable row: " + "x" * 200
 
 
-def test_reads_are_stable_whatever_the_step_and_the_partitioning(spark, tmp_path):
+@pytest.fixture(params=["map literal", "broadcast join"])
+def file_lookup(request, monkeypatch):
+    """Both ways a row finds its file's version: a map literal in the plan (up to
+    ``tables.LITERAL_ENTRIES`` files a step) and a broadcast join (more)."""
+    from checkpoint_lib.spark import tables
+
+    monkeypatch.setattr(tables, "LITERAL_ENTRIES", 64 if request.param == "map literal" else 0)
+    return request.param
+
+
+def test_reads_are_stable_whatever_the_step_and_the_partitioning(spark, tmp_path, file_lookup):
     landing = tmp_path / "landing"
     src = source(spark, tmp_path)
     for i in range(3):
@@ -258,7 +268,7 @@ def with_conf(spark, conf: dict[str, str | None]) -> None:
             spark.conf.set(key, value)
 
 
-def test_odd_file_names_keep_their_names(spark, tmp_path):
+def test_odd_file_names_keep_their_names(spark, tmp_path, file_lookup):
     landing = tmp_path / "landing"
     src = source(spark, tmp_path, schema={"id": "long"})
     names = ["a b.json", "x+y.json", "c[1]%41.json", "q{1,2}*?.json", "é.json"]
