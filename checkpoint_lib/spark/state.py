@@ -159,7 +159,13 @@ class KeyedStateTable:
     # reading -------------------------------------------------------------------------------------
 
     def stored(self, version: int | None = None) -> DataFrame:
-        """The table's rows as stored (every run's, tombstones included)."""
+        """The table's rows as stored (every run's, tombstones included). Its files are read as
+        the log lists them (:func:`~checkpoint_lib.spark.tables.files_read`): Delta's read rebuilt
+        the table's snapshot in Spark jobs at every flush's new version, five jobs of every step; a
+        table with deletion vectors (a DELETE by someone else) is read by Delta."""
+        direct = tables.files_read(self.spark, self.path, version)
+        if direct is not None:
+            return direct
         reader = self.spark.read.format("delta")
         if version is not None:
             reader = reader.option("versionAsOf", version)

@@ -11,7 +11,7 @@ import contextlib
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
-from pyspark.sql import Column, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -346,6 +346,34 @@ def may_hold(path: str, bounds: Bounds) -> bool:
                 if value is not None and outside(value, bound):
                     possible[i] = False
     return any(possible)
+
+
+def files_read(spark: SparkSession, path: str, version: int | None = None) -> DataFrame | None:
+    """The rows of the Delta table at ``path`` at ``version`` (None: the latest), its Parquet files
+    read directly as the log lists them (delta-rs, on the driver): what Delta's own read returns,
+    without the Spark jobs in which it rebuilds the table's snapshot at every new version. None
+    when the files do not hold the rows as they are (deletion vectors, partition columns, column
+    mapping) or delta-rs cannot read the log: the caller reads through Delta then."""
+    try:
+        import json
+
+        from deltalake import DeltaTable
+
+        table = DeltaTable(path) if version is None else DeltaTable(path, version=version)
+        metadata = table.metadata()
+        if metadata.partition_columns or (metadata.configuration or {}).get("delta.columnMapping.mode", "none") != "none":
+            return None
+        if any(batch.num_rows for batch in table.deletion_vectors()):
+            return None
+        schema = T.StructType.fromJson(json.loads(table.schema().to_json()))
+        files = table.file_uris()
+    except Exception:  # noqa: BLE001 - any reason delta-rs cannot list them: Delta reads the table
+        return None
+    if not files:
+        return spark.createDataFrame([], schema)
+    from .paths import spark_path
+
+    return spark.read.schema(schema).parquet(*map(spark_path, files))
 
 
 def version(spark: SparkSession, path: str) -> int:

@@ -59,6 +59,35 @@ def test_a_flush_writes_what_changed_not_the_whole_state(spark, tmp_path):
                                                                                    "acct-00001": 10}
 
 
+def _index(df) -> str:
+    """Where the scan of ``df`` lists its files: Delta's log (a snapshot rebuilt in Spark) or a list given."""
+    plan = df._jdf.queryExecution().executedPlan().toString()
+    return "delta" if "DeltaFileIndex" in plan or "TahoeLogFileIndex" in plan else "files" if "InMemoryFileIndex" in plan else plan
+
+
+def test_a_flush_reads_the_state_files_the_log_lists_and_through_delta_once_a_delete_left_deletion_vectors(
+        spark, tmp_path):
+    """Delta's own read rebuilds the table's snapshot in Spark jobs at every new version (five of
+    every step); the files the log lists hold the same rows, at any version. A DELETE by someone
+    else leaves deletion vectors on a state table: its files then hold rows that are gone, and it is
+    read through Delta."""
+    path = str(tmp_path / "state")
+    table = _table(spark, path)
+    first = table.add(_deltas(spark, (0, 400)))
+    second = table.add(_deltas(spark, (0, 400, 40)))
+    delta = lambda v=None: sorted(map(tuple, (spark.read.format("delta").option("versionAsOf", v) if v is not None  # noqa: E731
+                                              else spark.read.format("delta")).load(path).collect()))
+    for version in (None, first, second):
+        stored = table.stored(version)
+        assert _index(stored) == "files"
+        assert sorted(map(tuple, stored.collect())) == delta(version)
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE account = 'acct-00040'")  # deletion vectors (the table's default)
+    stored = table.stored()
+    assert _index(stored) == "delta" and _index(table.stored(second)) == "files"
+    assert sorted(map(tuple, stored.collect())) == delta() and len(delta()) == 400 + 10 - 2
+    assert sorted(map(tuple, table.stored(second).collect())) == delta(second)  # before the DELETE: its files
+
+
 def test_compaction_folds_the_runs_and_changes_no_state_of_any_version(spark, tmp_path):
     from checkpoint_lib.reserved import STATE_RUN
 
