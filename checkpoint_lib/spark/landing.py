@@ -374,15 +374,10 @@ class LandingFolderSource:
             return self.spark.createDataFrame([], self.output_schema())
         paths = [spark_path(f"{self.folder}/{f.path}") for f in files]
         df = self._read_parquet(paths) if self.format == "parquet" else self._read_text(paths)
-        # A lookup (a left join beyond tables.LITERAL_ENTRIES files) and a loud failure: a row whose
-        # file name did not match is never dropped.
-        if len(versions) <= tables.LITERAL_ENTRIES:
-            version = tables.literal_map({p: (v,) for p, v in versions.items()}, "string",
-                                         T.StructType([T.StructField("src_version", T.LongType())]))[F.col("src_file")]["src_version"]
-        else:
-            mapping = self.spark.createDataFrame(list(versions.items()), "src_file string, src_version long")
-            df = df.join(F.broadcast(mapping), "src_file", "left")
-            version = F.col("src_version")
+        # A lookup and a loud failure: a row whose file name did not match is never dropped.
+        df, found = tables.looked_up(df, F.col("src_file"), {p: (v,) for p, v in versions.items()}, "string",
+                                     T.StructType([T.StructField("src_version", T.LongType())]))
+        version = found["src_version"]
         unmatched = F.concat(F.lit("landing source: no version for file "), F.col("src_file"))
         version = F.when(version.isNull(), F.raise_error(unmatched)).otherwise(version)
         return df.select(

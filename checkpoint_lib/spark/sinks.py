@@ -275,17 +275,18 @@ class DeltaTwoPhaseSink:
         transaction ``handles[subtask]``: one Spark job writes every transaction's files, once."""
         if not handles:
             return
-        # Each row's transaction from a map literal in the plan (a broadcast join is a Spark job each
-        # time); a row of a subtask without an open transaction here fails the write, never dropped.
-        txn = tables.literal_map({s: (t.handle, t.seq) for s, t in handles.items()}, "int", T.StructType(
-            [T.StructField(HANDLE_COLUMN, T.StringType()), T.StructField(TXN_SEQ, T.LongType())]))
-        txn = F.when(txn[F.col(SINK_SUBTASK)].isNotNull(), txn[F.col(SINK_SUBTASK)]).otherwise(F.raise_error(F.concat(
-            F.lit(f"sink {self.name}: a row of subtask "), F.col(SINK_SUBTASK).cast("string"),
-            F.lit(f", which has no open transaction in this flush (subtasks {sorted(handles)})"))))
         # the sink's columns only: whatever else the operator's rows carry never meets ours
         ours = [c for c in self.schema.fieldNames() if c in rows.columns]
+        # Each row's transaction (a lookup, tables.looked_up); a row of a subtask without an open
+        # transaction here fails the write, never dropped.
+        df, txn = tables.looked_up(rows.select(SINK_SUBTASK, *ours), F.col(SINK_SUBTASK),
+                                   {s: (t.handle, t.seq) for s, t in handles.items()}, "int", T.StructType(
+                                       [T.StructField(HANDLE_COLUMN, T.StringType()), T.StructField(TXN_SEQ, T.LongType())]))
+        txn = F.when(txn.isNotNull(), txn).otherwise(F.raise_error(F.concat(
+            F.lit(f"sink {self.name}: a row of subtask "), F.col(SINK_SUBTASK).cast("string"),
+            F.lit(f", which has no open transaction in this flush (subtasks {sorted(handles)})"))))
         found = temporary("txn")
-        staged = rows.select(SINK_SUBTASK, *ours).withColumn(found, txn).select(
+        staged = df.withColumn(found, txn).select(
             SINK_SUBTASK, *ours, F.col(found)[HANDLE_COLUMN].alias(HANDLE_COLUMN), F.col(found)[TXN_SEQ].alias(TXN_SEQ))
         columns = self._target_columns(staged)
         if self.mode == "upsert":

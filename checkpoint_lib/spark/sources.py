@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol
 from urllib.parse import unquote
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -240,28 +240,13 @@ def _with_files(scan: DataFrame, files: list[StepFile], root: str) -> DataFrame:
     (:func:`~checkpoint_lib.spark.paths.path_below`, computed for those rows only). A row that
     matches no file fails the read; it is never dropped."""
     fp = F.col(temporary("file_path"))
-    if files and len(files) <= tables.LITERAL_ENTRIES:  # no broadcast: a Spark job each time a plan reading the step runs
-        def lookup(key: Callable[[StepFile], str]) -> Column:
-            return tables.literal_map({key(f): (f.src_file, f.src_version, f.sender) for f in files}, "string", _FILE)
-
-        # coalesce evaluates its second argument only for a row its first left null
-        found = temporary("file")
-        df = scan.withColumn(found, F.coalesce(lookup(lambda f: f.reported)[fp], lookup(lambda f: f.src_file)[path_below(root)]))
-        src_file, version, sender = (F.col(found)[c] for c in ("src_file", "src_version", "sender"))
-    else:
-        alt = temporary("by_path")
-        known = scan.sparkSession.createDataFrame(
-            [(f.reported, f.src_file, f.src_version, f.sender) for f in files],
-            f"{temporary('reported')} string, src_file string, src_version long, sender int")
-        by_path = known.select(*[F.col(c).alias(f"{alt}_{c}") for c in ("src_file", "src_version", "sender")])
-        df = (
-            scan.join(F.broadcast(known), fp == F.col(temporary("reported")), "left")
-            .join(F.broadcast(by_path), F.when(F.col("src_version").isNull(), path_below(root)) == F.col(f"{alt}_src_file"),
-                  "left")
-        )
-        src_file = F.coalesce(F.col("src_file"), F.col(f"{alt}_src_file"))
-        version = F.coalesce(F.col("src_version"), F.col(f"{alt}_src_version"))
-        sender = F.coalesce(F.col("sender"), F.col(f"{alt}_sender"))
+    df, by_reported = tables.looked_up(scan, fp, {f.reported: (f.src_file, f.src_version, f.sender) for f in files},
+                                       "string", _FILE)
+    df, by_path = tables.looked_up(df, F.when(by_reported.isNull(), path_below(root)),
+                                   {f.src_file: (f.src_file, f.src_version, f.sender) for f in files}, "string", _FILE)
+    found = temporary("file")
+    df = df.withColumn(found, F.coalesce(by_reported, by_path))
+    src_file, version, sender = (F.col(found)[c] for c in ("src_file", "src_version", "sender"))
     unmatched = F.raise_error(F.concat(F.lit(f"{root}: a row of "), fp, F.lit(" matches no file of the step's Delta log entries")))
     return df.select(
         src_file.alias("src_file"),
@@ -304,16 +289,12 @@ class LandingFolderReader:
 
     def read(self, step: list[AddedFile], senders: int) -> DataFrame:
         rows = self.folder.read(step)
-        if len(step) > tables.LITERAL_ENTRIES:
-            names = [(f.path, f.version, i % senders) for i, f in enumerate(step)]
-            files = self.site.spark.createDataFrame(names, "src_file string, src_version long, sender int")
-            return rows.join(F.broadcast(files), ["src_file", "src_version"])
-        found = tables.literal_map({f.path: (f.version, i % senders) for i, f in enumerate(step)}, "string",
-                                   T.StructType(_FILE.fields[1:]))[F.col("src_file")]
+        others = [F.col(f"`{c}`") for c in rows.columns if c not in ("src_file", "src_version")]
+        df, found = tables.looked_up(rows, F.col("src_file"), {f.path: (f.version, i % senders) for i, f in enumerate(step)},
+                                     "string", T.StructType(_FILE.fields[1:]))
         sender = F.when(found["src_version"] == F.col("src_version"), found["sender"]).otherwise(F.raise_error(
             F.concat(F.lit("landing source: a row of "), F.col("src_file"), F.lit(" is not of the step's files"))))
-        others = [F.col(f"`{c}`") for c in rows.columns if c not in ("src_file", "src_version")]
-        return rows.select("src_file", "src_version", *others, sender.alias("sender"))
+        return df.select("src_file", "src_version", *others, sender.alias("sender"))
 
 
 register_source(DeltaSource, DeltaTableReader)

@@ -50,6 +50,25 @@ def literal_map(entries: Mapping[Any, Sequence[Any]], key_type: str, values: T.S
         F.struct(*[F.lit(v).cast(f.dataType).alias(f.name) for f, v in zip(values.fields, row, strict=True)]))])
 
 
+def looked_up(df: DataFrame, key: Column, entries: Mapping[Any, Sequence[Any]], key_type: str,
+              values: T.StructType) -> tuple[DataFrame, Column]:
+    """``df`` and a column holding, for each row, the struct of values ``entries`` has for its
+    ``key`` (null for a key it lacks): a :func:`literal_map` for up to :data:`LITERAL_ENTRIES`
+    entries, a broadcast left join beyond (its key and value columns under temporary names). A
+    condition inside ``key`` (``F.when``) keeps what it guards from being computed for other rows."""
+    if 0 < len(entries) <= LITERAL_ENTRIES:
+        return df, literal_map(entries, key_type, values)[key]
+    from uuid import uuid4
+
+    from ..reserved import temporary
+
+    k, v = temporary(f"key_{uuid4().hex[:8]}"), temporary(f"found_{uuid4().hex[:8]}")
+    table = df.sparkSession.createDataFrame(
+        [(key_value, tuple(row)) for key_value, row in entries.items()],
+        T.StructType([T.StructField(k, T._parse_datatype_string(key_type)), T.StructField(v, values)]))
+    return df.join(F.broadcast(table), key == F.col(k), "left").drop(k), F.col(v)
+
+
 def fenced_version(epoch: int, sequence: int) -> int:
     """The Delta idempotent-write version of a write by ``epoch``: Delta skips a write whose
     version is not above the table's version for the same application id, so once an epoch's
