@@ -57,8 +57,10 @@ def test_landing_folder_pipeline_is_exactly_once_and_dead_letters_bad_lines(spar
     # a new file, in separate stage runs: only it is read, nothing twice
     third = events("f3", 25)
     write_file(folder, "part-004.json", [json.dumps(e) for e in third])
+    # a layout switch (chained -> separate stages) restores the latest checkpoint, then reads on
+    # (sessions.resume_of: the chained epoch has no resume point for the source stage alone)
     src = run(stage="source")
-    assert src.restored is None
+    assert src.restored is not None and src.epoch > 1
     run(stage="keyed")
     balances = read_delta(f"{tmp_path}/gold/files_balances")
     got = {r.account: (r.balance_cents, r.event_count) for r in balances.itertuples()}
