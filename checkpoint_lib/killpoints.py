@@ -16,7 +16,7 @@ from collections import defaultdict
 from typing import Mapping
 
 KILL_PHASES = (
-    "source_read", "dlq", "channel_write", "source_ack", "flush_stage", "flush_merge", "state_compact",
+    "source_read", "dlq", "channel_write", "source_ack", "flush_stage", "flush_merge", "state_run", "state_compact",
     "snapshot", "ack", "channel_state", "complete", "commit", "sink_commit", "recover", "rollback",
     "restore", "feedback_write", "validate", "fence",
     # inside a transactional database sink's commit: after one prepared transaction is committed

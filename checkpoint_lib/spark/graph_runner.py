@@ -36,7 +36,8 @@ their offsets: a full restart, whichever process group recovers (every vertex's 
 every gate's channel state; every channel log starts empty in the new epoch).
 
 Kill points (:mod:`checkpoint_lib.killpoints`): ``source_read``, ``dlq``, ``flush_stage``,
-``flush_merge``, ``state_compact`` (a flush's run committed, the compaction after it not yet),
+``flush_merge``, ``state_run`` (a flush's run written, its commit not yet), ``state_compact`` (a
+flush's run committed, the compaction after it not yet),
 ``channel_write`` (``feedback_write`` onto a feedback edge), ``snapshot``,
 ``source_ack`` (a group with sources, just before ``ack``), ``ack``, ``channel_state``,
 ``validate``, ``complete``, ``commit``, ``sink_commit``, and the recovery's ``fence``,

@@ -64,9 +64,6 @@ from .sink_kinds import (  # noqa: F401 - re-exported: a sink kind's names, wher
 
 _ORDER_COLUMNS = [T.StructField(TXN_SEQ, T.LongType(), False), T.StructField(FLUSH, T.LongType(), False)]
 """Written with an upsert sink's rows: the latest row of a key wins at the commit."""
-_DELTA_RS_WRITER_FEATURES = {"appendOnly", "invariants", "timestampNtz", "deletionVectors"}
-"""Writer features an append sink's delta-rs commit of new files honours: deletion vectors too (it
-adds whole files, none with a deletion vector, and removes nothing)."""
 _COMMIT_ATTEMPTS = 20
 
 
@@ -247,17 +244,12 @@ class DeltaTwoPhaseSink:
 
     @staticmethod
     def _file_commit_problems(dt) -> list[str]:
-        """Why a commit of add actions by delta-rs cannot write table ``dt`` (empty: it can): a
-        partitioned table (not supported yet), or a writer feature such a commit cannot honour
-        (deletion vectors, column mapping, CHECK constraints, generated columns, ...)."""
-        problems = []
-        if dt.metadata().partition_columns:
-            problems.append(f"it is partitioned by {dt.metadata().partition_columns} (not supported yet for "
-                            "append sinks)")
-        protocol_problem = tables.writer_protocol_problem(dt.protocol(), _DELTA_RS_WRITER_FEATURES)
-        if protocol_problem:
-            problems.append(protocol_problem)
-        return problems
+        """Why a commit of add actions by delta-rs cannot write table ``dt`` (empty: it can):
+        :func:`~checkpoint_lib.spark.tables.files_commit_problem` (a partitioned table, column
+        mapping, a writer feature such a commit cannot honour: CHECK constraints, generated
+        columns, ...)."""
+        problem = tables.files_commit_problem(dt)
+        return [] if problem is None else [problem]
 
     def _check_files_can_be_added(self, dt) -> None:
         """An append sink's commit adds the files it wrote with delta-rs (:meth:`_file_commit_problems`)."""

@@ -254,11 +254,12 @@ class KeyedStateTable:
         compaction (:meth:`compact`, after ``before_retry``'s epoch check): the same state in fewer
         rows and files, so a snapshot of this flush may pin either version. Returns the table
         version after both. The one flush path of every keyed operator. ``reached``: the
-        process's kill points (``state_compact``: the run committed, the compaction not yet).
+        process's kill points (``state_run``: the run's files written, not committed;
+        ``state_compact``: the run committed, the compaction not yet).
         ``read_at``: the table version the flush read its state at (the operator's last write); a
         change of the table's rows by anyone else since is refused (:class:`StateTableChangedError`)."""
         version = self._flush(deltas, additive=not replace, before_retry=before_retry, epoch=epoch, current=current,
-                              newest=newest, read_at=read_at)
+                              newest=newest, read_at=read_at, reached=reached)
         if compact or self.due():
             before_retry()
             if reached is not None:
@@ -267,7 +268,8 @@ class KeyedStateTable:
         return version
 
     def _flush(self, rows: DataFrame, *, additive: bool, before_retry, epoch: int | None, current: DataFrame | None,
-               newest: datetime | None, read_at: int | None = None) -> int:
+               newest: datetime | None, read_at: int | None = None,
+               reached: Callable[[str], None] | None = None) -> int:
         """One run: each key's new row (its current values plus the deltas when ``additive``,
         else the row; a tombstone for ``_delete``; with a TTL, reset when expired and stamped
         with its write time) appended."""
@@ -276,7 +278,7 @@ class KeyedStateTable:
         if not additive and self.ttl is None:  # the rows are the new state: nothing to read
             out = rows.alias("d").select(F.col(f"d.{KEY_GROUP}"), F.col(f"d.{self.key}"),
                                          *[F.col(f"d.{n}") for n in names], gone.alias(STATE_GONE))
-            return self._append(out, before_retry, epoch, None, read_at)
+            return self._append(out, before_retry, epoch, None, read_at, reached)
         if current is None:
             current = self.read_keys(rows)
         present = temporary("present")
@@ -292,7 +294,7 @@ class KeyedStateTable:
             values.append(F.when(keep, F.greatest(F.col(f"s.{TTL_COLUMN}"), F.col(f"d.{TTL_COLUMN}")))
                           .otherwise(F.col(f"d.{TTL_COLUMN}")).alias(TTL_COLUMN))
         out = joined.select(F.col(f"d.{KEY_GROUP}").alias(KEY_GROUP), F.col(self.key), *values, gone.alias(STATE_GONE))
-        return self._append(out, before_retry, epoch, newest, read_at)
+        return self._append(out, before_retry, epoch, newest, read_at, reached)
 
     def _unchanged_since(self, read_at: int | None, ours: str | None, landed: bool) -> None:
         """Refuse (:class:`StateTableChangedError`) a run on a table whose rows someone else changed
@@ -313,17 +315,118 @@ class KeyedStateTable:
                 "what came after it")
 
     def _append(self, rows: DataFrame, before_retry, epoch: int | None, newest: datetime | None,
-                read_at: int | None = None) -> int:
+                read_at: int | None = None, reached: Callable[[str], None] | None = None) -> int:
         """``rows`` (key group, key, values, :data:`STATE_GONE`) appended as one run, each with the
-        run's number (the table version it is meant to land at: above every run before it), in
-        one commit fenced by ``epoch`` and carrying the TTL marks. Returns the table version. The
-        table's rows must not have been changed by anyone else since ``read_at``, the version the
-        flush read (checked before the commit, and after it where the commit carries the fence's
-        stamp, for a change that raced it)."""
-        self._unchanged_since(read_at, None, landed=False)
-        marks: list[TtlMarks] = []
+        run's number (the table version it lands at: above every run before it), in one commit
+        fenced by ``epoch`` and carrying the TTL marks. Returns the table version. The table's rows
+        must not have been changed by anyone else since ``read_at``, the version the flush read.
+
+        One Spark job writes the run's files into the table's folder, where nothing refers to them
+        yet, and one delta-rs commit adds them exactly on the snapshot that decided the run's
+        number, the fence and the foreign-change check (a compare-and-swap: a writer racing it makes
+        it decide again, its files deleted), so every check holds where the run lands. Delta's own
+        append rebuilt the table's snapshot in three Spark jobs at every flush. A table delta-rs may
+        not add files to (:func:`~checkpoint_lib.spark.tables.files_commit_problem`: column mapping,
+        say) is appended to by Delta."""
         if self._base is None:  # the first run since the table was opened, folded or rewritten
             self._base = self._rows()
+        from deltalake import DeltaTable
+        from deltalake.exceptions import CommitFailedError
+
+        from ..core.cas import commit_on_snapshot
+
+        first = DeltaTable(self.path)
+        if tables.files_commit_problem(first) is not None:
+            return self._append_by_delta(rows, before_retry, epoch, newest, read_at)
+        snapshots = iter([first])
+        landed: list[tuple[int, TtlMarks | None, int]] = []
+
+        def read() -> DeltaTable:
+            dt = next(snapshots, None)
+            if dt is not None:
+                return dt
+            if before_retry is not None:
+                before_retry()  # a lost race: a zombie must not win by retrying
+            return DeltaTable(self.path)
+
+        def attempt(dt: DeltaTable) -> None:
+            self._unchanged_since(read_at, None, landed=False)
+            run = dt.version() + 1
+            marks = TtlMarks(newest, run) if self.ttl is not None else None
+            landed[:] = [(run, marks, self._commit_run(dt, rows, run, epoch, marks, reached))]
+
+        commit_on_snapshot(read, attempt, lost=CommitFailedError, attempts=tables.CONFLICT_ATTEMPTS,
+                           exhausted=lambda n: tables.ConcurrentWriterError(
+                               f"state {self.path}: {n} attempts to commit a flush's run lost to concurrent writers"))
+        ((version, marks, added),) = landed
+        if marks is not None:
+            self._marks[version] = marks
+        self._counted(added)
+        return version
+
+    def _commit_run(self, dt, rows: DataFrame, run: int, epoch: int | None, marks: TtlMarks | None,
+                    reached: Callable[[str], None] | None = None) -> int:
+        """Write ``rows`` as run ``run`` (one Spark job, into :data:`~checkpoint_lib.layout.PENDING_FOLDER`
+        of the table) and add its files in one delta-rs commit on exactly the snapshot ``dt``: stamped
+        for ``epoch`` (refused first when a newer epoch's stamp is there), with the TTL ``marks``.
+        Returns the rows added. A lost race (CommitFailedError) deletes the files before it propagates.
+        ``reached``: the kill points (``state_run``: the run's files written, their commit not yet)."""
+        import uuid
+
+        from deltalake.exceptions import CommitFailedError
+        from deltalake.transaction import CommitProperties
+        from deltalake.transaction import Transaction as AppTransaction
+
+        from ..delta.pending import add_actions, describe_written
+        from ..files import files_at
+        from ..layout import PENDING_FOLDER, location
+
+        stamp = None
+        if epoch is not None and self.app_id is not None:
+            tables.refuse_if_fenced(self.path, dt.transaction_version(self.app_id), epoch)
+            stamp = AppTransaction(self.app_id, tables.fenced_version(epoch, run))
+        key = F.col(self.key)
+        out = (rows.withColumn(STATE_RUN, F.lit(run).cast("long"))
+               .withColumn(self.key, F.when(key.isNull(), F.raise_error(F.lit(
+                   f"state {self.path}: a state row with a null key {self.key!r}"))).otherwise(key))
+               .select(*self.schema.fieldNames()))
+        folder = f"{self.path}/{PENDING_FOLDER}/run-{run}-{uuid.uuid4().hex}"
+        out.write.parquet(folder)
+        written = describe_written(folder, self.path)
+        files = [f for f in written if f.rows]
+        root = location(self.path)
+        if not files:  # an empty run is its commit alone
+            files_at(folder).delete_tree(folder)
+        else:
+            for empty in (f for f in written if not f.rows):
+                files_at(root).delete(root / empty.path)
+        metadata = {"userMetadata": marks.to_json()} if marks is not None else None
+        if reached is not None:
+            reached("state_run")
+        try:
+            dt.create_write_transaction(
+                add_actions(files), mode="append", schema=dt.schema(),
+                commit_properties=CommitProperties(app_transactions=None if stamp is None else [stamp],
+                                                   custom_metadata=metadata, max_commit_retries=0))
+        except CommitFailedError:
+            files_at(folder).delete_tree(folder)  # nothing refers to them: decide again on the new snapshot
+            raise
+        return sum(f.rows for f in files)
+
+    def _counted(self, added: int) -> None:
+        """Count a run's ``added`` rows towards the next fold (:meth:`due`)."""
+        if self._base == 0 and self._appended == 0:
+            self._base = added  # a run into an empty table replaces nothing: as good as folded
+        else:
+            self._appended += added
+
+    def _append_by_delta(self, rows: DataFrame, before_retry, epoch: int | None, newest: datetime | None,
+                         read_at: int | None) -> int:
+        """:meth:`_append` through Delta's own append (a table delta-rs may not add files to):
+        fenced by Delta's idempotent-write stamp, the foreign-change check made before the commit
+        and, where the commit carries the fence's stamp, again after it (a change that raced it)."""
+        self._unchanged_since(read_at, None, landed=False)
+        marks: list[TtlMarks] = []
 
         def append() -> None:
             run = self.version() + 1
@@ -342,11 +445,7 @@ class KeyedStateTable:
         version = self.version()
         if marks:
             self._marks[version] = marks[0]
-        added = _rows_added(self.path, version)
-        if self._base == 0 and self._appended == 0:
-            self._base = added  # a run into an empty table replaces nothing: as good as folded
-        else:
-            self._appended += added
+        self._counted(_rows_added(self.path, version))
         return version
 
     def _save(self, writer, epoch: int | None, sequence: int) -> None:

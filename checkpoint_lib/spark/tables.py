@@ -97,6 +97,17 @@ def stamp_of(path: str, app_id: str) -> int | None:
     return None if version is None else int(version)
 
 
+def refuse_if_fenced(path: str, have: int | None, epoch: int) -> None:
+    """Before a commit by ``epoch`` on a snapshot whose stamp is ``have``: raise
+    :class:`~checkpoint_lib.core.errors.FencedError` when a newer epoch stamped it (a zombie's commit)."""
+    from ..core.errors import FencedError
+
+    have_epoch = split_version(have)[0]
+    if have_epoch > epoch:
+        raise FencedError(f"{path}: epoch {epoch} is fenced: epoch {have_epoch} has taken over "
+                          "(a zombie of an older attempt: its commit was refused)")
+
+
 def stamped_commit(path: str, app_id: str, actions: list, decide: Callable[[int], int | None], *,
                    epoch: int | None = None, attempts: int = 20, what: str = "") -> int | None:
     """Commit ``actions`` (delta-rs add actions; none: a stamp alone) to table ``path`` with a stamp
@@ -111,14 +122,11 @@ def stamped_commit(path: str, app_id: str, actions: list, decide: Callable[[int]
     from deltalake.transaction import Transaction as AppTransaction
 
     from ..core.cas import commit_on_snapshot
-    from ..core.errors import FencedError
 
     def attempt(dt: DeltaTable) -> int | None:
         have = dt.transaction_version(app_id)
-        have_epoch = split_version(have)[0]
-        if epoch is not None and have_epoch > epoch:
-            raise FencedError(f"{path}: epoch {epoch} is fenced: epoch {have_epoch} has taken over "
-                              "(a zombie of an older attempt: its commit was refused)")
+        if epoch is not None:
+            refuse_if_fenced(path, have, epoch)
         version = decide(-1 if have is None else int(have))
         if version is None:
             return None
@@ -204,6 +212,22 @@ def raise_fence(spark: SparkSession, path: str, app_id: str, epoch: int, sequenc
 STAMP_ALONE_WRITER_FEATURES = frozenset({"appendOnly", "invariants", "timestampNtz", "deletionVectors"})
 """Writer features a commit of a stamp alone (a ``txn`` action, no data) honours by construction:
 it adds and removes no file, so no row, deletion vector or constraint is touched."""
+
+FILE_ADD_WRITER_FEATURES = STAMP_ALONE_WRITER_FEATURES
+"""Writer features a delta-rs commit adding whole new files (an append sink's, a keyed state run)
+honours: it adds files with no deletion vector and removes nothing. ``invariants`` (NOT NULL
+columns) are the writer's to keep: Spark does not check them in a plain Parquet write."""
+
+
+def files_commit_problem(dt) -> str | None:
+    """Why a delta-rs commit may not add Parquet files Spark wrote with the table's schema to the
+    delta-rs table ``dt`` (None: it may): partition columns (the files would need their values in
+    the path), column mapping (other physical names) or a writer feature it does not honour."""
+    if dt.metadata().partition_columns:
+        return f"it is partitioned by {dt.metadata().partition_columns}"
+    if (dt.metadata().configuration or {}).get("delta.columnMapping.mode", "none") != "none":
+        return "it maps column names (delta.columnMapping.mode)"
+    return writer_protocol_problem(dt.protocol(), FILE_ADD_WRITER_FEATURES)
 
 
 def writer_protocol_problem(protocol, honoured: Iterable[str]) -> str | None:

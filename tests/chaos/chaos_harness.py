@@ -92,8 +92,9 @@ STATE_SEEDS = 40_000
 """Seeds from here on draw their scenario as ``seed - STATE_SEEDS`` does (``payments`` or ``transfers``;
 every third one as the ``orders`` seed ``ORDERS_SEEDS + seed - STATE_SEEDS`` does), with the keyed
 state's runs folded every :data:`STATE_FOLDS` flushes (``--state-compact-every``: a 3-version run
-otherwise never folds), and half of them first killed inside a fold (``state_compact``: the flush's run
-committed, the fold not yet)."""
+otherwise never folds), half of them first killed inside a fold (``state_compact``: the flush's run
+committed, the fold not yet) and a fifth between a run's files and their commit (``state_run``, reached
+as often as ``flush_merge``)."""
 STATE_FOLDS = {1: 3, 2: 1}
 """``--state-compact-every`` of a :data:`STATE_SEEDS` scenario, and the highest ``state_compact`` hit
 a 3-version run surely reaches with it (a fold at every flush, or at every second one)."""
@@ -259,8 +260,11 @@ def _state_scenario(seed: int) -> Scenario:
     rng = random.Random(f"state {seed}")
     every = rng.choice(sorted(STATE_FOLDS))
     first = s.first
-    if rng.random() < 0.5:
+    drawn = rng.random()
+    if drawn < 0.5:
         first = Kill("state_compact", rng.randint(1, STATE_FOLDS[every]))
+    elif drawn < 0.7:
+        first = Kill("state_run", rng.randint(1, FIRST_KILLS["flush_merge"]))
     return dataclasses.replace(s, seed=seed, first=first, compact_every=every)
 
 

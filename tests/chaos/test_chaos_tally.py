@@ -84,19 +84,22 @@ def test_a_first_kill_is_drawn_within_the_hits_its_layout_reaches():
 def test_state_scenarios_fold_the_state_and_half_are_killed_inside_a_fold():
     """A 3-version run never folds the keyed state at the default (every 32 flushes), so the
     STATE_SEEDS scenarios fold it every 1 or 2 flushes and draw ``state_compact`` within the folds
-    such a run reaches; the rest of each is the scenario of the seed it is drawn from."""
-    from chaos_harness import ORDERS_SEEDS, STATE_FOLDS, STATE_SEEDS, _command
+    such a run reaches, or (a fifth) ``state_run``, between a run's files and their commit; the rest
+    of each is the scenario of the seed it is drawn from."""
+    from chaos_harness import FIRST_KILLS, ORDERS_SEEDS, STATE_FOLDS, STATE_SEEDS, _command
 
     drawn = [scenario(seed) for seed in range(STATE_SEEDS, STATE_SEEDS + 120)]
     assert {s.compact_every for s in drawn} == set(STATE_FOLDS)
     folded = [s for s in drawn if s.first.phase == "state_compact"]
     assert 40 <= len(folded) <= 80
     assert all(1 <= s.first.n <= STATE_FOLDS[s.compact_every] for s in folded)
+    runs = [s for s in drawn if s.first.phase == "state_run"]
+    assert 12 <= len(runs) <= 36 and all(1 <= s.first.n <= FIRST_KILLS["flush_merge"] for s in runs)
     assert {s.pipeline for s in drawn} == {"payments", "transfers", "orders"}
     for s in drawn:
         base = scenario(ORDERS_SEEDS + s.seed - STATE_SEEDS if (s.seed - STATE_SEEDS) % 3 == 2 else s.seed - STATE_SEEDS)
         assert (s.pipeline, s.mode, s.lagging, s.then) == (base.pipeline, base.mode, base.lagging, base.then)
-        assert s.first in (base.first, Kill("state_compact", s.first.n))
+        assert s.first in (base.first, Kill("state_compact", s.first.n), Kill("state_run", s.first.n))
         command = _command("/w", s)
         assert command[command.index("--state-compact-every") + 1] == str(s.compact_every)
         assert f"state folded every {s.compact_every} flush" in s.label

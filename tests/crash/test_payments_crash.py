@@ -137,7 +137,7 @@ def test_sigterm_stops_a_following_run_cleanly_and_the_next_run_resumes(spark, t
 # A chained run reaches snapshot, ack and complete once per checkpoint (4 here: 3 versions and the final one)
 PHASE_KILLS = [
     "source_read:2", "dlq:1", "channel_write:2", "source_ack:2", "flush_stage:1", "flush_stage:3",
-    "flush_merge:2", "snapshot:2", "snapshot:4", "ack:3", "complete:1", "complete:3", "commit:1",
+    "flush_merge:2", "state_run:2", "snapshot:2", "snapshot:4", "ack:3", "complete:1", "complete:3", "commit:1",
     "commit:3", "recover:1",
 ]
 

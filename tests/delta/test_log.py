@@ -206,3 +206,34 @@ def test_a_change_feed_versions_rows_come_from_its_files_or_its_metrics():
     assert (on.entry, on.feed, on.metadata_changed) == (None, True, True)
     assert change_version("t", 2, [{"metaData": {"configuration": {}}}]).feed is False
     assert change_version("t", 3, [{"commitInfo": {}}]).feed is None
+
+
+def test_delta_rs_commits_keep_the_state_tables_whole_log_where_a_default_table_loses_it(tmp_path):
+    """A keyed state run, a fence and a sink's commit are delta-rs commits, and delta-rs cleans up
+    log files older than ``delta.logRetentionDuration`` whenever it writes a log checkpoint: the
+    state table's 100-year retention (``STATE_TABLE_PROPERTIES``) must hold there too, or the
+    versions its snapshots pin would go with the log (as they do from a table at the default)."""
+    import os
+    import time
+
+    from checkpoint_lib.spark.state import STATE_TABLE_PROPERTIES
+
+    def logs(properties: dict[str, str]) -> list[str]:
+        path = tmp_path / str(len(os.listdir(tmp_path)))
+        write_deltalake(str(path), _rows(0), configuration={**properties, "delta.checkpointInterval": "5"})
+        for i in range(1, 4):
+            write_deltalake(str(path), _rows(i), mode="append")
+        old = time.time() - 60 * 86400  # two months ago: past Delta's default of 30 days
+        for name in os.listdir(path / "_delta_log"):
+            os.utime(path / "_delta_log" / name, (old, old))
+        for i in range(4, 7):  # one of them writes a log checkpoint
+            write_deltalake(str(path), _rows(i), mode="append")
+        return sorted(n for n in os.listdir(path / "_delta_log") if n.endswith(".json"))
+
+    kept = logs({k: v for k, v in STATE_TABLE_PROPERTIES.items() if k != "delta.enableDeletionVectors"})
+    assert kept == [f"{v:020d}.json" for v in range(7)]
+    assert logs({})[0] != f"{0:020d}.json"  # the default: the old commit files are gone
+
+
+def _rows(i: int) -> pa.Table:
+    return pa.Table.from_pylist([{"event_id": f"e{i}", "account": "a", "amount_cents": i}], schema=SCHEMA)

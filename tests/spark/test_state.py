@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from checkpoint_lib.spark.state import KeyedStateTable, key_group_column
+from checkpoint_lib.spark.state import KeyedStateTable, _rows_added, key_group_column
 
 pytestmark = pytest.mark.spark
 KEYS = 4000
@@ -31,6 +33,13 @@ def _deltas(spark, ids, fmt: str = "acct-%05d"):
     )
 
 
+def _removed(path: str, version: int) -> int:
+    """The files commit ``version`` removed."""
+    from checkpoint_lib.delta.log import commit_actions
+
+    return sum(1 for a in commit_actions(path, version) if "remove" in a)
+
+
 def _history(spark, path: str, version: int):
     return spark.sql(f"DESCRIBE HISTORY delta.`{path}`").where(f"version = {version}").first()
 
@@ -46,8 +55,8 @@ def test_a_flush_writes_what_changed_not_the_whole_state(spark, tmp_path):
     second = table.add(_deltas(spark, (0, KEYS, KEYS // 20)))  # 20 keys, one in every 200: they touch every file
     full, flush = (_history(spark, path, v) for v in (first, second))
     assert (full["operation"], flush["operation"]) == ("WRITE", "WRITE")  # appends: no MERGE, no file rewritten
-    assert int(full["operationMetrics"]["numOutputRows"]) == KEYS
-    assert int(flush["operationMetrics"]["numOutputRows"]) == 20
+    assert (_rows_added(path, first), _rows_added(path, second)) == (KEYS, 20)
+    assert _removed(path, second) == 0
     assert table.stored().count() == KEYS + 20
 
     now = table.read().agg(F.sum("balance_cents"), F.sum("event_count"), F.count("*")).first()
@@ -303,14 +312,57 @@ def test_a_flush_refuses_a_run_on_rows_another_writer_changed_since_it_read_them
     assert table.version() == before  # nothing written
 
 
-@pytest.mark.slow  # CI tier: the refusal before the run ([restore] above); the log-level check in tests/delta/test_log.py
-def test_a_foreign_change_racing_a_flushs_run_is_refused_just_after_it(spark, tmp_path, monkeypatch):
-    """A RESTORE landing between the flush's check and its commit: the run lands (its commit carries
+def _engine(path: str, version: int) -> str:
+    """Who wrote commit ``version``: its commitInfo's engine."""
+    from checkpoint_lib.delta.log import commit_actions
+
+    info = next(a["commitInfo"] for a in commit_actions(path, version) if "commitInfo" in a)
+    return str(info.get("engineInfo", ""))
+
+
+def test_a_foreign_change_racing_a_flushs_run_makes_it_decide_again_and_refuse(spark, tmp_path, monkeypatch):
+    """The run's files are written, then a RESTORE lands before their commit: the commit, placed on
+    the snapshot the checks were made on, loses; its files are deleted; the next attempt sees the
+    RESTORE and refuses before writing anything. A run is one delta-rs commit, stamped for its epoch."""
+    from checkpoint_lib.delta import pending
+    from checkpoint_lib.spark import tables
+    from checkpoint_lib.spark.state import StateTableChangedError
+
+    path = str(tmp_path / "state")
+    table = _table(spark, path)
+    table.app_id = "ckpt-test-state"
+    table.add(_deltas(spark, (0, 100)), epoch=1)
+    read_at = table.add(_deltas(spark, (0, 50)), epoch=1)
+    assert "delta-rs" in _engine(path, read_at)
+    assert tables.split_version(tables.stamp_of(path, table.app_id)) == (1, read_at)
+    describe = pending.describe_written
+    written = []
+
+    def racing(folder, root):
+        written.append(folder)
+        spark.sql(f"RESTORE TABLE delta.`{path}` TO VERSION AS OF {read_at - 1}").collect()
+        monkeypatch.setattr(pending, "describe_written", describe)
+        return describe(folder, root)
+
+    monkeypatch.setattr(pending, "describe_written", racing)
+    retried = []
+    with pytest.raises(StateTableChangedError, match=r"RESTORE at version .*not written"):
+        table.apply(_deltas(spark, (50, 60)), replace=False, before_retry=lambda: retried.append(1), epoch=1,
+                    read_at=read_at)
+    assert table.version() == read_at + 1 and retried == [1]  # the RESTORE alone; the epoch checked before retrying
+    assert len(written) == 1 and not os.path.exists(written[0])  # the lost attempt's files are gone
+
+
+@pytest.mark.slow  # CI tier: the run's own race (above) and this fallback's use (the test below)
+def test_a_foreign_change_racing_a_run_appended_through_delta_is_refused_just_after_it(spark, tmp_path, monkeypatch):
+    """A table delta-rs may not add files to (column mapping) takes its runs through Delta's append:
+    a RESTORE landing between the flush's check and its commit lets the run land (its commit carries
     the fence's stamp, so it is told from the foreign one), then the flush refuses, saying so."""
     from checkpoint_lib.spark.state import StateTableChangedError
 
     path = str(tmp_path / "state")
     table = _table(spark, path)
+    _map_column_names(spark, path)
     table.app_id = "ckpt-test-state"
     table.add(_deltas(spark, (0, 100)), epoch=1)
     read_at = table.add(_deltas(spark, (0, 50)), epoch=1)
@@ -325,6 +377,41 @@ def test_a_foreign_change_racing_a_flushs_run_is_refused_just_after_it(spark, tm
     with pytest.raises(StateTableChangedError, match=r"RESTORE at version .*landed after it"):
         table.apply(_deltas(spark, (50, 60)), replace=False, before_retry=lambda: None, epoch=1, read_at=read_at)
     assert table.version() == read_at + 2  # the RESTORE, then the run
+
+
+def test_a_log_checkpoint_delta_rs_writes_keeps_the_deletion_vectors_delta_wrote(spark, tmp_path):
+    """Runs, fences and sink commits are delta-rs commits on tables Spark also writes, and delta-rs
+    writes the log checkpoints at its commits: a checkpoint must keep the deletion vectors a DELETE
+    by Spark left, or the deleted rows would come back for every reader."""
+    from deltalake import DeltaTable
+
+    path = str(tmp_path / "state")
+    table = _table(spark, path)
+    table.add(_deltas(spark, (0, 100)))
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE account < 'acct-00010'").collect()
+    assert any(b.num_rows for b in DeltaTable(path).deletion_vectors())  # the DELETE left deletion vectors
+    DeltaTable(path).create_checkpoint()
+    assert spark.read.format("delta").load(path).count() == 90
+    assert table.stored().count() == 90
+
+
+def _map_column_names(spark, path: str) -> None:
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.columnMapping.mode' = 'name')").collect()
+
+
+def test_a_table_delta_rs_cannot_add_files_to_takes_its_runs_through_delta(spark, tmp_path):
+    """Column mapping (files whose column names are not the table's) is beyond a delta-rs commit of
+    Spark's Parquet files: such a state table's runs are Delta appends, and its state reads right."""
+    from pyspark.sql import functions as F
+
+    path = str(tmp_path / "state")
+    table = _table(spark, path)
+    table.add(_deltas(spark, (0, 100)))
+    _map_column_names(spark, path)
+    version = table.add(_deltas(spark, (0, 10)))
+    assert "Apache-Spark" in _engine(path, version)
+    now = table.read().agg(F.sum("balance_cents"), F.sum("event_count"), F.count("*")).first()
+    assert tuple(now) == (100 * 10 + 10 * 10, 110, 100)
 
 
 def test_restoring_a_version_whose_files_a_vacuum_deleted_is_refused_clearly(spark, tmp_path):
