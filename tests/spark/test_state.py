@@ -126,20 +126,22 @@ def test_compaction_folds_the_runs_and_changes_no_state_of_any_version(spark, tm
     assert table.read().where("account = 'acct-00100'").first()["balance_cents"] == 40
 
 
-def test_the_state_compact_kill_point_is_between_a_flushs_run_and_its_fold(spark, tmp_path):
-    """``state_compact`` (the chaos runs' kill inside a fold) is reached once the flush's run has
-    committed and before the fold's overwrite: a kill there leaves the run, unfolded."""
+def test_the_state_kill_points_are_between_a_runs_files_and_its_commit_and_between_the_run_and_its_fold(
+        spark, tmp_path):
+    """``state_run`` is reached once the run's files are written and before their commit (a kill there
+    leaves files nothing refers to); ``state_compact`` (the chaos runs' kill inside a fold) once the
+    flush's run has committed and before the fold's overwrite (a kill there leaves the run, unfolded)."""
     path = str(tmp_path / "state")
     table = _table(spark, path)
     first = table.add(_deltas(spark, (0, 10)))
     seen: list[tuple[str, int]] = []
     version = table.apply(_deltas(spark, (5, 15)), replace=False, before_retry=lambda: None, epoch=None,
                           compact=True, reached=lambda phase: seen.append((phase, table.version())))
-    assert seen == [("state_compact", first + 1)]  # the run landed, the fold had not
+    assert seen == [("state_run", first), ("state_compact", first + 1)]  # the run not landed, then landed
     assert version == first + 2 and table.stored().count() == 15
     table.apply(_deltas(spark, (0, 1)), replace=False, before_retry=lambda: None, epoch=None,
                 reached=lambda phase: seen.append((phase, table.version())))
-    assert len(seen) == 1  # no fold due: not reached
+    assert seen[2:] == [("state_run", first + 2)]  # no fold due: state_compact not reached
 
 
 @pytest.mark.slow  # CI tier: the fold (test_compaction_folds_...) and the kill point above, reached only when one is due
