@@ -178,7 +178,40 @@ class DeltaChannelLog:
         df = frames[0]
         for f in frames[1:]:
             df = df.unionByName(f)
-        df.write.format("delta").mode("append").save(self.path)
+        self._append_files(df.select(*self.schema.fieldNames()))
+
+    def _append_files(self, df: DataFrame) -> None:
+        """``df`` appended in ONE commit: one Spark job writes its Parquet files by receiver into the
+        table's folder (nothing refers to them yet), one delta-rs commit adds them, each with its
+        receiver as the partition value. Delta's own append rebuilt the log's snapshot in Spark jobs
+        at every step. A blind append (no position or epoch of ours depends on the snapshot: a
+        zombie's rows carry its older epoch, which readers ignore), so delta-rs may retry it on a
+        racing commit. A table delta-rs may not add files to takes Delta's append."""
+        import uuid
+
+        from deltalake import DeltaTable
+        from deltalake.transaction import AddAction
+
+        from ..delta.pending import describe_written
+        from ..files import files_at
+        from ..layout import PENDING_FOLDER, location
+
+        dt = DeltaTable(self.path)
+        if tables.files_commit_problem(dt, partitioned_by=("receiver",)) is not None:
+            df.write.format("delta").mode("append").save(self.path)
+            return
+        written = f"{self.path}/{PENDING_FOLDER}/w-{uuid.uuid4().hex}"
+        df.write.partitionBy("receiver").parquet(written)
+        folder = location(written)
+        describe_written(folder, self.path)  # Spark's markers removed
+        actions = []
+        for name in files_at(folder).names(folder):
+            if not name.startswith("receiver="):
+                continue
+            receiver = name.split("=", 1)[1]
+            actions += [AddAction(f.path, f.size, {"receiver": receiver}, f.modification_time, True, f.stats)
+                        for f in describe_written(folder / name, self.path) if f.rows]
+        dt.create_write_transaction(actions, mode="append", schema=dt.schema(), partition_by=["receiver"])
 
     def index(self, epoch: int, receivers: Iterable[int] | None = None, after: int = -1) -> list[ChannelEvent]:
         """Every event ``epoch`` wrote with position > ``after`` (for ``receivers``), in position
@@ -238,17 +271,22 @@ class DeltaChannelLog:
         """The records of ``segments`` as ``sender``, ``receiver``, ``seq`` and :data:`RECORD` (a
         struct of the record's columns), whatever the log's layout: what channel state copies."""
         keys = sorted({(e.sender, e.receiver, e.seq) for e in segments if e.kind == DATA})
-        df = self.spark.read.format("delta").load(self.path).where((F.col("kind") == DATA) & (F.col("epoch") == epoch))
-        if keys:
-            # Redundant with the join, but lets Delta skip every file outside the segments' positions
-            # (each append is its own files, with min/max seq stats), however long the untruncated log.
-            seqs = [k[2] for k in keys]
-            df = df.where(F.col("seq").between(min(seqs), max(seqs)))
-            key_df = self.spark.createDataFrame(keys, "sender int, receiver int, seq long")
-            df = df.join(F.broadcast(key_df), ["sender", "receiver", "seq"])
+        if not keys:
+            empty = self.spark.createDataFrame([], self.schema)
+            record = F.col(RECORD) if self.nested else packed(empty, self.payload)
+            return empty.select("sender", "receiver", "seq", record.alias(RECORD))
+        seqs = [k[2] for k in keys]
+        # Only the files whose statistics may hold the segments' positions of this epoch (each append
+        # is its own files, with min/max seq stats), however long the untruncated log: chosen on the
+        # driver from the log (tables.files_read), or by Delta's data skipping when Delta reads it.
+        df = tables.files_read(self.spark, self.path, bounds={"seq": (min(seqs), max(seqs)), "epoch": (epoch, epoch)})
+        if df is None:
+            df = self.spark.read.format("delta").load(self.path)
+        df = df.where((F.col("kind") == DATA) & (F.col("epoch") == epoch) & F.col("seq").between(min(seqs), max(seqs)))
+        key_df = self.spark.createDataFrame(keys, "sender int, receiver int, seq long")
+        df = df.join(F.broadcast(key_df), ["sender", "receiver", "seq"])
         record = F.col(RECORD) if self.nested else packed(df, self.payload)
-        df = df.select("sender", "receiver", "seq", record.alias(RECORD))
-        return df if keys else df.limit(0)
+        return df.select("sender", "receiver", "seq", record.alias(RECORD))
 
     def truncate_after(self, seq: int, epoch: int) -> None:
         """Delete every event after position ``seq`` written by ``epoch`` or an older one (recovery:

@@ -219,11 +219,12 @@ honours: it adds files with no deletion vector and removes nothing. ``invariants
 columns) are the writer's to keep: Spark does not check them in a plain Parquet write."""
 
 
-def files_commit_problem(dt) -> str | None:
+def files_commit_problem(dt, partitioned_by: Sequence[str] = ()) -> str | None:
     """Why a delta-rs commit may not add Parquet files Spark wrote with the table's schema to the
-    delta-rs table ``dt`` (None: it may): partition columns (the files would need their values in
-    the path), column mapping (other physical names) or a writer feature it does not honour."""
-    if dt.metadata().partition_columns:
+    delta-rs table ``dt`` (None: it may): partition columns other than ``partitioned_by`` (what the
+    writer gives each file's add action the values of), column mapping (other physical names) or
+    a writer feature it does not honour."""
+    if list(dt.metadata().partition_columns) != list(partitioned_by):
         return f"it is partitioned by {dt.metadata().partition_columns}"
     if (dt.metadata().configuration or {}).get("delta.columnMapping.mode", "none") != "none":
         return "it maps column names (delta.columnMapping.mode)"
@@ -378,7 +379,12 @@ def may_hold(path: str, bounds: Bounds) -> bool:
         return False
     from deltalake import DeltaTable
 
-    actions = DeltaTable(path).get_add_actions(flatten=True)
+    return any(_may_hold_each(DeltaTable(path).get_add_actions(flatten=True), bounds))
+
+
+def _may_hold_each(actions: Any, bounds: Bounds) -> list[bool]:
+    """Per file of delta-rs's flattened add actions ``actions``: whether its min/max statistics
+    allow a row whose every column of ``bounds`` lies in its range (no statistics: it may)."""
     names = set(actions.schema.names)
     possible = [True] * actions.num_rows
     for column, (lo, hi) in bounds.items():
@@ -388,15 +394,19 @@ def may_hold(path: str, bounds: Bounds) -> bool:
             for i, value in enumerate(actions.column(f"{stat}.{column}").to_pylist()):
                 if value is not None and outside(value, bound):
                     possible[i] = False
-    return any(possible)
+    return possible
 
 
-def files_read(spark: SparkSession, path: str, version: int | None = None) -> DataFrame | None:
+def files_read(spark: SparkSession, path: str, version: int | None = None,
+               bounds: Bounds | None = None) -> DataFrame | None:
     """The rows of the Delta table at ``path`` at ``version`` (None: the latest), its Parquet files
     read directly as the log lists them (delta-rs, on the driver): what Delta's own read returns,
-    without the Spark jobs in which it rebuilds the table's snapshot at every new version. None
-    when the files do not hold the rows as they are (deletion vectors, partition columns, column
-    mapping) or delta-rs cannot read the log: the caller reads through Delta then."""
+    without the Spark jobs in which it rebuilds the table's snapshot at every new version (and
+    chooses its files). With ``bounds``, only the files whose statistics allow a row within them
+    (:func:`may_hold`; the caller still filters the rows). A partition column's value comes from
+    the file's add action (the files do not hold it). None when the files do not hold the rows
+    as they are (deletion vectors, column mapping) or delta-rs cannot read the log: the caller
+    reads through Delta then."""
     try:
         import json
 
@@ -404,19 +414,42 @@ def files_read(spark: SparkSession, path: str, version: int | None = None) -> Da
 
         table = DeltaTable(path) if version is None else DeltaTable(path, version=version)
         metadata = table.metadata()
-        if metadata.partition_columns or (metadata.configuration or {}).get("delta.columnMapping.mode", "none") != "none":
+        if (metadata.configuration or {}).get("delta.columnMapping.mode", "none") != "none":
             return None
         if any(batch.num_rows for batch in table.deletion_vectors()):
             return None
         schema = T.StructType.fromJson(json.loads(table.schema().to_json()))
-        files = table.file_uris()
+        uris = table.file_uris()
+        parts = list(metadata.partition_columns)
+        if bounds or parts:
+            actions = table.get_add_actions(flatten=True)
+            paths = actions.column("path").to_pylist()
+            if len(paths) != len(uris) or any(not uri.endswith(p) for uri, p in zip(uris, paths)):
+                return None  # not the same files in the same order: let Delta read it
+            keep = _may_hold_each(actions, bounds or {})
+            values = list(zip(*(actions.column(f"partition.{c}").to_pylist() for c in parts))) if parts else [()] * len(uris)
+            chosen = [(uri, value) for uri, value, kept in zip(uris, values, keep) if kept]
+        else:
+            chosen = [(uri, ()) for uri in uris]
     except Exception:  # noqa: BLE001 - any reason delta-rs cannot list them: Delta reads the table
         return None
-    if not files:
+    if not chosen:
         return spark.createDataFrame([], schema)
     from .paths import spark_path
 
-    return spark.read.schema(schema).parquet(*map(spark_path, files))
+    if not parts:
+        return spark.read.schema(schema).parquet(*(spark_path(uri) for uri, _ in chosen))
+    stored = T.StructType([f for f in schema.fields if f.name not in parts])
+    frames = []
+    for value in sorted({v for _, v in chosen}, key=repr):
+        df = spark.read.schema(stored).parquet(*(spark_path(uri) for uri, v in chosen if v == value))
+        for column, held in zip(parts, value):
+            df = df.withColumn(column, F.lit(held).cast(schema[column].dataType))
+        frames.append(df.select(*schema.fieldNames()))
+    out = frames[0]
+    for df in frames[1:]:
+        out = out.unionByName(df)
+    return out
 
 
 def version(spark: SparkSession, path: str) -> int:
