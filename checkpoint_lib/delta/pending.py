@@ -181,6 +181,21 @@ def describe_written(folder: str | os.PathLike[str], table_root: str | os.PathLi
     return _describe_folder(written, None if table_root is None else location(table_root))
 
 
+def files_with_rows(folder: str | os.PathLike[str], table_root: str | os.PathLike[str] | None) -> list[PendingFile]:
+    """The files of :func:`describe_written` that hold rows: Spark writes a file for each empty task,
+    which nothing needs; those are deleted (the whole ``folder`` when no file holds a row)."""
+    written = describe_written(folder, table_root)
+    files = [f for f in written if f.rows]
+    where = location(folder)
+    if not files:
+        files_at(where).delete_tree(where)
+        return []
+    for empty in (f for f in written if not f.rows):
+        path = location(empty.path) if table_root is None else location(table_root) / empty.path
+        files_at(path).delete(path)
+    return files
+
+
 def _describe_folder(folder: Path | ObjectUri, table_root: Path | ObjectUri | None) -> list[PendingFile]:
     """The Parquet files directly in ``folder`` (none if it is missing), by name."""
     names = [n for n in files_at(folder).names(folder) if n.endswith(".parquet")]

@@ -192,7 +192,7 @@ class DeltaChannelLog:
         from deltalake import DeltaTable
         from deltalake.transaction import AddAction
 
-        from ..delta.pending import describe_written
+        from ..delta.pending import describe_written, files_with_rows
         from ..files import files_at
         from ..layout import PENDING_FOLDER, location
 
@@ -210,7 +210,7 @@ class DeltaChannelLog:
                 continue
             receiver = name.split("=", 1)[1]
             actions += [AddAction(f.path, f.size, {"receiver": receiver}, f.modification_time, True, f.stats)
-                        for f in describe_written(folder / name, self.path) if f.rows]
+                        for f in files_with_rows(folder / name, self.path)]
         dt.create_write_transaction(actions, mode="append", schema=dt.schema(), partition_by=["receiver"])
 
     def index(self, epoch: int, receivers: Iterable[int] | None = None, after: int = -1) -> list[ChannelEvent]:

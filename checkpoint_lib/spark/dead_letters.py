@@ -85,7 +85,7 @@ class DeadLetterTable:
         end_version)``, and only rows of versions above the stamp. One Spark job writes the files
         into the table's folder (unreferenced, so unseen), one delta-rs commit adds them, on the
         very snapshot whose stamp filtered them: a writer racing us makes us filter again."""
-        from ..delta.pending import add_actions, describe_written
+        from ..delta.pending import add_actions, files_with_rows
         from ..files import files_at
 
         row = [F.col(f"`{f.name}`").cast(f.dataType).alias(f.name) for f in self.record.fields]
@@ -104,9 +104,8 @@ class DeadLetterTable:
             )
             folder = f"{self.path}/{PENDING_FOLDER}/v{end_version}-{uuid.uuid4().hex}"
             rows.write.parquet(folder)
-            files = [f for f in describe_written(folder, self.path) if f.rows]
+            files = files_with_rows(folder, self.path)
             if not files:  # nothing bad since the stamp: nothing to stamp either
-                files_at(folder).delete_tree(folder)
                 return
             if tables.stamped_commit(self.path, self.app_id, add_actions(files),
                                      lambda have: end_version if have == stamp else None,

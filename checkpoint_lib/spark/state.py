@@ -377,9 +377,9 @@ class KeyedStateTable:
         from deltalake.transaction import CommitProperties
         from deltalake.transaction import Transaction as AppTransaction
 
-        from ..delta.pending import add_actions, describe_written
+        from ..delta.pending import add_actions, files_with_rows
         from ..files import files_at
-        from ..layout import PENDING_FOLDER, location
+        from ..layout import PENDING_FOLDER
 
         stamp = None
         if epoch is not None and self.app_id is not None:
@@ -392,14 +392,7 @@ class KeyedStateTable:
                .select(*self.schema.fieldNames()))
         folder = f"{self.path}/{PENDING_FOLDER}/run-{run}-{uuid.uuid4().hex}"
         out.write.parquet(folder)
-        written = describe_written(folder, self.path)
-        files = [f for f in written if f.rows]
-        root = location(self.path)
-        if not files:  # an empty run is its commit alone
-            files_at(folder).delete_tree(folder)
-        else:
-            for empty in (f for f in written if not f.rows):
-                files_at(root).delete(root / empty.path)
+        files = files_with_rows(folder, self.path)  # none: an empty run is its commit alone
         metadata = {"userMetadata": marks.to_json()} if marks is not None else None
         if reached is not None:
             reached("state_run")
