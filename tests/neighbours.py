@@ -3,8 +3,9 @@
 A :class:`Cell` is one maintenance or foreign operation (:data:`OPERATIONS`: OPTIMIZE, Z-ORDER,
 VACUUM with the default retention and with 0 hours, RESTORE, an external append, a schema change, a
 deletion-vectors upgrade, a log checkpoint) on one side of the payments pipeline or on its keyed
-state (:data:`TARGETS`: its landing table, both its sink tables, or its state table under the
-checkpoint root, which a lakehouse-wide OPTIMIZE or VACUUM reaches too) at one moment (:data:`TIMINGS`):
+state (:data:`TARGETS`: its landing table, both its sink tables, its state table under the
+checkpoint root, which a lakehouse-wide OPTIMIZE or VACUUM reaches too, or the channel log the
+unchained layout writes there between the source and the keyed operator) at one moment (:data:`TIMINGS`):
 
 - ``between``: after a run that completed two checkpoints, before the next run;
 - ``down:<phase>``: while the pipeline is down after a kill in a two-phase-commit window (``complete``:
@@ -33,10 +34,13 @@ from typing import Callable
 ROWS = 120  # per landing version; one version per checkpoint
 ACCOUNTS = 20
 TARGETS = {"source": ("landing/payments",), "sinks": ("gold/ledger", "gold/balances"),
-           "state": ("_checkpoints/payments/state/balance",)}
+           "state": ("_checkpoints/payments/state/balance",), "logs": ("_checkpoints/payments/channels/source_balance",)}
+UNCHAINED = ("logs",)
+"""The targets whose cells run the pipeline unchained (``chaining=False``: its source edge a channel log)."""
 TIMINGS = ("between", "down:complete", "down:commit", "down:sink_commit", "during")
-DURING = {"source": ("source_read", 2), "sinks": ("commit", 2), "state": ("flush_merge", 2)}
-"""Where ``during`` runs the operation: the state's between a flush's sink writes and its state run."""
+DURING = {"source": ("source_read", 2), "sinks": ("commit", 2), "state": ("flush_merge", 2), "logs": ("channel_write", 2)}
+"""Where ``during`` runs the operation: the state's between a flush's sink writes and its state run,
+the channel log's before a step's append (the log then holds the steps before, some not read yet)."""
 REFUSALS = ("SinkConfigurationError", "RollbackUnavailableError", "SinkTableRewoundError", "SourceFilesLostError",
             "SchemaMismatchError", "NotAppendOnlyError", "PendingFilesLostError", "ChangeFeedUnavailableError",
             "StateTableChangedError", "StateFilesLostError")
@@ -219,8 +223,8 @@ def _reuse(spark, w: str, golden: Path) -> None:
 
 def run_cell(spark, warehouse: str | Path, cell: Cell, prefixes: dict[str, Path] | None = None) -> Outcome:
     """Land the input, run the cell's moment with its operation, go on to the end, check.
-    ``prefixes`` (timing -> a copy of the warehouse after :func:`_prefix`, taken at the same
-    path) lets cells of one timing share their identical beginning; filled as it goes."""
+    ``prefixes`` ((layout, timing) -> a copy of the warehouse after :func:`_prefix`, taken at the same
+    path) lets cells of one layout and timing share their identical beginning; filled as it goes."""
     from checkpoint_lib.pipelines import get
     from checkpoint_lib.pipelines.payments import generate
     from checkpoint_lib.spark.runner import PipelineRunner
@@ -230,7 +234,8 @@ def run_cell(spark, warehouse: str | Path, cell: Cell, prefixes: dict[str, Path]
     out = Outcome(cell.id)
 
     def runner():
-        return PipelineRunner(get("payments"), w, spark, rows_per_checkpoint=ROWS)
+        return PipelineRunner(get("payments"), w, spark, rows_per_checkpoint=ROWS,
+                              chaining=cell.target not in UNCHAINED)
 
     def land(seed: int) -> None:
         generate(spark, w, ROWS, bad_fraction=0.05, accounts=ACCOUNTS, seed=seed)
@@ -239,7 +244,8 @@ def run_cell(spark, warehouse: str | Path, cell: Cell, prefixes: dict[str, Path]
         operate(spark, w, cell.operation, cell.target)
 
     try:
-        golden = None if prefixes is None else prefixes.get(cell.timing)
+        layout = "unchained" if cell.target in UNCHAINED else "chained"
+        golden = None if prefixes is None else prefixes.get((layout, cell.timing))
         if golden is not None and golden.exists():
             _reuse(spark, w, golden)
         else:
@@ -247,9 +253,9 @@ def run_cell(spark, warehouse: str | Path, cell: Cell, prefixes: dict[str, Path]
             Path(w).mkdir(parents=True)
             _prefix(spark, w, cell.timing, runner, land)
             if prefixes is not None:
-                golden = Path(f"{w}.{cell.timing.replace(':', '-')}.golden")
+                golden = Path(f"{w}.{layout}.{cell.timing.replace(':', '-')}.golden")
                 shutil.copytree(w, golden, symlinks=True)
-                prefixes[cell.timing] = golden
+                prefixes[(layout, cell.timing)] = golden
         if cell.timing == "during":
             r = runner()
             r.ctx.kills.reached = _hook(*DURING[cell.target], op)
@@ -299,6 +305,8 @@ def expected(cell: Cell) -> str:
     """What the cell must end with: ``exactly once``, or ``refused`` with the error named."""
     if cell.target == "state":  # a foreign write is refused by the next flush, and the run after recovers
         return "exactly once"
+    if cell.target == "logs":  # a reader reads its own epoch's events past its cursor, nothing else: a
+        return "exactly once"  # RESTORE takes away what was read or is rewritten; a foreign row is ignored
     if cell.target == "source":
         if cell.operation == "vacuum_0h":  # the files of versions still to be read are gone
             return "refused SourceFilesLostError"

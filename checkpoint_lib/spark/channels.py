@@ -22,6 +22,7 @@ the channel-state table alike (:class:`ChannelStateTable`).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
@@ -32,7 +33,10 @@ from pyspark.sql import types as T
 from ..reserved import RECEIVER, RECORD, SENDER, ReservedColumnError
 from . import tables
 
+log = logging.getLogger(__name__)
+
 DATA, BARRIER, END = "data", "barrier", "end"
+_KINDS = (DATA, BARRIER, END)
 
 CHANNEL_STATE_ROW_BYTES = 64
 """A channel-state row's size estimate in an ack (the Delta files are compressed; the rows are exact)."""
@@ -57,8 +61,12 @@ def nests_records(path: str, ours: Sequence[str], record: Sequence[str], what: s
     earlier version's). A flat table a column of ``record`` would meet is refused, naming it and
     ``fix``: the earlier layout cannot hold such a record."""
     have = tables.columns_of(path)
-    if have is None or (set(have) == {*ours, RECORD} and have[RECORD] == "struct"):
+    if have is None:
         return True
+    beside = set(record) - set(ours) - {RECORD}
+    flat = bool(beside) and beside <= set(have)  # the record's own columns beside ours: an earlier layout
+    if set(ours) <= set(have) and have.get(RECORD) == "struct" and not flat:
+        return True  # this layout, whatever nullable columns a user's ALTER TABLE added beside
     clash = [c for c in record if c in ours]
     if clash:
         raise ReservedColumnError(
@@ -181,37 +189,9 @@ class DeltaChannelLog:
         self._append_files(df.select(*self.schema.fieldNames()))
 
     def _append_files(self, df: DataFrame) -> None:
-        """``df`` appended in ONE commit: one Spark job writes its Parquet files by receiver into the
-        table's folder (nothing refers to them yet), one delta-rs commit adds them, each with its
-        receiver as the partition value. Delta's own append rebuilt the log's snapshot in Spark jobs
-        at every step. A blind append (no position or epoch of ours depends on the snapshot: a
-        zombie's rows carry its older epoch, which readers ignore), so delta-rs may retry it on a
-        racing commit. A table delta-rs may not add files to takes Delta's append."""
-        import uuid
-
-        from deltalake import DeltaTable
-        from deltalake.transaction import AddAction
-
-        from ..delta.pending import describe_written, files_with_rows
-        from ..files import files_at
-        from ..layout import PENDING_FOLDER, location
-
-        dt = DeltaTable(self.path)
-        if tables.files_commit_problem(dt, partitioned_by=("receiver",)) is not None:
-            df.write.format("delta").mode("append").save(self.path)
-            return
-        written = f"{self.path}/{PENDING_FOLDER}/w-{uuid.uuid4().hex}"
-        df.write.partitionBy("receiver").parquet(written)
-        folder = location(written)
-        describe_written(folder, self.path)  # Spark's markers removed
-        actions = []
-        for name in files_at(folder).names(folder):
-            if not name.startswith("receiver="):
-                continue
-            receiver = name.split("=", 1)[1]
-            actions += [AddAction(f.path, f.size, {"receiver": receiver}, f.modification_time, True, f.stats)
-                        for f in files_with_rows(folder / name, self.path)]
-        dt.create_write_transaction(actions, mode="append", schema=dt.schema(), partition_by=["receiver"])
+        """``df`` appended in ONE commit, its files by receiver (:func:`tables.blind_append`: a zombie's
+        rows carry its older epoch, which readers ignore, so nothing depends on the log's content)."""
+        tables.blind_append(df, self.path, partition_by="receiver")
 
     def index(self, epoch: int, receivers: Iterable[int] | None = None, after: int = -1) -> list[ChannelEvent]:
         """Every event ``epoch`` wrote with position > ``after`` (for ``receivers``), in position
@@ -223,9 +203,14 @@ class DeltaChannelLog:
             if receivers is not None:
                 df = df.where(F.col("receiver").isin(list(receivers)))
             rows = [tuple(r) for r in df.groupBy(*_EVENT_KEY).agg(F.count(F.lit(1)).alias("rows")).collect()]
+        foreign = [r for r in rows if r[3] not in _KINDS]
+        if foreign:  # no writer of ours wrote them: another tool's rows in our table, never read
+            log.warning("the channel log %s holds %d events of epoch %d that no writer of checkpoint_lib wrote "
+                        "(kinds %s; another tool appended them?): ignored", self.path, len(foreign), epoch,
+                        sorted({str(r[3]) for r in foreign})[:5])
         return sorted(
             ChannelEvent(seq, sender, receiver, kind, cid, ts, rows if kind == DATA else 0)
-            for seq, sender, receiver, kind, cid, ts, rows in rows
+            for seq, sender, receiver, kind, cid, ts, rows in rows if kind in _KINDS
         )
 
     def _index_rows(self, epoch: int, receivers: Iterable[int] | None, after: int) -> list[tuple] | None:
@@ -296,10 +281,15 @@ class DeltaChannelLog:
                              what=f"truncating the channel log {self.path} after position {seq}")
 
     def truncate_upto(self, seq: int, epoch: int) -> None:
-        """Delete every event at or before ``seq`` written by ``epoch`` or an older one (no retained
-        checkpoint needs them); never a newer epoch's (see :meth:`truncate_after`)."""
-        tables.delete_within(self.spark, self.path, {"seq": (None, seq), "epoch": (None, epoch)},
-                             what=f"truncating the channel log {self.path} up to position {seq}")
+        """Remove the events at or before ``seq`` written by ``epoch`` or an older one (no retained
+        checkpoint needs them, no reader reads them again); never a newer epoch's (see
+        :meth:`truncate_after`). Whole files, one delta-rs commit (:func:`tables.remove_files_within`:
+        a step's files hold its positions alone); a file that also holds later positions stays
+        until they are truncated too. A log delta-rs may not remove files of: Delta's DELETE."""
+        bounds = {"seq": (None, seq), "epoch": (None, epoch)}
+        what = f"truncating the channel log {self.path} up to position {seq}"
+        if not tables.remove_files_within(self.path, bounds, what=what):
+            tables.delete_within(self.spark, self.path, bounds, what=what)
 
     def clear(self, epoch: int) -> None:
         """Delete every event of ``epoch`` and older ones (never a newer epoch's)."""
@@ -345,13 +335,16 @@ class ChannelStateTable:
         """Append ``records`` (``sender``, ``receiver``, ``seq`` and :data:`RECORD`, as
         :meth:`DeltaChannelLog.read_packed` gives them) as the channel state of ``checkpoint_id``."""
         record = [RECORD] if self.nested else [F.col(f"{RECORD}.`{n}`").alias(n) for n in self.payload.fieldNames()]
-        records.select(F.lit(checkpoint_id).cast("long").alias("checkpoint_id"), "receiver", "sender", "seq", *record) \
-            .write.format("delta").mode("append").save(self.path)
+        tables.blind_append(records.select(
+            F.lit(checkpoint_id).cast("long").alias("checkpoint_id"), "receiver", "sender", "seq", *record), self.path)
 
     def records(self, checkpoint_id: int, receivers: Iterable[int] | None = None) -> DataFrame:
         """The records ``receivers`` (all: None) logged for ``checkpoint_id``: ``sender``,
         ``receiver`` and the record's columns (what a restore replays)."""
-        df = self.spark.read.format("delta").load(self.path).where(F.col("checkpoint_id") == checkpoint_id)
+        df = tables.files_read(self.spark, self.path, bounds={"checkpoint_id": (checkpoint_id, checkpoint_id)})
+        if df is None:
+            df = self.spark.read.format("delta").load(self.path)
+        df = df.where(F.col("checkpoint_id") == checkpoint_id)
         if receivers is not None:
             df = df.where(F.col("receiver").isin(list(receivers)))
         record = [F.col(f"{RECORD}.`{n}`").alias(n) if self.nested else F.col(f"`{n}`") for n in self.payload.fieldNames()]

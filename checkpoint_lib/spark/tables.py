@@ -371,6 +371,58 @@ def delete_within(spark: SparkSession, path: str, bounds: Bounds, *, what: str) 
     delete_where(spark, path, F.lit(True) if condition is None else condition, what=what)
 
 
+def remove_files_within(path: str, bounds: Bounds, *, what: str) -> bool:
+    """Remove from the Delta table at ``path`` every file whose statistics show that all its rows
+    lie within ``bounds``, in one delta-rs commit of remove actions: no Spark job, nothing
+    rewritten, where Delta's DELETE rebuilds the snapshot, scans and rewrites in Spark jobs. A file
+    with rows on both sides of a bound (steps a user's OPTIMIZE compacted together) or without
+    statistics for a column of ``bounds`` stays: for rows nothing reads again, whose removal only
+    keeps the table small. A commit racing ours that removed some of the same files (that OPTIMIZE,
+    their rows now in its files) makes our removes of them change nothing (delta-rs commits them;
+    were it to refuse, nothing would be removed this time, logged: the next call retries). False, with
+    nothing done, when delta-rs may not remove files of the table (:func:`files_commit_problem`,
+    or a deletion vector on a file, which a remove must name): the caller deletes through Delta."""
+    if not is_delta_table(path):
+        return True
+    from deltalake import DeltaTable
+    from deltalake.exceptions import CommitFailedError
+    from deltalake.transaction import RemoveAction
+
+    dt = DeltaTable(path)
+    parts = list(dt.metadata().partition_columns)
+    if files_commit_problem(dt, partitioned_by=parts) is not None or any(b.num_rows for b in dt.deletion_vectors()):
+        return False
+    actions = dt.get_add_actions(flatten=True)
+    names = set(actions.schema.names)
+    if any(f"{stat}.{c}" not in names for c in bounds for stat in ("min", "max")):
+        return False  # no statistics for a bound's column: no file can be shown to lie within
+    within = [True] * actions.num_rows
+    for column, (lo, hi) in bounds.items():
+        nulls = actions.column(f"null_count.{column}").to_pylist() if f"null_count.{column}" in names else None
+        for i, (low, high) in enumerate(zip(actions.column(f"min.{column}").to_pylist(),
+                                            actions.column(f"max.{column}").to_pylist())):
+            if low is None or high is None or (nulls is not None and nulls[i] != 0) \
+                    or (lo is not None and low < lo) or (hi is not None and high > hi):
+                within[i] = False
+    if not any(within):
+        return True
+    now = int(time.time() * 1000)
+    columns = {c: actions.column(f"partition.{c}").to_pylist() for c in parts}
+    removes = [RemoveAction(p, True, now, size, {c: _partition_value(columns[c][i]) for c in parts} if parts else None)
+               for i, (p, size) in enumerate(zip(actions.column("path").to_pylist(),
+                                                  actions.column("size_bytes").to_pylist())) if within[i]]
+    try:
+        dt.create_write_transaction(removes, mode="append", schema=dt.schema(), partition_by=parts or None)
+    except CommitFailedError as exc:
+        log.info("%s: a concurrent commit removed some of its files first; nothing removed this time (%s)", what, exc)
+    return True
+
+
+def _partition_value(value: Any) -> str | None:
+    """A partition value as the log spells it (delta-rs lists them typed)."""
+    return None if value is None else str(value)
+
+
 def may_hold(path: str, bounds: Bounds) -> bool:
     """Whether a file of the Delta table at ``path`` may hold a row whose every column of ``bounds``
     lies in its range, judged by the files' min/max statistics in the log (delta-rs: no Spark job).
@@ -450,6 +502,46 @@ def files_read(spark: SparkSession, path: str, version: int | None = None,
     for df in frames[1:]:
         out = out.unionByName(df)
     return out
+
+
+def blind_append(df: DataFrame, path: str, partition_by: str | None = None) -> None:
+    """``df`` (the table's columns, with its types) appended to the Delta table at ``path`` in ONE
+    commit that reads nothing of the table: one Spark job writes its Parquet files into the table's
+    folder (:data:`~checkpoint_lib.layout.PENDING_FOLDER`, where nothing refers to them yet), one
+    delta-rs commit adds those holding rows (``partition_by``: the table's one partition column,
+    each file's value from the folder Spark wrote it in). Delta's own append rebuilt the table's
+    snapshot in Spark jobs at every append. Only for rows no decision depends on the table's
+    content for (delta-rs retries the commit on a racing one); a table delta-rs may not add files
+    to (:func:`files_commit_problem`) takes Delta's append."""
+    import uuid
+
+    from deltalake import DeltaTable
+    from deltalake.transaction import AddAction
+
+    from ..delta.pending import describe_written, files_with_rows
+    from ..files import files_at
+    from ..layout import PENDING_FOLDER, location
+
+    dt = DeltaTable(path)
+    parts = () if partition_by is None else (partition_by,)
+    if files_commit_problem(dt, partitioned_by=parts) is not None:
+        df.write.format("delta").mode("append").save(path)
+        return
+    written = f"{path}/{PENDING_FOLDER}/w-{uuid.uuid4().hex}"
+    writer = df.write if partition_by is None else df.write.partitionBy(partition_by)
+    writer.parquet(written)
+    folder = location(written)
+    if partition_by is None:
+        folders = [(folder, {})]
+    else:
+        describe_written(folder, path)  # Spark's markers removed
+        prefix = f"{partition_by}="
+        folders = [(folder / name, {partition_by: name[len(prefix):]})
+                   for name in files_at(folder).names(folder) if name.startswith(prefix)]
+    actions = [AddAction(f.path, f.size, value, f.modification_time, True, f.stats)
+               for where, value in folders for f in files_with_rows(where, path)]
+    if actions:
+        dt.create_write_transaction(actions, mode="append", schema=dt.schema(), partition_by=list(parts) or None)
 
 
 def version(spark: SparkSession, path: str) -> int:

@@ -229,7 +229,9 @@ def test_a_truncation_with_nothing_in_range_runs_no_spark_job(spark, tmp_path, m
 
 def test_a_channel_log_a_user_turned_deletion_vectors_on_is_indexed_by_spark_alike(spark, tmp_path):
     """The index is read by delta-rs; a log with deletion vectors (a user's ALTER TABLE, then a
-    truncation that writes one) is read by Spark instead, and gives the same events."""
+    DELETE that writes one) is read by Spark instead, and gives the same events; its truncation is
+    Delta's DELETE (a remove must name a file's deletion vector, which delta-rs's cannot)."""
+    from deltalake import DeltaTable
     from pyspark.sql import types as T
 
     from checkpoint_lib.spark.channels import DeltaChannelLog
@@ -244,7 +246,12 @@ def test_a_channel_log_a_user_turned_deletion_vectors_on_is_indexed_by_spark_ali
     assert [(e.seq, e.receiver, e.kind, e.rows) for e in before] == [
         (1, 0, "data", 3), (1, 1, "data", 3), (2, 0, "barrier", 0), (2, 1, "barrier", 0), (3, 0, "data", 3), (3, 1, "data", 3)]
     spark.sql(f"ALTER TABLE delta.`{log.path}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
-    log.truncate_upto(1, 1)
-    assert log._index_rows(1, None, -1) is None  # delta-rs datasets refuse deletion vectors: Spark reads it
+    assert log._index_rows(1, None, -1) is None  # delta-rs datasets refuse the feature: Spark reads it
+    assert log.index(1) == before
+    spark.sql(f"DELETE FROM delta.`{log.path}` WHERE seq = 1 AND receiver = 0 AND record.v = 0").collect()
+    assert any(b.num_rows for b in DeltaTable(log.path).deletion_vectors())  # a file's rows partly deleted
+    assert [(e.seq, e.receiver, e.rows) for e in log.index(1)][:2] == [(1, 0, 2), (1, 1, 3)]
+    assert not tables.remove_files_within(log.path, {"seq": (None, 1), "epoch": (None, 1)}, what="a truncation")
+    log.truncate_upto(1, 1)  # Delta's DELETE
     assert log.index(1) == before[2:]
     assert log.index(1, after=2) == before[4:]
