@@ -186,12 +186,9 @@ class DeltaChannelLog:
         df = frames[0]
         for f in frames[1:]:
             df = df.unionByName(f)
-        self._append_files(df.select(*self.schema.fieldNames()))
-
-    def _append_files(self, df: DataFrame) -> None:
-        """``df`` appended in ONE commit, its files by receiver (:func:`tables.blind_append`: a zombie's
-        rows carry its older epoch, which readers ignore, so nothing depends on the log's content)."""
-        tables.blind_append(df, self.path, partition_by="receiver")
+        # a blind append, its files by receiver: a zombie's rows carry its older epoch, which readers
+        # ignore, so nothing depends on the log's content
+        tables.blind_append(df.select(*self.schema.fieldNames()), self.path, partition_by="receiver")
 
     def index(self, epoch: int, receivers: Iterable[int] | None = None, after: int = -1) -> list[ChannelEvent]:
         """Every event ``epoch`` wrote with position > ``after`` (for ``receivers``), in position
@@ -265,8 +262,6 @@ class DeltaChannelLog:
         # is its own files, with min/max seq stats), however long the untruncated log: chosen on the
         # driver from the log (tables.files_read), or by Delta's data skipping when Delta reads it.
         df = tables.files_read(self.spark, self.path, bounds={"seq": (min(seqs), max(seqs)), "epoch": (epoch, epoch)})
-        if df is None:
-            df = self.spark.read.format("delta").load(self.path)
         df = df.where((F.col("kind") == DATA) & (F.col("epoch") == epoch) & F.col("seq").between(min(seqs), max(seqs)))
         key_df = self.spark.createDataFrame(keys, "sender int, receiver int, seq long")
         df = df.join(F.broadcast(key_df), ["sender", "receiver", "seq"])
@@ -342,8 +337,6 @@ class ChannelStateTable:
         """The records ``receivers`` (all: None) logged for ``checkpoint_id``: ``sender``,
         ``receiver`` and the record's columns (what a restore replays)."""
         df = tables.files_read(self.spark, self.path, bounds={"checkpoint_id": (checkpoint_id, checkpoint_id)})
-        if df is None:
-            df = self.spark.read.format("delta").load(self.path)
         df = df.where(F.col("checkpoint_id") == checkpoint_id)
         if receivers is not None:
             df = df.where(F.col("receiver").isin(list(receivers)))

@@ -163,13 +163,7 @@ class KeyedStateTable:
         the log lists them (:func:`~checkpoint_lib.spark.tables.files_read`): Delta's read rebuilt
         the table's snapshot in Spark jobs at every flush's new version, five jobs of every step; a
         table with deletion vectors (a DELETE by someone else) is read by Delta."""
-        direct = tables.files_read(self.spark, self.path, version)
-        if direct is not None:
-            return direct
-        reader = self.spark.read.format("delta")
-        if version is not None:
-            reader = reader.option("versionAsOf", version)
-        return reader.load(self.path)
+        return tables.files_read(self.spark, self.path, version)
 
     def read(self, version: int | None = None) -> DataFrame:
         """The keyed state at ``version`` (None: the latest): one row per key (its key group, the

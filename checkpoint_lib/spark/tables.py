@@ -450,15 +450,25 @@ def _may_hold_each(actions: Any, bounds: Bounds) -> list[bool]:
 
 
 def files_read(spark: SparkSession, path: str, version: int | None = None,
-               bounds: Bounds | None = None) -> DataFrame | None:
+               bounds: Bounds | None = None) -> DataFrame:
     """The rows of the Delta table at ``path`` at ``version`` (None: the latest), its Parquet files
     read directly as the log lists them (delta-rs, on the driver): what Delta's own read returns,
     without the Spark jobs in which it rebuilds the table's snapshot at every new version (and
     chooses its files). With ``bounds``, only the files whose statistics allow a row within them
     (:func:`may_hold`; the caller still filters the rows). A partition column's value comes from
-    the file's add action (the files do not hold it). None when the files do not hold the rows
-    as they are (deletion vectors, column mapping) or delta-rs cannot read the log: the caller
-    reads through Delta then."""
+    the file's add action (the files do not hold it). Where the files do not hold the rows as they
+    are (deletion vectors, column mapping) or delta-rs cannot read the log, Delta's own read."""
+    direct = _listed_files_read(spark, path, version, bounds)
+    if direct is not None:
+        return direct
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    return reader.load(path)
+
+
+def _listed_files_read(spark: SparkSession, path: str, version: int | None, bounds: Bounds | None) -> DataFrame | None:
+    """:func:`files_read` from the files delta-rs lists; None where Delta must read."""
     try:
         import json
 
