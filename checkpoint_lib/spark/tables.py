@@ -381,7 +381,8 @@ def remove_files_within(path: str, bounds: Bounds, *, what: str) -> bool:
     their rows now in its files) makes our removes of them change nothing (delta-rs commits them;
     were it to refuse, nothing would be removed this time, logged: the next call retries). False, with
     nothing done, when delta-rs may not remove files of the table (:func:`files_commit_problem`,
-    or a deletion vector on a file, which a remove must name): the caller deletes through Delta."""
+    or a deletion vector on a file, which a remove must name) or the log keeps no statistics of a
+    column of ``bounds`` (a user's ``delta.dataSkippingNumIndexedCols``): the caller deletes through Delta."""
     if not is_delta_table(path):
         return True
     from deltalake import DeltaTable
@@ -393,17 +394,9 @@ def remove_files_within(path: str, bounds: Bounds, *, what: str) -> bool:
     if files_commit_problem(dt, partitioned_by=parts) is not None or any(b.num_rows for b in dt.deletion_vectors()):
         return False
     actions = dt.get_add_actions(flatten=True)
-    names = set(actions.schema.names)
-    if any(f"{stat}.{c}" not in names for c in bounds for stat in ("min", "max")):
-        return False  # no statistics for a bound's column: no file can be shown to lie within
-    within = [True] * actions.num_rows
-    for column, (lo, hi) in bounds.items():
-        nulls = actions.column(f"null_count.{column}").to_pylist() if f"null_count.{column}" in names else None
-        for i, (low, high) in enumerate(zip(actions.column(f"min.{column}").to_pylist(),
-                                            actions.column(f"max.{column}").to_pylist())):
-            if low is None or high is None or (nulls is not None and nulls[i] != 0) \
-                    or (lo is not None and low < lo) or (hi is not None and high > hi):
-                within[i] = False
+    if any(f"{stat}.{c}" not in actions.schema.names for c in bounds for stat in ("min", "max")):
+        return False  # no statistics for a bound's column (a user's table property): Delta's DELETE
+    within = _per_file(actions, bounds, _lies_within, absent=False)
     if not any(within):
         return True
     now = int(time.time() * 1000)
@@ -437,16 +430,42 @@ def may_hold(path: str, bounds: Bounds) -> bool:
 def _may_hold_each(actions: Any, bounds: Bounds) -> list[bool]:
     """Per file of delta-rs's flattened add actions ``actions``: whether its min/max statistics
     allow a row whose every column of ``bounds`` lies in its range (no statistics: it may)."""
+    return _per_file(actions, bounds, _may_lie_within, absent=True)
+
+
+def _may_lie_within(low: Any, high: Any, nulls: int | None, lo: Any, hi: Any) -> bool:
+    """A file whose column spans ``low``..``high`` may hold a value in ``lo``..``hi`` (a missing
+    statistic or bound rules nothing out)."""
+    return not ((lo is not None and high is not None and high < lo) or (hi is not None and low is not None and low > hi))
+
+
+def _lies_within(low: Any, high: Any, nulls: int | None, lo: Any, hi: Any) -> bool:
+    """Every value of a file's column (``low``..``high``, ``nulls`` of them null) lies in
+    ``lo``..``hi``: known only with both statistics and no null (a null lies in no range)."""
+    return (low is not None and high is not None and nulls == 0
+            and (lo is None or low >= lo) and (hi is None or high <= hi))
+
+
+def _per_file(actions: Any, bounds: Bounds, rule: Callable[[Any, Any, int | None, Any, Any], bool], *,
+              absent: bool) -> list[bool]:
+    """Per file of delta-rs's flattened add actions ``actions``: whether ``rule`` holds for its
+    statistics of every column of ``bounds`` (its min, max and null count, each None where the log
+    has none), ``absent`` for a column the log keeps no min/max statistics of. The one reading of a
+    file's statistics, for "may hold a row within" and "holds only rows within"."""
     names = set(actions.schema.names)
-    possible = [True] * actions.num_rows
+    result = [True] * actions.num_rows
     for column, (lo, hi) in bounds.items():
-        for stat, bound, outside in (("max", lo, lambda v, b: v < b), ("min", hi, lambda v, b: v > b)):
-            if bound is None or f"{stat}.{column}" not in names:
-                continue
-            for i, value in enumerate(actions.column(f"{stat}.{column}").to_pylist()):
-                if value is not None and outside(value, bound):
-                    possible[i] = False
-    return possible
+        if f"min.{column}" not in names or f"max.{column}" not in names:
+            if not absent:
+                result = [False] * actions.num_rows
+            continue
+        nulls = (actions.column(f"null_count.{column}").to_pylist() if f"null_count.{column}" in names
+                 else [None] * actions.num_rows)
+        for i, (low, high, n) in enumerate(zip(actions.column(f"min.{column}").to_pylist(),
+                                               actions.column(f"max.{column}").to_pylist(), nulls)):
+            if not rule(low, high, n, lo, hi):
+                result[i] = False
+    return result
 
 
 def files_read(spark: SparkSession, path: str, version: int | None = None,
