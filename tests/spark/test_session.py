@@ -356,3 +356,40 @@ def test_the_running_driver_maps_the_archive_set_up_built(spark) -> None:
     assert path is not None and path.is_file(), "set-up did not build the driver's class archive"
     pid = spark._jvm.java.lang.ProcessHandle.current().pid()
     assert str(path.resolve()) in Path(f"/proc/{pid}/maps").read_text()  # the file the JVM mapped (its real path)
+
+
+
+QUIET_LOG_PROBE = """
+import pyarrow as pa
+from checkpoint_lib.spark.session import get_spark
+spark = get_spark(master="local[1]", ui=False)
+frame = spark.createDataFrame(pa.table({"s": ["x" * 100] * 100_000}))
+assert frame.cache().count() == 100_000
+frame.cache()  # again (a validation loads one table at two equal versions)
+try:
+    spark.range(1).rdd.map(lambda _: 1 // 0).collect()
+except Exception as exc:
+    assert "ZeroDivisionError" in str(exc)
+else:
+    raise AssertionError("the task did not fail")
+"""
+
+
+@pytest.mark.spark
+def test_the_quiet_log_drops_the_note_on_a_local_tables_large_tasks_and_keeps_a_failed_tasks(tmp_path) -> None:
+    """A validation's small tables, read by delta-rs, become local DataFrames whose tasks carry their
+    rows (``quality/context.py::_driver_read``), and Spark warned "contains a task of very large
+    size" for every stage over them (eight lines in ``make demo``), and "Asked to cache already
+    cached data" for a table loaded at two equal versions: intended, so not shown; a failing
+    task's warning from the same logger still is. A driver of its own (the log profile is
+    the JVM's, read at its start)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "CKPT_SPARK_LOG"}
+    proc = subprocess.run([sys.executable, "-c", QUIET_LOG_PROBE], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "task of very large size" not in proc.stderr and "already cached" not in proc.stderr
+    assert "Lost task" in proc.stderr, proc.stderr[-3000:]
