@@ -344,6 +344,9 @@ class KeyedStateTable:
             return DeltaTable(self.path)
 
         def attempt(dt: DeltaTable) -> None:
+            if epoch is not None and self.app_id is not None:  # a zombie is told it is fenced, first: the
+                # newer epoch's writes are its pipeline's, not "another writer's"
+                tables.refuse_if_fenced(self.path, dt.transaction_version(self.app_id), epoch)
             self._unchanged_since(read_at, None, landed=False)
             run = dt.version() + 1
             marks = TtlMarks(newest, run) if self.ttl is not None else None
@@ -362,7 +365,7 @@ class KeyedStateTable:
                     reached: Callable[[str], None] | None = None) -> int:
         """Write ``rows`` as run ``run`` (one Spark job, into :data:`~checkpoint_lib.layout.PENDING_FOLDER`
         of the table) and add its files in one delta-rs commit on exactly the snapshot ``dt``: stamped
-        for ``epoch`` (refused first when a newer epoch's stamp is there), with the TTL ``marks``.
+        for ``epoch`` (its caller refused a newer epoch's stamp on ``dt``), with the TTL ``marks``.
         Returns the rows added. A lost race (CommitFailedError) deletes the files before it propagates.
         ``reached``: the kill points (``state_run``: the run's files written, their commit not yet)."""
         import uuid
@@ -376,8 +379,7 @@ class KeyedStateTable:
         from ..layout import PENDING_FOLDER
 
         stamp = None
-        if epoch is not None and self.app_id is not None:
-            tables.refuse_if_fenced(self.path, dt.transaction_version(self.app_id), epoch)
+        if epoch is not None and self.app_id is not None:  # refused on ``dt`` already when fenced (:meth:`_append`)
             stamp = AppTransaction(self.app_id, tables.fenced_version(epoch, run))
         key = F.col(self.key)
         out = (rows.withColumn(STATE_RUN, F.lit(run).cast("long"))
@@ -411,7 +413,9 @@ class KeyedStateTable:
                          read_at: int | None) -> int:
         """:meth:`_append` through Delta's own append (a table delta-rs may not add files to):
         fenced by Delta's idempotent-write stamp, the foreign-change check made before the commit
-        and, where the commit carries the fence's stamp, again after it (a change that raced it)."""
+        and, where the commit carries the fence's stamp, again after it (a change that raced it). A
+        zombie is told it is fenced before it is told of a change (the newer epoch's own writes)."""
+        self._fenced(epoch)
         self._unchanged_since(read_at, None, landed=False)
         marks: list[TtlMarks] = []
 

@@ -188,6 +188,28 @@ def test_a_state_merge_by_a_zombie_after_the_fence_lands_nothing(spark, tmp_path
     assert state_rows(path)["balance_cents"].tolist() == [115]
 
 
+
+@pytest.mark.parametrize("writer", ["delta-rs", "delta"])
+def test_a_zombie_flush_after_a_newer_epoch_wrote_the_state_is_told_it_is_fenced(spark, tmp_path, writer):
+    """The zombie read the state at a version; the newer epoch then fenced the table and wrote runs
+    (its restore, its replay). The zombie's flush is refused as fenced, the error it exits with,
+    not as a state "changed by another writer" (the newer attempt is this pipeline), and lands
+    nothing; whether a run is committed by delta-rs or (a column-mapped table) by Delta's append."""
+    path = str(tmp_path / "state")
+    state = _state(spark, path)
+    if writer == "delta":
+        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.columnMapping.mode' = 'name', "
+                  "'delta.minReaderVersion' = '2', 'delta.minWriterVersion' = '5')")
+        from deltalake import DeltaTable
+
+        assert tables.files_commit_problem(DeltaTable(path)) is not None
+    read_at = state.add(_deltas(spark), epoch=1)
+    state.fence(2)
+    state.add(_deltas(spark, 5), epoch=2)
+    with pytest.raises(FencedError):
+        state.apply(_deltas(spark, 1000), replace=False, before_retry=lambda: None, epoch=1, read_at=read_at)
+    assert state_rows(path)["balance_cents"].tolist() == [115]
+
 def test_the_state_tables_fence_is_a_stamp_alone_committed_by_delta_rs(spark, tmp_path):
     """The state table has deletion vectors, yet its fence is one delta-rs commit of the stamp alone
     (no Spark job); the same epoch may fence again, an older one is refused."""
