@@ -36,6 +36,15 @@ def world(tmp_path_factory):
     return {"root": root, "warehouse": warehouse, "a": env_a, "b": env_b}
 
 
+@pytest.fixture
+def checkpointed(world):
+    """The world with completed checkpoints, as the CI-tier test above leaves it; where that test did
+    not run first (the slow tier alone, ``-m slow``, deselects it), one run of the run DAG makes them."""
+    if not PipelineControl(world["warehouse"], "payments").store.checkpoints.all():
+        _dags_test(world["a"], "payments_run")
+    return world
+
+
 def _dags_test(env, dag_id, *extra, check=True, timeout=900):
     started = time.monotonic()
     r = subprocess.run([AIRFLOW, "dags", "test", dag_id, *extra], env=env, capture_output=True, text=True,
@@ -101,7 +110,8 @@ def _asset_events(env, dag_id):
 
 @pytest.mark.slow  # CI tier: the params check (test_provider.py: validate_params); the wheel's recover DAG dry
 # run (test_wheel.py) is slow too; this is the same from a checkout
-def test_recover_dag_dry_run_and_bad_params_change_nothing(world):
+def test_recover_dag_dry_run_and_bad_params_change_nothing(checkpointed):
+    world = checkpointed
     control = PipelineControl(world["warehouse"], "payments")
     epoch = control.store.epochs.current()
     out = _dags_test(world["a"], "payments_recover", "-c", json.dumps({"checkpoint_id": "latest", "dry_run": True}))
@@ -112,7 +122,8 @@ def test_recover_dag_dry_run_and_bad_params_change_nothing(world):
 
 
 @pytest.mark.slow  # CI tier: CI's real DAG run is the snapshot DAG above; the real recovery is tests/chaos
-def test_recover_dag_restores_an_older_checkpoint_exactly_once(world):
+def test_recover_dag_restores_an_older_checkpoint_exactly_once(checkpointed):
+    world = checkpointed
     control = PipelineControl(world["warehouse"], "payments")
     epoch = control.store.epochs.current()
     append_payments(world["warehouse"], 150, batch=1)
@@ -125,7 +136,8 @@ def test_recover_dag_restores_an_older_checkpoint_exactly_once(world):
 
 
 @pytest.mark.slow  # CI tier: CI runs the maintain task in tests/airflow/test_provider.py
-def test_maintenance_dag_drops_what_no_retained_checkpoint_needs_and_changes_no_output(world):
+def test_maintenance_dag_drops_what_no_retained_checkpoint_needs_and_changes_no_output(checkpointed):
+    world = checkpointed
     from checkpoint_lib.delta.store import DeltaCheckpointStore
     from checkpoint_lib.maintenance import read_needs
 
