@@ -59,7 +59,9 @@ def age(spark, table: Path, version: int, *, before: float, since: float) -> Non
         f.write_text("".join(json.dumps(a) + "\n" for a in actions))
         stat = f.stat()
         os.utime(f, (stat.st_atime - shift, stat.st_mtime - shift))
-    for f in table.glob("*.parquet"):
+    for f in table.rglob("*.parquet"):  # the state's runs too, written into the table's ckpt/ folders
+        if any(part.startswith("_") for part in f.relative_to(table).parts):
+            continue
         stat = f.stat()
         os.utime(f, (stat.st_atime - 3600 * before, stat.st_mtime - 3600 * before))
     spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()  # Spark must read the commits again
