@@ -396,7 +396,7 @@ def remove_files_within(path: str, bounds: Bounds, *, what: str) -> bool:
     actions = dt.get_add_actions(flatten=True)
     if any(f"{stat}.{c}" not in actions.schema.names for c in bounds for stat in ("min", "max")):
         return False  # no statistics for a bound's column (a user's table property): Delta's DELETE
-    within = _per_file(actions, bounds, _lies_within, absent=False)
+    within = _per_file(actions, bounds, _lies_within)
     if not any(within):
         return True
     now = int(time.time() * 1000)
@@ -430,7 +430,7 @@ def may_hold(path: str, bounds: Bounds) -> bool:
 def _may_hold_each(actions: Any, bounds: Bounds) -> list[bool]:
     """Per file of delta-rs's flattened add actions ``actions``: whether its min/max statistics
     allow a row whose every column of ``bounds`` lies in its range (no statistics: it may)."""
-    return _per_file(actions, bounds, _may_lie_within, absent=True)
+    return _per_file(actions, bounds, _may_lie_within)
 
 
 def _may_lie_within(low: Any, high: Any, nulls: int | None, lo: Any, hi: Any) -> bool:
@@ -446,18 +446,16 @@ def _lies_within(low: Any, high: Any, nulls: int | None, lo: Any, hi: Any) -> bo
             and (lo is None or low >= lo) and (hi is None or high <= hi))
 
 
-def _per_file(actions: Any, bounds: Bounds, rule: Callable[[Any, Any, int | None, Any, Any], bool], *,
-              absent: bool) -> list[bool]:
+def _per_file(actions: Any, bounds: Bounds, rule: Callable[[Any, Any, int | None, Any, Any], bool]) -> list[bool]:
     """Per file of delta-rs's flattened add actions ``actions``: whether ``rule`` holds for its
-    statistics of every column of ``bounds`` (its min, max and null count, each None where the log
-    has none), ``absent`` for a column the log keeps no min/max statistics of. The one reading of a
-    file's statistics, for "may hold a row within" and "holds only rows within"."""
+    statistics of every column of ``bounds`` (its min, max and null count, each None where the file
+    has none); a column the log keeps no min/max statistics of rules nothing out (a caller for whom
+    that must mean "unknown" checks the columns first, as :func:`remove_files_within` does). The
+    one reading of a file's statistics, for "may hold a row within" and "holds only rows within"."""
     names = set(actions.schema.names)
     result = [True] * actions.num_rows
     for column, (lo, hi) in bounds.items():
         if f"min.{column}" not in names or f"max.{column}" not in names:
-            if not absent:
-                result = [False] * actions.num_rows
             continue
         nulls = (actions.column(f"null_count.{column}").to_pylist() if f"null_count.{column}" in names
                  else [None] * actions.num_rows)
