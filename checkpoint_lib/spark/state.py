@@ -415,7 +415,8 @@ class KeyedStateTable:
         fenced by Delta's idempotent-write stamp, the foreign-change check made before the commit
         and, where the commit carries the fence's stamp, again after it (a change that raced it). A
         zombie is told it is fenced before it is told of a change (the newer epoch's own writes)."""
-        self._fenced(epoch)
+        if epoch is not None and self.app_id is not None:
+            tables.refuse_if_fenced(self.path, tables.stamp_of(self.path, self.app_id), epoch)
         self._unchanged_since(read_at, None, landed=False)
         marks: list[TtlMarks] = []
 
