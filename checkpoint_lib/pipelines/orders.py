@@ -62,7 +62,7 @@ class CustomerOrders:
 
         # a repeat: an id the customer's state has seen, or a later copy within this flush
         first_in_flush = F.row_number().over(Window.partitionBy(key, "order_id").orderBy(*OFFSETS)) == 1
-        seen_before = F.col("prior_seen").getItem(F.col("order_id")).isNotNull()
+        seen_before = F.col("prior_seen")[F.col("order_id")].isNotNull()
         marked = (records.join(state.select(key, F.col("seen").alias("prior_seen")), key, "left")
                   .withColumn("repeat", F.coalesce(seen_before, F.lit(False)) | ~first_in_flush))
         fresh = marked.where(~F.col("repeat"))
