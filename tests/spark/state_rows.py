@@ -13,5 +13,5 @@ def state_rows(path, key: str = "account"):
         return df
     df = df.assign(**{STATE_RUN: df[STATE_RUN].fillna(-1)}).sort_values(STATE_RUN, kind="stable")
     df = df.drop_duplicates(key, keep="last")
-    df = df[~df[STATE_GONE].fillna(False).astype(bool)]
+    df = df[~df[STATE_GONE].astype("boolean").fillna(False)]  # a tombstone; None and False are live
     return df.drop(columns=[STATE_RUN, STATE_GONE]).sort_values(key).reset_index(drop=True)
