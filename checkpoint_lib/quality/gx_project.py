@@ -91,12 +91,28 @@ def _quiet_gx() -> None:
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")  # never phone home
 
 
+def import_gx() -> Any:
+    """``great_expectations``, imported. GX imports PySpark's Spark Connect package, which ends the
+    process with status 0 when the main module has neither a spec nor a file (``python -c``: it
+    takes itself for its own doctests) and one of its dependencies is missing: a validation would
+    stop half-way with the status of a success. That exit becomes an error naming the cause."""
+    _quiet_gx()
+    try:
+        import great_expectations as gx
+    except SystemExit as exc:
+        raise ImportError(
+            "great_expectations could not be imported: PySpark's Spark Connect package, imported by it, "
+            "ends the process when run under `python -c` without its dependencies (grpcio-status, "
+            "zstandard). Run the code from a file, or install them: pip install grpcio-status zstandard"
+        ) from exc
+    return gx
+
+
 class GxProject:
     """The GX file context of one pipeline under ``W/_quality/<pipeline>``."""
 
     def __init__(self, quality_root: Path, pipeline: str):
-        _quiet_gx()
-        import great_expectations as gx
+        gx = import_gx()
 
         from . import gx_expectations  # noqa: F401  (registers the custom expectations)
 
