@@ -574,3 +574,31 @@ def test_the_index_and_columns_an_earlier_version_lacks_are_added_and_never_wait
         sink.abort([t])
     writer(postgres_server, table)
     assert index in postgres_server.psql(f"SELECT indexname FROM pg_indexes WHERE tablename = '{pg.COMMITS}'")
+
+
+@pytest.mark.parametrize("mode", ["append", "upsert"])
+def test_another_writer_of_the_table_between_prepare_and_commit_neither_waits_nor_is_lost(postgres_server, table,
+                                                                                          mode):
+    """Another tool writes the sink's table while a checkpoint's transaction is prepared: an append
+    sink's prepared rows lock no row of theirs, an upsert sink's wait in staging (applied at the
+    commit, where its row of a key wins, as the later write); what they write after the commit is
+    never undone by a recovery's re-commit."""
+    tbl = f"{table}_{mode[0]}"
+    sink = writer(postgres_server, tbl, mode)
+    t = txn(sink, 0, 0, epoch=1)
+    write(sink, t, 1, [("a", 1), ("b", 2)])
+    assert len(prepared(postgres_server, tbl.removesuffix("_u"))) == 1
+    other = "SET lock_timeout = '5s'; "  # a wait on our prepared transaction fails the test, not hangs it
+    postgres_server.psql(other + f"INSERT INTO {tbl} (account, amount) VALUES ('a', 10), ('z', 26)")
+    if mode == "upsert":
+        postgres_server.psql(other + f"UPDATE {tbl} SET amount = 11 WHERE account = 'a'")
+    sink.commit([replace(t, 1)], 1, 1)
+    ours_and_theirs = {"append": [("a", "1"), ("a", "10"), ("b", "2"), ("z", "26")],
+                       "upsert": [("a", "1"), ("b", "2"), ("z", "26")]}[mode]
+    assert rows(postgres_server, tbl) == ours_and_theirs and staged(postgres_server, tbl) == 0
+    postgres_server.psql(other + f"UPDATE {tbl} SET amount = 99 WHERE account = 'b'")
+    recovery = writer(postgres_server, tbl, mode)
+    recovery.fence(2)
+    assert recovery.commit([replace(t, 1)], 1, 2) == []  # committed (and applied) already: nothing redone
+    assert rows(postgres_server, tbl) == [r if r[0] != "b" else ("b", "99") for r in ours_and_theirs]
+    assert prepared(postgres_server, tbl.removesuffix("_u")) == []
