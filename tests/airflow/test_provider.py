@@ -320,7 +320,9 @@ def test_the_installed_provider_registers_its_connection_type_and_form():
     jsonschema.validate(get_provider_info(), schema)
     pm = ProvidersManager()
     assert "checkpoint-lib" in pm.providers, "pip install -e . registers the entry point (make setup does)"
-    assert pm.hooks["checkpoint_lib"].hook_class_name == "ckpt_airflow.hooks.CheckpointHook"
+    from airflow.sdk.providers_manager_runtime import ProvidersManagerTaskRuntime  # where a task finds its hook
+
+    assert ProvidersManagerTaskRuntime().hooks["checkpoint_lib"].hook_class_name == "ckpt_airflow.hooks.CheckpointHook"
     widgets = pm.connection_form_widgets
     assert {"extra__checkpoint_lib__warehouse", "extra__checkpoint_lib__launcher"} <= set(widgets)
     behaviour = pm.field_behaviours["checkpoint_lib"]
