@@ -207,6 +207,40 @@ def test_a_truncation_racing_a_users_optimize_is_planned_again_and_deletes_exact
     assert ops[:2] == ["DELETE", "OPTIMIZE"], ops  # the compaction landed first, our DELETE after it
 
 
+def test_a_writer_that_keeps_conflicting_gets_a_clear_error_and_nothing_of_ours_lands(spark, tmp_path, monkeypatch):
+    """Another writer appends to the table during every attempt of our DELETE: each attempt is
+    refused by Delta, and after the last one a ConcurrentWriterError names what we were doing and
+    the conflict; no attempt of ours committed (the rows it would delete are all there)."""
+    from pyspark.sql import functions as F
+
+    path = str(tmp_path / "log")
+    spark.createDataFrame([(seq, 1) for seq in range(4)], "seq long, epoch long").write.format("delta").save(path)
+
+    def append_meanwhile(seq):  # a foreign append after our DELETE took its snapshot, every time
+        import pyarrow as pa
+        from deltalake import write_deltalake
+
+        write_deltalake(path, pa.table({"seq": pa.array([100 + seq], pa.int64()), "epoch": pa.array([1], pa.int64())}),
+                        mode="append")
+        return seq
+
+    from delta.tables import DeltaTable as SparkDeltaTable
+
+    udf = F.udf(append_meanwhile, "long", useArrow=False)
+
+    def delete() -> None:
+        SparkDeltaTable.forPath(spark, path).delete(udf(F.col("seq")) <= 1)
+
+    monkeypatch.setattr(tables.time, "sleep", lambda s: None)
+    with pytest.raises(tables.ConcurrentWriterError, match="truncating the log: 3 attempts conflicted"):
+        tables.retry_conflicts(delete, "truncating the log", attempts=3)
+    from deltalake import DeltaTable
+
+    ops = [h["operation"] for h in DeltaTable(path).history()]
+    assert "DELETE" not in ops, ops  # nothing of ours committed
+    assert {0, 1, 2, 3} <= set(DeltaTable(path).to_pyarrow_table().column("seq").to_pylist())
+
+
 def test_a_truncation_with_nothing_in_range_runs_no_spark_job(spark, tmp_path, monkeypatch):
     """What the files' statistics rule out is not DELETEd at all (a log at a first start, or
     consumed already); what they may hold is, and exactly that."""
