@@ -12,7 +12,7 @@ SOURCES = ("checkpoint_lib", "plugins", "dags", "jobs", "bench", "tests")
 
 
 def _python_files() -> list[Path]:
-    return [p for top in SOURCES for p in (REPO / top).rglob("*.py") if ".venv" not in p.parts]
+    return [p for top in SOURCES for p in (REPO / top).rglob("*.py")]
 
 
 def broken_references(text: str, files: list[Path]) -> list[str]:

@@ -188,7 +188,6 @@ def test_a_state_merge_by_a_zombie_after_the_fence_lands_nothing(spark, tmp_path
     assert state_rows(path)["balance_cents"].tolist() == [115]
 
 
-
 @pytest.mark.parametrize("writer", ["delta-rs", "delta"])
 def test_a_zombie_flush_after_a_newer_epoch_wrote_the_state_is_told_it_is_fenced(spark, tmp_path, writer):
     """The zombie read the state at a version; the newer epoch then fenced the table and wrote runs
@@ -209,6 +208,7 @@ def test_a_zombie_flush_after_a_newer_epoch_wrote_the_state_is_told_it_is_fenced
     with pytest.raises(FencedError):
         state.apply(_deltas(spark, 1000), replace=False, before_retry=lambda: None, epoch=1, read_at=read_at)
     assert state_rows(path)["balance_cents"].tolist() == [115]
+
 
 def test_the_state_tables_fence_is_a_stamp_alone_committed_by_delta_rs(spark, tmp_path):
     """The state table has deletion vectors, yet its fence is one delta-rs commit of the stamp alone

@@ -224,16 +224,11 @@ def test_a_writer_that_keeps_conflicting_gets_a_clear_error_and_nothing_of_ours_
                         mode="append")
         return seq
 
-    from delta.tables import DeltaTable as SparkDeltaTable
-
     udf = F.udf(append_meanwhile, "long", useArrow=False)
-
-    def delete() -> None:
-        SparkDeltaTable.forPath(spark, path).delete(udf(F.col("seq")) <= 1)
-
+    monkeypatch.setattr(tables, "CONFLICT_ATTEMPTS", 3)
     monkeypatch.setattr(tables.time, "sleep", lambda s: None)
     with pytest.raises(tables.ConcurrentWriterError, match="truncating the log: 3 attempts conflicted"):
-        tables.retry_conflicts(delete, "truncating the log", attempts=3)
+        tables.delete_where(spark, path, udf(F.col("seq")) <= 1, what="truncating the log")
     from deltalake import DeltaTable
 
     ops = [h["operation"] for h in DeltaTable(path).history()]

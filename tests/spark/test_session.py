@@ -358,7 +358,6 @@ def test_the_running_driver_maps_the_archive_set_up_built(spark) -> None:
     assert str(path.resolve()) in Path(f"/proc/{pid}/maps").read_text()  # the file the JVM mapped (its real path)
 
 
-
 QUIET_LOG_PROBE = """
 import pyarrow as pa
 from checkpoint_lib.spark.session import get_spark
